@@ -1,0 +1,255 @@
+"""Every error orbitive raises on purpose, in one place.
+
+Hierarchy (who is at fault decides the tier; the built-in mixed in lets callers
+catch by the usual Python category)::
+
+    OrbitError
+    +-- argument errors (the caller passed something invalid)
+    |   +-- InvalidName (ValueError)             fleet name, store lock name
+    |   +-- NodeOutsideFleet (ValueError)
+    |   +-- InvalidTtl (ValueError, TypeError)   ttl <= 0, NaN, inf, bool, non-number
+    |   +-- NamespaceEmpty, KeyEmpty, OwnerEmpty (ValueError)
+    |   +-- EntryTooLarge (ValueError)
+    |   +-- InvalidLayout (ValueError)
+    +-- AccessDenied (PermissionError)           foreign owner, wider mode, symlink
+    +-- shared bytes are wrong
+    |   +-- LayoutMismatch                       an existing object differs or is corrupt
+    |   +-- MalformedError (ValueError)          pool: bad id, frame, spec
+    +-- capacity errors
+    |   +-- StateFull                            lock table has no free slot
+    |   +-- IdExhausted                          a counter ran out of bits
+    |   +-- KeyFullError, LaneFullError          pool key table / own resource lane full
+    |   +-- BusyError, CreationBudgetError       no free unit / max_live reached
+    +-- peer-state errors
+    |   +-- StaleError, DrainingError, NotOwnerError, NotReservedError
+    +-- FleetError                               node taken, fleet in use, closed handle
+    +-- ReadinessUnavailable (OSError)           no readiness backend could start
+    +-- StoreError                               store contract (kind: ErrorKind)
+    +-- LockTimeout (TimeoutError)               blocking helper gave up
+
+Every error carries ``fleet``, ``node``, ``key`` and ``kind`` attributes (``None``
+when they do not apply) and survives pickling, so worker processes can return
+them to a parent.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+__all__ = [
+    "AccessDenied",
+    "BusyError",
+    "CreationBudgetError",
+    "DrainingError",
+    "EntryTooLarge",
+    "ErrorKind",
+    "FleetError",
+    "IdExhausted",
+    "InvalidLayout",
+    "InvalidName",
+    "InvalidTtl",
+    "KeyEmpty",
+    "KeyFullError",
+    "LaneFullError",
+    "LayoutMismatch",
+    "LockTimeout",
+    "MalformedError",
+    "NamespaceEmpty",
+    "NodeOutsideFleet",
+    "NotOwnerError",
+    "NotReservedError",
+    "OrbitError",
+    "OwnerEmpty",
+    "ReadinessUnavailable",
+    "StaleError",
+    "StateFull",
+    "StoreError",
+]
+
+
+def _rebuild(cls: type[OrbitError], message: str, attrs: dict[str, Any]) -> OrbitError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(attrs)
+    return error
+
+
+class OrbitError(Exception):
+    """Root of every error orbitive raises on purpose.
+
+    Args:
+        message: a lower-case sentence naming the object and the numbers.
+        fleet: the fleet name, when one applies.
+        node: the node id, when one applies.
+        key: the lock key, pool key or store name, when one applies.
+        kind: the SHM kind number, or the store :class:`ErrorKind`.
+    """
+
+    fleet: str | None
+    node: int | None
+    key: object
+    kind: object
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        fleet: str | None = None,
+        node: int | None = None,
+        key: object = None,
+        kind: object = None,
+    ) -> None:
+        super().__init__(message)
+        self.fleet = fleet
+        self.node = node
+        self.key = key
+        self.kind = kind
+
+    @property
+    def message(self) -> str:
+        """The message the error was raised with."""
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, dict(self.__dict__)))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+
+# -- argument errors -----------------------------------------------------------
+
+
+class InvalidName(OrbitError, ValueError):
+    """A fleet name or store lock name breaks its documented rule."""
+
+
+class NodeOutsideFleet(OrbitError, ValueError):
+    """A node id is negative or not below the fleet capacity."""
+
+
+class InvalidTtl(OrbitError, ValueError, TypeError):
+    """A ttl is not a finite number of seconds greater than zero (bools refused)."""
+
+
+class NamespaceEmpty(OrbitError, ValueError):
+    """A lock key has an empty namespace."""
+
+
+class KeyEmpty(OrbitError, ValueError):
+    """A lock key has an empty label."""
+
+
+class OwnerEmpty(OrbitError, ValueError):
+    """A lock owner is empty."""
+
+
+class EntryTooLarge(OrbitError, ValueError):
+    """Namespace, label and owner together exceed the layout's payload."""
+
+
+class InvalidLayout(OrbitError, ValueError):
+    """A layout (geometry, kinds) is not valid on its own."""
+
+
+# -- access --------------------------------------------------------------------
+
+
+class AccessDenied(OrbitError, PermissionError):
+    """An SHM object or lock path is owned by another user, too open, or a symlink."""
+
+
+# -- shared bytes --------------------------------------------------------------
+
+
+class LayoutMismatch(OrbitError):
+    """An existing SHM object has another layout, or its bytes are corrupt."""
+
+
+class MalformedError(OrbitError, ValueError):
+    """A pool id, spec, or session frame is not well formed."""
+
+
+# -- capacity ------------------------------------------------------------------
+
+
+class StateFull(OrbitError):
+    """The lock table has no empty, tombstoned or expired slot for a new key."""
+
+
+class IdExhausted(OrbitError):
+    """A fencing-token or revision counter has no more values."""
+
+
+class KeyFullError(OrbitError):
+    """The pool key table has no room for another key in this epoch."""
+
+
+class LaneFullError(OrbitError):
+    """This node's resource lane in the pool has no free slot."""
+
+
+class BusyError(OrbitError):
+    """A resource has no free unit (or no free pending-reservation entry)."""
+
+
+class CreationBudgetError(OrbitError):
+    """live + creating has reached the caller's max_live for a key."""
+
+
+# -- peer state ----------------------------------------------------------------
+
+
+class StaleError(OrbitError):
+    """A resource id or lease names a slot that was closed or reused."""
+
+
+class DrainingError(OrbitError):
+    """A resource is draining: no new reservation or accept."""
+
+
+class NotOwnerError(OrbitError):
+    """Only the resource's owner (node and incarnation) may do this."""
+
+
+class NotReservedError(OrbitError):
+    """A lease's fence is not pending: accepted already, aged out, or cancelled."""
+
+
+# -- fleet, readiness ----------------------------------------------------------
+
+
+class FleetError(OrbitError):
+    """A fleet operation cannot proceed (node taken, fleet in use, closed handle)."""
+
+
+class ReadinessUnavailable(OrbitError, OSError):
+    """No readiness backend could be started; the message lists what was tried."""
+
+
+# -- store ---------------------------------------------------------------------
+
+
+class ErrorKind(enum.Enum):
+    """Classification of a :class:`StoreError`, in the store contract's terms."""
+
+    DATABASE = "database"
+    INVALID_INPUT = "invalid_input"
+    UNAVAILABLE = "unavailable"
+    CLOSED = "closed"
+
+
+class StoreError(OrbitError):
+    """An error from the named-lock store contract; ``kind`` is an :class:`ErrorKind`."""
+
+    kind: ErrorKind
+
+    def __init__(
+        self, message: str, *, kind: ErrorKind = ErrorKind.DATABASE, key: object = None
+    ) -> None:
+        super().__init__(message, key=key, kind=kind)
+
+
+class LockTimeout(OrbitError, TimeoutError):
+    """The blocking lock helper did not get the lock within its timeout."""

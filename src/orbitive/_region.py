@@ -1,0 +1,249 @@
+"""Shared-memory regions: one mapped object per (fleet, kind, user id).
+
+Facts this module relies on:
+
+* On Linux ``shm_open(name)`` is ``open("/dev/shm/" + name)`` on a tmpfs; we open the
+  path ourselves so that ``O_NOFOLLOW`` and ``O_EXCL`` apply and no
+  ``multiprocessing.resource_tracker`` is involved. (The tracker unlinks segments
+  when the process that *attached* exits, the trap this module exists to avoid:
+  a process that only attaches never unlinks.) Elsewhere CPython's
+  ``_posixshmem.shm_open`` is used.
+* ``flock`` locks belong to an open file description and the kernel drops them
+  when the last descriptor of it closes, however the process died. A forked
+  child shares its parent's descriptions, so every region reopens its lock file
+  in the child (see ``_fork``) instead of flocking an inherited descriptor.
+* A new tmpfs object reads as zeros after ``ftruncate``. Creation and header
+  initialisation happen while the kind's lock file is held exclusively, so a
+  peer never attaches to a half-initialised header; any failure after creating
+  the object unlinks it again.
+
+Invariant: every mutation of a region's bytes by the lock table happens between
+``acquire()`` and ``release()``: the process mutex (threads) and then the
+``flock`` (processes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from . import _fork
+from ._access import check_fd, euid, lock_dir, open_checked
+from ._errors import AccessDenied, FleetError, LayoutMismatch
+
+SHM_DIR: Final = Path("/dev/shm")
+_USE_SHM_DIR: Final = SHM_DIR.is_dir()
+
+Init = Callable[[mmap.mmap], None]
+Validate = Callable[[mmap.mmap], None]
+
+
+def object_name(fleet: str, kind: int) -> str:
+    """The SHM object name (no leading slash) of one (fleet, kind, user id)."""
+    return f"orbit-{fleet}-{kind}-{euid()}"
+
+
+def lock_path(fleet: str, kind: int) -> Path:
+    """The companion lock file whose ``flock`` serialises that object."""
+    return lock_dir() / f"{object_name(fleet, kind)}.lock"
+
+
+def _open_object(name: str, *, create: bool) -> int:
+    """Open an SHM object read/write; ``create`` means create-exclusive."""
+    if _USE_SHM_DIR:
+        return open_checked(SHM_DIR / name, create=create, exclusive=create)
+    import _posixshmem  # noqa: PLC0415 - only where /dev/shm is missing
+
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd: int = _posixshmem.shm_open("/" + name, flags, mode=0o600)
+    try:
+        check_fd(fd, f"shm object {name!r}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def unlink_object(name: str) -> bool:
+    """Remove an SHM object name; True if it existed. Mappings stay valid."""
+    try:
+        if _USE_SHM_DIR:
+            os.unlink(SHM_DIR / name)
+        else:
+            import _posixshmem  # noqa: PLC0415 - only where /dev/shm is missing
+
+            _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def object_size(name: str) -> int | None:
+    """Size in bytes of an existing object we own, or None when absent."""
+    try:
+        fd = _open_object(name, create=False)
+    except FileNotFoundError:
+        return None
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+class Region:
+    """One mapped SHM object (or private anonymous memory) with its critical section.
+
+    Build with :meth:`open_shared` or :meth:`open_private`. ``buf`` is the mapping;
+    ``acquire``/``release`` bracket every mutation.
+    """
+
+    fleet: str
+    kind: int
+    name: str
+    size: int
+    buf: mmap.mmap
+    created: bool
+
+    def __init__(self, fleet: str, kind: int, size: int, *, shared: bool) -> None:
+        # Defaults first, so close() is safe on a half-built region.
+        self.fleet = fleet
+        self.kind = kind
+        self.name = object_name(fleet, kind)
+        self.size = size
+        self.created = False
+        self.shared = shared
+        self._lock_fd = -1
+        self._mutex = threading.Lock()
+        self._closed = False
+
+    # -- construction ------------------------------------------------------------
+
+    @classmethod
+    def open_shared(cls, fleet: str, kind: int, size: int, init: Init, validate: Validate) -> Region:
+        """Create or attach ``orbit-{fleet}-{kind}-{uid}``, under the kind's flock.
+
+        Args:
+            fleet: validated fleet name.
+            kind: SHM kind number, 0..255.
+            size: bytes the layout needs.
+            init: writes the header into a new, zeroed mapping.
+            validate: raises :class:`LayoutMismatch` when an existing mapping's
+                header differs from the expected layout.
+
+        Raises:
+            AccessDenied: foreign owner, wider mode or symlink (object untouched).
+            LayoutMismatch: the existing object is too small or its header differs.
+        """
+        region = cls(fleet, kind, size, shared=True)
+        try:
+            region._lock_fd = open_checked(lock_path(fleet, kind), create=True)
+            fcntl.flock(region._lock_fd, fcntl.LOCK_EX)
+            try:
+                region._map(init, validate)
+            finally:
+                fcntl.flock(region._lock_fd, fcntl.LOCK_UN)
+        except BaseException:
+            region.close()
+            raise
+        _fork.register(region)
+        return region
+
+    @classmethod
+    def open_private(cls, fleet: str, kind: int, size: int, init: Init) -> Region:
+        """Process-private anonymous memory with the same interface (``Fleet.local``)."""
+        region = cls(fleet, kind, size, shared=False)
+        region.buf = mmap.mmap(-1, size)
+        region.created = True
+        init(region.buf)
+        return region
+
+    def _map(self, init: Init, validate: Validate) -> None:
+        try:
+            fd = _open_object(self.name, create=True)
+            self.created = True
+        except FileExistsError:
+            fd = _open_object(self.name, create=False)
+        try:
+            if self.created:
+                os.ftruncate(fd, self.size)
+            actual = os.fstat(fd).st_size
+            if actual < self.size:
+                raise LayoutMismatch(
+                    f"shm object {self.name!r} has {actual} bytes; the layout needs {self.size}",
+                    fleet=self.fleet,
+                    kind=self.kind,
+                )
+            self.buf = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            if self.created:
+                init(self.buf)
+            else:
+                validate(self.buf)
+        except BaseException:
+            if self.created:
+                unlink_object(self.name)
+            raise
+        finally:
+            os.close(fd)
+
+    # -- critical section ----------------------------------------------------------
+
+    def acquire(self) -> None:
+        """Enter the critical section: process mutex, then the kind's ``flock``."""
+        self._mutex.acquire()
+        if self.shared:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            except BaseException:
+                self._mutex.release()
+                if self._closed:
+                    raise FleetError(f"shm object {self.name!r} is closed") from None
+                raise
+
+    def release(self) -> None:
+        """Leave the critical section entered by :meth:`acquire`."""
+        if self.shared:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        self._mutex.release()
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def _after_fork_in_child(self) -> None:
+        self._mutex = threading.Lock()
+        if self._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)  # closing our copy never unlocks the parent's
+            self._lock_fd = -1
+            if not self._closed:
+                with contextlib.suppress(OSError, AccessDenied):
+                    self._lock_fd = open_checked(lock_path(self.fleet, self.kind), create=True)
+
+    def close(self) -> None:
+        """Unmap and close descriptors; never unlinks. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = -1
+        buf = getattr(self, "buf", None)
+        if buf is not None:
+            with contextlib.suppress(BufferError, ValueError):
+                buf.close()
+
+    def unlink(self) -> None:
+        """Remove the object's name and its lock file; existing mappings stay valid."""
+        if self.shared:
+            unlink_object(self.name)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock_path(self.fleet, self.kind))
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("shared" if self.shared else "private")
+        return f"<Region {self.name!r} {self.size} bytes {state}>"

@@ -1,0 +1,47 @@
+"""The ``orbit`` command: a thin formatter over library calls.
+
+Each command module exposes ``register(subparsers)``, adding its sub-commands
+with a ``func(args) -> int`` default; :func:`main` parses and dispatches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .._errors import OrbitError
+from . import _commands
+
+#: Exit status for bad usage (argparse's own), and for an OrbitError raised by a command.
+EXIT_USAGE = 2
+EXIT_ERROR = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``orbit`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="orbit",
+        description="Inspect and drive orbitive fleets: leases, pools and named locks.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in _commands.MODULES:
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``orbit`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status: int = args.func(args)
+    except OrbitError as error:
+        print(f"orbit {args.command}: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    return status
+
+
+__all__ = ["build_parser", "main"]
