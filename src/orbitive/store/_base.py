@@ -197,6 +197,9 @@ class Engine(abc.ABC):
     kind: ClassVar[str]
     #: Longest pause between attempts of the blocking helper, in seconds.
     poll_cap_s: ClassVar[float] = 0.05
+    #: True when ``expires_at`` is ``time.monotonic()`` seconds (then it also bounds
+    #: the handle's local deadline).
+    monotonic_clock: ClassVar[bool] = False
 
     @abc.abstractmethod
     def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
@@ -313,7 +316,7 @@ class Lock:
                 self._lost = True
             else:
                 self._tenure = renewed
-                self._deadline = started + ttl
+                self._deadline = self._store._deadline(started, ttl, renewed.info)
         self._store._count("renewed" if renewed is not None else "lost")
         return renewed is not None
 
@@ -421,6 +424,7 @@ class Store:
     def __init__(self, engine: Engine, url: str) -> None:
         self._engine: Engine | None = engine
         self._kind = engine.kind
+        self._monotonic = engine.monotonic_clock
         self._url = url
         self._stats_mutex = threading.Lock()
         self._counts = dict.fromkeys(("acquired", "busy", "renewed", "lost", "released"), 0)
@@ -436,6 +440,12 @@ class Store:
         if engine is None:
             raise StoreError(f"store {self._url!r} is closed", kind=ErrorKind.CLOSED)
         return engine
+
+    def _deadline(self, started: float, ttl: float, info: LockInfo) -> float:
+        """The local monotonic deadline of a grant requested at ``started``."""
+        if self._monotonic:
+            return min(started + ttl, info.expires_at)
+        return started + ttl
 
     def _count(self, what: str) -> None:
         with self._stats_mutex:
@@ -472,7 +482,7 @@ class Store:
         if isinstance(result, Busy):
             self._count("busy")
             return None, result.holder
-        lock = Lock(self, result, started + ttl)
+        lock = Lock(self, result, self._deadline(started, ttl, result.info))
         self._held.add(lock)
         self._count("acquired")
         return lock, None

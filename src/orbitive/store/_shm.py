@@ -1,0 +1,105 @@
+"""SHM engine (``shm://FLEET``): the store contract over a fleet's :class:`LockTable`.
+
+Each lock name is the label of a :class:`LockKey` in the namespace
+:data:`NAMESPACE`; the owner string is the :class:`LockOwner`, UTF-8 encoded.
+Every primitive is one table step (one critical section of the lock table), so
+the table's rules carry over unchanged: only the key decides contention, renew
+and release match the exact tenure (lock id), renew sets a new full window,
+fencing tokens strictly increase across the table.
+
+Times are ``time.monotonic()`` seconds (the host monotonic clock), in whole
+milliseconds. Waiting uses the table's readiness descriptor, which becomes
+readable after any transition by any process of the fleet; an expiry publishes
+nothing, so the blocking helper also wakes at the holder's deadline.
+
+Each store joins the fleet as one node (``Fleet.join``), so at most ``capacity``
+processes can have an ``shm://`` store of one fleet open at a time.
+"""
+
+from __future__ import annotations
+
+import select
+from typing import Final, cast
+
+from .._errors import FleetError, InvalidName, InvalidStoreUrl
+from .._fleet import Fleet
+from ..lock import Acquired, LockKey, LockLease, LockOwner, LockTable
+from ._base import Busy, Engine, Granted, LockInfo
+
+#: The lock-table namespace of every store lock.
+NAMESPACE: Final = "orbitive.store"
+_NAMESPACE_BYTES: Final = NAMESPACE.encode()
+
+
+class ShmEngine(Engine):
+    """Named locks in the SHM lock table of one fleet."""
+
+    kind = "shm"
+    poll_cap_s = 1.0  # readiness wakes the waiter; the cap only bounds a missed wake-up
+    monotonic_clock = True
+
+    def __init__(self, fleet: str, capacity: int) -> None:
+        try:
+            self._fleet = Fleet.join(fleet, capacity=capacity)
+        except (InvalidName, FleetError) as error:
+            raise InvalidStoreUrl(f"shm://{fleet}: {error.message}") from error
+        try:
+            self._table = LockTable(self._fleet)
+        except BaseException:
+            self._fleet.close()
+            raise
+        self._poller = select.poll()
+        self._polled_fd = -1
+
+    def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
+        result = self._table.try_acquire(LockKey(NAMESPACE, name), LockOwner(owner), ttl)
+        if isinstance(result, Acquired):
+            return Granted(_info(result.lease), result.lease)
+        return Busy(_info(result.lease))
+
+    def renew(self, tenure: Granted, ttl: float) -> Granted | None:
+        lease = self._table.renew(cast(LockLease, tenure.handle), ttl)
+        return None if lease is None else Granted(_info(lease), lease)
+
+    def release(self, tenure: Granted) -> bool:
+        return self._table.release(cast(LockLease, tenure.handle))
+
+    def inspect(self, name: str) -> LockInfo | None:
+        lease = self._table.current(LockKey(NAMESPACE, name))
+        return None if lease is None else _info(lease)
+
+    def locks(self) -> list[LockInfo]:
+        leases = self._table.leases()
+        infos = [_info(lease) for lease in leases if lease.key.namespace == _NAMESPACE_BYTES]
+        return sorted(infos, key=lambda info: info.name)
+
+    def force_release(self, name: str) -> bool:
+        return self._table.force_release(LockKey(NAMESPACE, name))
+
+    def arm(self) -> None:
+        self._table.drain()
+
+    def wait(self, delay: float) -> None:
+        fd = self._table.fileno()
+        if fd != self._polled_fd:  # a forked child gets its own readiness descriptor
+            self._poller = select.poll()
+            self._poller.register(fd, select.POLLIN)
+            self._polled_fd = fd
+        self._poller.poll(max(delay, 0.0) * 1000.0)
+
+    def close(self) -> None:
+        self._table.close()
+        self._fleet.close()
+
+    def __repr__(self) -> str:
+        return f"<ShmEngine fleet={self._fleet.name!r}>"
+
+
+def _info(lease: LockLease) -> LockInfo:
+    return LockInfo(
+        lease.key.label.decode(errors="replace"),
+        lease.owner.value.decode(errors="replace"),
+        lease.fencing_token,
+        lease.expires_at,
+        lease.remaining(),
+    )
