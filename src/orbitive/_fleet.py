@@ -162,6 +162,18 @@ class Fleet:
         fleet._incarnation = next(_local_incarnations)
         return fleet
 
+    @classmethod
+    def observe(cls, name: str, capacity: int) -> Fleet:
+        """An inspector's view of the SHM fleet ``name``: claims no node, is no member.
+
+        Tables built on it may be read (``leases()``, ``poll()``) but refuse to
+        publish; ``node`` is -1. Used by ``orbit locks``.
+
+        Raises:
+            InvalidName, NodeOutsideFleet: as for :meth:`join`.
+        """
+        return cls(check_fleet_name(name), _check_capacity(capacity), shared=True)
+
     def _claim(self, node: int | None) -> None:
         candidates = [node] if node is not None else range(self.capacity)
         for candidate in candidates:
@@ -195,7 +207,7 @@ class Fleet:
 
     @property
     def node(self) -> int:
-        """This process's node id, ``0 <= node < capacity``.
+        """This process's node id, ``0 <= node < capacity`` (-1 for :meth:`observe`).
 
         Raises:
             FleetError: closed, or a forked child of a process that joined with
@@ -251,9 +263,6 @@ class Fleet:
             validate(region.buf)
         return region
 
-    def _forget_region(self, kind: int) -> None:
-        self._regions.pop(kind, None)
-
     # -- lifecycle ------------------------------------------------------------------------
 
     def _after_fork_in_child(self) -> None:
@@ -266,7 +275,7 @@ class Fleet:
 
     def _rejoin_in_child(self) -> None:
         self._fork_generation = _fork.generation
-        if self._closed or not self.shared:
+        if self._closed or not self.shared or self._node < 0:
             return
         if self._explicit_node:
             self._closed = True

@@ -96,6 +96,16 @@ def object_size(name: str) -> int | None:
         os.close(fd)
 
 
+def read_prefix(name: str, size: int) -> bytes:
+    """The first ``size`` bytes of an existing object we own (zero-padded if shorter)."""
+    fd = _open_object(name, create=False)
+    try:
+        data = os.pread(fd, size, 0)
+    finally:
+        os.close(fd)
+    return data.ljust(size, b"\0")
+
+
 class Region:
     """One mapped SHM object (or private anonymous memory) with its critical section.
 

@@ -48,7 +48,7 @@ from typing import Final
 from ._errors import InvalidLayout, LayoutMismatch, MalformedError
 from ._fleet import Fleet
 from ._readiness import Readiness, bump
-from ._region import Region
+from ._region import Region, object_name, object_size, read_prefix
 
 RING_MAGIC: Final = 0x4F524254
 RING_VERSION: Final = 1
@@ -118,6 +118,24 @@ class RingGeometry:
             self.frame_bytes,
             self.stride,
         )
+
+
+def lane_count_of(fleet: str, kind: int) -> int | None:
+    """The lane count (fleet capacity) recorded in an existing ring object, or None.
+
+    Raises:
+        LayoutMismatch: the object exists but is not a ring of this version.
+        AccessDenied: the object is not exclusively ours.
+    """
+    name = object_name(fleet, kind)
+    size = object_size(name)
+    if size is None:
+        return None
+    header = read_prefix(name, HEADER_SIZE)
+    magic, version, header_size, lanes, *_ = _HEADER.unpack_from(header)
+    if (magic, version, header_size) != (RING_MAGIC, RING_VERSION, HEADER_SIZE) or lanes < 1:
+        raise LayoutMismatch(f"shm object {name!r} is not a version {RING_VERSION} ring", kind=kind)
+    return int(lanes)
 
 
 @dataclass(frozen=True, slots=True)

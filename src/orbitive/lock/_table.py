@@ -21,7 +21,7 @@ from typing import Final, TypeVar, final
 
 from .. import _fork
 from .._clock import TTL_MAX_S, check_ttl, monotonic_ns, ttl_ms
-from .._errors import EntryTooLarge, IdExhausted, StateFull
+from .._errors import EntryTooLarge, FleetError, IdExhausted, StateFull
 from .._fleet import Fleet
 from .._ring import Ring
 from . import _events
@@ -413,6 +413,11 @@ class LockTable:
 
     def _next_ids(self, new_token: bool) -> tuple[int, int]:
         """Advance and return (last_token, last_revision) in the header."""
+        if self._node < 0:
+            raise FleetError(
+                f"fleet {self.fleet.name!r}: an observer cannot change the lock table",
+                fleet=self.fleet.name,
+            )
         token, revision = _unpack_counters(self._buf, COUNTERS_OFFSET)
         token += new_token
         revision += 1
