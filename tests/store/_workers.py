@@ -1,0 +1,171 @@
+"""Worker processes for the multi-process store tests (top level, so spawn can pickle them).
+
+Each worker opens its own store from the URL; any exception makes its exit status
+non-zero, which the parent asserts on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing.sharedctypes import Synchronized, SynchronizedArray
+from multiprocessing.synchronize import Barrier
+from multiprocessing.synchronize import Lock as MpLock
+from typing import Any
+
+from orbitive.store import Lock, open_store
+
+_CTX = multiprocessing.get_context("fork")
+#: Seconds any barrier or join may take before the test fails instead of hanging.
+PATIENCE_S = 120.0
+
+
+@contextlib.contextmanager
+def processes(target: Callable[..., None], args: Sequence[tuple[Any, ...]]) -> Iterator[None]:
+    """Run one process per args tuple; on exit join them, kill stragglers, check statuses."""
+    procs = [_CTX.Process(target=target, args=arg, daemon=True) for arg in args]
+    for proc in procs:
+        proc.start()
+    try:
+        yield
+    finally:
+        deadline = time.monotonic() + PATIENCE_S
+        for proc in procs:
+            proc.join(max(deadline - time.monotonic(), 0.1))
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    assert [proc.exitcode for proc in procs] == [0] * len(procs)
+
+
+# -- 16 processes race for one name ------------------------------------------------------------
+
+
+def race_worker(
+    url: str, index: int, rounds: int, barrier: Barrier, wins: SynchronizedArray[int]
+) -> None:
+    """Each round: all try_lock one name at once; the winner counts itself and releases."""
+    with open_store(url) as store:
+        for round_no in range(rounds):
+            barrier.wait(PATIENCE_S)
+            lock = store.try_lock("race", f"racer-{index}", 60.0)
+            if lock is not None:
+                with wins.get_lock():
+                    wins[round_no] += 1
+            barrier.wait(PATIENCE_S)
+            if lock is not None and not lock.release():
+                raise AssertionError(f"round {round_no}: the winner's release returned False")
+
+
+# -- 8 processes of random operations ----------------------------------------------------------
+
+
+@dataclass
+class Shared:
+    """Cross-process bookkeeping, guarded by ``guard``; index = name number.
+
+    ``deadline``: local monotonic deadline of the current believed holder (0: none).
+    ``token``: highest fencing token granted so far (the fence's high-water mark).
+    ``writes``: fenced counter, incremented by holders whose token passes the fence.
+    ``violations``: broken rules (two holders, old token, failed valid renew).
+    """
+
+    guard: MpLock
+    deadline: SynchronizedArray[float]
+    token: SynchronizedArray[int]
+    writes: SynchronizedArray[int]
+    violations: Synchronized[int]
+
+    @classmethod
+    def create(cls, names: int) -> Shared:
+        return cls(
+            _CTX.Lock(),
+            _CTX.Array("d", names, lock=False),  # type: ignore[arg-type]
+            _CTX.Array("q", names, lock=False),  # type: ignore[arg-type]
+            _CTX.Array("q", names, lock=False),  # type: ignore[arg-type]
+            _CTX.Value("q", 0, lock=False),  # type: ignore[arg-type]
+        )
+
+
+STRESS_NAMES = 4
+STRESS_TTLS = (0.002, 0.01, 0.05)
+
+
+def stress_worker(url: str, index: int, ops: int, shared: Shared) -> None:
+    """``ops`` random try_lock / renew / release calls on four names with short TTLs."""
+    rng = random.Random(index)
+    mine: dict[int, Lock] = {}
+    with open_store(url) as store:
+        for _ in range(ops):
+            slot = rng.randrange(STRESS_NAMES)
+            lock = mine.get(slot)
+            if lock is None:
+                granted = store.try_lock(f"stress-{slot}", f"p{index}", rng.choice(STRESS_TTLS))
+                if granted is not None:
+                    _on_grant(shared, slot, granted)
+                    mine[slot] = granted
+            elif rng.random() < 0.6:
+                if not _renew(shared, slot, lock, rng.choice(STRESS_TTLS)):
+                    del mine[slot]
+            else:
+                _release(shared, slot, lock)
+                del mine[slot]
+            if rng.random() < 0.05:
+                time.sleep(rng.uniform(0.0, 0.005))
+
+
+def _fenced_write(shared: Shared, slot: int, lock: Lock) -> None:
+    """The resource side of a write, under ``guard``.
+
+    A holder whose window already passed may be fenced off (that is the fence's
+    job); a holder still inside its window must pass, with the largest token so
+    far and no other believed holder.
+    """
+    token = lock.fencing_token
+    if lock.remaining() <= 0.0:  # lapsed before it got here: not a believed holder
+        shared.token[slot] = max(token, shared.token[slot])
+        return
+    if token < shared.token[slot]:
+        shared.violations.value += 1
+        return
+    shared.token[slot] = token
+    shared.writes[slot] += 1
+    shared.deadline[slot] = time.monotonic() + lock.remaining()
+
+
+def _on_grant(shared: Shared, slot: int, lock: Lock) -> None:
+    with shared.guard:
+        live = lock.remaining() > 0.0
+        if live and shared.deadline[slot] > time.monotonic():  # previous holder still believes
+            shared.violations.value += 1
+        if live and lock.fencing_token <= shared.token[slot]:  # tokens must strictly increase
+            shared.violations.value += 1
+        _fenced_write(shared, slot, lock)
+
+
+def _renew(shared: Shared, slot: int, lock: Lock, ttl: float) -> bool:
+    valid_until = time.monotonic() + lock.remaining()
+    with shared.guard:  # a renew may shorten the lease (new full window): believe less first
+        if shared.token[slot] == lock.fencing_token:
+            shared.deadline[slot] = min(shared.deadline[slot], time.monotonic() + ttl)
+    renewed = lock.renew(ttl)
+    if not renewed:
+        if time.monotonic() < valid_until:  # a renew of a validly held lock never fails
+            with shared.guard:
+                shared.violations.value += 1
+        return False
+    with shared.guard:
+        _fenced_write(shared, slot, lock)
+    return True
+
+
+def _release(shared: Shared, slot: int, lock: Lock) -> None:
+    with shared.guard:
+        if shared.token[slot] == lock.fencing_token:
+            shared.deadline[slot] = 0.0  # stop believing before the lease goes
+    lock.release()

@@ -1,0 +1,41 @@
+"""Real processes against each engine: a 16-way race per round, and random churn."""
+
+from __future__ import annotations
+
+import pytest
+
+from orbitive.store import open_store
+
+from ._workers import (
+    _CTX,
+    STRESS_NAMES,
+    Shared,
+    processes,
+    race_worker,
+    stress_worker,
+)
+
+RACERS = 16
+ROUNDS = 200
+CHURNERS = 8
+OPS = 1000
+
+
+@pytest.mark.slow
+def test_sixteen_processes_racing_get_exactly_one_lock_per_round(store_url: str) -> None:
+    open_store(store_url).close()  # create the schema/file once, outside the race
+    barrier = _CTX.Barrier(RACERS)
+    wins = _CTX.Array("i", ROUNDS)
+    with processes(race_worker, [(store_url, i, ROUNDS, barrier, wins) for i in range(RACERS)]):
+        pass
+    assert list(wins) == [1] * ROUNDS
+
+
+@pytest.mark.slow
+def test_random_churn_keeps_one_holder_and_valid_renewals(store_url: str) -> None:
+    open_store(store_url).close()
+    shared = Shared.create(STRESS_NAMES)
+    with processes(stress_worker, [(store_url, i, OPS, shared) for i in range(CHURNERS)]):
+        pass
+    assert shared.violations.value == 0
+    assert all(writes > 0 for writes in shared.writes)  # every name was really contended
