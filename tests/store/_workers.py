@@ -7,12 +7,13 @@ non-zero, which the parent asserts on.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from multiprocessing.sharedctypes import Synchronized, SynchronizedArray
+from multiprocessing.sharedctypes import SynchronizedArray
 from multiprocessing.synchronize import Barrier
 from multiprocessing.synchronize import Lock as MpLock
 from typing import Any
@@ -76,19 +77,19 @@ class Shared:
     """
 
     guard: MpLock
-    deadline: SynchronizedArray[float]
-    token: SynchronizedArray[int]
-    writes: SynchronizedArray[int]
-    violations: Synchronized[int]
+    deadline: ctypes.Array[ctypes.c_double]
+    token: ctypes.Array[ctypes.c_longlong]
+    writes: ctypes.Array[ctypes.c_longlong]
+    violations: ctypes.c_longlong
 
     @classmethod
     def create(cls, names: int) -> Shared:
         return cls(
             _CTX.Lock(),
-            _CTX.Array("d", names, lock=False),  # type: ignore[arg-type]
-            _CTX.Array("q", names, lock=False),  # type: ignore[arg-type]
-            _CTX.Array("q", names, lock=False),  # type: ignore[arg-type]
-            _CTX.Value("q", 0, lock=False),  # type: ignore[arg-type]
+            _CTX.Array("d", names, lock=False),
+            _CTX.Array("q", names, lock=False),
+            _CTX.Array("q", names, lock=False),
+            _CTX.Value("q", 0, lock=False),
         )
 
 
