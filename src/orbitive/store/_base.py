@@ -339,8 +339,10 @@ class Lock:
                 return False
             released = self._store._engine_of().release(self._tenure)
             self._released = True
+            newly_lost = not released and not self._lost
             self._lost = self._lost or not released
-        self._store._count("released" if released else "lost")
+        if released or newly_lost:
+            self._store._count("released" if released else "lost")
         return released
 
     def _start_renewer(self, ttl: float, on_lost: Callable[[Lock], None] | None) -> None:

@@ -9,7 +9,9 @@ Forms::
     shm://FLEET?capacity=N        the SHM lock table of fleet FLEET (capacity default 64)
 
 The default file is ``$XDG_STATE_HOME/orbitive/locks.db`` (``~/.local/state`` when
-the variable is unset or relative); its directory is created 0700 and the file 0600.
+the variable is unset or relative); its directory is created 0700 and the file 0600,
+and either is refused (``AccessDenied``) when it is a symlink, another user's, or
+open to group or others.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
+from .._access import check_dir
 from .._errors import InvalidStoreUrl
 from ._base import Engine, Store
 
@@ -51,6 +54,9 @@ def open_store(url: str | None = None) -> Store:
         InvalidStoreUrl: unknown scheme or malformed URL (also ``ValueError``).
         StoreError: ``UNAVAILABLE`` when the database cannot be opened or reached,
             or ``psycopg`` is not installed for a PostgreSQL URL.
+        AccessDenied: the default file or its directory is a symlink, another
+            user's, or open to group or others.
+        LayoutMismatch: ``shm://`` fleet objects exist with another capacity.
 
     Example::
 
@@ -72,6 +78,7 @@ def _engine_for(url: object) -> tuple[Engine, str]:
 
         path = default_path()
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        check_dir(path.parent)
         return SqliteEngine(path, private=True), f"sqlite://{path}"
     if not isinstance(url, str):
         raise InvalidStoreUrl(f"store URL must be a str or None, not {type(url).__name__}")
