@@ -247,7 +247,15 @@ class LockTable:
         """
         if type(lease) is not LockLease:
             raise _not_a("lease", "LockLease", lease)
-        return self._locked(self._release_step, lease, None, 0)
+        if self._fork_generation != _fork.generation:
+            self._refresh_node()
+        state = self._state
+        state.acquire()  # the hot path, so not through _locked
+        try:
+            slot = self._find_tenure(lease, monotonic_ns() // 1_000_000)
+            return slot >= 0 and self._remove(slot, lease)
+        finally:
+            state.release()
 
     def release_owned(self, key: LockKey, owner: LockOwner | bytes | str) -> bool:
         """Release whatever live tenure of ``key`` has exactly ``owner``; False if none."""
@@ -303,10 +311,6 @@ class LockTable:
         if slot < 0 or not self._owner_is(slot, key, owner):
             return None
         return self._rewrite(slot, now, now + ms)
-
-    def _release_step(self, lease: LockLease, _: None, __: int, now: int) -> bool:
-        slot = self._find_tenure(lease, now)
-        return slot >= 0 and self._remove(slot, lease)
 
     def _release_owned_step(self, key: LockKey, owner: LockOwner, _: int, now: int) -> bool:
         slot = self._probe(key, now)
