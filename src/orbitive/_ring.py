@@ -62,10 +62,8 @@ _KIND_OFFSET: Final = 28
 _U64: Final = struct.Struct("<Q")
 _COUNTER_LIMIT: Final = 1 << 62  # 2c + 2 must fit a u64
 _SLOT: Final = struct.Struct("<QQQIB")  # seq, counter, ver, payload_len, frame_kind
-_SLOT_BODY: Final = struct.Struct("<QQIB3x")  # the same without seq, at slot offset 8
 _unpack_u64 = _U64.unpack_from
 _pack_u64 = _U64.pack_into
-_pack_body = _SLOT_BODY.pack_into
 
 
 def _round_up(value: int, unit: int) -> int:
@@ -219,7 +217,7 @@ class Ring:
         combined = self._combined.get(head.format)
         if combined is None:
             combined = self._combined[head.format] = struct.Struct(
-                _SLOT_BODY.format + head.format.lstrip("<")
+                _SLOT.format + "3x" + head.format.lstrip("<")
             )
         buf = self.buf
         head_at = self._heads_offset + node * LANE_HEAD_SIZE
@@ -227,8 +225,7 @@ class Ring:
         if counter >= _COUNTER_LIMIT:
             raise LayoutMismatch(f"ring kind {self.geometry.kind} lane {node}: corrupt head")
         slot = self._lane_base[node] + (counter & self._index_mask) * self._stride
-        _pack_u64(buf, slot, 2 * counter + 1)
-        combined.pack_into(buf, slot + 8, counter, ver, size, frame_kind, *fields)
+        combined.pack_into(buf, slot, 2 * counter + 1, counter, ver, size, frame_kind, *fields)
         start = slot + SLOT_HEADER_SIZE + head.size
         buf[start : start + len(body)] = body
         _pack_u64(buf, slot, 2 * counter + 2)
@@ -288,12 +285,23 @@ class Ring:
 
     # -- readiness and lifecycle -----------------------------------------------------------
 
-    def readiness(self, node: int, name: str) -> Readiness:
-        """This process's readiness descriptor for the ring (created once)."""
+    def readiness(self, node: int, name: str, lock: Region | None) -> Readiness:
+        """This process's readiness descriptor for the ring (created once).
+
+        ``lock`` is the critical section every publisher holds around
+        :meth:`publish`; with it the driver parks without a lost-wake window
+        and publishers skip the wake syscall while nobody is parked.
+        """
         if self._readiness is None:
             g = self.geometry
-            self._readiness = Readiness(self.buf, _GENERATION_OFFSET, g.parked_offset, node, name)
+            self._readiness = Readiness(
+                self.buf, _GENERATION_OFFSET, g.parked_offset, node, name, lock=lock
+            )
         return self._readiness
+
+    def forget_readiness(self) -> None:
+        """Drop the descriptor (a forked child's copy); the next call builds a new one."""
+        self.close()
 
     def reset(self) -> None:
         """Zero every lane head and slot (quiescent boot only); bumps readiness."""
