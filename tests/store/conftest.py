@@ -15,10 +15,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from orbitive._access import lock_dir
-from orbitive._region import SHM_DIR
 from orbitive.store import Store, open_store
 
+from ._cleanup import remove_fleet
 from ._postgres import PostgresUnavailable, TempPostgres
 
 ENGINES = ("sqlite", "postgres", "shm")
@@ -49,13 +48,6 @@ def postgres_url(postgres_server: TempPostgres) -> Iterator[str]:
     yield f"{postgres_server.url}?options=-csearch_path%3D{schema}"
     with psycopg.connect(postgres_server.url, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA {schema} CASCADE")
-
-
-def remove_fleet(name: str) -> None:
-    """Unlink every SHM object and lock file of fleet ``name`` (this user's)."""
-    for directory in (SHM_DIR, lock_dir()):
-        for path in directory.glob(f"orbit-{name}-*"):
-            path.unlink(missing_ok=True)
 
 
 @pytest.fixture

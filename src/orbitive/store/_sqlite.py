@@ -18,9 +18,10 @@ Facts this engine relies on:
   inherited connection without closing it (closing could touch the parent's
   WAL state) and opens its own on first use.
 
-Invariant: fencing tokens come from the single-row ``orbitive_fence`` counter,
-incremented in the same transaction that writes the lease; a released row is
-deleted but the counter never goes back, so tokens strictly increase per file.
+Invariant: a new token is ``orbitive_fence.last_token + 1``, and triggers copy
+every token written back into that single row within the same statement; a
+released row is deleted but the counter never goes back, so tokens strictly
+increase per file.
 """
 
 from __future__ import annotations
@@ -61,10 +62,22 @@ _SCHEMA: Final = (
         last_token INTEGER NOT NULL
     )""",
     "INSERT OR IGNORE INTO orbitive_fence (id, last_token) VALUES (1, 0)",
+    # Invariant: the fence row follows every token written, within the same statement.
+    """CREATE TRIGGER IF NOT EXISTS orbitive_fence_on_insert AFTER INSERT ON orbitive_locks
+        BEGIN UPDATE orbitive_fence SET last_token = NEW.fencing_token WHERE id = 1; END""",
+    """CREATE TRIGGER IF NOT EXISTS orbitive_fence_on_update
+        AFTER UPDATE OF fencing_token ON orbitive_locks
+        BEGIN UPDATE orbitive_fence SET last_token = NEW.fencing_token WHERE id = 1; END""",
 )
+# One statement grants: insert, or take over an expired row, with the next token.
+_GRANT: Final = """INSERT INTO orbitive_locks
+    SELECT ?1, ?2, last_token + 1, ?3, ?4 FROM orbitive_fence WHERE id = 1
+    ON CONFLICT (name) DO UPDATE SET owner = excluded.owner,
+        fencing_token = excluded.fencing_token, acquired_at = excluded.acquired_at,
+        expires_at = excluded.expires_at
+    WHERE orbitive_locks.expires_at <= excluded.acquired_at
+    RETURNING fencing_token"""
 _HOLDER: Final = "SELECT owner, fencing_token, expires_at FROM orbitive_locks WHERE name = ?"
-_NEXT_TOKEN: Final = "UPDATE orbitive_fence SET last_token = last_token + 1 RETURNING last_token"
-_WRITE: Final = "INSERT OR REPLACE INTO orbitive_locks VALUES (?, ?, ?, ?, ?)"
 _RENEW: Final = (
     "UPDATE orbitive_locks SET expires_at = ? "
     "WHERE name = ? AND owner = ? AND fencing_token = ? AND expires_at > ?"
@@ -89,7 +102,7 @@ class SqliteEngine(Engine):
     def __init__(self, path: Path, *, private: bool) -> None:
         self._path = path
         self._mutex = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
+        self._cur: sqlite3.Cursor | None = None
         self._closed = False
         _create_file(path, private=private)
         self._run(_ensure_schema)
@@ -98,24 +111,25 @@ class SqliteEngine(Engine):
     # -- the primitives ---------------------------------------------------------------------
 
     def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
-        def step(conn: sqlite3.Connection) -> Granted | Busy:
-            with _write(conn) as now:
-                row = conn.execute(_HOLDER, (name,)).fetchone()
-                if row is not None and row[2] > now:
+        def step(cur: sqlite3.Cursor) -> Granted | Busy:
+            with _write(cur) as now:
+                granted = cur.execute(_GRANT, (name, owner, now, now + ttl)).fetchall()
+                if not granted:
+                    row = cur.execute(_HOLDER, (name,)).fetchone()
+                    if row is None:
+                        return Busy(None)
                     return Busy(LockInfo(name, row[0], row[1], row[2], row[2] - now))
-                token = conn.execute(_NEXT_TOKEN).fetchone()[0]
-                conn.execute(_WRITE, (name, owner, token, now, now + ttl))
-            return Granted(LockInfo(name, owner, token, now + ttl, ttl))
+            return Granted(LockInfo(name, owner, granted[0][0], now + ttl, ttl))
 
         return self._run(step)
 
     def renew(self, tenure: Granted, ttl: float) -> Granted | None:
         info = tenure.info
 
-        def step(conn: sqlite3.Connection) -> Granted | None:
-            with _write(conn) as now:
+        def step(cur: sqlite3.Cursor) -> Granted | None:
+            with _write(cur) as now:
                 params = (now + ttl, info.name, info.owner, info.fencing_token, now)
-                changed = conn.execute(_RENEW, params).rowcount
+                changed = cur.execute(_RENEW, params).rowcount
             if changed != 1:
                 return None
             return Granted(LockInfo(info.name, info.owner, info.fencing_token, now + ttl, ttl))
@@ -125,95 +139,100 @@ class SqliteEngine(Engine):
     def release(self, tenure: Granted) -> bool:
         info = tenure.info
         params = (info.name, info.owner, info.fencing_token)
-        return self._run(lambda conn: _delete(conn, _RELEASE, params))
+        return self._run(lambda cur: _delete(cur, _RELEASE, params))
 
     def force_release(self, name: str) -> bool:
-        return self._run(lambda conn: _delete(conn, _FORCE, (name,)))
+        return self._run(lambda cur: _delete(cur, _FORCE, (name,)))
 
     def inspect(self, name: str) -> LockInfo | None:
-        found = self._run(lambda conn: _read(conn, " WHERE name = ? AND expires_at > ?", name))
+        found = self._run(lambda cur: _read(cur, " WHERE name = ? AND expires_at > ?", name))
         return found[0] if found else None
 
     def locks(self) -> list[LockInfo]:
-        return self._run(lambda conn: _read(conn, " WHERE expires_at > ? ORDER BY name"))
+        return self._run(lambda cur: _read(cur, " WHERE expires_at > ? ORDER BY name"))
 
     # -- connection, retries, errors ----------------------------------------------------------
 
-    def _run(self, step: Callable[[sqlite3.Connection], _T]) -> _T:
+    def _run(self, step: Callable[[sqlite3.Cursor], _T]) -> _T:
         """Run one transaction step, retrying a busy database within the budget."""
-        deadline = time.monotonic() + BUSY_BUDGET_S
         with self._mutex:
+            deadline = 0.0
             while True:
-                conn = self._connection()
+                cur = self._cursor()
                 try:
-                    return step(conn)
+                    return step(cur)
                 except sqlite3.Error as error:
-                    _rollback(conn)
-                    if not _is_busy(error):
-                        raise StoreError(
-                            f"sqlite store {str(self._path)!r}: {error}", kind=ErrorKind.DATABASE
-                        ) from error
-                    if time.monotonic() >= deadline:
-                        raise StoreError(
-                            f"sqlite store {str(self._path)!r} stayed busy for {BUSY_BUDGET_S:g} s",
-                            kind=ErrorKind.UNAVAILABLE,
-                        ) from error
+                    _rollback(cur)
+                    deadline = deadline or time.monotonic() + BUSY_BUDGET_S
+                    self._check_retry(error, deadline)
                 time.sleep(random.uniform(0.001, 0.005))
 
-    def _connection(self) -> sqlite3.Connection:
-        if self._closed:
-            raise StoreError(f"sqlite store {str(self._path)!r} is closed", kind=ErrorKind.CLOSED)
-        if self._conn is None:
-            self._conn = _connect(self._path)
-        return self._conn
+    def _check_retry(self, error: sqlite3.Error, deadline: float) -> None:
+        """Return if a failed step may be retried; else raise the StoreError for it."""
+        where = f"sqlite store {str(self._path)!r}"
+        if not _is_busy(error):
+            raise StoreError(f"{where}: {error}", kind=ErrorKind.DATABASE) from error
+        if time.monotonic() >= deadline:
+            raise StoreError(
+                f"{where} stayed busy for {BUSY_BUDGET_S:g} s", kind=ErrorKind.UNAVAILABLE
+            ) from error
+
+    def _cursor(self) -> sqlite3.Cursor:
+        if self._cur is None:
+            if self._closed:
+                raise StoreError(
+                    f"sqlite store {str(self._path)!r} is closed", kind=ErrorKind.CLOSED
+                )
+            self._cur = _connect(self._path).cursor()
+        return self._cur
 
     def _after_fork_in_child(self) -> None:
-        if self._conn is not None:
-            _abandoned.append(self._conn)
-        self._conn = None
+        if self._cur is not None:
+            _abandoned.append(self._cur.connection)
+        self._cur = None
         self._mutex = threading.Lock()
 
     def close(self) -> None:
         with self._mutex:
             self._closed = True
-            conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+            cur, self._cur = self._cur, None
+        if cur is not None:
+            cur.connection.close()
 
     def __repr__(self) -> str:
         return f"<SqliteEngine {str(self._path)!r}>"
 
 
-class _write:  # noqa: N801 - used like a function: ``with _write(conn) as now``
+class _write:  # noqa: N801 - used like a function: ``with _write(cur) as now``
     """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on error); yields the time."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
+    def __init__(self, cur: sqlite3.Cursor) -> None:
+        self._cur = cur
 
     def __enter__(self) -> float:
-        self._conn.execute("BEGIN IMMEDIATE")
+        self._cur.execute("BEGIN IMMEDIATE")
         return time.time()
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
-        self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        self._cur.execute("COMMIT" if exc_type is None else "ROLLBACK")
 
 
-def _delete(conn: sqlite3.Connection, sql: str, params: tuple[object, ...]) -> bool:
-    with _write(conn) as now:
-        rows = conn.execute(sql, params).fetchall()
+def _delete(cur: sqlite3.Cursor, sql: str, params: tuple[object, ...]) -> bool:
+    with _write(cur) as now:
+        rows = cur.execute(sql, params).fetchall()
     return bool(rows) and rows[0][0] > now
 
 
-def _read(conn: sqlite3.Connection, where: str, *params: object) -> list[LockInfo]:
+def _read(cur: sqlite3.Cursor, where: str, *params: object) -> list[LockInfo]:
     now = time.time()
-    rows = conn.execute(_LIVE + where, (*params, now)).fetchall()
+    rows = cur.execute(_LIVE + where, (*params, now)).fetchall()
     return [LockInfo(name, owner, token, exp, exp - now) for name, owner, token, exp in rows]
 
 
-def _ensure_schema(conn: sqlite3.Connection) -> None:
-    with _write(conn):
+def _ensure_schema(cur: sqlite3.Cursor) -> None:
+    with _write(cur):
         for statement in _SCHEMA:
-            conn.execute(statement)
+            cur.execute(statement)
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -244,10 +263,10 @@ def _create_file(path: Path, *, private: bool) -> None:
         ) from error
 
 
-def _rollback(conn: sqlite3.Connection) -> None:
-    if conn.in_transaction:
+def _rollback(cur: sqlite3.Cursor) -> None:
+    if cur.connection.in_transaction:
         with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
+            cur.execute("ROLLBACK")
 
 
 def _is_busy(error: sqlite3.Error) -> bool:
