@@ -137,6 +137,24 @@ def test_duration_guard_fires_before_the_engine_is_touched(store_url: str) -> No
     assert closed.value.kind is ErrorKind.CLOSED
 
 
+def test_a_sub_millisecond_ttl_counts_as_one_millisecond(store: Store) -> None:
+    lock = held(store, "tiny", ttl=1e-9)
+    assert lock.remaining() <= 0.001
+    time.sleep(0.05)
+    assert lock.renew(1e-7) is False
+    assert held(store, "tiny").fencing_token > lock.fencing_token
+
+
+def test_the_engines_own_guard_keeps_its_message_in_the_cause(store: Store) -> None:
+    engine = store._engine_of()  # bypass the contract's guard on purpose
+    with pytest.raises(StoreError) as caught:
+        engine.acquire("raw", "w1", 0.0)
+    assert caught.value.kind is ErrorKind.DATABASE
+    assert caught.value.__cause__ is not None
+    assert str(caught.value.__cause__) in str(caught.value)
+    assert store.inspect("raw") is None
+
+
 # -- renew -----------------------------------------------------------------------------------
 
 

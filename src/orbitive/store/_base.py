@@ -13,6 +13,9 @@ one table step. So every rule below is the contract's, identical on every engine
 * **Duration guard**: ``ttl <= 0``, NaN, inf (or not a number) on ``try_lock``,
   ``renew`` and ``lock`` raises ``StoreError`` with ``kind == ErrorKind.DATABASE``
   before the engine is touched; the validator's message stays in ``__cause__``.
+  A positive ttl under 1 ms counts as 1 ms on every engine. Each engine keeps a
+  guard of its own (a CHECK constraint, the lock table's ttl check) whose error
+  also surfaces as ``StoreError(DATABASE)`` with the engine's message as cause.
 
 Timeline of a renew (why it is a *new full window*, not an extension)::
 
@@ -51,6 +54,8 @@ from .._errors import (
 NAME_MAX_BYTES: Final = 255
 #: Longest owner, in UTF-8 bytes.
 OWNER_MAX_BYTES: Final = 255
+#: Shortest lease, in seconds; a shorter positive ttl counts as this on every engine.
+TTL_MIN_S: Final = 0.001
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 #: First pause of the blocking helper between attempts, in seconds (doubles, jittered).
 _WAIT_FIRST_S: Final = 0.002
@@ -105,14 +110,19 @@ def check_owner(owner: object) -> str:
 def check_store_ttl(ttl: object) -> float:
     """The store duration guard: a finite ttl > 0 seconds, else ``StoreError(DATABASE)``.
 
+    Returns:
+        The ttl as a float, at least :data:`TTL_MIN_S` (a shorter positive ttl is
+        rounded up on every engine, as the SHM table's millisecond clock does).
+
     Raises:
         InvalidLockTtl: ``kind == ErrorKind.DATABASE``; ``__cause__`` is the
             validator's :class:`~orbitive._errors.InvalidTtl`.
     """
     try:
-        return check_ttl(ttl)
+        value = check_ttl(ttl)
     except InvalidTtl as error:
         raise InvalidLockTtl(f"lock duration rejected: {error.message}") from error
+    return value if value >= TTL_MIN_S else TTL_MIN_S
 
 
 def check_timeout(timeout: object) -> float | None:

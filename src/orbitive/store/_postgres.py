@@ -16,10 +16,11 @@ Facts this engine relies on:
   sequence by a second statement of the same transaction, *after* the row is
   locked, so tokens are strictly increasing per name in commit order (drawing
   it in the INSERT itself could hand an older value to a statement that stalled
-  while a faster peer acquired and released the same name).
-* ``CREATE TABLE IF NOT EXISTS`` is not safe against a concurrent creator, so
-  the schema is created under a transaction-scoped advisory lock; that is the
-  only advisory lock used.
+  while a faster peer acquired and released the same name). Both statements
+  run in the function ``orbitive_lock_acquire``: one round trip per acquire.
+* ``CREATE TABLE IF NOT EXISTS`` (and ``CREATE OR REPLACE FUNCTION``) are not
+  safe against a concurrent creator, so the schema is created under a
+  transaction-scoped advisory lock; that is the only advisory lock used.
 * A psycopg connection must not be used across ``fork``: a forked child points
   its copy of the socket at ``/dev/null`` before dropping it (so nothing it
   sends reaches the parent's session) and connects anew on first use.
@@ -45,6 +46,34 @@ _T = TypeVar("_T")
 #: Seconds to wait for a connection.
 CONNECT_TIMEOUT_S: Final = 10
 _SCHEMA_LOCK: Final = 0x6F72_6269_7374_6F72  # "orbistor": serialises schema creation only
+_EPOCH: Final = "extract(epoch FROM l.expires_at)::float8"
+_LEFT: Final = "extract(epoch FROM l.expires_at - clock_timestamp())::float8"
+# The acquire step as a server-side function: one round trip, one transaction.
+# The token is drawn only after the INSERT has granted and locked the row.
+_ACQUIRE_FUNCTION: Final = f"""
+CREATE OR REPLACE FUNCTION orbitive_lock_acquire(p_name text, p_owner text, p_ttl float8)
+RETURNS TABLE (granted boolean, holder text, token bigint, expires float8, remaining float8)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t timestamptz := clock_timestamp();
+BEGIN
+    INSERT INTO orbitive_locks AS l (name, owner, fencing_token, acquired_at, expires_at)
+    VALUES (p_name, p_owner, 0, t, t + make_interval(secs => p_ttl))
+    ON CONFLICT (name) DO UPDATE
+    SET owner = EXCLUDED.owner, fencing_token = 0,
+        acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
+    WHERE l.expires_at <= EXCLUDED.acquired_at;
+    IF FOUND THEN
+        RETURN QUERY
+        UPDATE orbitive_locks AS l SET fencing_token = nextval('orbitive_lock_fence')
+        WHERE l.name = p_name
+        RETURNING true, l.owner, l.fencing_token, {_EPOCH}, {_LEFT};
+    ELSE
+        RETURN QUERY
+        SELECT false, l.owner, l.fencing_token, {_EPOCH}, {_LEFT}
+        FROM orbitive_locks AS l WHERE l.name = p_name AND l.expires_at > clock_timestamp();
+    END IF;
+END $$"""
 _SCHEMA: Final = (
     """CREATE TABLE IF NOT EXISTS orbitive_locks (
         name text PRIMARY KEY,
@@ -54,26 +83,11 @@ _SCHEMA: Final = (
         expires_at timestamptz NOT NULL CHECK (expires_at > acquired_at)
     )""",
     "CREATE SEQUENCE IF NOT EXISTS orbitive_lock_fence AS bigint",
+    _ACQUIRE_FUNCTION,
 )
-_EPOCH: Final = "extract(epoch FROM expires_at)::float8"
-_LEFT: Final = "extract(epoch FROM expires_at - clock_timestamp())::float8"
-_GRANT: Final = """
-WITH t AS (SELECT clock_timestamp() AS now)
-INSERT INTO orbitive_locks AS l (name, owner, fencing_token, acquired_at, expires_at)
-SELECT %(name)s, %(owner)s, 0, t.now, t.now + make_interval(secs => %(ttl)s) FROM t
-ON CONFLICT (name) DO UPDATE
-SET owner = EXCLUDED.owner, fencing_token = 0,
-    acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
-WHERE l.expires_at <= EXCLUDED.acquired_at
-RETURNING 1"""
-_FENCE: Final = f"""
-UPDATE orbitive_locks SET fencing_token = nextval('orbitive_lock_fence')
-WHERE name = %(name)s RETURNING fencing_token, {_EPOCH}, {_LEFT}"""
-_HOLDER: Final = f"""
-SELECT owner, fencing_token, {_EPOCH}, {_LEFT} FROM orbitive_locks
-WHERE name = %(name)s AND expires_at > clock_timestamp()"""
+_ACQUIRE: Final = "SELECT * FROM orbitive_lock_acquire(%(name)s, %(owner)s, %(ttl)s)"
 _RENEW: Final = f"""
-UPDATE orbitive_locks SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
+UPDATE orbitive_locks AS l SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
 WHERE name = %(name)s AND owner = %(owner)s AND fencing_token = %(token)s
   AND expires_at > clock_timestamp()
 RETURNING {_EPOCH}, {_LEFT}"""
@@ -84,7 +98,7 @@ RETURNING expires_at > clock_timestamp()"""
 _FORCE: Final = """
 DELETE FROM orbitive_locks WHERE name = %(name)s RETURNING expires_at > clock_timestamp()"""
 _LIVE: Final = f"""
-SELECT name, owner, fencing_token, {_EPOCH}, {_LEFT} FROM orbitive_locks
+SELECT name, owner, fencing_token, {_EPOCH}, {_LEFT} FROM orbitive_locks AS l
 WHERE expires_at > clock_timestamp()"""
 
 
@@ -118,16 +132,12 @@ class PostgresEngine(Engine):
 
     def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
         params = {"name": name, "owner": owner, "ttl": ttl}
-
-        def step(conn: psycopg.Connection[Any]) -> Granted | Busy:
-            with conn.transaction():
-                if conn.execute(_GRANT, params).fetchone() is None:
-                    held = conn.execute(_HOLDER, params).fetchone()
-                    return Busy(None if held is None else LockInfo(name, *held))
-                token, expires_at, left = _one(conn.execute(_FENCE, params).fetchone())
-            return Granted(LockInfo(name, owner, token, expires_at, left))
-
-        return self._run(step)
+        row = self._run(lambda conn: conn.execute(_ACQUIRE, params).fetchone())
+        if row is None:
+            return Busy(None)
+        granted, holder, token, expires_at, remaining = row
+        info = LockInfo(name, holder, token, expires_at, remaining)
+        return Granted(info) if granted else Busy(info)
 
     def renew(self, tenure: Granted, ttl: float) -> Granted | None:
         info = tenure.info
@@ -218,12 +228,6 @@ class PostgresEngine(Engine):
 
     def __repr__(self) -> str:
         return "<PostgresEngine>"
-
-
-def _one(row: tuple[Any, ...] | None) -> tuple[Any, ...]:
-    if row is None:  # the row was granted in this transaction; it cannot vanish
-        raise StoreError("postgres store: granted row not found", kind=ErrorKind.DATABASE)
-    return row
 
 
 def _ensure_schema(conn: psycopg.Connection[Any]) -> None:

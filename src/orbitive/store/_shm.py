@@ -21,7 +21,7 @@ from __future__ import annotations
 import select
 from typing import Final, cast
 
-from .._errors import FleetError, InvalidName, InvalidStoreUrl
+from .._errors import ErrorKind, FleetError, InvalidName, InvalidStoreUrl, OrbitError, StoreError
 from .._fleet import Fleet
 from ..lock import Acquired, LockKey, LockLease, LockOwner, LockTable
 from ._base import Busy, Engine, Granted, LockInfo
@@ -52,13 +52,19 @@ class ShmEngine(Engine):
         self._polled_fd = -1
 
     def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
-        result = self._table.try_acquire(LockKey(NAMESPACE, name), LockOwner(owner), ttl)
-        if isinstance(result, Acquired):
+        try:
+            result = self._table.try_acquire(LockKey(NAMESPACE, name), LockOwner(owner), ttl)
+        except OrbitError as error:
+            raise _store_error(error) from error
+        if type(result) is Acquired:
             return Granted(_info(result.lease), result.lease)
         return Busy(_info(result.lease))
 
     def renew(self, tenure: Granted, ttl: float) -> Granted | None:
-        lease = self._table.renew(cast(LockLease, tenure.handle), ttl)
+        try:
+            lease = self._table.renew(cast(LockLease, tenure.handle), ttl)
+        except OrbitError as error:
+            raise _store_error(error) from error
         return None if lease is None else Granted(_info(lease), lease)
 
     def release(self, tenure: Granted) -> bool:
@@ -93,6 +99,11 @@ class ShmEngine(Engine):
 
     def __repr__(self) -> str:
         return f"<ShmEngine fleet={self._fleet.name!r}>"
+
+
+def _store_error(error: OrbitError) -> StoreError:
+    """A lock-table refusal (full table, exhausted ids, its own ttl guard) as a StoreError."""
+    return StoreError(f"shm store: {error.message}", kind=ErrorKind.DATABASE, key=error.key)
 
 
 def _info(lease: LockLease) -> LockInfo:
