@@ -29,6 +29,8 @@ from ._base import Busy, Engine, Granted, LockInfo
 #: The lock-table namespace of every store lock.
 NAMESPACE: Final = "orbitive.store"
 _NAMESPACE_BYTES: Final = NAMESPACE.encode()
+#: Names (and owners) whose table key is kept ready; the cache is emptied when full.
+_CACHE_MAX: Final = 4096
 
 
 class ShmEngine(Engine):
@@ -50,15 +52,19 @@ class ShmEngine(Engine):
             raise
         self._poller = select.poll()
         self._polled_fd = -1
+        self._keys: dict[str, LockKey] = {}
+        self._owners: dict[str, LockOwner] = {}
 
     def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
         try:
-            result = self._table.try_acquire(LockKey(NAMESPACE, name), LockOwner(owner), ttl)
+            result = self._table.try_acquire(self._key(name), self._owner(owner), ttl)
         except OrbitError as error:
             raise _store_error(error) from error
+        lease = result.lease
         if type(result) is Acquired:
-            return Granted(_info(result.lease), result.lease)
-        return Busy(_info(result.lease))
+            info = LockInfo(name, owner, lease.fencing_token, lease.expires_at, lease.remaining())
+            return Granted(info, lease)
+        return Busy(_info(lease))
 
     def renew(self, tenure: Granted, ttl: float) -> Granted | None:
         try:
@@ -71,7 +77,7 @@ class ShmEngine(Engine):
         return self._table.release(cast(LockLease, tenure.handle))
 
     def inspect(self, name: str) -> LockInfo | None:
-        lease = self._table.current(LockKey(NAMESPACE, name))
+        lease = self._table.current(self._key(name))
         return None if lease is None else _info(lease)
 
     def locks(self) -> list[LockInfo]:
@@ -80,7 +86,24 @@ class ShmEngine(Engine):
         return sorted(infos, key=lambda info: info.name)
 
     def force_release(self, name: str) -> bool:
-        return self._table.force_release(LockKey(NAMESPACE, name))
+        return self._table.force_release(self._key(name))
+
+    def _key(self, name: str) -> LockKey:
+        """The table key of ``name``, cached (building one hashes the name)."""
+        key = self._keys.get(name)
+        if key is None:
+            if len(self._keys) >= _CACHE_MAX:
+                self._keys.clear()
+            key = self._keys[name] = LockKey(NAMESPACE, name)
+        return key
+
+    def _owner(self, owner: str) -> LockOwner:
+        found = self._owners.get(owner)
+        if found is None:
+            if len(self._owners) >= _CACHE_MAX:
+                self._owners.clear()
+            found = self._owners[owner] = LockOwner(owner)
+        return found
 
     def arm(self) -> None:
         self._table.drain()
