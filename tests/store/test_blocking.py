@@ -138,3 +138,32 @@ def test_closing_the_store_stops_renewal(store_url: str, other: Store) -> None:
     time.sleep(0.5)
     assert lock.lost
     assert other.try_lock("closing", "next", 60.0) is not None
+
+
+def test_threads_of_one_process_take_turns(store: Store) -> None:
+    inside = [0]
+    turns = [0]
+    errors: list[BaseException] = []
+    guard = threading.Lock()
+
+    def worker() -> None:
+        try:
+            for _ in range(5):
+                with store.lock("turns", ttl=10.0, timeout=30.0):
+                    with guard:
+                        inside[0] += 1
+                        assert inside[0] == 1
+                    time.sleep(0.005)
+                    with guard:
+                        inside[0] -= 1
+                        turns[0] += 1
+        except BaseException as error:  # reported to the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert turns[0] == 20

@@ -37,7 +37,9 @@ class ShmEngine(Engine):
     """Named locks in the SHM lock table of one fleet."""
 
     kind = "shm"
-    poll_cap_s = 1.0  # readiness wakes the waiter; the cap only bounds a missed wake-up
+    # Readiness wakes the waiter; the cap bounds a wake-up another thread of this
+    # process drained first (drain clears readiness for the whole process).
+    poll_cap_s = 0.25
     monotonic_clock = True
 
     def __init__(self, fleet: str, capacity: int) -> None:
@@ -50,8 +52,6 @@ class ShmEngine(Engine):
         except BaseException:
             self._fleet.close()
             raise
-        self._poller = select.poll()
-        self._polled_fd = -1
         self._keys: dict[str, LockKey] = {}
         self._owners: dict[str, LockOwner] = {}
 
@@ -109,12 +109,9 @@ class ShmEngine(Engine):
         self._table.drain()
 
     def wait(self, delay: float) -> None:
-        fd = self._table.fileno()
-        if fd != self._polled_fd:  # a forked child gets its own readiness descriptor
-            self._poller = select.poll()
-            self._poller.register(fd, select.POLLIN)
-            self._polled_fd = fd
-        self._poller.poll(max(delay, 0.0) * 1000.0)
+        poller = select.poll()  # one per call: a poll object is not shared across threads
+        poller.register(self._table.fileno(), select.POLLIN)
+        poller.poll(max(delay, 0.0) * 1000.0)
 
     def close(self) -> None:
         self._table.close()
