@@ -82,8 +82,8 @@ def test_bad_ttl_is_the_duration_guard(store: Store) -> None:
 
 
 def test_auto_renew_keeps_the_lock_past_its_ttl(store: Store, other: Store) -> None:
-    with store.lock("renewed", ttl=0.3, timeout=0) as lock:
-        deadline = time.monotonic() + 1.2
+    with store.lock("renewed", ttl=0.6, timeout=0) as lock:
+        deadline = time.monotonic() + 1.5
         while time.monotonic() < deadline:
             assert other.try_lock("renewed", "intruder", 60.0) is None
             time.sleep(0.05)
@@ -108,7 +108,7 @@ def test_loss_sets_the_flag_calls_back_and_exit_does_not_raise(store: Store, oth
         lost.append(lock)
         called.set()
 
-    with store.lock("lose", ttl=0.3, timeout=0, on_lost=on_lost) as lock:
+    with store.lock("lose", ttl=1.5, timeout=0, on_lost=on_lost) as lock:
         assert other.force_release("lose")
         assert called.wait(5.0)
         assert lock.lost

@@ -16,7 +16,7 @@ from orbitive.store import ErrorKind, Lock, LockInfo, Store, StoreError, open_st
 #: Long enough never to lapse during a test.
 LONG = 60.0
 #: Short enough to lapse quickly, long enough to act within.
-SHORT = 0.3
+SHORT = 0.5
 
 BAD_TTLS = [0, 0.0, -1, -0.001, math.nan, math.inf, -math.inf, True, "5", None]
 BAD_NAMES = [
