@@ -167,3 +167,15 @@ def test_threads_of_one_process_take_turns(store: Store) -> None:
         thread.join()
     assert errors == []
     assert turns[0] == 20
+
+
+def test_without_auto_renew_a_failed_renew_calls_back(store: Store, other: Store) -> None:
+    lost: list[Lock] = []
+    with store.lock("manual", ttl=60.0, timeout=0, auto_renew=False, on_lost=lost.append) as lock:
+        assert lock.renew(60.0)
+        assert lost == []
+        assert other.force_release("manual")
+        assert lock.renew(60.0) is False
+        assert lost == [lock]
+        assert lock.renew(60.0) is False
+    assert lost == [lock]

@@ -12,7 +12,8 @@ call, so they are identical on every engine.
 from __future__ import annotations
 
 from .._errors import ErrorKind, StoreError
-from ._base import Lock, LockInfo, Store
+from ._base import Lock, Store
+from ._engine import LockInfo
 from ._url import open_store
 
 __all__ = ["ErrorKind", "Lock", "LockInfo", "Store", "StoreError", "open_store"]

@@ -26,7 +26,6 @@ Timeline of a renew (why it is a *new full window*, not an extension)::
 
 from __future__ import annotations
 
-import abc
 import os
 import random
 import re
@@ -36,8 +35,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import ClassVar, Final, NamedTuple, final
+from typing import Final
 
 from .._clock import check_ttl
 from .._errors import (
@@ -49,6 +47,7 @@ from .._errors import (
     LockTimeout,
     StoreError,
 )
+from ._engine import Busy, Engine, Granted, LockInfo, StoreStatistics
 
 #: Longest lock name, in UTF-8 bytes.
 NAME_MAX_BYTES: Final = 255
@@ -143,111 +142,6 @@ def random_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
-# -- values the engines return -------------------------------------------------------------
-
-
-class LockInfo(NamedTuple):
-    """A snapshot of one live lease (immutable).
-
-    A named tuple rather than a frozen dataclass, as ``LockLease`` is: one is
-    built per grant and renew, and a tuple is built in less than half the time.
-
-    Attributes:
-        name: the lock name.
-        owner: the owner string the holder passed.
-        fencing_token: strictly larger for every acquisition in the store.
-        expires_at: on the engine's clock: Unix epoch seconds (SQLite, PostgreSQL)
-            or ``time.monotonic()`` seconds (shm).
-        remaining_s: seconds left when the snapshot was read, on the engine's clock.
-    """
-
-    name: str
-    owner: str
-    fencing_token: int
-    expires_at: float
-    remaining_s: float
-
-
-class Granted(NamedTuple):
-    """An engine's grant: the new tenure and the engine's own handle for it."""
-
-    info: LockInfo
-    handle: object = None
-
-
-class Busy(NamedTuple):
-    """An engine's refusal; ``holder`` is the live lease when it was seen."""
-
-    holder: LockInfo | None
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class StoreStatistics:
-    """Counters of one :class:`Store` object (this process only)."""
-
-    engine: str
-    held_count: int
-    acquired_count: int
-    busy_count: int
-    renewed_count: int
-    lost_count: int
-    released_count: int
-
-
-class Engine(abc.ABC):
-    """The primitives an engine implements; each is one transaction or one table step.
-
-    Arguments arrive validated. ``acquire`` grants only when no live lease holds the
-    name, with a fencing token larger than any before; ``renew`` and ``release``
-    act only on the exact tenure (name, owner and fencing token) and only while it
-    is live. Engines are thread-safe and notice when they run in a forked child.
-    """
-
-    #: Engine name shown in reprs and statistics.
-    kind: ClassVar[str]
-    #: Longest pause between attempts of the blocking helper, in seconds.
-    poll_cap_s: ClassVar[float] = 0.05
-    #: True when ``expires_at`` is ``time.monotonic()`` seconds (then it also bounds
-    #: the handle's local deadline).
-    monotonic_clock: ClassVar[bool] = False
-
-    @abc.abstractmethod
-    def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
-        """Grant ``name`` to ``owner`` for ``ttl`` seconds, or report the holder."""
-
-    @abc.abstractmethod
-    def renew(self, tenure: Granted, ttl: float) -> Granted | None:
-        """A new full window of ``ttl`` seconds from now; None when the tenure is gone."""
-
-    @abc.abstractmethod
-    def release(self, tenure: Granted) -> bool:
-        """Remove the exact tenure; True only if it was still live."""
-
-    @abc.abstractmethod
-    def inspect(self, name: str) -> LockInfo | None:
-        """The live lease on ``name``, if any."""
-
-    @abc.abstractmethod
-    def locks(self) -> list[LockInfo]:
-        """Every live lease, sorted by name."""
-
-    @abc.abstractmethod
-    def force_release(self, name: str) -> bool:
-        """Remove whatever holds ``name``; True if a live lease was removed."""
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """Release connections or mappings; idempotent."""
-
-    def arm(self) -> None:  # noqa: B027 - optional hook; only engines with readiness override
-        """Prepare for :meth:`wait` before an attempt (clear readiness); default no-op."""
-
-    def wait(self, delay: float) -> None:
-        """Pause up to ``delay`` seconds, returning early if the engine signals a change."""
-        time.sleep(delay)
-
-
 # -- the lock handle -----------------------------------------------------------------------
 
 
@@ -328,8 +222,12 @@ class Lock:
             else:
                 self._tenure = renewed
                 self._deadline = self._store._deadline(started, ttl, renewed.info)
-        self._store._count("renewed" if renewed is not None else "lost")
-        return renewed is not None
+        if renewed is None:
+            self._store._count("lost")
+            self._notify_lost()
+            return False
+        self._store._count("renewed")
+        return True
 
     def release(self) -> bool:
         """Give the lock up (stopping any background renewal).
@@ -367,11 +265,15 @@ class Lock:
             renewer.stop()
 
     def _mark_lost(self) -> None:
+        """The renewer could not reach the engine before the window closed."""
         with self._mutex:
-            already = self._lost
+            if self._lost or self._released:
+                return
             self._lost = True
-        if not already:
-            self._store._count("lost")
+        self._store._count("lost")
+        self._notify_lost()
+
+    def _notify_lost(self) -> None:
         if self._on_lost is not None:
             self._on_lost(self)
 
@@ -411,9 +313,10 @@ class _Renewer(threading.Thread):
         interval = self._ttl / 3.0
         while not self._stopped.wait(interval):
             try:
-                if self._lock._renew(self._ttl):
-                    interval = self._ttl / 3.0
-                    continue
+                if not self._lock._renew(self._ttl):
+                    return  # lost: _renew flagged it and called back
+                interval = self._ttl / 3.0
+                continue
             except StoreError:
                 left = self._lock.remaining()
                 if left > 0.0:  # transient: retry well before the window closes
@@ -521,8 +424,9 @@ class Store:
             ttl: lease length in seconds; renewed every ``ttl / 3`` when ``auto_renew``.
             timeout: seconds to wait; None waits forever; 0 makes exactly one attempt.
             auto_renew: renew in a background thread until released or lost.
-            on_lost: called (from the renewer thread) with the lock if the lease is
-                lost; :attr:`Lock.lost` turns True either way, and exit does not raise.
+            on_lost: called with the lock when a renew finds the lease lost (from
+                the renewer thread under ``auto_renew``); :attr:`Lock.lost` turns
+                True either way, and leaving the ``with`` block does not raise.
 
         Returns:
             The held :class:`Lock`; leaving its ``with`` block releases it.
@@ -536,6 +440,8 @@ class Store:
 
             with store.lock("jobs/nightly", ttl=30.0, timeout=10.0) as lock:
                 run_job(fencing_token=lock.fencing_token)
+
+        Seed 002: the blocking helper renews at about a third of the TTL.
         """
         name, ttl = check_name(name), check_store_ttl(ttl)
         owner = random_owner() if owner is None else check_owner(owner)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from .. import _fork
 from .._errors import ErrorKind, StoreError
-from ._base import Busy, Engine, Granted, LockInfo
+from ._engine import Busy, Engine, Granted, LockInfo
 
 if TYPE_CHECKING:
     import psycopg

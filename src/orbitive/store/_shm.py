@@ -24,7 +24,7 @@ from typing import Final, cast
 from .._errors import ErrorKind, FleetError, InvalidName, InvalidStoreUrl, OrbitError, StoreError
 from .._fleet import Fleet
 from ..lock import Acquired, LockKey, LockLease, LockOwner, LockTable
-from ._base import Busy, Engine, Granted, LockInfo
+from ._engine import Busy, Engine, Granted, LockInfo
 
 #: The lock-table namespace of every store lock.
 NAMESPACE: Final = "orbitive.store"

@@ -39,7 +39,7 @@ from typing import Final, TypeVar
 from .. import _fork
 from .._access import open_checked
 from .._errors import AccessDenied, ErrorKind, StoreError
-from ._base import Busy, Engine, Granted, LockInfo
+from ._engine import Busy, Engine, Granted, LockInfo
 
 _T = TypeVar("_T")
 

@@ -24,7 +24,8 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from .._access import check_dir
 from .._errors import InvalidStoreUrl
-from ._base import Engine, Store
+from ._base import Store
+from ._engine import Engine
 
 #: Default fleet capacity of an ``shm://`` store.
 SHM_CAPACITY_DEFAULT: Final = 64
