@@ -153,7 +153,10 @@ def _renew(shared: Shared, slot: int, lock: Lock, ttl: float) -> bool:
     valid_until = time.monotonic() + lock.remaining()
     with shared.guard:  # a renew may shorten the lease (new full window): believe less first
         if shared.token[slot] == lock.fencing_token:
-            shared.deadline[slot] = min(shared.deadline[slot], time.monotonic() + ttl)
+            # The shm table reads its clock in whole milliseconds (rounded down), so
+            # its new expiry may come up to 1 ms before now + ttl.
+            soonest = time.monotonic() + ttl - 0.001
+            shared.deadline[slot] = min(shared.deadline[slot], soonest)
     renewed = lock.renew(ttl)
     if not renewed:
         if time.monotonic() < valid_until:  # a renew of a validly held lock never fails
