@@ -36,7 +36,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd = subparsers.add_parser(
         "run",
         help="run a command while holding a named lock (like flock(1), with leases)",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        description=(
+            "Hold the named lock while CMD runs (renewing every TTL/3), with the fencing "
+            "token in ORBIT_FENCING_TOKEN; release it when CMD exits and exit with CMD's "
+            "status. SIGTERM/SIGINT/SIGHUP are passed to CMD. Busy lock and no --wait "
+            "(or the wait ran out): exit 75 naming the holder."
+        ),
     )
     cmd.add_argument("--lock", required=True, metavar="NAME", help="the lock name")
     cmd.add_argument("--ttl", required=True, type=float, metavar="S", help="lease length, s")
