@@ -138,8 +138,9 @@ class LockTable:
         self._closed = False
 
     def _refresh_node(self) -> None:
+        node = self.fleet.node  # may raise in a forked child; then stay unrefreshed
         self._fork_generation = _fork.generation
-        self._node = self.fleet.node
+        self._node = node
         self._id_base = (self.layout.state_kind << KIND_SHIFT) | (self._node << NODE_SHIFT)
 
     # -- argument checks ---------------------------------------------------------------
