@@ -161,6 +161,27 @@ def report_inherited(channel: Channel, fleet: Fleet, table: LockTable | None) ->
     channel.recv(timeout=None)
 
 
+def try_twice_in_child(channel: Channel, fleet: Fleet, table: LockTable) -> None:
+    """Fork-only: ``fleet.node`` twice, then ``table.try_acquire`` twice; report each outcome.
+
+    Sends a list of "node N" / "acquired" / "occupied" / the error class name.
+    """
+    outcomes: list[str] = []
+    for _ in range(2):
+        try:
+            outcomes.append(f"node {fleet.node}")
+        except OrbitError as error:
+            outcomes.append(type(error).__name__)
+    for _ in range(2):
+        try:
+            result = table.try_acquire(OTHER_KEY, LockOwner(b"child"), 30.0)
+        except OrbitError as error:
+            outcomes.append(type(error).__name__)
+        else:
+            outcomes.append("acquired" if isinstance(result, Acquired) else "occupied")
+    channel.send(outcomes)
+
+
 def fork_child_exits_normally(name: str, child_closes: str) -> None:
     """Run in a fresh interpreter: hold KEY, fork a child that exits normally, re-check.
 
