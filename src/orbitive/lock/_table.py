@@ -56,6 +56,9 @@ _U64: Final = struct.Struct("<Q")
 _REVISION_OFFSET: Final = 24
 _EXPIRES_OFFSET: Final = 40
 _REVISION_MAX: Final = (1 << 64) - 1
+#: First 8 bytes of an EMPTY slot: state, reserved and the three lengths, all zero.
+#: A state byte of 0 with any non-zero length is a damaged slot, not the end of a chain.
+_EMPTY_HEAD: Final = bytes(8)
 _T = TypeVar("_T")
 _A = TypeVar("_A")
 _B = TypeVar("_B")
@@ -351,7 +354,8 @@ class LockTable:
         """Slot of ``key``'s live entry, else ``~insertion_slot`` (``~capacity``: none).
 
         Linear probing from the key digest; stops at EMPTY. Expired or invalid
-        OCCUPIED slots met on the way are tombstoned (lazy reclaim).
+        OCCUPIED slots met on the way are tombstoned (lazy reclaim); any other
+        slot (TOMBSTONE, or damaged bytes) is reusable and the chain goes on.
         """
         buf, mask, stride = self._buf, self._mask, self._stride
         digest, ident = key.digest, key.ident
@@ -361,7 +365,7 @@ class LockTable:
         for _ in range(mask + 1):
             offset = HEADER_SIZE + slot * stride
             state = buf[offset]
-            if state == EMPTY:
+            if state == EMPTY and buf[offset : offset + 8] == _EMPTY_HEAD:
                 return ~(insert_at if insert_at <= mask else slot)
             if state == OCCUPIED:
                 fields = self._read_live(slot, now)
@@ -539,13 +543,14 @@ class LockTable:
         """
         buf, mask, stride = self._buf, self._mask, self._stride
         buf[HEADER_SIZE + slot * stride] = TOMBSTONE
-        if buf[HEADER_SIZE + ((slot + 1) & mask) * stride] != EMPTY:
+        following = HEADER_SIZE + ((slot + 1) & mask) * stride
+        if buf[following : following + 8] != _EMPTY_HEAD:
             return
         for _ in range(mask + 1):
             offset = HEADER_SIZE + slot * stride
             if buf[offset] != TOMBSTONE:
                 return
-            buf[offset] = EMPTY
+            buf[offset : offset + 8] = _EMPTY_HEAD  # any torn write reads as a tombstone
             slot = (slot - 1) & mask
 
     # -- transitions and readiness -----------------------------------------------------
