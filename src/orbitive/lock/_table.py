@@ -348,7 +348,19 @@ class LockTable:
         return fields
 
     def _live(self, slot: int, now: int) -> bool:
-        return self._read_live(slot, now) is not None
+        """A valid, unexpired entry whose stored digest matches its stored key (inspection)."""
+        fields = self._read_live(slot, now)
+        return fields is not None and self._lease_at(slot).key.digest == fields[4]
+
+    def _holds_key(self, offset: int, fields: tuple[int, ...], key: LockKey) -> bool:
+        """Whether the slot at ``offset`` (with its ``fields``) stores exactly ``key``."""
+        start = offset + SLOT_HEADER_SIZE
+        return (
+            fields[4] == key.digest
+            and fields[1] == len(key.namespace)
+            and fields[2] == len(key.label)
+            and self._buf[start : start + len(key.ident)] == key.ident
+        )
 
     def _probe(self, key: LockKey, now: int) -> int:
         """Slot of ``key``'s live entry, else ``~insertion_slot`` (``~capacity``: none).
@@ -358,9 +370,7 @@ class LockTable:
         slot (TOMBSTONE, or damaged bytes) is reusable and the chain goes on.
         """
         buf, mask, stride = self._buf, self._mask, self._stride
-        digest, ident = key.digest, key.ident
-        ns_len, label_len = len(key.namespace), len(key.label)
-        slot = digest & mask
+        slot = key.digest & mask
         insert_at = mask + 1
         for _ in range(mask + 1):
             offset = HEADER_SIZE + slot * stride
@@ -370,13 +380,7 @@ class LockTable:
             if state == OCCUPIED:
                 fields = self._read_live(slot, now)
                 if fields is not None:
-                    if (
-                        fields[4] == digest
-                        and fields[1] == ns_len
-                        and fields[2] == label_len
-                        and buf[offset + SLOT_HEADER_SIZE : offset + SLOT_HEADER_SIZE + len(ident)]
-                        == ident
-                    ):
+                    if self._holds_key(offset, fields, key):
                         return slot
                     slot = (slot + 1) & mask
                     continue
@@ -387,11 +391,19 @@ class LockTable:
         return ~insert_at
 
     def _find_tenure(self, lease: LockLease, now: int) -> int:
-        """Slot holding exactly ``lease``'s tenure (same lock id), or -1."""
+        """Slot holding exactly ``lease``'s tenure (same key and lock id), or -1.
+
+        The hint slot must hold the lease's key too: a slot whose key bytes were
+        damaged is no longer that key's entry, whatever its lock id says.
+        """
         hint = lease.slot
         if 0 <= hint <= self._mask:
             fields = self._read_live(hint, now)
-            if fields is not None and fields[5] == lease.lock_id:
+            if (
+                fields is not None
+                and fields[5] == lease.lock_id
+                and self._holds_key(HEADER_SIZE + hint * self._stride, fields, lease.key)
+            ):
                 return hint
         slot = self._probe(lease.key, now)
         if (
