@@ -12,12 +12,14 @@ import gc
 import json
 import os
 import signal
+import struct
 import sys
 import time
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
 from orbitive import Fleet, OrbitError
+from orbitive._ring import Ring, RingGeometry
 from orbitive.lock import Acquired, LockKey, LockLayout, LockOwner, LockTable, _table
 
 from ._processes import Channel, Child, Processes
@@ -216,6 +218,30 @@ def fork_child_exits_normally(name: str, child_closes: str) -> None:
         "other_held": table.current(OTHER_KEY) is not None,
     }
     sys.stdout.write(json.dumps(report))
+
+
+#: Frame shape of :func:`publish_until_killed`: ver is repeated in the head and the body.
+FRAME_HEAD = struct.Struct("<Q")
+FRAME_REPEAT = 30
+
+
+def publish_until_killed(
+    channel: Channel, name: str, capacity: int, geometry: RingGeometry
+) -> None:
+    """Publish frames on this node's lane as fast as possible until SIGKILLed.
+
+    Frame number ``n`` has ``ver == n``, head ``(n,)`` and a body of ``n`` packed
+    FRAME_REPEAT times, so a torn frame cannot pass for a whole one.
+    """
+    fleet = Fleet.join(name, capacity)
+    ring = Ring(fleet, geometry)
+    node = fleet.node
+    channel.send(("ready", node))
+    number = 1
+    while True:
+        body = FRAME_HEAD.pack(number) * FRAME_REPEAT
+        ring.publish(node, 1, number, FRAME_HEAD, (number,), body)
+        number += 1
 
 
 def sleep_forever(channel: Channel) -> None:
