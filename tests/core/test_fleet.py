@@ -7,6 +7,7 @@ import pickle
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,10 +114,10 @@ def test_fleet_cannot_be_pickled(fleet_name: str) -> None:
     ["", "x" * 33, "a/b", "a b", "näme", "a\0b", ".", "..", "a:b", None, 7, b"bytes"],
     ids=repr,
 )
-def test_bad_fleet_name_raises_invalid_name(name: object) -> None:
+def test_bad_fleet_name_raises_invalid_name(name: Any) -> None:
     for make in (Fleet.join, Fleet.local):
         with pytest.raises(InvalidName) as caught:
-            make(name, 2)  # type: ignore[arg-type]  # the point of the test
+            make(name, 2)
         assert isinstance(caught.value, ValueError)
 
 
@@ -126,21 +127,21 @@ def test_longest_and_odd_but_valid_names_are_accepted() -> None:
 
 
 @pytest.mark.parametrize("capacity", [0, -1, 4097, 2.0, True, None, "4"], ids=repr)
-def test_bad_capacity_raises_node_outside_fleet(fleet_name: str, capacity: object) -> None:
+def test_bad_capacity_raises_node_outside_fleet(fleet_name: str, capacity: Any) -> None:
     for make in (Fleet.join, Fleet.local):
         with pytest.raises(NodeOutsideFleet) as caught:
-            make(fleet_name, capacity)  # type: ignore[arg-type]  # the point of the test
+            make(fleet_name, capacity)
         assert isinstance(caught.value, ValueError)
 
 
 @pytest.mark.parametrize("node", [-1, 4, 100, 1.0, True, "0"], ids=repr)
-def test_bad_node_raises_node_outside_fleet(fleet_name: str, node: object) -> None:
+def test_bad_node_raises_node_outside_fleet(fleet_name: str, node: Any) -> None:
     with pytest.raises(NodeOutsideFleet):
-        Fleet.join(fleet_name, 4, node=node)  # type: ignore[arg-type]
+        Fleet.join(fleet_name, 4, node=node)
     with pytest.raises(NodeOutsideFleet):
-        Fleet.local(fleet_name, 4, node=node)  # type: ignore[arg-type]
+        Fleet.local(fleet_name, 4, node=node)
     with Fleet.join(fleet_name, 4) as fleet, pytest.raises(NodeOutsideFleet):
-        fleet.is_alive(node)  # type: ignore[arg-type]
+        fleet.is_alive(node)
 
 
 # -- fork and exec ----------------------------------------------------------------------------
@@ -218,8 +219,7 @@ def test_fleet_dies_with_its_process_even_when_stopped_processes_linger(
         assert fleet.node == 0
 
 
-def test_sleep_forever_child_is_reaped_by_the_helper(fleet_name: str) -> None:
-    del fleet_name
+def test_a_blocked_child_is_killed_and_reaped_by_the_helper() -> None:
     with Processes("spawn") as processes:
         child = processes.start(sleep_forever)
         assert child.recv() == "sleeping"

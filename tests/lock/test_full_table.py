@@ -40,7 +40,7 @@ def test_257th_key_gives_state_full_and_nothing_is_evicted(table: LockTable) -> 
 
 
 def test_after_one_key_expires_a_new_key_fits(table: LockTable) -> None:
-    held, short = fill(table, short_ttl=0.3)
+    held, short = fill(table, short_ttl=0.5)
     with pytest.raises(StateFull):
         table.try_acquire(LockKey("tests.full", "newcomer"), OWNER, 60.0)
     time.sleep(max(0.0, short.expires_at - time.monotonic()) + 0.02)

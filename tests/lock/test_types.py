@@ -9,6 +9,7 @@ import pickle
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import pytest
 
@@ -39,7 +40,8 @@ def test_str_parts_are_utf8_and_bytes_parts_are_kept() -> None:
     assert key.label == "queue:ü".encode()
     assert LockKey(b"runtime.tasks.pool", "queue:ü".encode()) == key
     assert str(key) == "runtime.tasks.pool/queue:ü"
-    assert LockKey(bytearray(b"ns"), memoryview(b"x")) == LockKey("ns", "x")  # type: ignore[arg-type]  # buffers are accepted
+    buffers: tuple[Any, Any] = (bytearray(b"ns"), memoryview(b"x"))  # accepted at run time
+    assert LockKey(*buffers) == LockKey("ns", "x")
 
 
 def test_keys_differ_by_where_namespace_ends() -> None:
@@ -72,13 +74,13 @@ def test_empty_parts_raise_their_named_errors() -> None:
 
 
 @pytest.mark.parametrize("bad", [None, 5, 1.5, ["a"], object()], ids=repr)
-def test_parts_that_are_not_str_or_bytes_are_type_errors(bad: object) -> None:
+def test_parts_that_are_not_str_or_bytes_are_type_errors(bad: Any) -> None:
     with pytest.raises(TypeError):
-        LockKey(bad, "label")  # type: ignore[arg-type]  # the point of the test
+        LockKey(bad, "label")
     with pytest.raises(TypeError):
-        LockKey("ns", bad)  # type: ignore[arg-type]  # the point of the test
+        LockKey("ns", bad)
     with pytest.raises(TypeError):
-        LockOwner(bad)  # type: ignore[arg-type]  # the point of the test
+        LockOwner(bad)
 
 
 def test_owner_text_is_printable_utf8_or_hex_and_random_owners_differ() -> None:
@@ -193,9 +195,9 @@ def test_default_layout_is_the_seeds() -> None:
     ],
     ids=repr,
 )
-def test_invalid_layouts_raise_invalid_layout(changes: dict[str, object]) -> None:
+def test_invalid_layouts_raise_invalid_layout(changes: dict[str, Any]) -> None:
     with pytest.raises(InvalidLayout) as caught:
-        LockLayout(**changes)  # type: ignore[arg-type]  # the point of the test
+        LockLayout(**changes)
     assert isinstance(caught.value, ValueError)
 
 
