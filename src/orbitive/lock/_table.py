@@ -57,6 +57,9 @@ _U64: Final = struct.Struct("<Q")
 _REVISION_OFFSET: Final = 24
 _EXPIRES_OFFSET: Final = 40
 _REVISION_MAX: Final = (1 << 64) - 1
+#: First 8 bytes of an EMPTY slot: state, reserved and the three lengths, all zero.
+#: A state byte of 0 with any non-zero length is a damaged slot, not the end of a chain.
+_EMPTY_HEAD: Final = bytes(8)
 _T = TypeVar("_T")
 _A = TypeVar("_A")
 _B = TypeVar("_B")
@@ -140,10 +143,11 @@ class LockTable:
         self._closed = False
 
     def _refresh_node(self) -> None:
+        node = self.fleet.node  # may raise in a forked child; then stay unrefreshed
         if self._fork_generation != _fork.generation:
             self._ring.forget_readiness()  # the parent's driver thread is not ours
         self._fork_generation = _fork.generation
-        self._node = self.fleet.node
+        self._node = node
         self._id_base = (self.layout.state_kind << KIND_SHIFT) | (self._node << NODE_SHIFT)
 
     # -- argument checks ---------------------------------------------------------------
@@ -348,34 +352,39 @@ class LockTable:
         return fields
 
     def _live(self, slot: int, now: int) -> bool:
-        return self._read_live(slot, now) is not None
+        """A valid, unexpired entry whose stored digest matches its stored key (inspection)."""
+        fields = self._read_live(slot, now)
+        return fields is not None and self._lease_at(slot).key.digest == fields[4]
+
+    def _holds_key(self, offset: int, fields: tuple[int, ...], key: LockKey) -> bool:
+        """Whether the slot at ``offset`` (with its ``fields``) stores exactly ``key``."""
+        start = offset + SLOT_HEADER_SIZE
+        return (
+            fields[4] == key.digest
+            and fields[1] == len(key.namespace)
+            and fields[2] == len(key.label)
+            and self._buf[start : start + len(key.ident)] == key.ident
+        )
 
     def _probe(self, key: LockKey, now: int) -> int:
         """Slot of ``key``'s live entry, else ``~insertion_slot`` (``~capacity``: none).
 
         Linear probing from the key digest; stops at EMPTY. Expired or invalid
-        OCCUPIED slots met on the way are tombstoned (lazy reclaim).
+        OCCUPIED slots met on the way are tombstoned (lazy reclaim); any other
+        slot (TOMBSTONE, or damaged bytes) is reusable and the chain goes on.
         """
         buf, mask, stride = self._buf, self._mask, self._stride
-        digest, ident = key.digest, key.ident
-        ns_len, label_len = len(key.namespace), len(key.label)
-        slot = digest & mask
+        slot = key.digest & mask
         insert_at = mask + 1
         for _ in range(mask + 1):
             offset = HEADER_SIZE + slot * stride
             state = buf[offset]
-            if state == EMPTY:
+            if state == EMPTY and buf[offset : offset + 8] == _EMPTY_HEAD:
                 return ~(insert_at if insert_at <= mask else slot)
             if state == OCCUPIED:
                 fields = self._read_live(slot, now)
                 if fields is not None:
-                    if (
-                        fields[4] == digest
-                        and fields[1] == ns_len
-                        and fields[2] == label_len
-                        and buf[offset + SLOT_HEADER_SIZE : offset + SLOT_HEADER_SIZE + len(ident)]
-                        == ident
-                    ):
+                    if self._holds_key(offset, fields, key):
                         return slot
                     slot = (slot + 1) & mask
                     continue
@@ -386,11 +395,19 @@ class LockTable:
         return ~insert_at
 
     def _find_tenure(self, lease: LockLease, now: int) -> int:
-        """Slot holding exactly ``lease``'s tenure (same lock id), or -1."""
+        """Slot holding exactly ``lease``'s tenure (same key and lock id), or -1.
+
+        The hint slot must hold the lease's key too: a slot whose key bytes were
+        damaged is no longer that key's entry, whatever its lock id says.
+        """
         hint = lease.slot
         if 0 <= hint <= self._mask:
             fields = self._read_live(hint, now)
-            if fields is not None and fields[5] == lease.lock_id:
+            if (
+                fields is not None
+                and fields[5] == lease.lock_id
+                and self._holds_key(HEADER_SIZE + hint * self._stride, fields, lease.key)
+            ):
                 return hint
         slot = self._probe(lease.key, now)
         if (
@@ -542,13 +559,14 @@ class LockTable:
         """
         buf, mask, stride = self._buf, self._mask, self._stride
         buf[HEADER_SIZE + slot * stride] = TOMBSTONE
-        if buf[HEADER_SIZE + ((slot + 1) & mask) * stride] != EMPTY:
+        following = HEADER_SIZE + ((slot + 1) & mask) * stride
+        if buf[following : following + 8] != _EMPTY_HEAD:
             return
         for _ in range(mask + 1):
             offset = HEADER_SIZE + slot * stride
             if buf[offset] != TOMBSTONE:
                 return
-            buf[offset] = EMPTY
+            buf[offset : offset + 8] = _EMPTY_HEAD  # any torn write reads as a tombstone
             slot = (slot - 1) & mask
 
     # -- transitions and readiness -----------------------------------------------------
