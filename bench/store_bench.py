@@ -23,7 +23,7 @@ from pathlib import Path
 from orbitive.store import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.store._cleanup import remove_fleet
+from tests._fleets import remove_fleet_files
 from tests.store._postgres import PostgresUnavailable, TempPostgres
 
 TARGETS_US = {"sqlite": 60.0, "postgres": 1000.0, "shm": 12.0}
@@ -55,11 +55,11 @@ def engine_url(engine: str, postgres: str | None) -> Iterator[str]:
         with tempfile.TemporaryDirectory() as directory:
             yield f"sqlite://{directory}/bench.db"
     elif engine == "shm":
-        fleet = f"bench-store-{os.getpid()}"
+        fleet = f"benchstore{os.getpid()}"
         try:
             yield f"shm://{fleet}?capacity=4"
         finally:
-            remove_fleet(fleet)
+            remove_fleet_files(fleet)
     elif postgres is not None:
         yield postgres
     else:

@@ -32,6 +32,7 @@ API_NAMES = {
         "LayoutMismatch",
         "AccessDenied",
     },
+    "orbitive.store": {"open_store", "Store", "Lock", "LockInfo", "StoreError", "ErrorKind"},
 }
 ADDITIONS = {
     # The errors Fleet raises, and those every SHM layer shares (lock re-exports some).
@@ -45,6 +46,7 @@ ADDITIONS = {
         "NodeOutsideFleet",
     },
     "orbitive.lock": {"LockTableStatistics"},
+    "orbitive.store": set(),
 }
 PUBLIC_MODULES = sorted(API_NAMES)
 

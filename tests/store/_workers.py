@@ -1,54 +1,51 @@
-"""Worker processes for the multi-process store tests (top level, so spawn can pickle them).
+"""Worker processes for the multi-process store tests, run by ``tests._processes``.
 
-Each worker opens its own store from the URL; any exception makes its exit status
-non-zero, which the parent asserts on.
+Each worker opens its own store from the URL and sends ``"done"`` at the end; an
+exception travels back to the test as ``ChildFailed`` with the child's traceback.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import multiprocessing
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.sharedctypes import SynchronizedArray
 from multiprocessing.synchronize import Barrier
 from multiprocessing.synchronize import Lock as MpLock
-from typing import Any
 
 from orbitive.store import Lock, open_store
 
-_CTX = multiprocessing.get_context("fork")
-#: Seconds any barrier or join may take before the test fails instead of hanging.
+from .._processes import Channel
+
+CTX = multiprocessing.get_context("fork")
+#: Seconds any barrier or reply may take before the test fails instead of hanging.
 PATIENCE_S = 120.0
 
 
-@contextlib.contextmanager
-def processes(target: Callable[..., None], args: Sequence[tuple[Any, ...]]) -> Iterator[None]:
-    """Run one process per args tuple; on exit join them, kill stragglers, check statuses."""
-    procs = [_CTX.Process(target=target, args=arg, daemon=True) for arg in args]
-    for proc in procs:
-        proc.start()
-    try:
-        yield
-    finally:
-        deadline = time.monotonic() + PATIENCE_S
-        for proc in procs:
-            proc.join(max(deadline - time.monotonic(), 0.1))
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-    assert [proc.exitcode for proc in procs] == [0] * len(procs)
+# -- concurrent schema creation ---------------------------------------------------------------
+
+
+def open_and_lock(channel: Channel, url: str, index: int) -> None:
+    """Open a store (creating its schema if needed) and take and give back one lock."""
+    with open_store(url) as store:
+        lock = store.try_lock(f"schema-{index}", "w", 60.0)
+        if lock is None or not lock.release():
+            raise AssertionError(f"schema-{index} was not free")
+    channel.send("done")
 
 
 # -- 16 processes race for one name ------------------------------------------------------------
 
 
 def race_worker(
-    url: str, index: int, rounds: int, barrier: Barrier, wins: SynchronizedArray[int]
+    channel: Channel,
+    url: str,
+    index: int,
+    rounds: int,
+    barrier: Barrier,
+    wins: SynchronizedArray[int],
 ) -> None:
     """Each round: all try_lock one name at once; the winner counts itself and releases."""
     with open_store(url) as store:
@@ -61,6 +58,7 @@ def race_worker(
             barrier.wait(PATIENCE_S)
             if lock is not None and not lock.release():
                 raise AssertionError(f"round {round_no}: the winner's release returned False")
+    channel.send("done")
 
 
 # -- 8 processes of random operations ----------------------------------------------------------
@@ -85,11 +83,11 @@ class Shared:
     @classmethod
     def create(cls, names: int) -> Shared:
         return cls(
-            _CTX.Lock(),
-            _CTX.Array("d", names, lock=False),
-            _CTX.Array("q", names, lock=False),
-            _CTX.Array("q", names, lock=False),
-            _CTX.Value("q", 0, lock=False),
+            CTX.Lock(),
+            CTX.Array("d", names, lock=False),
+            CTX.Array("q", names, lock=False),
+            CTX.Array("q", names, lock=False),
+            CTX.Value("q", 0, lock=False),
         )
 
 
@@ -97,7 +95,7 @@ STRESS_NAMES = 4
 STRESS_TTLS = (0.002, 0.01, 0.05)
 
 
-def stress_worker(url: str, index: int, ops: int, shared: Shared) -> None:
+def stress_worker(channel: Channel, url: str, index: int, ops: int, shared: Shared) -> None:
     """``ops`` random try_lock / renew / release calls on four names with short TTLs."""
     rng = random.Random(index)
     mine: dict[int, Lock] = {}
@@ -118,6 +116,7 @@ def stress_worker(url: str, index: int, ops: int, shared: Shared) -> None:
                 del mine[slot]
             if rng.random() < 0.05:
                 time.sleep(rng.uniform(0.0, 0.005))
+    channel.send("done")
 
 
 def _fenced_write(shared: Shared, slot: int, lock: Lock) -> None:

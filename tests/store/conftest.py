@@ -17,7 +17,7 @@ import pytest
 
 from orbitive.store import Store, open_store
 
-from ._cleanup import remove_fleet
+from .._fleets import new_fleet_name, remove_fleet_files
 from ._postgres import PostgresUnavailable, TempPostgres
 
 ENGINES = ("sqlite", "postgres", "shm")
@@ -53,9 +53,9 @@ def postgres_url(postgres_server: TempPostgres) -> Iterator[str]:
 @pytest.fixture
 def shm_url() -> Iterator[str]:
     """A store URL on a fresh fleet, removed afterwards."""
-    name = f"st{secrets.token_hex(5)}"
+    name = new_fleet_name()
     yield f"shm://{name}?capacity={SHM_CAPACITY}"
-    remove_fleet(name)
+    remove_fleet_files(name)
 
 
 @pytest.fixture

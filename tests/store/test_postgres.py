@@ -9,8 +9,9 @@ import pytest
 
 from orbitive.store import ErrorKind, StoreError, open_store
 
+from .._processes import Processes
 from ._postgres import TempPostgres
-from ._workers import processes
+from ._workers import PATIENCE_S, open_and_lock
 
 
 def test_expiry_is_on_the_servers_clock(postgres_url: str) -> None:
@@ -65,15 +66,10 @@ def test_unreachable_server_is_unavailable() -> None:
     assert caught.value.kind is ErrorKind.UNAVAILABLE
 
 
-def open_and_lock(url: str, index: int) -> None:
-    with open_store(url) as store:
-        lock = store.try_lock(f"schema-{index}", "w", 60.0)
-        assert lock is not None and lock.release()
-
-
 def test_schema_creation_is_safe_when_concurrent(postgres_url: str) -> None:
-    with processes(open_and_lock, [(postgres_url, i) for i in range(8)]):
-        pass
+    with Processes("fork") as procs:
+        children = [procs.start(open_and_lock, postgres_url, i) for i in range(8)]
+        assert [child.recv(PATIENCE_S) for child in children] == ["done"] * 8
     with open_store(postgres_url) as store:
         assert store.locks() == []
 

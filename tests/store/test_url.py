@@ -1,4 +1,4 @@
-"""Store URL forms and the public face of ``orbitive.store``."""
+"""Store URL forms (``open_store``)."""
 
 from __future__ import annotations
 
@@ -7,22 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import orbitive.store
 from orbitive._errors import InvalidStoreUrl
 from orbitive.store import ErrorKind, StoreError, _url, open_store
-
-
-def test_public_names_and_modules() -> None:
-    assert orbitive.store.__all__ == [
-        "ErrorKind",
-        "Lock",
-        "LockInfo",
-        "Store",
-        "StoreError",
-        "open_store",
-    ]
-    for name in orbitive.store.__all__:
-        assert getattr(orbitive.store, name).__module__ == "orbitive.store"
 
 
 def test_sqlite_absolute_and_relative_forms(
