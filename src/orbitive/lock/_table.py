@@ -408,26 +408,12 @@ class LockTable:
         return ~insert_at
 
     def _find_tenure(self, lease: LockLease, now: int) -> int:
-        """Slot holding exactly ``lease``'s tenure (same lock id, key and owner), or -1.
+        """Slot holding exactly ``lease``'s tenure (same key, same lock id), or -1.
 
-        The lease's slot hint is checked first: lock ids are unique in the
-        table and an entry never moves, so a live slot with that id and those
-        bytes is the tenure. Damaged bytes make it no longer the tenure.
+        Found by probing for the key, never by the lease's slot alone: only an
+        entry a lookup can reach is the key's holder, so a renew or release
+        can never act on an entry that damaged bytes cut off from its chain.
         """
-        hint = lease.slot
-        if 0 <= hint <= self._mask:
-            offset = HEADER_SIZE + hint * self._stride
-            state, ns, lb, ow, _, lock_id, _, acquired, expires = _unpack_slot(self._buf, offset)
-            if state == OCCUPIED and lock_id == lease.lock_id and acquired <= now < expires:
-                key, owner = lease.key, lease.owner.value
-                start = offset + SLOT_HEADER_SIZE
-                if (
-                    ns == len(key.namespace)
-                    and lb == len(key.label)
-                    and ow == len(owner)
-                    and self._buf[start : start + ns + lb + ow] == key.ident + owner
-                ):
-                    return hint
         slot = self._probe(lease.key, now)
         if (
             slot >= 0
