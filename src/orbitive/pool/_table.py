@@ -1,0 +1,756 @@
+"""The pool table's steps: each one a single critical section over the shared bytes.
+
+Python cannot compare-and-swap shared memory, so every step that reads and
+writes the table runs between :meth:`Table.enter` and :meth:`Table.leave`: the
+region's process mutex (threads) and its ``flock`` (processes). One step is
+atomic for every process of the fleet; that is what keeps ``reserve`` from ever
+over-admitting (seed 003: "reserves one unit with a single compare-and-swap").
+
+Invariant (crash safety): a process killed inside a step leaves a table the
+next process can use. Writes go commit-last and no counter duplicates the
+entries it counts (reserved = non-zero pending fences, live = member bits,
+creating = sum of claims):
+
+* register: body, then ``state = LIVE``, then the key's member bit;
+* close (unregister, node_dead): member bit cleared, then ``state = CLOSED``;
+* reserve: the fence counter, then the entry's time, then its fence (commit);
+* accept: the pending fence cleared, then ``active + 1`` (a kill between
+  loses a unit: the table may under-admit until reconcile, never over-admit).
+
+Values read from shared memory are checked before use: a slot is used only if
+its state, node, generation and epoch match the id that names it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+from collections.abc import Callable
+from typing import Final
+
+from .. import _fork
+from .._clock import wall_ms
+from .._errors import (
+    BusyError,
+    CreationBudgetError,
+    DrainingError,
+    KeyFullError,
+    LaneFullError,
+    LayoutMismatch,
+    MalformedError,
+    NotOwnerError,
+    NotReservedError,
+    OrbitError,
+    StaleError,
+)
+from .._readiness import bump
+from .._region import Region
+from ._layout import (
+    BELL_PARKED,
+    CLOSED,
+    DRAINING,
+    EMPTY,
+    EPOCH_OFFSET,
+    EXHAUSTED,
+    GENERATION_MAX,
+    KEY_CHANGES,
+    KEY_HEAD,
+    KEY_LOHI,
+    KEY_PARKED,
+    LIVE,
+    PENDING,
+    PENDING_WORDS,
+    RES_ACTIVE,
+    RES_BODY,
+    RES_BODY_AT,
+    RES_FENCE,
+    RES_FENCES,
+    RES_HOT,
+    RES_KEY_INDEX,
+    RES_OWNER,
+    RES_SINCE,
+    RESOURCE_SIZE,
+    U32,
+    U64,
+    U64_PAIR,
+    Layout,
+    new_epoch,
+    write_header,
+)
+from ._values import Key, ResourceId
+
+_M64: Final = (1 << 64) - 1
+_GOLDEN: Final = 0x9E3779B97F4A7C15
+_ZERO_PENDING: Final = bytes(2 * 8 * PENDING)
+
+#: A snapshot row: (slot offset, node, slot, generation, epoch, incarnation,
+#: state, capacity, reserved, active, last_reserve_ms).
+Row = tuple[int, int, int, int, int, int, int, int, int, int, int]
+
+
+class Table:
+    """One process's view of one pool table: offsets, identity, critical section.
+
+    One instance per mapped region per process, shared by every ``Pool`` handle
+    on it. ``node``/``incarnation`` are the bound owner identity (-1/0 until a
+    Pool binds it, and again in a forked child).
+    """
+
+    def __init__(self, region: Region, layout: Layout) -> None:
+        self.region = region
+        self.buf = region.buf
+        self.layout = layout
+        self.kind = layout.kind
+        self.fleet_capacity = layout.fleet_capacity
+        self.key_capacity = layout.key_capacity
+        self.lane_capacity = layout.lane_capacity
+        self.res_base = layout.resources
+        self.key_base = layout.keys
+        self.key_stride = layout.key_stride
+        self.key_interest = layout.key_interest
+        self.key_claims = layout.key_claims
+        self.key_members = layout.key_members
+        self.member_bytes = layout.member_bytes
+        self.bell = layout.bell
+        self.zero_nodes = bytes(layout.fleet_capacity)
+        self.claims_struct = struct.Struct(f"<{layout.fleet_capacity}I")
+        self._key_shift = 64 - (layout.key_capacity.bit_length() - 1)
+        self.node = -1
+        self.incarnation = 0
+        self.keys: dict[Key, int] = {}
+        self.parked: dict[int, int] = {}
+        self.deferred: list[Callable[[], None]] = []
+        self.hint = 0
+        self.extras: dict[str, object] = {}  # waiting machinery, per process
+        #: Enter the critical section (process mutex + flock); bound once for speed.
+        self.enter: Callable[[], None] = region.acquire
+        self._release: Callable[[], None] = region.release
+        _fork.register(self)
+
+    # -- critical section --------------------------------------------------------
+
+    def leave(self) -> None:
+        """Leave the critical section, then run steps finalisers deferred meanwhile."""
+        self._release()
+        if self.deferred:
+            self._run_deferred()
+
+    def run_soon(self, step: Callable[[], None]) -> None:
+        """Run ``step`` now, or after the current critical section if one is held.
+
+        Finalisers call this: running a step while this thread already holds the
+        non-reentrant process mutex would deadlock.
+        """
+        if self.region._mutex.locked():  # private to orbitive; see the docstring
+            self.deferred.append(step)
+        else:
+            with contextlib.suppress(OrbitError, OSError, ValueError):
+                step()
+
+    def _run_deferred(self) -> None:
+        while self.deferred:
+            step = self.deferred.pop()
+            with contextlib.suppress(OrbitError, OSError, ValueError):
+                step()
+
+    def _after_fork_in_child(self) -> None:
+        self.node = -1
+        self.incarnation = 0
+        self.parked = {}
+        self.deferred = []
+        self.extras = {}
+
+    # -- addressing -----------------------------------------------------------------
+
+    def key_offset(self, index: int) -> int:
+        """Offset of key slot ``index``."""
+        return self.key_base + index * self.key_stride
+
+    def locate(self, rid: ResourceId) -> int:
+        """Offset of the slot ``rid`` names.
+
+        Raises:
+            MalformedError: not a ResourceId of this table's kind and geometry.
+        """
+        if (
+            type(rid) is not ResourceId
+            or rid.kind != self.kind
+            or (rid.node >= self.fleet_capacity or rid.slot >= self.lane_capacity)
+        ):
+            raise MalformedError(
+                f"{rid!r:.100} is not a resource id of this pool (kind {self.kind}, "
+                f"{self.fleet_capacity} nodes x {self.lane_capacity} slots)",
+                kind=self.kind,
+            )
+        return self.res_base + (rid.node * self.lane_capacity + rid.slot) * RESOURCE_SIZE
+
+    def epoch(self) -> int:
+        """The table epoch in the header."""
+        value: int = U64.unpack_from(self.buf, EPOCH_OFFSET)[0]
+        return value
+
+    # -- keys ---------------------------------------------------------------------
+
+    def find_key(self, key: Key, install: bool) -> int:
+        """Index of ``key``'s slot; -1 when absent and not ``install``. In a section.
+
+        Raises:
+            KeyFullError: ``install`` and every slot holds another key.
+            LayoutMismatch: a key slot has an impossible state byte.
+        """
+        index = self.keys.get(key)
+        lo, hi = key.value & _M64, key.value >> 64
+        if index is not None:
+            state, klo, khi, _ = KEY_HEAD.unpack_from(self.buf, self.key_offset(index))
+            if state == 1 and klo == lo and khi == hi:
+                return index
+        index = self._probe(lo, hi, install)
+        if index >= 0:
+            self.keys[key] = index
+        return index
+
+    def _probe(self, lo: int, hi: int, install: bool) -> int:
+        mask = self.key_capacity - 1
+        rotated = (hi << 32 | hi >> 32) & _M64
+        index = (((lo ^ rotated) * _GOLDEN) & _M64) >> self._key_shift & mask
+        for _ in range(self.key_capacity):
+            offset = self.key_offset(index)
+            state, klo, khi, _ = KEY_HEAD.unpack_from(self.buf, offset)
+            if state == 0:
+                if not install:
+                    return -1
+                U64_PAIR.pack_into(self.buf, offset + KEY_LOHI, lo, hi)
+                self.buf[offset] = 1  # commit
+                return index
+            if state != 1:
+                raise LayoutMismatch(f"pool key slot {index} has state {state}", kind=self.kind)
+            if klo == lo and khi == hi:
+                return index
+            index = (index + 1) & mask
+        if install:
+            raise KeyFullError(
+                f"pool key table full ({self.key_capacity} keys this epoch)", kind=self.kind
+            )
+        return -1
+
+    def installed_keys(self) -> list[int]:
+        """Indexes of installed key slots."""
+        stride, base = self.key_stride, self.key_base
+        return [i for i in range(self.key_capacity) if self.buf[base + i * stride] == 1]
+
+    def changes(self, index: int) -> int:
+        """The key's version word (a single aligned read; no section needed)."""
+        value: int = U32.unpack_from(self.buf, self.key_offset(index) + KEY_CHANGES)[0]
+        return value
+
+    def key_changed(self, index: int) -> None:
+        """Bump the key's version, wake its waiters, ring interested nodes. In a section."""
+        offset = self.key_offset(index)
+        fleet_capacity = self.fleet_capacity
+        bump(self.buf, offset + KEY_CHANGES, offset + KEY_PARKED, fleet_capacity)
+        interest = offset + self.key_interest
+        if self.buf[interest : interest + fleet_capacity] != self.zero_nodes:
+            self.buf[interest : interest + fleet_capacity] = self.zero_nodes
+            bump(self.buf, self.bell, self.bell + BELL_PARKED, fleet_capacity)
+
+    def budget(self, index: int) -> tuple[int, int]:
+        """(live, creating) of a key: its member bits and the sum of its claims."""
+        offset = self.key_offset(index)
+        members = offset + self.key_members
+        live = int.from_bytes(self.buf[members : members + self.member_bytes], "little")
+        return live.bit_count(), sum(
+            self.claims_struct.unpack_from(self.buf, offset + self.key_claims)
+        )
+
+    def _set_member(self, index: int, global_index: int, present: bool) -> None:
+        at = self.key_offset(index) + self.key_members + (global_index >> 3)
+        bit = 1 << (global_index & 7)
+        self.buf[at] = self.buf[at] | bit if present else self.buf[at] & ~bit & 0xFF
+
+    # -- identity -------------------------------------------------------------------
+
+    def bind(self, node: int, incarnation: int) -> None:
+        """Adopt (node, incarnation) as this process's owner identity and stamp the doorbell.
+
+        A previous life of the node (its doorbell shows another incarnation) is
+        over: this process holds the node now. Its creation claims are returned
+        and its waiting marks cleared; its resources wait for ``node_dead``.
+
+        Raises:
+            MalformedError: this process already bound another identity.
+        """
+        if self.node >= 0:
+            if (self.node, self.incarnation) != (node, incarnation):
+                raise MalformedError(
+                    f"this process already uses pool kind {self.kind} as node {self.node} "
+                    f"incarnation {self.incarnation}, not {node}/{incarnation}",
+                    node=node,
+                    kind=self.kind,
+                )
+            return
+        self.enter()
+        try:
+            doorbell = self.layout.doorbells + 8 * node
+            previous = U64.unpack_from(self.buf, doorbell)[0]
+            if previous != incarnation:
+                for index in self._forget_node(node, claims=previous != 0):
+                    self.key_changed(index)
+                U64.pack_into(self.buf, doorbell, incarnation)
+        finally:
+            self.leave()
+        self.node, self.incarnation = node, incarnation
+
+    def _forget_node(self, node: int, *, claims: bool) -> list[int]:
+        """Zero a node's claims (when ``claims``) and waiting marks; keys whose claims fell."""
+        changed = []
+        for index in self.installed_keys():
+            offset = self.key_offset(index)
+            self.buf[offset + KEY_PARKED + node] = 0
+            self.buf[offset + self.key_interest + node] = 0
+            at = offset + self.key_claims + 4 * node
+            if claims and U32.unpack_from(self.buf, at)[0]:
+                U32.pack_into(self.buf, at, 0)
+                changed.append(index)
+        self.buf[self.bell + BELL_PARKED + node] = 0
+        return changed
+
+    def doorbell(self, node: int) -> int:
+        """The incarnation recorded for ``node`` (0: none)."""
+        value: int = U64.unpack_from(self.buf, self.layout.doorbells + 8 * node)[0]
+        return value
+
+    # -- resource checks --------------------------------------------------------------
+
+    def _refusal(self, rid: ResourceId, hot: tuple[int, ...], *, owner: bool) -> OrbitError:
+        """The error for a slot that is not usable as ``rid`` (slow path)."""
+        if (
+            hot[2] != rid.generation
+            or hot[11] != rid.epoch
+            or hot[1] != rid.node
+            or not LIVE <= hot[0] <= DRAINING
+        ):
+            return StaleError(f"resource {rid} is closed or was reused", node=rid.node, key=rid)
+        if owner and (hot[3] != self.incarnation or rid.node != self.node):
+            return NotOwnerError(
+                f"resource {rid} belongs to node {hot[1]} incarnation {hot[3]}, "
+                f"not to node {self.node} incarnation {self.incarnation}",
+                node=self.node,
+                key=rid,
+            )
+        return DrainingError(f"resource {rid} is draining", node=rid.node, key=rid)
+
+    def _current(self, rid: ResourceId, offset: int) -> tuple[int, ...]:
+        hot: tuple[int, ...] = RES_HOT.unpack_from(self.buf, offset)
+        if (
+            hot[2] != rid.generation
+            or hot[11] != rid.epoch
+            or hot[1] != rid.node
+            or not (LIVE <= hot[0] <= DRAINING)
+        ):
+            raise self._refusal(rid, hot, owner=False)
+        return hot
+
+    def _owned(self, rid: ResourceId, offset: int) -> tuple[int, ...]:
+        hot = self._current(rid, offset)
+        if hot[3] != self.incarnation or rid.node != self.node:
+            raise self._refusal(rid, hot, owner=True)
+        return hot
+
+    # -- registration -----------------------------------------------------------------
+
+    def register(self, key: Key, capacity: int, active: int) -> ResourceId:
+        """Install a LIVE resource in this node's lane; ``active`` units start accepted.
+
+        Raises:
+            KeyFullError, LaneFullError.
+        """
+        self.enter()
+        try:
+            index = self.find_key(key, True)
+            slot, generation = self._allocate()
+            global_index = self.node * self.lane_capacity + slot
+            offset = self.res_base + global_index * RESOURCE_SIZE
+            epoch = self.epoch()
+            self.buf[offset + RES_FENCES : offset + RESOURCE_SIZE] = _ZERO_PENDING
+            RES_BODY.pack_into(
+                self.buf, offset + RES_BODY_AT, self.node, generation, self.incarnation,
+                key.value & _M64, key.value >> 64, capacity, index, active, 0, wall_ms(), epoch,
+            )  # fmt: skip
+            self.buf[offset] = LIVE  # commit the slot, then publish it under the key
+            self._set_member(index, global_index, True)
+            self.key_changed(index)
+        finally:
+            self.leave()
+        return ResourceId(self.kind, self.node, slot, generation, epoch)
+
+    def _allocate(self) -> tuple[int, int]:
+        lane = self.lane_capacity
+        base = self.res_base + self.node * lane * RESOURCE_SIZE
+        for step in range(lane):
+            slot = (self.hint + step) & (lane - 1)
+            offset = base + slot * RESOURCE_SIZE
+            if self.buf[offset] not in (EMPTY, CLOSED):
+                continue
+            generation = U32.unpack_from(self.buf, offset + 4)[0]
+            if generation >= GENERATION_MAX:
+                self.buf[offset] = EXHAUSTED
+                continue
+            self.hint = (slot + 1) & (lane - 1)
+            return slot, generation + 1
+        raise LaneFullError(
+            f"node {self.node}'s resource lane is full ({lane} slots)", node=self.node
+        )
+
+    def close(self, rid: ResourceId) -> None:
+        """Owner closes a resource: not a member any more, then CLOSED."""
+        offset = self.locate(rid)
+        self.enter()
+        try:
+            hot = self._owned(rid, offset)
+            self._close_slot(offset, rid.node * self.lane_capacity + rid.slot, hot[7])
+        finally:
+            self.leave()
+
+    def _close_slot(self, offset: int, global_index: int, index: int) -> None:
+        if index < self.key_capacity:
+            self._set_member(index, global_index, False)
+            self.buf[offset] = CLOSED
+            self.key_changed(index)
+        else:
+            self.buf[offset] = CLOSED
+
+    def drain(self, rid: ResourceId) -> None:
+        """Owner moves LIVE to DRAINING (no wake: nothing became usable)."""
+        offset = self.locate(rid)
+        self.enter()
+        try:
+            if self._owned(rid, offset)[0] == LIVE:
+                self.buf[offset] = DRAINING
+        finally:
+            self.leave()
+
+    # -- leases ---------------------------------------------------------------------
+
+    def reserve(self, rid: ResourceId) -> tuple[int, bool]:
+        """Reserve one unit; (fence, owned by this process).
+
+        Raises:
+            StaleError, DrainingError, BusyError.
+        """
+        offset = self.locate(rid)
+        buf = self.buf
+        self.enter()
+        try:
+            hot = RES_HOT.unpack_from(buf, offset)
+            if (
+                hot[0] != LIVE
+                or hot[2] != rid.generation
+                or hot[11] != rid.epoch
+                or (hot[1] != rid.node)
+            ):
+                raise self._refusal(rid, hot, owner=False)
+            fences = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES)
+            free = fences.count(0)
+            if PENDING - free + hot[8] >= hot[6] or not free:
+                raise BusyError(f"resource {rid} has no free unit", node=rid.node, key=rid)
+            entry = fences.index(0) * 8
+            fence, now = hot[9] + 1, wall_ms()
+            U64_PAIR.pack_into(buf, offset + RES_FENCE, fence, now)
+            U64.pack_into(buf, offset + RES_SINCE + entry, now)
+            U64.pack_into(buf, offset + RES_FENCES + entry, fence)  # commit
+        finally:
+            self._release()
+            if self.deferred:
+                self._run_deferred()
+        return fence, hot[3] == self.incarnation and rid.node == self.node
+
+    def accept(self, rid: ResourceId, fence: int) -> int:
+        """Owner turns the pending ``fence`` into an active unit; returns the slot offset.
+
+        Raises:
+            StaleError, NotOwnerError, DrainingError, NotReservedError.
+        """
+        offset = self.locate(rid)
+        buf = self.buf
+        self.enter()
+        try:
+            hot = RES_HOT.unpack_from(buf, offset)
+            if (
+                hot[0] != LIVE
+                or hot[2] != rid.generation
+                or hot[11] != rid.epoch
+                or (hot[1] != self.node or hot[3] != self.incarnation or rid.node != self.node)
+            ):
+                raise self._refusal(rid, hot, owner=True)
+            fences = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES)
+            if fence not in fences:
+                raise NotReservedError(
+                    f"fence {fence} of resource {rid} is not pending "
+                    "(accepted already, aged out or cancelled)",
+                    node=rid.node,
+                    key=rid,
+                )
+            U64.pack_into(buf, offset + RES_FENCES + fences.index(fence) * 8, 0)
+            U32.pack_into(buf, offset + RES_ACTIVE, hot[8] + 1)
+        finally:
+            self._release()
+            if self.deferred:
+                self._run_deferred()
+        return offset
+
+    def complete(self, offset: int, generation: int, epoch: int) -> None:
+        """Return one active unit of the slot at ``offset`` if it is still that resource."""
+        buf = self.buf
+        self.enter()
+        try:
+            hot = RES_HOT.unpack_from(buf, offset)
+            if hot[2] == generation and hot[11] == epoch and LIVE <= hot[0] <= DRAINING and hot[8]:
+                U32.pack_into(buf, offset + RES_ACTIVE, hot[8] - 1)
+                if hot[7] < self.key_capacity:
+                    self.key_changed(hot[7])
+        finally:
+            self._release()
+            if self.deferred:
+                self._run_deferred()
+
+    def cancel(self, rid: ResourceId, fence: int, holder: tuple[int, int]) -> None:
+        """The holder takes its own pending ``fence`` back (before delivery).
+
+        Raises:
+            StaleError, NotOwnerError (another holder), NotReservedError.
+        """
+        offset = self.locate(rid)
+        if holder != (self.node, self.incarnation):
+            raise NotOwnerError(
+                f"only the lease's holder (node {holder[0]} incarnation {holder[1]}) may cancel it",
+                node=self.node,
+                key=rid,
+            )
+        self.enter()
+        try:
+            hot = self._current(rid, offset)
+            fences = PENDING_WORDS.unpack_from(self.buf, offset + RES_FENCES)
+            if fence <= 0 or fence not in fences:
+                raise NotReservedError(f"fence {fence} of resource {rid} is not pending", key=rid)
+            U64.pack_into(self.buf, offset + RES_FENCES + fences.index(fence) * 8, 0)
+            if hot[7] < self.key_capacity:
+                self.key_changed(hot[7])
+        finally:
+            self.leave()
+
+    def reconcile(self, rid: ResourceId, active: int, grace_ms: int) -> int:
+        """Owner ages out reservations older than ``grace_ms`` and sets ``active``.
+
+        Returns the number of reservations aged out.
+
+        Raises:
+            StaleError, NotOwnerError, MalformedError (active > capacity).
+        """
+        offset = self.locate(rid)
+        buf = self.buf
+        self.enter()
+        try:
+            hot = self._owned(rid, offset)
+            if active > hot[6]:
+                raise MalformedError(
+                    f"active {active} exceeds resource {rid}'s capacity {hot[6]}", key=rid
+                )
+            fences = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES)
+            since = PENDING_WORDS.unpack_from(buf, offset + RES_SINCE)
+            now = wall_ms()
+            aged = 0
+            for entry, fence in enumerate(fences):
+                if fence and now - since[entry] > grace_ms:
+                    U64.pack_into(buf, offset + RES_FENCES + entry * 8, 0)
+                    aged += 1
+            U32.pack_into(buf, offset + RES_ACTIVE, active)
+            if (aged + hot[8] > active) and hot[7] < self.key_capacity:
+                self.key_changed(hot[7])
+        finally:
+            self.leave()
+        return aged
+
+    # -- creation claims --------------------------------------------------------------
+
+    def claim(self, key: Key, max_live: int) -> int:
+        """Count one creation in progress for this node; returns the key index.
+
+        Raises:
+            KeyFullError, CreationBudgetError.
+        """
+        self.enter()
+        try:
+            index = self.find_key(key, True)
+            live, creating = self.budget(index)
+            if live + creating >= max_live:
+                raise CreationBudgetError(
+                    f"key {key}: {live} live + {creating} creating reached max_live {max_live}",
+                    key=key,
+                )
+            at = self.key_offset(index) + self.key_claims + 4 * self.node
+            U32.pack_into(self.buf, at, U32.unpack_from(self.buf, at)[0] + 1)
+        finally:
+            self.leave()
+        return index
+
+    def unclaim(self, key: Key, index: int, node: int) -> None:
+        """Return one claim of ``node`` on ``key`` if the key is still in that slot."""
+        self.enter()
+        try:
+            offset = self.key_offset(index)
+            state, lo, hi, _ = KEY_HEAD.unpack_from(self.buf, offset)
+            at = offset + self.key_claims + 4 * node
+            claims = U32.unpack_from(self.buf, at)[0]
+            if state == 1 and lo == key.value & _M64 and hi == key.value >> 64 and claims:
+                U32.pack_into(self.buf, at, claims - 1)
+                self.key_changed(index)
+        finally:
+            self.leave()
+
+    # -- snapshots --------------------------------------------------------------------
+
+    def snapshot(self, key: Key, install: bool) -> tuple[list[Row], int, int, int] | None:
+        """(rows, live, creating, version) of ``key`` in one section; None if absent."""
+        self.enter()
+        try:
+            index = self.find_key(key, install)
+            if index < 0:
+                return None
+            offset = self.key_offset(index)
+            members_at = offset + self.key_members
+            members = int.from_bytes(
+                self.buf[members_at : members_at + self.member_bytes], "little"
+            )
+            rows = self._rows(members, key)
+            live, creating = self.budget(index)
+            version = self.changes(index)
+        finally:
+            self.leave()
+        return rows, live, creating, version
+
+    # -- waiting marks ------------------------------------------------------------------
+
+    def park(self, index: int, since: int) -> int:
+        """Mark this node as waiting on a key unless it changed; returns its version."""
+        self.enter()
+        try:
+            current = self.changes(index)
+            if current == since:
+                self.parked[index] = self.parked.get(index, 0) + 1
+                self.buf[self.key_offset(index) + KEY_PARKED + self.node] = 1
+        finally:
+            self.leave()
+        return current
+
+    def unpark(self, index: int) -> int:
+        """Undo one :meth:`park` of this process; returns the key's version."""
+        self.enter()
+        try:
+            count = self.parked.get(index, 0) - 1
+            if count > 0:
+                self.parked[index] = count
+            else:
+                self.parked.pop(index, None)
+                self.buf[self.key_offset(index) + KEY_PARKED + self.node] = 0
+            current = self.changes(index)
+        finally:
+            self.leave()
+        return current
+
+    def arm(self, indexes: list[int]) -> list[int]:
+        """Ask for a bell when any of these keys changes (one-shot); their versions."""
+        self.enter()
+        try:
+            versions = []
+            for index in indexes:
+                self.buf[self.key_offset(index) + self.key_interest + self.node] = 1
+                versions.append(self.changes(index))
+        finally:
+            self.leave()
+        return versions
+
+    def _rows(self, members: int, key: Key) -> list[Row]:
+        rows: list[Row] = []
+        lo, hi = key.value & _M64, key.value >> 64
+        while members:
+            low = members & -members
+            members ^= low
+            node, slot = divmod(low.bit_length() - 1, self.lane_capacity)
+            offset = self.res_base + (node * self.lane_capacity + slot) * RESOURCE_SIZE
+            hot = RES_HOT.unpack_from(self.buf, offset)
+            if LIVE <= hot[0] <= DRAINING and hot[1] == node and hot[4] == lo and hot[5] == hi:
+                free = PENDING_WORDS.unpack_from(self.buf, offset + RES_FENCES).count(0)
+                rows.append(
+                    (offset, node, slot, hot[2], hot[11], hot[3], hot[0], hot[6],
+                     PENDING - free, hot[8], hot[10])
+                )  # fmt: skip
+        return rows
+
+    def lives(self) -> dict[int, set[int]]:
+        """Per node, the incarnations that own live or draining resources."""
+        self.enter()
+        try:
+            end = self.res_base + self.fleet_capacity * self.lane_capacity * RESOURCE_SIZE
+            states = self.buf[self.res_base : end : RESOURCE_SIZE]
+            lives: dict[int, set[int]] = {}
+            for global_index, state in enumerate(states):
+                if LIVE <= state <= DRAINING:
+                    offset = self.res_base + global_index * RESOURCE_SIZE
+                    node, _, incarnation = RES_OWNER.unpack_from(self.buf, offset + RES_BODY_AT)
+                    lives.setdefault(node, set()).add(incarnation)
+        finally:
+            self.leave()
+        return lives
+
+    # -- deaths and resets ---------------------------------------------------------------
+
+    def node_dead(self, node: int, incarnation: int) -> int:
+        """Close that life's resources; return its claims if its doorbell shows it.
+
+        Returns the number of resources closed.
+        """
+        self.enter()
+        try:
+            changed: set[int] = set()
+            closed = 0
+            base = node * self.lane_capacity
+            for slot in range(self.lane_capacity):
+                offset = self.res_base + (base + slot) * RESOURCE_SIZE
+                if LIVE <= self.buf[offset] <= DRAINING:
+                    owner, _, life = RES_OWNER.unpack_from(self.buf, offset + RES_BODY_AT)
+                    if owner == node and life == incarnation:
+                        index = U32.unpack_from(self.buf, offset + RES_KEY_INDEX)[0]
+                        if index < self.key_capacity:
+                            self._set_member(index, base + slot, False)
+                            changed.add(index)
+                        self.buf[offset] = CLOSED
+                        closed += 1
+            if self.doorbell(node) == incarnation:
+                changed.update(self._forget_node(node, claims=True))
+                U64.pack_into(self.buf, self.layout.doorbells + 8 * node, 0)
+            for index in sorted(changed):
+                self.key_changed(index)
+        finally:
+            self.leave()
+        return closed
+
+    def reset_all(self) -> int:
+        """New epoch; every key and resource emptied, waiters woken. Returns the epoch."""
+        self.enter()
+        try:
+            epoch = new_epoch(self.epoch())
+            write_header(self.buf, self.layout, epoch)
+            interest = self.key_interest
+            for index in range(self.key_capacity):
+                offset = self.key_offset(index)
+                bump(self.buf, offset + KEY_CHANGES, offset + KEY_PARKED, self.fleet_capacity)
+                self.buf[offset : offset + KEY_CHANGES] = bytes(KEY_CHANGES)
+                end = offset + self.key_stride
+                self.buf[offset + interest : end] = bytes(end - offset - interest)
+            end = self.res_base + self.fleet_capacity * self.lane_capacity * RESOURCE_SIZE
+            self.buf[self.res_base : end] = bytes(end - self.res_base)
+            bump(self.buf, self.bell, self.bell + BELL_PARKED, self.fleet_capacity)
+            self.keys.clear()
+        finally:
+            self.leave()
+        return epoch
