@@ -14,6 +14,7 @@ Facts this module relies on:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -42,10 +43,8 @@ def lock_dir() -> Path:
     base = os.environ.get("XDG_RUNTIME_DIR", "")
     root = Path(base) if base.startswith("/") else Path("/tmp")
     path = root / f"orbit-{euid()}"
-    try:
+    with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
     check_dir(path)
     return path
 

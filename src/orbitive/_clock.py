@@ -58,5 +58,9 @@ def check_ttl(ttl: object, *, what: str = "ttl") -> float:
 
 
 def ttl_ms(ttl: float) -> int:
-    """Whole milliseconds for a validated ttl; sub-millisecond rounds up to 1 ms."""
-    return max(math.ceil(ttl * 1000.0), 1)
+    """Whole milliseconds for a validated ttl; a fraction of a millisecond rounds up.
+
+    The 1e-6 slack keeps binary noise (0.2 * 1000 == 200.00000000000003) from
+    adding a millisecond.
+    """
+    return max(math.ceil(ttl * 1000.0 - 1e-6), 1)

@@ -52,7 +52,9 @@ def check_fleet_name(name: object) -> str:
 
 def _check_capacity(capacity: object) -> int:
     if type(capacity) is not int or not 1 <= capacity <= CAPACITY_MAX:
-        raise NodeOutsideFleet(f"fleet capacity must be an int in 1..{CAPACITY_MAX}, got {capacity!r}")
+        raise NodeOutsideFleet(
+            f"fleet capacity must be an int in 1..{CAPACITY_MAX}, got {capacity!r}"
+        )
     return capacity
 
 
@@ -160,6 +162,18 @@ class Fleet:
         fleet._incarnation = next(_local_incarnations)
         return fleet
 
+    @classmethod
+    def observe(cls, name: str, capacity: int) -> Fleet:
+        """An inspector's view of the SHM fleet ``name``: claims no node, is no member.
+
+        Tables built on it may be read (``leases()``, ``poll()``) but refuse to
+        publish; ``node`` is -1. Used by ``orbit locks``.
+
+        Raises:
+            InvalidName, NodeOutsideFleet: as for :meth:`join`.
+        """
+        return cls(check_fleet_name(name), _check_capacity(capacity), shared=True)
+
     def _claim(self, node: int | None) -> None:
         candidates = [node] if node is not None else range(self.capacity)
         for candidate in candidates:
@@ -193,7 +207,7 @@ class Fleet:
 
     @property
     def node(self) -> int:
-        """This process's node id, ``0 <= node < capacity``.
+        """This process's node id, ``0 <= node < capacity`` (-1 for :meth:`observe`).
 
         Raises:
             FleetError: closed, or a forked child of a process that joined with
@@ -245,12 +259,9 @@ class Fleet:
             else:
                 region = Region.open_private(self.name, kind, size, init)
             self._regions[kind] = region
-        elif region.size != size:
+        else:
             validate(region.buf)
         return region
-
-    def _forget_region(self, kind: int) -> None:
-        self._regions.pop(kind, None)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -264,7 +275,7 @@ class Fleet:
 
     def _rejoin_in_child(self) -> None:
         self._fork_generation = _fork.generation
-        if self._closed or not self.shared:
+        if self._closed or not self.shared or self._node < 0:
             return
         if self._explicit_node:
             self._closed = True

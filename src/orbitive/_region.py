@@ -58,7 +58,7 @@ def _open_object(name: str, *, create: bool) -> int:
     """Open an SHM object read/write; ``create`` means create-exclusive."""
     if _USE_SHM_DIR:
         return open_checked(SHM_DIR / name, create=create, exclusive=create)
-    import _posixshmem  # noqa: PLC0415 - only where /dev/shm is missing
+    import _posixshmem  # type: ignore[import-not-found]  # noqa: PLC0415 - no /dev/shm here
 
     flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
     fd: int = _posixshmem.shm_open("/" + name, flags, mode=0o600)
@@ -96,6 +96,16 @@ def object_size(name: str) -> int | None:
         os.close(fd)
 
 
+def read_prefix(name: str, size: int) -> bytes:
+    """The first ``size`` bytes of an existing object we own (zero-padded if shorter)."""
+    fd = _open_object(name, create=False)
+    try:
+        data = os.pread(fd, size, 0)
+    finally:
+        os.close(fd)
+    return data.ljust(size, b"\0")
+
+
 class Region:
     """One mapped SHM object (or private anonymous memory) with its critical section.
 
@@ -125,7 +135,9 @@ class Region:
     # -- construction ------------------------------------------------------------
 
     @classmethod
-    def open_shared(cls, fleet: str, kind: int, size: int, init: Init, validate: Validate) -> Region:
+    def open_shared(
+        cls, fleet: str, kind: int, size: int, init: Init, validate: Validate
+    ) -> Region:
         """Create or attach ``orbit-{fleet}-{kind}-{uid}``, under the kind's flock.
 
         Args:

@@ -4,4 +4,6 @@ from __future__ import annotations
 
 from types import ModuleType
 
-MODULES: list[ModuleType] = []
+from . import _demo, _lock
+
+MODULES: list[ModuleType] = [_lock, _demo]

@@ -1,0 +1,307 @@
+"""Transition ring: per-node writer lanes of seqlock frames in one SHM object.
+
+Each fleet node writes only its own lane (one live process per node, see
+``_fleet``); readers keep one cursor per lane. The ring is advisory history: it
+wakes observers and feeds diagnostics, it never decides ownership.
+
+Layout (little-endian; version :data:`RING_VERSION`)::
+
+    header, 64 bytes
+      off size field            meaning
+        0    4 magic            0x4F524254 "ORBT"
+        4    2 version          RING_VERSION
+        6    2 header_size      64
+        8    4 lane_count       fleet capacity (one writer lane per node)
+       12    4 capacity         frames per lane, a power of two
+       16    4 frame_bytes      payload capacity of one frame
+       20    4 slot_stride      round_up(32 + frame_bytes, 64)
+       24    4 generation       readiness word: +1 after every publish (futex word)
+       28    1 kind             SHM kind number of this ring
+       29   35 reserved         zero
+    parked, round_up(lane_count, 64) bytes: byte n is 1 while node n has a parked driver
+    lane heads, lane_count x 64 bytes: head u64 = frames ever committed in the lane
+    slots, lane_count x capacity x slot_stride, lane-major; one slot:
+        0    8 seq              0 never written; 2c+1 writing counter c; 2c+2 committed
+        8    8 counter          the lane counter c of the frame
+       16    8 ver              caller's version (the lock table's state_revision)
+       24    4 payload_len      <= frame_bytes
+       28    1 frame_kind       caller's message class
+       29    3 reserved
+       32    .. payload
+
+Seqlock protocol. Writer: ``seq := 2c+1``, write the fields and payload,
+``seq := 2c+2``, then ``head := c+1``. Reader: read seq, copy, re-read seq; a
+mismatch or odd value is a torn frame and is never returned. A writer killed
+mid-frame leaves an odd seq and an unmoved head, so nothing torn is readable
+and the next writer of that lane reuses the counter. (Stores from one Python
+thread reach the mapping in program order on x86-64 TSO; the readers' double
+check covers the rest.)
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from ._errors import InvalidLayout, LayoutMismatch, MalformedError
+from ._fleet import Fleet
+from ._readiness import Readiness, bump
+from ._region import Region, object_name, object_size, read_prefix
+
+RING_MAGIC: Final = 0x4F524254
+RING_VERSION: Final = 1
+HEADER_SIZE: Final = 64
+LANE_HEAD_SIZE: Final = 64
+SLOT_HEADER_SIZE: Final = 32
+
+_HEADER: Final = struct.Struct("<IHHIIII")  # magic .. slot_stride (24 bytes)
+_GENERATION_OFFSET: Final = 24
+_KIND_OFFSET: Final = 28
+_U64: Final = struct.Struct("<Q")
+_COUNTER_LIMIT: Final = 1 << 62  # 2c + 2 must fit a u64
+_SLOT: Final = struct.Struct("<QQQIB")  # seq, counter, ver, payload_len, frame_kind
+_unpack_u64 = _U64.unpack_from
+_pack_u64 = _U64.pack_into
+
+
+def _round_up(value: int, unit: int) -> int:
+    return (value + unit - 1) // unit * unit
+
+
+@dataclass(frozen=True, slots=True)
+class RingGeometry:
+    """The shape of one ring object; every peer must agree on all of it."""
+
+    kind: int
+    lane_count: int
+    capacity: int
+    frame_bytes: int
+
+    def __post_init__(self) -> None:
+        cap = self.capacity
+        if cap < 1 or cap & (cap - 1) or cap > 1 << 20:
+            raise InvalidLayout(f"ring capacity must be a power of two <= 2**20, got {cap}")
+        if not 0 <= self.frame_bytes <= 1 << 20:
+            raise InvalidLayout(f"ring frame_bytes must be in 0..2**20, got {self.frame_bytes}")
+
+    @property
+    def stride(self) -> int:
+        return _round_up(SLOT_HEADER_SIZE + self.frame_bytes, 64)
+
+    @property
+    def parked_offset(self) -> int:
+        return HEADER_SIZE
+
+    @property
+    def heads_offset(self) -> int:
+        return HEADER_SIZE + _round_up(self.lane_count, 64)
+
+    @property
+    def slots_offset(self) -> int:
+        return self.heads_offset + self.lane_count * LANE_HEAD_SIZE
+
+    @property
+    def size(self) -> int:
+        return self.slots_offset + self.lane_count * self.capacity * self.stride
+
+    def header(self) -> tuple[int, ...]:
+        return (
+            RING_MAGIC,
+            RING_VERSION,
+            HEADER_SIZE,
+            self.lane_count,
+            self.capacity,
+            self.frame_bytes,
+            self.stride,
+        )
+
+
+def lane_count_of(fleet: str, kind: int) -> int | None:
+    """The lane count (fleet capacity) recorded in an existing ring object, or None.
+
+    Raises:
+        LayoutMismatch: the object exists but is not a ring of this version.
+        AccessDenied: the object is not exclusively ours.
+    """
+    name = object_name(fleet, kind)
+    size = object_size(name)
+    if size is None:
+        return None
+    header = read_prefix(name, HEADER_SIZE)
+    magic, version, header_size, lanes, *_ = _HEADER.unpack_from(header)
+    if (magic, version, header_size) != (RING_MAGIC, RING_VERSION, HEADER_SIZE) or lanes < 1:
+        raise LayoutMismatch(f"shm object {name!r} is not a version {RING_VERSION} ring", kind=kind)
+    return int(lanes)
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One committed frame read from a lane."""
+
+    node: int
+    counter: int
+    ver: int
+    kind: int
+    payload: bytes
+
+
+@dataclass(slots=True)
+class RingRead:
+    """What one poll of every lane found: frames plus loss accounting."""
+
+    frames: list[Frame]
+    overwritten: int = 0
+    unavailable: int = 0
+
+
+class Ring:
+    """A fleet's per-node transition ring for one kind."""
+
+    def __init__(self, fleet: Fleet, geometry: RingGeometry) -> None:
+        self.geometry = geometry
+        self.region: Region = fleet.region(geometry.kind, geometry.size, self._init, self._validate)
+        self.buf = self.region.buf
+        self._readiness: Readiness | None = None
+        self._combined: dict[str, struct.Struct] = {}
+        # Hot-path copies of the geometry.
+        self._frame_bytes = geometry.frame_bytes
+        self._heads_offset = geometry.heads_offset
+        self._stride = geometry.stride
+        self._index_mask = geometry.capacity - 1
+        self._lanes = geometry.lane_count
+        lane_span = geometry.capacity * geometry.stride
+        self._lane_base = [geometry.slots_offset + n * lane_span for n in range(self._lanes)]
+
+    # -- layout ------------------------------------------------------------------------
+
+    def _init(self, buf: mmap.mmap) -> None:
+        g = self.geometry
+        _HEADER.pack_into(buf, 0, *g.header())
+        buf[_KIND_OFFSET] = g.kind
+
+    def _validate(self, buf: mmap.mmap) -> None:
+        g = self.geometry
+        found = _HEADER.unpack_from(buf, 0)
+        if found != g.header() or buf[_KIND_OFFSET] != g.kind:
+            raise LayoutMismatch(
+                f"ring kind {g.kind}: existing header {found} differs from expected {g.header()}",
+                kind=g.kind,
+            )
+
+    # -- writing -----------------------------------------------------------------------
+
+    def publish(
+        self,
+        node: int,
+        frame_kind: int,
+        ver: int,
+        head: struct.Struct,
+        fields: tuple[int, ...],
+        body: bytes,
+    ) -> int:
+        """Append one frame (payload = ``head`` packed from ``fields``, then ``body``).
+
+        Bumps the readiness word afterwards. The caller serialises writers of one
+        lane (one process per node, plus the caller's critical section for
+        threads). Returns the frame's counter.
+
+        Raises:
+            MalformedError: payload longer than the ring's frame_bytes.
+            LayoutMismatch: the lane head read from shared memory is corrupt.
+        """
+        size = head.size + len(body)
+        if size > self._frame_bytes:
+            raise MalformedError(f"frame of {size} bytes exceeds {self._frame_bytes}")
+        combined = self._combined.get(head.format)
+        if combined is None:
+            combined = self._combined[head.format] = struct.Struct(
+                _SLOT.format + "3x" + head.format.lstrip("<")
+            )
+        buf = self.buf
+        head_at = self._heads_offset + node * LANE_HEAD_SIZE
+        counter: int = _unpack_u64(buf, head_at)[0]
+        if counter >= _COUNTER_LIMIT:
+            raise LayoutMismatch(f"ring kind {self.geometry.kind} lane {node}: corrupt head")
+        slot = self._lane_base[node] + (counter & self._index_mask) * self._stride
+        combined.pack_into(buf, slot, 2 * counter + 1, counter, ver, size, frame_kind, *fields)
+        start = slot + SLOT_HEADER_SIZE + head.size
+        buf[start : start + len(body)] = body
+        _pack_u64(buf, slot, 2 * counter + 2)
+        _pack_u64(buf, head_at, counter + 1)
+        bump(buf, _GENERATION_OFFSET, HEADER_SIZE, self._lanes)
+        return counter
+
+    # -- reading -----------------------------------------------------------------------
+
+    def heads(self) -> list[int]:
+        """The current head (frames ever committed) of every lane."""
+        g = self.geometry
+        return [
+            _U64.unpack_from(self.buf, g.heads_offset + lane * LANE_HEAD_SIZE)[0]
+            for lane in range(g.lane_count)
+        ]
+
+    def read(self, cursors: list[int]) -> RingRead:
+        """Read every lane from its cursor to its head, advancing ``cursors`` in place.
+
+        A cursor that fell more than one ring behind counts the lost frames as
+        ``overwritten`` and jumps to the oldest retained one; a frame that is torn,
+        being written, or was overwritten while read counts as ``unavailable``.
+        """
+        result = RingRead([])
+        for lane, head in enumerate(self.heads()):
+            cursors[lane] = self._read_lane(lane, cursors[lane], head, result)
+        return result
+
+    def _read_lane(self, lane: int, cursor: int, head: int, out: RingRead) -> int:
+        g = self.geometry
+        if cursor >= head:
+            return head
+        oldest = max(0, head - g.capacity)
+        if cursor < oldest:
+            out.overwritten += oldest - cursor
+            cursor = oldest
+        for counter in range(cursor, head):
+            frame = self._read_slot(lane, counter)
+            if frame is None:
+                out.unavailable += 1
+            else:
+                out.frames.append(frame)
+        return head
+
+    def _read_slot(self, lane: int, counter: int) -> Frame | None:
+        g = self.geometry
+        slot = g.slots_offset + (lane * g.capacity + (counter & (g.capacity - 1))) * g.stride
+        buf = self.buf
+        seq, stored, ver, length, kind = _SLOT.unpack_from(buf, slot)
+        if seq != 2 * counter + 2 or stored != counter or length > g.frame_bytes:
+            return None
+        payload = bytes(buf[slot + SLOT_HEADER_SIZE : slot + SLOT_HEADER_SIZE + length])
+        if _U64.unpack_from(buf, slot)[0] != seq:
+            return None
+        return Frame(lane, counter, ver, kind, payload)
+
+    # -- readiness and lifecycle -----------------------------------------------------------
+
+    def readiness(self, node: int, name: str) -> Readiness:
+        """This process's readiness descriptor for the ring (created once)."""
+        if self._readiness is None:
+            g = self.geometry
+            self._readiness = Readiness(self.buf, _GENERATION_OFFSET, g.parked_offset, node, name)
+        return self._readiness
+
+    def reset(self) -> None:
+        """Zero every lane head and slot (quiescent boot only); bumps readiness."""
+        g = self.geometry
+        end = g.size
+        start = g.heads_offset
+        self.buf[start:end] = bytes(end - start)
+        bump(self.buf, _GENERATION_OFFSET, g.parked_offset, g.lane_count)
+
+    def close(self) -> None:
+        """Stop this process's readiness driver, if any; the mapping belongs to the fleet."""
+        if self._readiness is not None:
+            self._readiness.close()
+            self._readiness = None

@@ -1,0 +1,203 @@
+"""``orbit list | clear | locks | watch | force-release``: fleet objects and keyed leases."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import selectors
+import sys
+import time
+from collections.abc import Iterator
+
+from .._access import lock_dir, open_checked
+from .._errors import FleetError, InvalidName
+from .._fleet import Fleet, check_fleet_name, membership_path
+from .._region import lock_path, object_name, object_size, unlink_object
+from .._ring import lane_count_of
+from ..lock import LockEvent, LockKey, LockLayout, LockTable
+
+#: What the well-known kind numbers hold.
+KNOWN_KINDS = {228: "lock state table", 229: "lock transition ring", 247: "resource pool"}
+
+
+def fleet_name(text: str) -> str:
+    """argparse type for a fleet name, with the library's own message."""
+    try:
+        return check_fleet_name(text)
+    except InvalidName as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _fleet_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("fleet", type=fleet_name, help="fleet name")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the fleet and lock commands to ``orbit``."""
+    cmd = subparsers.add_parser("list", help="list a fleet's SHM objects")
+    _fleet_arg(cmd)
+    cmd.add_argument("--kind", type=int, choices=range(256), metavar="K", help="only kind K")
+    cmd.set_defaults(func=cmd_list)
+
+    cmd = subparsers.add_parser("clear", help="unlink a stopped fleet's SHM objects")
+    _fleet_arg(cmd)
+    which = cmd.add_mutually_exclusive_group(required=True)
+    which.add_argument("--kind", type=int, choices=range(256), metavar="K", help="only kind K")
+    which.add_argument("--all", action="store_true", help="every kind, and the fleet's lock files")
+    cmd.add_argument("--yes", action="store_true", help="confirm --all")
+    cmd.set_defaults(func=cmd_clear)
+
+    cmd = subparsers.add_parser("locks", help="show the live leases of a fleet's lock table")
+    _fleet_arg(cmd)
+    cmd.set_defaults(func=cmd_locks)
+
+    cmd = subparsers.add_parser("watch", help="print lock transitions as they happen")
+    _fleet_arg(cmd)
+    cmd.add_argument("--seconds", type=float, default=None, help="stop after S seconds")
+    cmd.set_defaults(func=cmd_watch)
+
+    cmd = subparsers.add_parser("force-release", help="release a key whoever holds it")
+    _fleet_arg(cmd)
+    cmd.add_argument("namespace", help="the key's namespace")
+    cmd.add_argument("label", help="the key's label")
+    cmd.set_defaults(func=cmd_force_release)
+
+
+def _kinds(args: argparse.Namespace) -> range | list[int]:
+    return range(256) if args.kind is None else [args.kind]
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Probe the exact object names of every kind (no globbing) and print what exists."""
+    found = 0
+    for kind in _kinds(args):
+        name = object_name(args.fleet, kind)
+        size = object_size(name)
+        if size is not None:
+            found += 1
+            print(f"{kind:>4}  {size:>12,} bytes  {name}  {KNOWN_KINDS.get(kind, '')}".rstrip())
+    if not found:
+        print(f"fleet {args.fleet!r} has no SHM objects", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    """Unlink objects only while no member holds the fleet membership lock."""
+    if args.all and not args.yes:
+        print("orbit clear: --all needs --yes", file=sys.stderr)
+        return 2
+    with _exclusive_membership(args.fleet):
+        removed = 0
+        for kind in _kinds(args):
+            removed += unlink_object(object_name(args.fleet, kind))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock_path(args.fleet, kind))
+        if args.all:
+            _remove_fleet_files(args.fleet)
+    print(f"removed {removed} object(s) of fleet {args.fleet!r}")
+    return 0
+
+
+@contextlib.contextmanager
+def _exclusive_membership(fleet: str) -> Iterator[None]:
+    fd = open_checked(membership_path(fleet), create=True)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FleetError(
+                f"fleet {fleet!r} has a live member; stop it before clearing", fleet=fleet
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove_fleet_files(fleet: str) -> None:
+    prefix = f"orbit-{fleet}-{os.geteuid()}."
+    for path in lock_dir().iterdir():
+        if path.name.startswith(prefix) and not path.is_symlink():
+            path.unlink(missing_ok=True)
+
+
+def _open_table(fleet: str, *, observe: bool) -> LockTable | None:
+    layout = LockLayout.default()
+    lanes = lane_count_of(fleet, layout.event_kind)
+    if lanes is None or object_size(object_name(fleet, layout.state_kind)) is None:
+        print(f"fleet {fleet!r} has no lock table", file=sys.stderr)
+        return None
+    member = Fleet.observe(fleet, lanes) if observe else Fleet.join(fleet, lanes)
+    return LockTable(member, layout)
+
+
+def _key_text(key: LockKey) -> tuple[str, str]:
+    return key.namespace.decode(errors="replace"), key.label.decode(errors="replace")
+
+
+def cmd_locks(args: argparse.Namespace) -> int:
+    """Print every live lease with its owner, token, seconds left and revision."""
+    table = _open_table(args.fleet, observe=True)
+    if table is None:
+        return 1
+    leases = table.leases()
+    stats = table.statistics()
+    print(f"{'namespace':<24} {'label':<24} {'owner':<34} {'token':>8} {'left s':>8} {'rev':>8}")
+    for lease in leases:
+        namespace, label = _key_text(lease.key)
+        print(
+            f"{namespace:<24} {label:<24} {lease.owner.text():<34} "
+            f"{lease.fencing_token:>8} {lease.remaining():>8.3f} {lease.state_revision:>8}"
+        )
+    print(
+        f"{stats.occupied_count} live of {stats.capacity} slots, "
+        f"{stats.tombstone_count} tombstones, last token {stats.last_fencing_token}, "
+        f"revision {stats.last_state_revision}"
+    )
+    return 0
+
+
+def _event_line(event: LockEvent) -> str:
+    namespace, label = _key_text(event.key)
+    left = "" if event.expires_at is None else f" left={event.expires_at - time.monotonic():.3f}s"
+    return (
+        f"rev={event.state_revision} {event.transition:<8} {namespace}/{label} "
+        f"owner={event.owner.text()} token={event.fencing_token} node={event.node}{left}"
+    )
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Print transitions through the readiness descriptor until interrupted."""
+    table = _open_table(args.fleet, observe=False)
+    if table is None:
+        return 1
+    deadline = None if args.seconds is None else time.monotonic() + args.seconds
+    with selectors.DefaultSelector() as selector:
+        selector.register(table.fileno(), selectors.EVENT_READ)
+        while deadline is None or time.monotonic() < deadline:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if selector.select(timeout):
+                table.drain()
+            result = table.poll()
+            for event in result.events:
+                print(_event_line(event), flush=True)
+            if result.lost:
+                print(
+                    f"lost: overwritten={result.overwritten} unavailable={result.unavailable} "
+                    f"malformed={result.malformed}",
+                    flush=True,
+                )
+    table.close()
+    return 0
+
+
+def cmd_force_release(args: argparse.Namespace) -> int:
+    """Release one key whoever holds it; exit 1 when nothing live was there."""
+    table = _open_table(args.fleet, observe=False)
+    if table is None:
+        return 1
+    released = table.force_release(LockKey(args.namespace, args.label))
+    print("released" if released else "not held")
+    return 0 if released else 1

@@ -1,0 +1,72 @@
+"""Keyed leases in a fleet-shared SHM table (seed 000_d589d255ec75758a.txt).
+
+One open-addressed state table per fleet holds at most one live entry per
+:class:`LockKey`, with a TTL on the host monotonic clock, an opaque
+:class:`LockOwner` compared on renew and release, and strictly increasing
+fencing tokens. Every transition is also published to a per-node ring whose
+readiness descriptor (:meth:`LockTable.fileno`) wakes other processes.
+"""
+
+from __future__ import annotations
+
+from .._errors import (
+    AccessDenied,
+    EntryTooLarge,
+    IdExhausted,
+    InvalidLayout,
+    InvalidTtl,
+    KeyEmpty,
+    LayoutMismatch,
+    NamespaceEmpty,
+    OwnerEmpty,
+    StateFull,
+)
+from ._layout import LockLayout
+from ._table import LockTable, LockTableStatistics
+from ._types import Acquired, Fence, LockEvent, LockKey, LockLease, LockOwner, LockPoll, Occupied
+
+__all__ = [
+    "AccessDenied",
+    "Acquired",
+    "EntryTooLarge",
+    "Fence",
+    "IdExhausted",
+    "InvalidLayout",
+    "InvalidTtl",
+    "KeyEmpty",
+    "LayoutMismatch",
+    "LockEvent",
+    "LockKey",
+    "LockLayout",
+    "LockLease",
+    "LockOwner",
+    "LockPoll",
+    "LockTable",
+    "LockTableStatistics",
+    "NamespaceEmpty",
+    "Occupied",
+    "OwnerEmpty",
+    "StateFull",
+]
+
+for _cls in (
+    Acquired,
+    Fence,
+    LockEvent,
+    LockKey,
+    LockLayout,
+    LockLease,
+    LockOwner,
+    LockPoll,
+    LockTable,
+    LockTableStatistics,
+    EntryTooLarge,
+    IdExhausted,
+    InvalidTtl,
+    KeyEmpty,
+    NamespaceEmpty,
+    OwnerEmpty,
+    StateFull,
+):
+    _cls.__module__ = __name__
+del _cls

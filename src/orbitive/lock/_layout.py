@@ -1,0 +1,199 @@
+"""Byte layout of the lock state table, and the :class:`LockLayout` every peer shares.
+
+State object ``orbit-{fleet}-{state_kind}-{uid}`` (little-endian; version
+:data:`STATE_VERSION`)::
+
+    header, 64 bytes
+      off size field          meaning
+        0    4 magic          0x4F4C5354 "OLST"
+        4    2 version        STATE_VERSION
+        6    2 header_size    64
+        8    4 capacity       slots, a power of two
+       12    4 slot_size      round_up(48 + payload_max, 64)
+       16    4 payload_max    namespace + label + owner bytes per slot
+       20    4 reserved       zero
+       24    8 last_token     last fencing token issued (first acquisition gets 1)
+       32    8 last_revision  last state_revision issued
+       40   24 reserved       zero
+    slots, capacity x slot_size; one slot:
+        0    1 state          0 EMPTY, 1 OCCUPIED, 2 TOMBSTONE
+        1    1 reserved
+        2    2 namespace_len
+        4    2 label_len
+        6    2 owner_len
+        8    8 key_digest     CRC-32 of (u16 namespace_len, namespace, label)
+       16    8 lock_id        kind << 56 | node << 40 | fencing token
+       24    8 state_revision
+       32    8 acquired_at_ms CLOCK_MONOTONIC milliseconds
+       40    8 expires_at_ms  CLOCK_MONOTONIC milliseconds
+       48    .. payload       namespace | label | owner, zero padded
+
+Open addressing with linear probing from ``key_digest & (capacity - 1)``.
+Invariant (crash safety, seed 000 "tombstone before rewrite"): a slot is set
+TOMBSTONE before any of its bytes change and OCCUPIED only after all of them
+are written, all inside the critical section (process mutex + flock).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from typing import Final, final
+
+from .._errors import InvalidLayout, LayoutMismatch
+from .._ring import RingGeometry
+
+STATE_MAGIC: Final = 0x4F4C5354
+STATE_VERSION: Final = 1
+HEADER_SIZE: Final = 64
+SLOT_HEADER_SIZE: Final = 48
+EMPTY: Final = 0
+OCCUPIED: Final = 1
+TOMBSTONE: Final = 2
+
+#: Transition frame header bytes (see ``_events``); a frame must hold a full entry.
+EVENT_HEADER_SIZE: Final = 35
+
+HEADER: Final = struct.Struct("<IHHIII")  # magic .. payload_max (20 bytes)
+COUNTERS: Final = struct.Struct("<QQ")  # last_token, last_revision
+COUNTERS_OFFSET: Final = 24
+#: state, reserved, namespace_len, label_len, owner_len, digest, lock_id,
+#: state_revision, acquired_at_ms, expires_at_ms
+SLOT: Final = struct.Struct("<BxHHHQQQQQ")
+
+DEFAULT_STATE_KIND: Final = 228
+DEFAULT_EVENT_KIND: Final = 229
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").replace("_", "")
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidLayout(
+            f"environment variable {name} must be an integer, got {raw!r}"
+        ) from None
+
+
+def _power_of_two(value: int, what: str, limit: int) -> None:
+    if type(value) is not int or value < 1 or value & (value - 1) or value > limit:
+        raise InvalidLayout(f"{what} must be a power of two in 1..{limit}, got {value!r}")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class LockLayout:
+    """Kinds and geometry of one lock table; all fleet peers must agree.
+
+    Args:
+        state_kind: SHM kind of the state table, 0..255 (default 228).
+        event_kind: SHM kind of the transition ring, 0..255, not ``state_kind`` (229).
+        capacity: state slots, a power of two (256): the most keys resident at once.
+        payload_max: bytes for namespace + label + owner per slot (960).
+        ring_capacity: transition frames retained per writer lane, a power of two (1024).
+        frame_bytes: bytes per transition frame (1024); must hold a full entry.
+
+    Raises:
+        InvalidLayout: any value out of range, or the two kinds equal.
+    """
+
+    state_kind: int = DEFAULT_STATE_KIND
+    event_kind: int = DEFAULT_EVENT_KIND
+    capacity: int = 256
+    payload_max: int = 960
+    ring_capacity: int = 1024
+    frame_bytes: int = 1024
+
+    def __post_init__(self) -> None:
+        for what in ("state_kind", "event_kind"):
+            kind = getattr(self, what)
+            if type(kind) is not int or not 0 <= kind <= 255:
+                raise InvalidLayout(f"{what} must be an int in 0..255, got {kind!r}")
+        if self.state_kind == self.event_kind:
+            raise InvalidLayout("state_kind and event_kind must differ")
+        _power_of_two(self.capacity, "capacity", 1 << 16)
+        _power_of_two(self.ring_capacity, "ring_capacity", 1 << 20)
+        if type(self.payload_max) is not int or not 3 <= self.payload_max <= 0xFFFF:
+            raise InvalidLayout(f"payload_max must be an int in 3..65535, got {self.payload_max!r}")
+        if type(self.frame_bytes) is not int or self.frame_bytes < self.min_frame_bytes:
+            raise InvalidLayout(
+                f"frame_bytes must be >= {self.min_frame_bytes} "
+                f"({EVENT_HEADER_SIZE} + payload_max), got {self.frame_bytes!r}"
+            )
+
+    @classmethod
+    def default(cls) -> LockLayout:
+        """The default layout, with the ``ORBIT_LOCK_*`` environment overrides applied.
+
+        Read once per process (cached): ``ORBIT_LOCK_STATE_CAPACITY``,
+        ``ORBIT_LOCK_STATE_PAYLOAD_CAPACITY``, ``ORBIT_LOCK_EVENT_RING_CAPACITY``,
+        ``ORBIT_LOCK_EVENT_RING_PAYLOAD_CAPACITY``.
+        """
+        global _default  # noqa: PLW0603 - read the environment once per process
+        if _default is None:
+            _default = cls(
+                capacity=_env_int("ORBIT_LOCK_STATE_CAPACITY", 256),
+                payload_max=_env_int("ORBIT_LOCK_STATE_PAYLOAD_CAPACITY", 960),
+                ring_capacity=_env_int("ORBIT_LOCK_EVENT_RING_CAPACITY", 1024),
+                frame_bytes=_env_int("ORBIT_LOCK_EVENT_RING_PAYLOAD_CAPACITY", 1024),
+            )
+        return _default
+
+    @property
+    def min_frame_bytes(self) -> int:
+        """Smallest frame that carries an entry of ``payload_max`` bytes."""
+        return EVENT_HEADER_SIZE + self.payload_max
+
+    @property
+    def slot_size(self) -> int:
+        """Bytes per state slot: header plus payload, rounded up to 64."""
+        return (SLOT_HEADER_SIZE + self.payload_max + 63) // 64 * 64
+
+    @property
+    def state_size(self) -> int:
+        """Bytes of the state object."""
+        return HEADER_SIZE + self.capacity * self.slot_size
+
+    def ring_geometry(self, lanes: int) -> RingGeometry:
+        """The transition ring's geometry for a fleet of ``lanes`` nodes."""
+        return RingGeometry(self.event_kind, lanes, self.ring_capacity, self.frame_bytes)
+
+    def header(self) -> tuple[int, ...]:
+        """The header fields this layout writes and expects, in HEADER order."""
+        return (
+            STATE_MAGIC,
+            STATE_VERSION,
+            HEADER_SIZE,
+            self.capacity,
+            self.slot_size,
+            self.payload_max,
+        )
+
+    def init_state(self, buf: mmap.mmap) -> None:
+        """Write the header of a new (zeroed) state object."""
+        HEADER.pack_into(buf, 0, *self.header())
+
+    def validate_state(self, buf: mmap.mmap) -> None:
+        """Check every header field of an existing state object.
+
+        Raises:
+            LayoutMismatch: any field differs, or a reserved byte is not zero.
+        """
+        found = HEADER.unpack_from(buf, 0)
+        if found != self.header():
+            raise LayoutMismatch(
+                f"lock state kind {self.state_kind}: header {found} differs from {self.header()}",
+                kind=self.state_kind,
+            )
+        if any(buf[20:24]) or any(buf[40:HEADER_SIZE]):
+            raise LayoutMismatch(
+                f"lock state kind {self.state_kind}: reserved header bytes are not zero",
+                kind=self.state_kind,
+            )
+
+
+_default: LockLayout | None = None

@@ -1,0 +1,644 @@
+"""The lock table: keyed leases in one fleet-shared, open-addressed SHM table.
+
+Every public method validates its arguments, then runs one critical-section
+step (process mutex + ``flock`` on the state object's lock file, see
+``_region``). Each step is one immediate attempt: no sleep, retry or timeout
+(seed 000, "Every operation is one immediate attempt").
+
+Invariant (seed 000 "Crash-safe"): inside the critical section the counters
+are advanced first, then the transition is published, then the slot is set
+TOMBSTONE, rewritten, and set OCCUPIED last. A process killed anywhere in that
+sequence leaves the key absent or intact, never half-written, and the kernel
+drops its ``flock``; at worst a fencing token and a revision are consumed.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, TypeVar, final
+
+from .. import _fork
+from .._clock import TTL_MAX_S, check_ttl, monotonic_ns, ttl_ms
+from .._errors import EntryTooLarge, FleetError, IdExhausted, StateFull
+from .._fleet import Fleet
+from .._ring import Ring
+from . import _events
+from ._layout import (
+    COUNTERS,
+    COUNTERS_OFFSET,
+    EMPTY,
+    HEADER_SIZE,
+    OCCUPIED,
+    SLOT,
+    SLOT_HEADER_SIZE,
+    TOMBSTONE,
+    LockLayout,
+)
+from ._types import (
+    KIND_SHIFT,
+    NODE_SHIFT,
+    TOKEN_MASK,
+    Acquired,
+    LockKey,
+    LockLease,
+    LockOwner,
+    LockPoll,
+    Occupied,
+)
+
+_unpack_slot = SLOT.unpack_from
+_pack_slot = SLOT.pack_into
+_unpack_counters = COUNTERS.unpack_from
+_pack_counters = COUNTERS.pack_into
+_U64: Final = struct.Struct("<Q")
+_REVISION_OFFSET: Final = 24
+_EXPIRES_OFFSET: Final = 40
+_REVISION_MAX: Final = (1 << 64) - 1
+_T = TypeVar("_T")
+_A = TypeVar("_A")
+_B = TypeVar("_B")
+_EVENT: Final = _events.EVENT_HEADER
+_EVENT_MAGIC: Final = _events.EVENT_MAGIC
+_EVENT_VERSION: Final = _events.EVENT_VERSION
+
+#: Test-only hook, called with a point name inside the critical section
+#: ("tombstoned": after the slot went TOMBSTONE, before it is rewritten).
+crash_hook: Callable[[str], None] | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class LockTableStatistics:
+    """A snapshot of the state table and this handle's ring position."""
+
+    capacity: int
+    occupied_count: int
+    expired_count: int
+    tombstone_count: int
+    last_fencing_token: int
+    last_state_revision: int
+    ring_heads: tuple[int, ...]
+
+
+def _not_a(what: str, expected: str, value: object) -> TypeError:
+    return TypeError(f"{what} must be a {expected}, not {type(value).__name__}")
+
+
+class LockTable:
+    """Keyed leases shared by every process of a fleet (seed 000).
+
+    ``LockTable(fleet)`` subscribes after the current transition heads;
+    :meth:`replay_retained` subscribes from the oldest retained transition.
+
+    Args:
+        fleet: a joined (:meth:`Fleet.join`) or local (:meth:`Fleet.local`) fleet.
+        layout: kinds and geometry; all peers must agree (default
+            :meth:`LockLayout.default`).
+
+    Raises:
+        LayoutMismatch: the existing state or ring object has another layout.
+        AccessDenied: an object or the lock directory is not exclusively ours.
+
+    Example::
+
+        table = LockTable(Fleet.join("web", capacity=8))
+        key, me = LockKey("jobs", "nightly"), LockOwner.random()
+        match table.try_acquire(key, me, ttl=30.0):
+            case Acquired(lease): ...; table.release(lease)
+            case Occupied(holder): print("held until", holder.expires_at)
+    """
+
+    def __init__(self, fleet: Fleet, layout: LockLayout | None = None) -> None:
+        self._setup(fleet, layout or LockLayout.default())
+        self._cursors = self._ring.heads()
+
+    @classmethod
+    def replay_retained(cls, fleet: Fleet, layout: LockLayout | None = None) -> LockTable:
+        """A table whose first :meth:`poll` returns every still-retained transition."""
+        table = cls.__new__(cls)
+        table._setup(fleet, layout or LockLayout.default())
+        table._cursors = [0] * fleet.capacity
+        return table
+
+    def _setup(self, fleet: Fleet, layout: LockLayout) -> None:
+        self._closed = True
+        self.fleet = fleet
+        self.layout = layout
+        self._state = fleet.region(
+            layout.state_kind, layout.state_size, layout.init_state, layout.validate_state
+        )
+        self._buf = self._state.buf
+        self._ring = Ring(fleet, layout.ring_geometry(fleet.capacity))
+        self._mask = layout.capacity - 1
+        self._stride = layout.slot_size
+        self._payload_max = layout.payload_max
+        self._refresh_node()
+        self._closed = False
+
+    def _refresh_node(self) -> None:
+        self._fork_generation = _fork.generation
+        self._node = self.fleet.node
+        self._id_base = (self.layout.state_kind << KIND_SHIFT) | (self._node << NODE_SHIFT)
+
+    # -- argument checks ---------------------------------------------------------------
+
+    def _too_large(self, key: LockKey, owner: LockOwner) -> EntryTooLarge:
+        return EntryTooLarge(
+            f"namespace {len(key.namespace)} + label {len(key.label)} + owner "
+            f"{len(owner.value)} bytes exceed the {self._payload_max}-byte entry limit",
+            fleet=self.fleet.name,
+            key=key,
+        )
+
+    def _check_entry(self, key: LockKey, owner: LockOwner | bytes | str) -> LockOwner:
+        """Validate a (key, owner) pair; returns the owner as a LockOwner."""
+        if type(key) is not LockKey:
+            raise _not_a("key", "LockKey", key)
+        owner = owner if type(owner) is LockOwner else LockOwner(owner)
+        if len(key.ident) + len(owner.value) > self._payload_max:
+            raise self._too_large(key, owner)
+        return owner
+
+    # -- public operations -------------------------------------------------------------
+
+    def try_acquire(
+        self, key: LockKey, owner: LockOwner | bytes | str, ttl: float
+    ) -> Acquired | Occupied:
+        """Acquire ``key`` for ``owner`` for ``ttl`` seconds, in one immediate attempt.
+
+        Args:
+            key: what is excluded; only the key decides contention.
+            owner: opaque compare token (``bytes``/``str`` are wrapped in LockOwner).
+            ttl: seconds, finite and > 0; sub-millisecond rounds up to 1 ms.
+
+        Returns:
+            ``Acquired(lease)`` with a fencing token larger than every earlier
+            one, or ``Occupied(lease)`` describing the live holder (even when the
+            holder uses the same owner bytes: one live entry per key).
+
+        Raises:
+            InvalidTtl: bad ttl. OwnerEmpty/TypeError: bad owner or key.
+            EntryTooLarge: namespace + label + owner exceed ``payload_max``.
+            StateFull: every slot holds a live key (nothing is ever evicted).
+            IdExhausted: the 40-bit fencing token or the revision ran out.
+
+        Seed 000: TTL on the host monotonic clock; strictly increasing fencing
+        tokens; a full table refuses, it never evicts.
+        """
+        if type(ttl) is not float or not 0.0 < ttl <= TTL_MAX_S:
+            ttl = check_ttl(ttl)
+        if type(key) is not LockKey:
+            raise _not_a("key", "LockKey", key)
+        if type(owner) is not LockOwner:
+            owner = LockOwner(owner)
+        if len(key.ident) + len(owner.value) > self._payload_max:
+            raise self._too_large(key, owner)
+        if self._fork_generation != _fork.generation:
+            self._refresh_node()
+        state = self._state
+        state.acquire()
+        try:
+            now = monotonic_ns() // 1_000_000
+            found = self._probe(key, now)
+            if found >= 0:
+                return Occupied(self._lease_at(found))
+            return Acquired(self._insert(~found, key, owner, now, now + ttl_ms(ttl)))
+        finally:
+            state.release()
+
+    def renew(self, lease: LockLease, ttl: float) -> LockLease | None:
+        """Give the exact tenure ``lease`` a new full window of ``ttl`` seconds from now.
+
+        Not additive: the new deadline is ``now + ttl`` whatever was left. The
+        fencing token is kept.
+
+        Returns:
+            The renewed lease, or None when that tenure expired, was released or
+            was replaced (the successor is never touched, even with equal owner bytes).
+
+        Raises:
+            InvalidTtl: bad ttl. TypeError: ``lease`` is not a LockLease.
+            IdExhausted: the revision counter ran out.
+        """
+        ttl = check_ttl(ttl)
+        if type(lease) is not LockLease:
+            raise _not_a("lease", "LockLease", lease)
+        return self._locked(self._renew_step, lease, None, ttl_ms(ttl))
+
+    def renew_owned(
+        self, key: LockKey, owner: LockOwner | bytes | str, ttl: float
+    ) -> LockLease | None:
+        """Like :meth:`renew`, for whatever live tenure of ``key`` has exactly ``owner``."""
+        ttl = check_ttl(ttl)
+        owner = self._check_entry(key, owner)
+        return self._locked(self._renew_owned_step, key, owner, ttl_ms(ttl))
+
+    def release(self, lease: LockLease) -> bool:
+        """End the exact tenure ``lease``.
+
+        Returns:
+            True when it was live and is now released; False when it had expired,
+            was released already or was replaced (no error, successor untouched).
+
+        Raises:
+            TypeError: ``lease`` is not a LockLease.
+        """
+        if type(lease) is not LockLease:
+            raise _not_a("lease", "LockLease", lease)
+        if self._fork_generation != _fork.generation:
+            self._refresh_node()
+        state = self._state
+        state.acquire()  # the hot path, so not through _locked
+        try:
+            slot = self._find_tenure(lease, monotonic_ns() // 1_000_000)
+            return slot >= 0 and self._remove(slot, lease)
+        finally:
+            state.release()
+
+    def release_owned(self, key: LockKey, owner: LockOwner | bytes | str) -> bool:
+        """Release whatever live tenure of ``key`` has exactly ``owner``; False if none."""
+        owner = self._check_entry(key, owner)
+        return self._locked(self._release_owned_step, key, owner, 0)
+
+    def force_release(self, key: LockKey) -> bool:
+        """Administrative, ownerless release of ``key`` (an escape hatch, not normal use).
+
+        Returns:
+            True when a live entry was released; False when absent or already expired.
+        """
+        if type(key) is not LockKey:
+            raise _not_a("key", "LockKey", key)
+        return self._locked(self._force_step, key, None, 0)
+
+    def current(self, key: LockKey) -> LockLease | None:
+        """Authoritative lookup: the live lease of ``key``, or None."""
+        if type(key) is not LockKey:
+            raise _not_a("key", "LockKey", key)
+        return self._locked(self._current_step, key, None, 0)
+
+    def restore(self, key: LockKey, owner: LockOwner | bytes | str) -> LockLease | None:
+        """:meth:`current`, but only when the live holder is exactly ``owner``."""
+        owner = self._check_entry(key, owner)
+        lease = self.current(key)
+        return lease if lease is not None and lease.owner == owner else None
+
+    def leases(self) -> list[LockLease]:
+        """Every live lease, in slot order (inspection)."""
+        return self._locked(self._leases_step, None, None, 0)
+
+    # -- critical-section steps ---------------------------------------------------------
+
+    def _locked(self, step: Callable[[_A, _B, int, int], _T], a: _A, b: _B, c: int) -> _T:
+        if self._fork_generation != _fork.generation:
+            self._refresh_node()
+        state = self._state
+        state.acquire()
+        try:
+            return step(a, b, c, monotonic_ns() // 1_000_000)
+        finally:
+            state.release()
+
+    def _renew_step(self, lease: LockLease, _: None, ms: int, now: int) -> LockLease | None:
+        slot = self._find_tenure(lease, now)
+        return None if slot < 0 else self._rewrite(slot, now, now + ms)
+
+    def _renew_owned_step(
+        self, key: LockKey, owner: LockOwner, ms: int, now: int
+    ) -> LockLease | None:
+        slot = self._probe(key, now)
+        if slot < 0 or not self._owner_is(slot, key, owner):
+            return None
+        return self._rewrite(slot, now, now + ms)
+
+    def _release_owned_step(self, key: LockKey, owner: LockOwner, _: int, now: int) -> bool:
+        slot = self._probe(key, now)
+        return slot >= 0 and self._owner_is(slot, key, owner) and self._remove(slot)
+
+    def _force_step(self, key: LockKey, _: None, __: int, now: int) -> bool:
+        slot = self._probe(key, now)
+        return slot >= 0 and self._remove(slot)
+
+    def _current_step(self, key: LockKey, _: None, __: int, now: int) -> LockLease | None:
+        slot = self._probe(key, now)
+        return None if slot < 0 else self._lease_at(slot)
+
+    def _leases_step(self, _: None, __: None, ___: int, now: int) -> list[LockLease]:
+        return [self._lease_at(slot) for slot in range(self._mask + 1) if self._live(slot, now)]
+
+    # -- slot primitives (called inside the critical section) --------------------------
+
+    def _read_live(self, slot: int, now: int) -> tuple[int, ...] | None:
+        """The slot's fields when it holds a valid, unexpired entry; else None."""
+        fields = _unpack_slot(self._buf, HEADER_SIZE + slot * self._stride)
+        state, ns, lb, ow, _, _, _, acquired, expires = fields
+        if (
+            state != OCCUPIED
+            or not (ns and lb and ow)
+            or ns + lb + ow > self._payload_max
+            or not acquired < expires
+            or expires <= now
+        ):
+            return None
+        return fields
+
+    def _live(self, slot: int, now: int) -> bool:
+        return self._read_live(slot, now) is not None
+
+    def _probe(self, key: LockKey, now: int) -> int:
+        """Slot of ``key``'s live entry, else ``~insertion_slot`` (``~capacity``: none).
+
+        Linear probing from the key digest; stops at EMPTY. Expired or invalid
+        OCCUPIED slots met on the way are tombstoned (lazy reclaim).
+        """
+        buf, mask, stride = self._buf, self._mask, self._stride
+        digest, ident = key.digest, key.ident
+        ns_len, label_len = len(key.namespace), len(key.label)
+        slot = digest & mask
+        insert_at = mask + 1
+        for _ in range(mask + 1):
+            offset = HEADER_SIZE + slot * stride
+            state = buf[offset]
+            if state == EMPTY:
+                return ~(insert_at if insert_at <= mask else slot)
+            if state == OCCUPIED:
+                fields = self._read_live(slot, now)
+                if fields is not None:
+                    if (
+                        fields[4] == digest
+                        and fields[1] == ns_len
+                        and fields[2] == label_len
+                        and buf[offset + SLOT_HEADER_SIZE : offset + SLOT_HEADER_SIZE + len(ident)]
+                        == ident
+                    ):
+                        return slot
+                    slot = (slot + 1) & mask
+                    continue
+                self._tombstone(slot)
+            if insert_at > mask:
+                insert_at = slot
+            slot = (slot + 1) & mask
+        return ~insert_at
+
+    def _find_tenure(self, lease: LockLease, now: int) -> int:
+        """Slot holding exactly ``lease``'s tenure (same lock id), or -1."""
+        hint = lease.slot
+        if 0 <= hint <= self._mask:
+            fields = self._read_live(hint, now)
+            if fields is not None and fields[5] == lease.lock_id:
+                return hint
+        slot = self._probe(lease.key, now)
+        if (
+            slot >= 0
+            and _unpack_slot(self._buf, HEADER_SIZE + slot * self._stride)[5] == lease.lock_id
+        ):
+            return slot
+        return -1
+
+    def _owner_is(self, slot: int, key: LockKey, owner: LockOwner) -> bool:
+        start = HEADER_SIZE + slot * self._stride + SLOT_HEADER_SIZE + len(key.ident)
+        fields = _unpack_slot(self._buf, HEADER_SIZE + slot * self._stride)
+        return fields[3] == len(owner.value) and self._buf[start : start + fields[3]] == owner.value
+
+    def _lease_at(self, slot: int) -> LockLease:
+        offset = HEADER_SIZE + slot * self._stride
+        _, ns, lb, ow, _, lock_id, revision, acquired, expires = _unpack_slot(self._buf, offset)
+        body = self._buf[offset + SLOT_HEADER_SIZE : offset + SLOT_HEADER_SIZE + ns + lb + ow]
+        return LockLease(
+            LockKey(body[:ns], body[ns : ns + lb]),
+            LockOwner(body[ns + lb :]),
+            lock_id,
+            revision,
+            acquired / 1000.0,
+            expires / 1000.0,
+            slot,
+        )
+
+    def _next_ids(self, new_token: bool) -> tuple[int, int]:
+        """Advance and return (last_token, last_revision) in the header."""
+        if self._node < 0:
+            raise FleetError(
+                f"fleet {self.fleet.name!r}: an observer cannot change the lock table",
+                fleet=self.fleet.name,
+            )
+        token, revision = _unpack_counters(self._buf, COUNTERS_OFFSET)
+        token += new_token
+        revision += 1
+        if token > TOKEN_MASK or revision > _REVISION_MAX:
+            raise IdExhausted(
+                f"fleet {self.fleet.name!r}: lock table counters exhausted "
+                f"(token {token}, revision {revision})",
+                fleet=self.fleet.name,
+            )
+        _pack_counters(self._buf, COUNTERS_OFFSET, token, revision)
+        return token, revision
+
+    def _insert(
+        self, slot: int, key: LockKey, owner: LockOwner, now: int, expires: int
+    ) -> LockLease:
+        if slot > self._mask:
+            raise StateFull(
+                f"fleet {self.fleet.name!r}: lock table full ({self._mask + 1} slots)",
+                fleet=self.fleet.name,
+                key=key,
+            )
+        token, revision = self._next_ids(True)
+        lock_id = self._id_base | token
+        ident, raw_owner, ns_len = key.ident, owner.value, len(key.namespace)
+        label_len, owner_len = len(ident) - ns_len, len(raw_owner)
+        body = ident + raw_owner
+        self._ring.publish(
+            self._node,
+            _events.ACQUIRED,
+            revision,
+            _EVENT,
+            (_EVENT_MAGIC, _EVENT_VERSION, ns_len, label_len, owner_len, lock_id, now, expires),
+            body,
+        )
+        buf, offset = self._buf, HEADER_SIZE + slot * self._stride
+        buf[offset] = TOMBSTONE
+        if crash_hook is not None:
+            crash_hook("tombstoned")
+        _pack_slot(
+            buf,
+            offset,
+            TOMBSTONE,
+            ns_len,
+            label_len,
+            owner_len,
+            key.digest,
+            lock_id,
+            revision,
+            now,
+            expires,
+        )
+        start = offset + SLOT_HEADER_SIZE
+        buf[start : start + len(body)] = body
+        buf[offset] = OCCUPIED
+        return LockLease(key, owner, lock_id, revision, now / 1000.0, expires / 1000.0, slot)
+
+    def _publish(self, kind: int, revision: int, lease: LockLease, times: tuple[int, int]) -> None:
+        key, raw_owner = lease.key, lease.owner.value
+        ns_len = len(key.namespace)
+        self._ring.publish(
+            self._node,
+            kind,
+            revision,
+            _EVENT,
+            (
+                _EVENT_MAGIC,
+                _EVENT_VERSION,
+                ns_len,
+                len(key.ident) - ns_len,
+                len(raw_owner),
+                lease.lock_id,
+                *times,
+            ),
+            key.ident + raw_owner,
+        )
+
+    def _rewrite(self, slot: int, now: int, expires: int) -> LockLease:
+        """Renew the live entry in ``slot``: new revision and a full new window."""
+        lease = self._lease_at(slot)
+        _, revision = self._next_ids(False)
+        acquired = round(lease.acquired_at * 1000)
+        self._publish(_events.RENEWED, revision, lease, (acquired, expires))
+        buf, offset = self._buf, HEADER_SIZE + slot * self._stride
+        buf[offset] = TOMBSTONE
+        if crash_hook is not None:
+            crash_hook("tombstoned")
+        _U64.pack_into(buf, offset + _REVISION_OFFSET, revision)
+        _U64.pack_into(buf, offset + _EXPIRES_OFFSET, expires)
+        buf[offset] = OCCUPIED
+        return LockLease(
+            lease.key,
+            lease.owner,
+            lease.lock_id,
+            revision,
+            lease.acquired_at,
+            expires / 1000.0,
+            slot,
+        )
+
+    def _remove(self, slot: int, lease: LockLease | None = None) -> bool:
+        """Release the live entry in ``slot`` (whose tenure is ``lease`` when known)."""
+        if lease is None:
+            lease = self._lease_at(slot)
+        _, revision = self._next_ids(False)
+        self._publish(_events.RELEASED, revision, lease, (0, 0))
+        self._tombstone(slot)
+        return True
+
+    def _tombstone(self, slot: int) -> None:
+        """Mark ``slot`` TOMBSTONE; when the next slot is EMPTY, turn the run EMPTY.
+
+        A tombstone followed by EMPTY ends every probe sequence through it
+        anyway, so clearing it (and tombstones before it) keeps chains short.
+        """
+        buf, mask, stride = self._buf, self._mask, self._stride
+        buf[HEADER_SIZE + slot * stride] = TOMBSTONE
+        if buf[HEADER_SIZE + ((slot + 1) & mask) * stride] != EMPTY:
+            return
+        for _ in range(mask + 1):
+            offset = HEADER_SIZE + slot * stride
+            if buf[offset] != TOMBSTONE:
+                return
+            buf[offset] = EMPTY
+            slot = (slot - 1) & mask
+
+    # -- transitions and readiness -----------------------------------------------------
+
+    def poll(self) -> LockPoll:
+        """Transitions published since the last poll, sorted by state_revision.
+
+        Advisory: a wrapped ring loses history (counted in ``overwritten``) but
+        never current state; re-check :meth:`current` for decisions.
+        """
+        read = self._ring.read(self._cursors)
+        events = []
+        malformed = 0
+        for frame in read.frames:
+            event = _events.decode(frame, self._payload_max)
+            if event is None:
+                malformed += 1
+            else:
+                events.append(event)
+        events.sort(key=lambda event: event.state_revision)
+        return LockPoll(tuple(events), read.overwritten, read.unavailable, malformed)
+
+    def fileno(self) -> int:
+        """Readiness descriptor: readable after any transition by any process.
+
+        Works with ``select``, ``selectors`` and asyncio ``loop.add_reader``;
+        call :meth:`drain` then :meth:`poll` when it is readable.
+        """
+        name = f"orbit-lock-{self.fleet.name}-{self.layout.event_kind}"
+        return self._ring.readiness(self._node, name).fileno()
+
+    def drain(self) -> int:
+        """Clear readiness; returns a coalesced wake count, not an event count."""
+        return self._ring.readiness(self._node, "orbit-lock").drain()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def reset_transport(self) -> None:
+        """Clear the state table and the transition ring (quiescent owner boot only)."""
+        self._state.acquire()
+        try:
+            self._buf[COUNTERS_OFFSET : COUNTERS_OFFSET + COUNTERS.size] = bytes(COUNTERS.size)
+            self._buf[HEADER_SIZE:] = bytes(len(self._buf) - HEADER_SIZE)
+            self._ring.reset()
+            self._cursors = self._ring.heads()
+        finally:
+            self._state.release()
+
+    def unlink(self) -> None:
+        """Remove the state and ring objects' names (and lock files); mappings stay valid."""
+        self._state.unlink()
+        self._ring.region.unlink()
+
+    def close(self) -> None:
+        """Stop this handle's readiness driver. The mappings belong to the fleet."""
+        self._ring.close()
+        self._closed = True
+
+    def statistics(self) -> LockTableStatistics:
+        """Counts of occupied, expired and tombstoned slots plus the counters."""
+        now = monotonic_ns() // 1_000_000
+        occupied = expired = tombstones = 0
+        for slot in range(self._mask + 1):
+            state = self._buf[HEADER_SIZE + slot * self._stride]
+            if state == TOMBSTONE:
+                tombstones += 1
+            elif state == OCCUPIED:
+                if self._live(slot, now):
+                    occupied += 1
+                else:
+                    expired += 1
+        token, revision = _unpack_counters(self._buf, COUNTERS_OFFSET)
+        return LockTableStatistics(
+            self._mask + 1,
+            occupied,
+            expired,
+            tombstones,
+            token,
+            revision,
+            tuple(self._ring.heads()),
+        )
+
+    def __enter__(self) -> LockTable:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("a LockTable cannot be pickled; build one from Fleet.join in each process")
+
+    def __repr__(self) -> str:
+        try:
+            state = "closed" if self._closed else f"node={self._node}"
+            return f"<LockTable fleet={self.fleet.name!r} {state} capacity={self._mask + 1}>"
+        except AttributeError:
+            return "<LockTable (not initialised)>"

@@ -1,0 +1,232 @@
+"""Value types of the lock table: keys, owners, leases, results, events, fences."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Final, Literal, NamedTuple, Protocol, final
+
+from .._errors import KeyEmpty, NamespaceEmpty, OwnerEmpty
+
+#: Bits of a lock id (NetId64) that hold the fencing token.
+TOKEN_BITS: Final = 40
+TOKEN_MASK: Final = (1 << TOKEN_BITS) - 1
+NODE_SHIFT: Final = 40
+KIND_SHIFT: Final = 56
+
+
+def _as_bytes(value: object, what: str) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"{what} must be str or bytes, not {type(value).__name__}")
+
+
+class HasNamespace(Protocol):
+    NAMESPACE: str | bytes
+
+
+@final
+@dataclass(frozen=True, slots=True, init=False)
+class LockKey:
+    """What is mutually excluded: a readable namespace plus a resource label.
+
+    Only the key decides contention (seed 000, "Identity"). ``str`` values are
+    encoded as UTF-8; bytes are kept as they are.
+
+    Raises:
+        NamespaceEmpty: empty namespace.
+        KeyEmpty: empty label.
+        TypeError: a part is neither str nor bytes.
+    """
+
+    namespace: bytes
+    label: bytes
+    digest: int = field(repr=False, compare=False)
+    ident: bytes = field(repr=False, compare=False)
+
+    def __init__(self, namespace: str | bytes, label: str | bytes) -> None:
+        ns = _as_bytes(namespace, "namespace")
+        lb = _as_bytes(label, "label")
+        if not ns:
+            raise NamespaceEmpty("lock key namespace must not be empty")
+        if not lb:
+            raise KeyEmpty("lock key label must not be empty")
+        object.__setattr__(self, "namespace", ns)
+        object.__setattr__(self, "label", lb)
+        digest = zlib.crc32(lb, zlib.crc32(len(ns).to_bytes(2, "little") + ns))
+        object.__setattr__(self, "digest", digest)
+        object.__setattr__(self, "ident", ns + lb)
+
+    @classmethod
+    def of(cls, typ: HasNamespace, label: str | bytes) -> LockKey:
+        """A key whose namespace is ``typ.NAMESPACE`` (a typed caller's stable domain)."""
+        return cls(typ.NAMESPACE, label)
+
+    def __str__(self) -> str:
+        return f"{self.namespace.decode(errors='replace')}/{self.label.decode(errors='replace')}"
+
+
+@final
+@dataclass(frozen=True, slots=True, init=False)
+class LockOwner:
+    """An opaque compare token for one caller-chosen tenure (never interpreted).
+
+    Raises:
+        OwnerEmpty: empty value.
+        TypeError: neither str nor bytes.
+    """
+
+    value: bytes
+
+    def __init__(self, value: str | bytes) -> None:
+        raw = _as_bytes(value, "owner")
+        if not raw:
+            raise OwnerEmpty("lock owner must not be empty")
+        object.__setattr__(self, "value", raw)
+
+    @classmethod
+    def random(cls) -> LockOwner:
+        """A fresh 16-byte random owner."""
+        return cls(os.urandom(16))
+
+    def text(self) -> str:
+        """The owner as text when it is printable UTF-8, else as hex."""
+        try:
+            decoded = self.value.decode()
+        except UnicodeDecodeError:
+            return self.value.hex()
+        return decoded if decoded.isprintable() else self.value.hex()
+
+
+class LockLease(NamedTuple):
+    """One tenure of a key: who holds it, its fencing token and its deadline.
+
+    ``acquired_at`` and ``expires_at`` are ``time.monotonic()`` seconds (the
+    host monotonic clock). ``lock_id`` packs kind, acquiring node and the
+    fencing token (its low 40 bits); it identifies the tenure exactly.
+    ``slot`` is where the table keeps it (a lookup hint).
+
+    A named tuple rather than a frozen dataclass: the table builds one per
+    acquire and renew, and a tuple is built in a sixth of the time.
+    """
+
+    key: LockKey
+    owner: LockOwner
+    lock_id: int
+    state_revision: int
+    acquired_at: float
+    expires_at: float
+    slot: int = -1
+
+    @property
+    def fencing_token(self) -> int:
+        """Strictly increasing per acquisition across the table; renew keeps it."""
+        return self.lock_id & TOKEN_MASK
+
+    @property
+    def node(self) -> int:
+        """The fleet node that acquired this tenure."""
+        return (self.lock_id >> NODE_SHIFT) & 0xFFFF
+
+    def remaining(self) -> float:
+        """Seconds left before expiry, never negative."""
+        return max(0.0, self.expires_at - time.monotonic())
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    """``try_acquire`` result: the caller now holds ``lease``."""
+
+    lease: LockLease
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Occupied:
+    """``try_acquire`` result: someone else holds the key; ``lease`` is theirs."""
+
+    lease: LockLease
+
+
+Transition = Literal["acquired", "renewed", "released"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class LockEvent:
+    """One transition read from the ring (advisory; the table is authoritative).
+
+    ``expires_at`` is ``time.monotonic()`` seconds, or None for a release.
+    ``node`` and ``counter`` name the frame (writer lane and position).
+    """
+
+    transition: Transition
+    key: LockKey
+    owner: LockOwner
+    lock_id: int
+    state_revision: int
+    expires_at: float | None
+    node: int
+    counter: int
+
+    @property
+    def fencing_token(self) -> int:
+        """The fencing token of the tenure this transition belongs to."""
+        return self.lock_id & TOKEN_MASK
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class LockPoll:
+    """What one ``poll()`` found: events sorted by state_revision, plus loss counts.
+
+    ``overwritten``: frames the ring dropped before this reader got to them.
+    ``unavailable``: frames torn or being written. ``malformed``: frames that
+    did not decode as lock transitions.
+    """
+
+    events: tuple[LockEvent, ...]
+    overwritten: int = 0
+    unavailable: int = 0
+    malformed: int = 0
+
+    @property
+    def lost(self) -> bool:
+        """Whether any transition may have been missed."""
+        return bool(self.overwritten or self.unavailable or self.malformed)
+
+
+class Fence:
+    """Resource-side stale-holder check: remembers the highest token admitted.
+
+    ``admit(token)`` is True when ``token >= high_water`` (equal re-admits the
+    same holder) and raises the mark; an older token is rejected. Thread-safe.
+    """
+
+    def __init__(self, high_water: int = 0) -> None:
+        self._high_water = high_water
+        self._mutex = threading.Lock()
+
+    @property
+    def high_water(self) -> int:
+        """The highest token admitted so far."""
+        return self._high_water
+
+    def admit(self, token: int) -> bool:
+        """Admit ``token`` if it is not older than any admitted before."""
+        with self._mutex:
+            if token < self._high_water:
+                return False
+            self._high_water = token
+            return True
+
+    def __repr__(self) -> str:
+        return f"Fence(high_water={self._high_water})"
