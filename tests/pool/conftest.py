@@ -81,7 +81,7 @@ def shm_pool(shm_fleet: Fleet) -> Iterator[Pool]:
 @pytest.fixture(params=["fork", "spawn"])
 def context(request: pytest.FixtureRequest) -> Context:
     """Member processes started by fork, then by spawn."""
-    made: Context = multiprocessing.get_context(request.param)  # type: ignore[assignment]
+    made: Context = multiprocessing.get_context(request.param)
     return made
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -143,8 +144,6 @@ def test_reconcile_ages_out_unreceived_reservations_by_owner_clock(pool: Pool) -
     lease = pool.reserve(rid)
     assert pool.reconcile(rid, 0, grace=60.0) == 0  # young: kept
     assert pool.candidates(KEY)[0].reserved == 1
-    import time
-
     time.sleep(0.01)
     assert pool.reconcile(rid, 0, grace=0.0) == 1
     with pytest.raises(NotReservedError):
@@ -198,7 +197,7 @@ def test_owner_only_operations_refuse_other_processes(
 
 def test_bad_arguments_raise_malformed(pool: Pool, fleet: Fleet) -> None:
     rid = pool.register(KEY, 1)
-    bad_calls = [
+    bad_calls: list[Callable[[], object]] = [
         lambda: pool.register(KEY, 0),
         lambda: pool.register(KEY, True),
         lambda: pool.register(5, 1),  # type: ignore[arg-type]

@@ -152,9 +152,7 @@ def accept_session(pool: Pool, sock: socket.socket) -> Execution:
     return _accept(pool, _read_frame(sock))
 
 
-async def open_session_async(
-    lease: Lease, writer: asyncio.StreamWriter, data: bytes = b""
-) -> None:
+async def open_session_async(lease: Lease, writer: asyncio.StreamWriter, data: bytes = b"") -> None:
     """Asyncio twin of :func:`open_session` over a stream writer."""
     writer.write(encode_frame(lease) + data)
     await writer.drain()
