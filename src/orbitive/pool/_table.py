@@ -323,6 +323,8 @@ class Table:
 
     def _refusal(self, rid: ResourceId, hot: tuple[int, ...], *, owner: bool) -> OrbitError:
         """The error for a slot that is not usable as ``rid`` (slow path)."""
+        if owner and rid.node != self.node:
+            return self._not_owner(rid, hot)
         if (
             hot[2] != rid.generation
             or hot[11] != rid.epoch
@@ -330,14 +332,17 @@ class Table:
             or not LIVE <= hot[0] <= DRAINING
         ):
             return StaleError(f"resource {rid} is closed or was reused", node=rid.node, key=rid)
-        if owner and (hot[3] != self.incarnation or rid.node != self.node):
-            return NotOwnerError(
-                f"resource {rid} belongs to node {hot[1]} incarnation {hot[3]}, "
-                f"not to node {self.node} incarnation {self.incarnation}",
-                node=self.node,
-                key=rid,
-            )
+        if owner and hot[3] != self.incarnation:
+            return self._not_owner(rid, hot)
         return DrainingError(f"resource {rid} is draining", node=rid.node, key=rid)
+
+    def _not_owner(self, rid: ResourceId, hot: tuple[int, ...]) -> NotOwnerError:
+        return NotOwnerError(
+            f"resource {rid} belongs to node {rid.node} incarnation {hot[3]}, "
+            f"not to node {self.node} incarnation {self.incarnation}",
+            node=self.node,
+            key=rid,
+        )
 
     def _current(self, rid: ResourceId, offset: int) -> tuple[int, ...]:
         hot: tuple[int, ...] = RES_HOT.unpack_from(self.buf, offset)
@@ -351,8 +356,15 @@ class Table:
         return hot
 
     def _owned(self, rid: ResourceId, offset: int) -> tuple[int, ...]:
-        hot = self._current(rid, offset)
-        if hot[3] != self.incarnation or rid.node != self.node:
+        hot: tuple[int, ...] = RES_HOT.unpack_from(self.buf, offset)
+        if (
+            hot[2] != rid.generation
+            or hot[11] != rid.epoch
+            or hot[1] != rid.node
+            or not (LIVE <= hot[0] <= DRAINING)
+            or hot[3] != self.incarnation
+            or rid.node != self.node
+        ):
             raise self._refusal(rid, hot, owner=True)
         return hot
 
