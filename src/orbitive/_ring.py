@@ -285,12 +285,23 @@ class Ring:
 
     # -- readiness and lifecycle -----------------------------------------------------------
 
-    def readiness(self, node: int, name: str) -> Readiness:
-        """This process's readiness descriptor for the ring (created once)."""
+    def readiness(self, node: int, name: str, lock: Region | None) -> Readiness:
+        """This process's readiness descriptor for the ring (created once).
+
+        ``lock`` is the critical section every publisher holds around
+        :meth:`publish`; with it the driver parks without a lost-wake window
+        and publishers skip the wake syscall while nobody is parked.
+        """
         if self._readiness is None:
             g = self.geometry
-            self._readiness = Readiness(self.buf, _GENERATION_OFFSET, g.parked_offset, node, name)
+            self._readiness = Readiness(
+                self.buf, _GENERATION_OFFSET, g.parked_offset, node, name, lock=lock
+            )
         return self._readiness
+
+    def forget_readiness(self) -> None:
+        """Drop the descriptor (a forked child's copy); the next call builds a new one."""
+        self.close()
 
     def reset(self) -> None:
         """Zero every lane head and slot (quiescent boot only); bumps readiness."""

@@ -23,6 +23,7 @@ from .. import _fork
 from .._clock import TTL_MAX_S, check_ttl, monotonic_ns, ttl_ms
 from .._errors import EntryTooLarge, FleetError, IdExhausted, StateFull
 from .._fleet import Fleet
+from .._readiness import Readiness
 from .._ring import Ring
 from . import _events
 from ._layout import (
@@ -131,6 +132,7 @@ class LockTable:
         )
         self._buf = self._state.buf
         self._ring = Ring(fleet, layout.ring_geometry(fleet.capacity))
+        self._fork_generation = _fork.generation
         self._mask = layout.capacity - 1
         self._stride = layout.slot_size
         self._payload_max = layout.payload_max
@@ -138,6 +140,8 @@ class LockTable:
         self._closed = False
 
     def _refresh_node(self) -> None:
+        if self._fork_generation != _fork.generation:
+            self._ring.forget_readiness()  # the parent's driver thread is not ours
         self._fork_generation = _fork.generation
         self._node = self.fleet.node
         self._id_base = (self.layout.state_kind << KIND_SHIFT) | (self._node << NODE_SHIFT)
@@ -571,14 +575,20 @@ class LockTable:
         """Readiness descriptor: readable after any transition by any process.
 
         Works with ``select``, ``selectors`` and asyncio ``loop.add_reader``;
-        call :meth:`drain` then :meth:`poll` when it is readable.
+        call :meth:`drain` then :meth:`poll` when it is readable. Built on first
+        use (one driver thread per handle); a forked child gets its own.
         """
-        name = f"orbit-lock-{self.fleet.name}-{self.layout.event_kind}"
-        return self._ring.readiness(self._node, name).fileno()
+        return self._readiness().fileno()
 
     def drain(self) -> int:
         """Clear readiness; returns a coalesced wake count, not an event count."""
-        return self._ring.readiness(self._node, "orbit-lock").drain()
+        return self._readiness().drain()
+
+    def _readiness(self) -> Readiness:
+        if self._fork_generation != _fork.generation:
+            self._refresh_node()
+        name = f"orbit-lock-{self.fleet.name}-{self.layout.event_kind}"
+        return self._ring.readiness(self._node, name, self._state)
 
     # -- lifecycle ---------------------------------------------------------------------
 
