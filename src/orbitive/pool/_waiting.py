@@ -156,6 +156,7 @@ class Waiting:
                     table.bell + BELL_PARKED,
                     table.node,
                     f"orbit-pool-{table.node}-driver",
+                    lock=table.region,
                 )
             return self._readiness
 
