@@ -51,7 +51,9 @@ def test_child_gets_its_own_node_and_life_and_cannot_accept_parent_leases(
         own = shm_pool.register(KEY, 1)
         return identity, refused, own.node
 
-    identity, refused, own_node = _in_child(child)  # type: ignore[misc]
+    result = _in_child(child)
+    assert isinstance(result, tuple)
+    identity, refused, own_node = result
     assert identity != parent_identity
     assert refused
     assert own_node == identity[0] != parent_identity[0]
