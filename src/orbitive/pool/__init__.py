@@ -1,4 +1,4 @@
-"""Fleet-wide resource leases over shared memory (seed 003).
+"""Fleet-wide resource leases over shared memory (seed 003_05881e98aad03f13.txt).
 
 Who has a free one, and may I have it: processes of one fleet register the
 resources they own (a warm connection, say) under a :class:`Key`; any process
@@ -10,8 +10,20 @@ numbers: the resource stays where it is.
 
 from __future__ import annotations
 
+from .._errors import (
+    BusyError,
+    CreationBudgetError,
+    DrainingError,
+    KeyFullError,
+    LaneFullError,
+    LayoutMismatch,
+    MalformedError,
+    NotOwnerError,
+    NotReservedError,
+    StaleError,
+)
 from ._deaths import DeathWatch
-from ._layout import POOL_KIND  # noqa: F401 - public outside __all__ (EXTRAS)
+from ._layout import POOL_KIND
 from ._plan import (
     Create,
     Decision,
@@ -19,7 +31,7 @@ from ._plan import (
     LocalFirst,
     LocalOnly,
     LocalReuse,
-    Plan,  # noqa: F401 - public outside __all__ (EXTRAS)
+    Plan,
     Policy,
     Reject,
     RemoteReuse,
@@ -29,39 +41,77 @@ from ._pool import CreationPermit, Execution, Pool
 from ._stats import KeyStatistics, PoolStatistics, ResourceStatistics
 from ._values import Candidate, Incarnation, Key, Lease, ResourceId
 
-#: Exactly the names of the API contract (api.md). Also public, outside ``__all__``:
-#: Decision (what a Policy returns), Plan, DeathWatch, the statistics classes and
-#: POOL_KIND (listed in ``EXTRAS``).
+#: The API contract's names (api.md), then what a custom Policy, the death helper
+#: and ``statistics()`` need, then the pool's errors.
 __all__ = [
+    "POOL_KIND",
+    "BusyError",
     "Candidate",
     "Create",
+    "CreationBudgetError",
     "CreationPermit",
+    "DeathWatch",
+    "Decision",
+    "DrainingError",
     "Execution",
     "Incarnation",
     "Key",
+    "KeyFullError",
+    "KeyStatistics",
+    "LaneFullError",
+    "LayoutMismatch",
     "Lease",
     "Limits",
     "LocalFirst",
     "LocalOnly",
     "LocalReuse",
+    "MalformedError",
+    "NotOwnerError",
+    "NotReservedError",
+    "Plan",
     "Policy",
     "Pool",
+    "PoolStatistics",
     "Reject",
     "RemoteReuse",
     "ResourceId",
+    "ResourceStatistics",
+    "StaleError",
     "Wait",
 ]
 
-EXTRAS = ("Decision", "Plan", "DeathWatch", "KeyStatistics", "PoolStatistics",
-          "ResourceStatistics", "POOL_KIND")  # fmt: skip
-_PUBLIC_CLASSES = (
-    *(globals()[_name] for _name in __all__),
-    Decision,
+for _cls in (
+    BusyError,
+    Candidate,
+    Create,
+    CreationBudgetError,
+    CreationPermit,
     DeathWatch,
+    Decision,
+    DrainingError,
+    Execution,
+    Incarnation,
+    Key,
+    KeyFullError,
     KeyStatistics,
+    LaneFullError,
+    Lease,
+    Limits,
+    LocalFirst,
+    LocalOnly,
+    LocalReuse,
+    MalformedError,
+    NotOwnerError,
+    NotReservedError,
+    Policy,
+    Pool,
     PoolStatistics,
+    Reject,
+    RemoteReuse,
+    ResourceId,
     ResourceStatistics,
-)
-for _cls in _PUBLIC_CLASSES:
+    StaleError,
+    Wait,
+):
     _cls.__module__ = __name__
 del _cls
