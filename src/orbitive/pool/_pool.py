@@ -123,11 +123,12 @@ class Execution:
     def __del__(self) -> None:
         if getattr(self, "_done", True) or self._fork != _fork.generation:
             return
+        message = f"{self!r} was never completed; its unit was given back by the finaliser"
         self._done = True
         table, offset, generation, epoch = self._table, self._offset, self._generation, self._epoch
         table.run_soon(lambda: table.complete(offset, generation, epoch))
         warnings.warn(
-            f"{self!r} was never completed; its unit was given back by the finaliser",
+            message,
             ResourceWarning,
             stacklevel=2,
         )
@@ -146,11 +147,11 @@ class CreationPermit:
     never dips below what exists.
     """
 
-    __slots__ = ("_done", "_fork", "_index", "_node", "_table", "key")
+    __slots__ = ("_done", "_epoch", "_fork", "_index", "_node", "_table", "key")
 
-    def __init__(self, table: Table, key: Key, index: int) -> None:
+    def __init__(self, table: Table, key: Key, claimed: tuple[int, int]) -> None:
         self._table = table
-        self._index = index
+        self._index, self._epoch = claimed
         self._node = table.node
         self._fork = _fork.generation
         self._done = False
@@ -163,7 +164,7 @@ class CreationPermit:
             return
         self._done = True
         if self._fork == _fork.generation:
-            self._table.unclaim(self.key, self._index, self._node)
+            self._table.unclaim(self.key, self._index, self._node, self._epoch)
 
     def __enter__(self) -> CreationPermit:
         return self
@@ -175,8 +176,10 @@ class CreationPermit:
         if getattr(self, "_done", True) or self._fork != _fork.generation:
             return
         self._done = True
-        table, key, index, node = self._table, self.key, self._index, self._node
-        table.run_soon(lambda: table.unclaim(key, index, node))
+        table, key, index, node, epoch = (
+            self._table, self.key, self._index, self._node, self._epoch
+        )  # fmt: skip
+        table.run_soon(lambda: table.unclaim(key, index, node, epoch))
 
     def __repr__(self) -> str:
         state = "finished" if getattr(self, "_done", True) else "claimed"

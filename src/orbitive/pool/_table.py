@@ -584,8 +584,8 @@ class Table:
 
     # -- creation claims --------------------------------------------------------------
 
-    def claim(self, key: Key, max_live: int) -> int:
-        """Count one creation in progress for this node; returns the key index.
+    def claim(self, key: Key, max_live: int) -> tuple[int, int]:
+        """Count one creation in progress for this node; returns (key index, epoch).
 
         Raises:
             KeyFullError, CreationBudgetError.
@@ -601,19 +601,21 @@ class Table:
                 )
             at = self.key_offset(index) + self.key_claims + 4 * self.node
             U32.pack_into(self.buf, at, U32.unpack_from(self.buf, at)[0] + 1)
+            epoch = self.epoch()
         finally:
             self.leave()
-        return index
+        return index, epoch
 
-    def unclaim(self, key: Key, index: int, node: int) -> None:
-        """Return one claim of ``node`` on ``key`` if the key is still in that slot."""
+    def unclaim(self, key: Key, index: int, node: int, epoch: int) -> None:
+        """Return one claim of ``node`` on ``key`` if that key, slot and epoch still hold."""
         self.enter()
         try:
             offset = self.key_offset(index)
             state, lo, hi, _ = KEY_HEAD.unpack_from(self.buf, offset)
             at = offset + self.key_claims + 4 * node
             claims = U32.unpack_from(self.buf, at)[0]
-            if state == 1 and lo == key.value & _M64 and hi == key.value >> 64 and claims:
+            same = state == 1 and lo == key.value & _M64 and hi == key.value >> 64
+            if same and claims and self.epoch() == epoch:
                 U32.pack_into(self.buf, at, claims - 1)
                 self.key_changed(index)
         finally:
