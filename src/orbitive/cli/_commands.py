@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import _demo, _lock
+from . import _demo, _lock, _pool
 
-MODULES: list[ModuleType] = [_lock, _demo]
+MODULES: list[ModuleType] = [_lock, _pool, _demo]
