@@ -85,13 +85,11 @@ class Execution:
     forked child's copy never completes the parent's unit.
     """
 
-    __slots__ = ("_done", "_epoch", "_fork", "_generation", "_offset", "_table", "fence", "id")
+    __slots__ = ("_done", "_fork", "_offset", "_table", "fence", "id")
 
     def __init__(self, table: Table, rid: ResourceId, fence: int, offset: int) -> None:
         self._table = table
         self._offset = offset
-        self._generation = rid.generation
-        self._epoch = rid.epoch
         self._fork = _fork.generation
         self._done = False
         #: The resource, and the fence this unit was accepted under (0: register_active).
@@ -112,7 +110,7 @@ class Execution:
             return
         self._done = True
         if self._fork == _fork.generation:
-            self._table.complete(self._offset, self._generation, self._epoch)
+            self._table.complete(self._offset, self.id.generation, self.id.epoch)
 
     def __enter__(self) -> Execution:
         return self
@@ -125,7 +123,12 @@ class Execution:
             return
         message = f"{self!r} was never completed; its unit was given back by the finaliser"
         self._done = True
-        table, offset, generation, epoch = self._table, self._offset, self._generation, self._epoch
+        table, offset, generation, epoch = (
+            self._table,
+            self._offset,
+            self.id.generation,
+            self.id.epoch,
+        )
         table.run_soon(lambda: table.complete(offset, generation, epoch))
         warnings.warn(
             message,
@@ -366,10 +369,12 @@ class Pool:
             raise MalformedError(f"a policy must return a Decision, got {decision!r:.80}")
         if decision.action == "reuse" and decision.id is not None:
             try:
-                lease, local = self._reserve(decision.id)
+                lease = self.reserve(decision.id)
             except (BusyError, StaleError, DrainingError):
                 return None
-            return LocalReuse(lease) if local else RemoteReuse(lease)
+            table = self._table
+            mine = table.owner(decision.id) == (table.node, table.incarnation)
+            return LocalReuse(lease) if mine else RemoteReuse(lease)
         if decision.action == "create":
             try:
                 return Create(self.claim_create(key, limits.max_live))
@@ -421,12 +426,10 @@ class Pool:
             DrainingError: the resource is draining.
             BusyError: no free unit, or all 16 pending entries are taken.
         """
-        return self._reserve(rid)[0]
-
-    def _reserve(self, rid: ResourceId) -> tuple[Lease, bool]:
-        table = self._t()
-        fence, local = table.reserve(rid)
-        return Lease(rid, fence, table.node, table.incarnation), local
+        table = self._table
+        if self._fork != _fork.generation or self._closed:
+            table = self._t()
+        return Lease(rid, table.reserve(rid), table.node, table.incarnation)
 
     def cancel_reservation(self, lease: Lease) -> None:
         """The holder takes back a lease it never delivered (transport rollback).

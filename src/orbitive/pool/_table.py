@@ -443,8 +443,13 @@ class Table:
 
     # -- leases ---------------------------------------------------------------------
 
-    def reserve(self, rid: ResourceId) -> tuple[int, bool]:
-        """Reserve one unit; (fence, owned by this process).
+    def owner(self, rid: ResourceId) -> tuple[int, int]:
+        """(node, incarnation) recorded in ``rid``'s slot (one read, for classification)."""
+        node, _, life = RES_OWNER.unpack_from(self.buf, self.locate(rid) + RES_BODY_AT)
+        return node, life
+
+    def reserve(self, rid: ResourceId) -> int:
+        """Reserve one unit; returns its fence.
 
         Raises:
             StaleError, DrainingError, BusyError.
@@ -466,7 +471,8 @@ class Table:
             if PENDING - free + hot[8] >= hot[6] or not free:
                 raise BusyError(f"resource {rid} has no free unit", node=rid.node, key=rid)
             entry = fences.index(0) * 8
-            fence, now = hot[9] + 1, wall_ms()
+            fence: int = hot[9] + 1
+            now = wall_ms()
             U64_PAIR.pack_into(buf, offset + RES_FENCE, fence, now)
             U64.pack_into(buf, offset + RES_SINCE + entry, now)
             U64.pack_into(buf, offset + RES_FENCES + entry, fence)  # commit
@@ -474,7 +480,7 @@ class Table:
             self._release()
             if self.deferred:
                 self._run_deferred()
-        return fence, hot[3] == self.incarnation and rid.node == self.node
+        return fence
 
     def accept(self, rid: ResourceId, fence: int) -> int:
         """Owner turns the pending ``fence`` into an active unit; returns the slot offset.

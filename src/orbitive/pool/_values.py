@@ -108,11 +108,20 @@ class ResourceId:
     epoch: int
 
     def __post_init__(self) -> None:
-        _check_int(self.kind, "a resource id's kind", 0, 255)
-        _check_int(self.node, "a resource id's node", 0, 0xFFFF)
-        _check_int(self.slot, "a resource id's slot", 0, 0xFFFF)
-        _check_int(self.generation, "a resource id's generation", 1, 0xFFFFFF)
-        _check_int(self.epoch, "a resource id's epoch", 1, _U64_MAX)
+        kind, node, slot, generation, epoch = (
+            self.kind, self.node, self.slot, self.generation, self.epoch
+        )  # fmt: skip
+        if not (  # one expression: ids are built on the session path
+            type(kind) is int and type(node) is int and type(slot) is int
+            and type(generation) is int and type(epoch) is int
+            and 0 <= kind <= 255 and 0 <= node <= 0xFFFF and 0 <= slot <= 0xFFFF
+            and 1 <= generation <= 0xFFFFFF and 1 <= epoch <= _U64_MAX
+        ):  # fmt: skip
+            _check_int(kind, "a resource id's kind", 0, 255)
+            _check_int(node, "a resource id's node", 0, 0xFFFF)
+            _check_int(slot, "a resource id's slot", 0, 0xFFFF)
+            _check_int(generation, "a resource id's generation", 1, 0xFFFFFF)
+            _check_int(epoch, "a resource id's epoch", 1, _U64_MAX)
 
     @property
     def raw(self) -> int:

@@ -51,6 +51,9 @@ FRAME_MAGIC: Final = b"PSES"
 FRAME_VERSION: Final = 1
 FRAME: Final = struct.Struct("<4sBBHQQQQ4xI")
 FRAME_CHECKED: Final = 44
+_BODY: Final = struct.Struct("<4sBBHQQQQ4x")  # FRAME without the checksum
+_CHECKSUM: Final = struct.Struct("<I")
+_ZERO4: Final = bytes(4)
 #: Bytes of one lease frame.
 FRAME_SIZE: Final = FRAME.size
 
@@ -65,13 +68,13 @@ def encode_frame(lease: Lease) -> bytes:
         raise MalformedError(f"expected a Lease, got {type(lease).__name__}")
     rid = lease.id
     try:
-        body = FRAME.pack(
+        body = _BODY.pack(
             FRAME_MAGIC, FRAME_VERSION, rid.kind, lease.holder_node, rid.raw, lease.fence,
-            lease.holder_incarnation, rid.epoch, 0,
-        )[:FRAME_CHECKED]  # fmt: skip
+            lease.holder_incarnation, rid.epoch,
+        )  # fmt: skip
     except struct.error as error:
         raise MalformedError(f"lease {lease!r:.120} does not fit a session frame") from error
-    return body + struct.pack("<I", zlib.crc32(body))
+    return body + _CHECKSUM.pack(zlib.crc32(body))
 
 
 def decode_frame(data: bytes) -> Lease:
@@ -85,7 +88,7 @@ def decode_frame(data: bytes) -> Lease:
     magic, version, kind, holder, raw, fence, life, epoch, checksum = FRAME.unpack(data)
     if magic != FRAME_MAGIC or version != FRAME_VERSION:
         raise MalformedError(f"not a pool session frame (magic {magic!r}, version {version})")
-    if data[40:44] != bytes(4) or zlib.crc32(data[:FRAME_CHECKED]) != checksum:
+    if data[40:44] != _ZERO4 or zlib.crc32(data[:FRAME_CHECKED]) != checksum:
         raise MalformedError("pool session frame is corrupt (reserved bytes or checksum)")
     if raw >> 56 != kind or not fence or not life:
         raise MalformedError("pool session frame is inconsistent (kind, fence or incarnation)")
@@ -122,16 +125,13 @@ def open_session(lease: Lease, sock: socket.socket, data: bytes = b"") -> None:
 
 
 def _read_frame(sock: socket.socket) -> bytes:
-    buffer = bytearray(FRAME_SIZE)
-    view = memoryview(buffer)
-    got = 0
-    while got < FRAME_SIZE:
-        count = sock.recv_into(view[got:], FRAME_SIZE - got)
-        if count == 0:
+    data = sock.recv(FRAME_SIZE, socket.MSG_WAITALL)
+    while 0 < len(data) < FRAME_SIZE:  # a timeout socket, or a signal, returns early
+        more = sock.recv(FRAME_SIZE - len(data), socket.MSG_WAITALL)
+        if not more:
             break
-        got += count
-    view.release()
-    return bytes(buffer[:got])
+        data += more
+    return data
 
 
 def accept_session(pool: Pool, sock: socket.socket) -> Execution:
