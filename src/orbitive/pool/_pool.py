@@ -226,6 +226,7 @@ class Pool:
     Raises:
         MalformedError: a capacity is not a power of two in 1..65536, or this
             process already uses the table with another incarnation or geometry.
+        FleetError: the fleet is closed, or an observer without a node.
         LayoutMismatch: the existing object has another layout or is corrupt.
         AccessDenied: the object or lock file is not exclusively ours.
 
@@ -254,6 +255,12 @@ class Pool:
             raise MalformedError(f"incarnation must be an Incarnation, got {incarnation!r}")
         if type(kind) is not int or not 0 <= kind <= 255:
             raise MalformedError(f"pool kind must be an int in 0..255, got {kind!r}")
+        if fleet.shared and fleet.node < 0:
+            raise FleetError(
+                f"fleet {fleet.name!r} is an observer (no node): it cannot own or lease "
+                "resources; use `orbit pool` to inspect the table",
+                fleet=fleet.name,
+            )
         keys, lane = env_geometry()
         layout = Layout(
             kind,

@@ -1,4 +1,4 @@
-"""A forked child is a new process life: its Pool never acts as the parent's owner."""
+"""Who a Pool acts as: a forked child is a new life; explicit lives and observers are held to it."""
 
 from __future__ import annotations
 
@@ -90,3 +90,8 @@ def test_second_pool_in_a_process_with_another_incarnation_is_refused(
         Pool(shm_fleet, Incarnation(shm_pool.incarnation + 1))
     with Pool(shm_fleet) as same:
         assert same.incarnation == shm_pool.incarnation
+
+
+def test_an_observer_fleet_cannot_open_a_pool(shm_fleet: Fleet) -> None:
+    with pytest.raises(FleetError):
+        Pool(Fleet.observe(shm_fleet.name, shm_fleet.capacity))
