@@ -32,6 +32,40 @@ API_NAMES = {
         "LayoutMismatch",
         "AccessDenied",
     },
+    "orbitive.pool": {
+        "Pool",
+        "Key",
+        "Limits",
+        "LocalFirst",
+        "LocalOnly",
+        "Policy",
+        "Incarnation",
+        "LocalReuse",
+        "RemoteReuse",
+        "Create",
+        "Wait",
+        "Reject",
+        "Lease",
+        "Execution",
+        "CreationPermit",
+        "ResourceId",
+        "Candidate",
+        "StaleError",
+        "BusyError",
+        "DrainingError",
+        "NotOwnerError",
+        "NotReservedError",
+        "CreationBudgetError",
+        "KeyFullError",
+        "LaneFullError",
+        "MalformedError",
+    },
+    "orbitive.pool.session": {
+        "open_session",
+        "accept_session",
+        "open_session_async",
+        "accept_session_async",
+    },
 }
 ADDITIONS = {
     # The errors Fleet raises, and those every SHM layer shares (lock re-exports some).
@@ -45,6 +79,18 @@ ADDITIONS = {
         "NodeOutsideFleet",
     },
     "orbitive.lock": {"LockTableStatistics"},
+    # What a custom Policy returns, the death helper, statistics(), the layout error.
+    "orbitive.pool": {
+        "POOL_KIND",
+        "Decision",
+        "Plan",
+        "DeathWatch",
+        "PoolStatistics",
+        "KeyStatistics",
+        "ResourceStatistics",
+        "LayoutMismatch",
+    },
+    "orbitive.pool.session": set(),
 }
 PUBLIC_MODULES = sorted(API_NAMES)
 

@@ -1,49 +1,21 @@
-"""Fixtures: unique fleets (SHM and local), both start methods, member processes reaped."""
+"""Pool fixtures: fleets (SHM and local) of capacity 10, pools, member processes reaped.
+
+``fleet_name`` (unique, files removed afterwards) comes from ``tests/conftest.py``.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
-import os
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from orbitive import Fleet
-from orbitive._fleet import membership_path, node_path
-from orbitive._region import lock_path, object_name, unlink_object
 from orbitive.pool import Pool
 
 from ._agent import Agent, Context
 
 CAPACITY = 10
-_counter = iter(range(1_000_000))
-
-
-def unique_fleet_name() -> str:
-    """A fleet name no other test (or run) uses."""
-    return f"tp{os.getpid()}-{next(_counter)}"
-
-
-def remove_fleet_files(name: str, capacity: int = CAPACITY) -> None:
-    """Unlink every pool object and lock file a test may have left for fleet ``name``."""
-    for kind in range(256):
-        if unlink_object(object_name(name, kind)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(lock_path(name, kind))
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(membership_path(name))
-    for node in range(capacity):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(node_path(name, node))
-
-
-@pytest.fixture
-def fleet_name() -> Iterator[str]:
-    """A unique SHM fleet name whose objects are removed afterwards."""
-    name = unique_fleet_name()
-    yield name
-    remove_fleet_files(name)
 
 
 @pytest.fixture(params=["join", "local"])

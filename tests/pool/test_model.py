@@ -38,7 +38,7 @@ from orbitive._errors import (
 )
 from orbitive.pool import CreationPermit, Execution, Key, Lease, Pool, ResourceId
 
-from .conftest import remove_fleet_files, unique_fleet_name
+from .._fleets import new_fleet_name, remove_fleet_files
 
 KEYS = [Key(value) for value in (1, 2, 3, 4, 5, 6)]
 KEY_CAPACITY = 4
@@ -96,7 +96,7 @@ class PoolMachine(RuleBasedStateMachine):
 
     @initialize()
     def open_members(self) -> None:
-        self.name = unique_fleet_name()
+        self.name = new_fleet_name()
         self.fleets = [Fleet.join(self.name, 2), Fleet.join(self.name, 2)]
         self.pools = [self._open(f) for f in self.fleets]
         assert [p.node for p in self.pools] == [0, 1]
@@ -117,7 +117,7 @@ class PoolMachine(RuleBasedStateMachine):
         for fleet in getattr(self, "fleets", []):
             fleet.close()
         if hasattr(self, "name"):
-            remove_fleet_files(self.name, 2)
+            remove_fleet_files(self.name)
 
     # -- resources ---------------------------------------------------------------------
 

@@ -22,9 +22,10 @@ from orbitive.pool.session import (
     open_session_async,
 )
 
+from .._fleets import new_fleet_name, remove_fleet_files
 from ._agent import Context
 from ._borrower import borrow
-from .conftest import CAPACITY, remove_fleet_files, unique_fleet_name
+from .conftest import CAPACITY
 
 KEY = Key(7)
 PAYLOAD = bytes(range(128))
@@ -124,7 +125,7 @@ def test_frame_from_another_fleets_pool_is_refused(
 ) -> None:
     borrower, owner = pair
     pool.register(KEY, 1)
-    name = unique_fleet_name()
+    name = new_fleet_name()
     try:
         with Fleet.join(name, CAPACITY) as other_fleet, Pool(other_fleet) as other:
             foreign = other.reserve(other.register(KEY, 1))
