@@ -23,6 +23,7 @@ from .._errors import (
     StaleError,
 )
 from ._deaths import DeathWatch
+from ._guards import CreationPermit, Execution
 from ._layout import POOL_KIND
 from ._plan import (
     Create,
@@ -37,7 +38,7 @@ from ._plan import (
     RemoteReuse,
     Wait,
 )
-from ._pool import CreationPermit, Execution, Pool
+from ._pool import Pool
 from ._stats import KeyStatistics, PoolStatistics, ResourceStatistics
 from ._values import Candidate, Incarnation, Key, Lease, ResourceId
 

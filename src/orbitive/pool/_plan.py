@@ -27,7 +27,7 @@ from .._errors import MalformedError
 from ._values import Candidate, Key, Lease, ResourceId
 
 if TYPE_CHECKING:
-    from ._pool import CreationPermit
+    from ._guards import CreationPermit
 
 _U32_MAX: Final = (1 << 32) - 1
 

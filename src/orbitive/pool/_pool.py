@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
-import weakref
 from collections.abc import Callable
 from typing import Final, final
 
@@ -21,6 +19,7 @@ from .._errors import (
 )
 from .._fleet import Fleet
 from ._deaths import DeathWatch, find_dead
+from ._guards import CreationPermit, Execution
 from ._layout import POOL_KIND, Layout, check_capacity, env_geometry
 from ._plan import (
     Create,
@@ -35,173 +34,23 @@ from ._plan import (
     Wait,
 )
 from ._stats import PoolStatistics, collect
-from ._table import Row, Table
-from ._values import Candidate, Incarnation, Key, Lease, ResourceId
+from ._table import Table, table_for
+from ._values import (
+    U64_MAX,
+    Candidate,
+    Incarnation,
+    Key,
+    Lease,
+    ResourceId,
+    check_key,
+    check_lease,
+    check_seconds,
+    check_units,
+)
 from ._waiting import Waiting
 
-_tables: weakref.WeakKeyDictionary[object, Table] = weakref.WeakKeyDictionary()
-_U32_MAX: Final = (1 << 32) - 1
-_U64_MAX: Final = (1 << 64) - 1
 _DEFAULT_LIMITS: Final = Limits()
 _DEFAULT_POLICY: Final = LocalFirst()
-
-
-def _check_key(key: object) -> Key:
-    if type(key) is not Key:
-        raise MalformedError(f"expected a pool Key, got {type(key).__name__}")
-    return key
-
-
-def _check_units(value: object, what: str, low: int) -> int:
-    if type(value) is not int or not low <= value <= _U32_MAX:
-        raise MalformedError(f"{what} must be an int in {low}..{_U32_MAX}, got {value!r}")
-    return value
-
-
-def _check_lease(lease: object) -> Lease:
-    if type(lease) is not Lease:
-        raise MalformedError(f"expected a Lease, got {type(lease).__name__}")
-    if type(lease.fence) is not int or not 1 <= lease.fence <= _U64_MAX:
-        raise MalformedError(f"lease fence must be an int in 1..{_U64_MAX}, got {lease.fence!r}")
-    return lease
-
-
-def _check_seconds(value: object, what: str) -> float:
-    if type(value) is not int and type(value) is not float:
-        raise MalformedError(f"{what} must be seconds (int or float), got {value!r}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise MalformedError(f"{what} must be finite seconds >= 0, got {value!r}")
-    return seconds
-
-
-@final
-class Execution:
-    """One accepted unit of a resource, in use by its owner.
-
-    ``complete()`` (or leaving the ``with`` block) gives the unit back; that is the
-    only way accepted capacity returns (seed 003). An Execution dropped without
-    ``complete()`` warns (``ResourceWarning``) and gives the unit back too. A
-    forked child's copy never completes the parent's unit.
-    """
-
-    __slots__ = ("_done", "_fork", "_offset", "_table", "fence", "id")
-
-    def __init__(self, table: Table, rid: ResourceId, fence: int, offset: int) -> None:
-        self._table = table
-        self._offset = offset
-        self._fork = _fork.generation
-        self._done = False
-        #: The resource, and the fence this unit was accepted under (0: register_active).
-        self.id = rid
-        self.fence = fence
-
-    @property
-    def done(self) -> bool:
-        """True once the unit was given back."""
-        return self._done
-
-    def complete(self) -> None:
-        """Give the unit back and wake the key's waiters. Idempotent.
-
-        Does nothing if the resource was closed or its slot reused meanwhile.
-        """
-        if self._done:
-            return
-        self._done = True
-        if self._fork == _fork.generation:
-            self._table.complete(self._offset, self.id.generation, self.id.epoch)
-
-    def __enter__(self) -> Execution:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.complete()
-
-    def __del__(self) -> None:
-        if getattr(self, "_done", True) or self._fork != _fork.generation:
-            return
-        message = f"{self!r} was never completed; its unit was given back by the finaliser"
-        self._done = True
-        table, offset, generation, epoch = (
-            self._table,
-            self._offset,
-            self.id.generation,
-            self.id.epoch,
-        )
-        table.run_soon(lambda: table.complete(offset, generation, epoch))
-        warnings.warn(
-            message,
-            ResourceWarning,
-            stacklevel=2,
-        )
-
-    def __repr__(self) -> str:
-        state = "done" if getattr(self, "_done", True) else "active"
-        return f"<Execution {getattr(self, 'id', '?')} fence={getattr(self, 'fence', '?')} {state}>"
-
-
-@final
-class CreationPermit:
-    """A creation claim: counts as "creating" for its key until finished or dropped.
-
-    ``finish()`` (or leaving the ``with`` block, or dropping the permit) returns
-    the claim. Register the new resource before finishing, so live + creating
-    never dips below what exists.
-    """
-
-    __slots__ = ("_done", "_epoch", "_fork", "_index", "_node", "_table", "key")
-
-    def __init__(self, table: Table, key: Key, claimed: tuple[int, int]) -> None:
-        self._table = table
-        self._index, self._epoch = claimed
-        self._node = table.node
-        self._fork = _fork.generation
-        self._done = False
-        #: The key the claim counts against.
-        self.key = key
-
-    def finish(self) -> None:
-        """Return the claim and wake the key's waiters. Idempotent."""
-        if self._done:
-            return
-        self._done = True
-        if self._fork == _fork.generation:
-            self._table.unclaim(self.key, self._index, self._node, self._epoch)
-
-    def __enter__(self) -> CreationPermit:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.finish()
-
-    def __del__(self) -> None:
-        if getattr(self, "_done", True) or self._fork != _fork.generation:
-            return
-        self._done = True
-        table, key, index, node, epoch = (
-            self._table, self.key, self._index, self._node, self._epoch
-        )  # fmt: skip
-        table.run_soon(lambda: table.unclaim(key, index, node, epoch))
-
-    def __repr__(self) -> str:
-        state = "finished" if getattr(self, "_done", True) else "claimed"
-        return f"<CreationPermit key={getattr(self, 'key', '?')} {state}>"
-
-
-def _table_for(fleet: Fleet, layout: Layout) -> Table:
-    region = fleet.region(layout.kind, layout.size, layout.init, layout.validate)
-    table = _tables.get(region)
-    if table is None:
-        table = _tables[region] = Table(region, layout)
-    elif table.layout != layout:
-        raise MalformedError(
-            f"this process opened pool kind {layout.kind} of fleet {fleet.name!r} with "
-            f"another geometry ({table.layout})",
-            fleet=fleet.name,
-            kind=layout.kind,
-        )
-    return table
 
 
 @final
@@ -270,7 +119,7 @@ class Pool:
         )
         self._fleet = fleet
         self._explicit = incarnation is not None
-        self._table = table = _table_for(fleet, layout)
+        self._table = table = table_for(fleet, layout)
         life = fleet.incarnation if incarnation is None else incarnation.value
         table.bind(fleet.node, life)
         self._fork = _fork.generation
@@ -359,7 +208,7 @@ class Pool:
                 case Wait(version):
                     pool.wait_capacity(key, version, timeout=5.0)
         """
-        _check_key(key)
+        check_key(key)
         if type(limits) is not Limits:
             raise MalformedError(f"limits must be Limits, got {type(limits).__name__}")
         version = 0
@@ -394,27 +243,8 @@ class Pool:
         raise MalformedError(f"a policy returned an incomplete decision {decision!r}")
 
     def _snapshot(self, key: Key, *, install: bool) -> tuple[list[Candidate], int, int, int]:
-        table = self._t()
-        found = table.snapshot(key, install)
-        if found is None:
-            return [], 0, 0, 0
-        rows, live, creating, version = found
-        return [self._candidate(table, row) for row in rows], live, creating, version
-
-    @staticmethod
-    def _candidate(table: Table, row: Row) -> Candidate:
-        _, node, slot, generation, epoch, life, state, capacity, reserved, active, last = row
-        return Candidate(
-            ResourceId(table.kind, node, slot, generation, epoch),
-            node,
-            life,
-            node == table.node and life == table.incarnation,
-            "live" if state == 1 else "draining",
-            capacity,
-            reserved,
-            active,
-            last / 1000.0,
-        )
+        found = self._t().snapshot(key, install)
+        return ([], 0, 0, 0) if found is None else found
 
     # -- leases -----------------------------------------------------------------------
 
@@ -448,7 +278,7 @@ class Pool:
             MalformedError, StaleError, NotOwnerError (another holder),
             NotReservedError (accepted, aged out or cancelled already).
         """
-        _check_lease(lease)
+        check_lease(lease)
         self._t().cancel(lease.id, lease.fence, (lease.holder_node, lease.holder_incarnation))
 
     def accept(self, lease: Lease) -> Execution:
@@ -466,7 +296,7 @@ class Pool:
                 owner aged it out, or the holder cancelled it).
         """
         if type(lease) is not Lease or type(lease.fence) is not int or lease.fence <= 0:
-            _check_lease(lease)  # raises the precise error
+            check_lease(lease)  # raises the precise error
         table = self._t()
         return Execution(table, lease.id, lease.fence, table.accept(lease.id, lease.fence))
 
@@ -487,8 +317,8 @@ class Pool:
             KeyFullError: no room for a new key this epoch.
             LaneFullError: this node's lane has no free slot.
         """
-        _check_key(key)
-        return self._t().register(key, _check_units(capacity, "capacity", 1), 0)
+        check_key(key)
+        return self._t().register(key, check_units(capacity, "capacity", 1), 0)
 
     def register_active(self, key: Key, capacity: int) -> tuple[ResourceId, Execution]:
         """Register a resource with one unit already in use by its owner.
@@ -499,9 +329,9 @@ class Pool:
         Raises:
             As :meth:`register`.
         """
-        _check_key(key)
+        check_key(key)
         table = self._t()
-        rid = table.register(key, _check_units(capacity, "capacity", 1), 1)
+        rid = table.register(key, check_units(capacity, "capacity", 1), 1)
         return rid, Execution(table, rid, 0, table.locate(rid))
 
     def unregister(self, rid: ResourceId) -> None:
@@ -534,8 +364,8 @@ class Pool:
             MalformedError: bad arguments, or ``active`` above the capacity.
             StaleError, NotOwnerError.
         """
-        active = _check_units(active, "active", 0)
-        grace_ms = math.ceil(_check_seconds(grace, "grace") * 1000.0)
+        active = check_units(active, "active", 0)
+        grace_ms = math.ceil(check_seconds(grace, "grace") * 1000.0)
         return self._t().reconcile(rid, active, grace_ms)
 
     def claim_create(self, key: Key, max_live: int) -> CreationPermit:
@@ -548,8 +378,8 @@ class Pool:
             MalformedError, KeyFullError.
             CreationBudgetError: live + creating already reached ``max_live``.
         """
-        _check_key(key)
-        max_live = _check_units(max_live, "max_live", 1)
+        check_key(key)
+        max_live = check_units(max_live, "max_live", 1)
         table = self._t()
         return CreationPermit(table, key, table.claim(key, max_live))
 
@@ -557,12 +387,12 @@ class Pool:
 
     def candidates(self, key: Key) -> list[Candidate]:
         """Every live or draining resource under ``key`` (a snapshot, not a lease)."""
-        return self._snapshot(_check_key(key), install=False)[0]
+        return self._snapshot(check_key(key), install=False)[0]
 
     def budget(self, key: Key) -> tuple[int, int]:
         """(live, creating) for ``key``, fleet-wide; installs the key, (0, 0) if full."""
         try:
-            _, live, creating, _ = self._snapshot(_check_key(key), install=True)
+            _, live, creating, _ = self._snapshot(check_key(key), install=True)
         except KeyFullError:
             return 0, 0
         return live, creating
@@ -580,7 +410,7 @@ class Pool:
         table = self._t()
         table.enter()
         try:
-            index = table.find_key(_check_key(key), True)
+            index = table.find_key(check_key(key), True)
         finally:
             table.leave()
         return table.changes(index)
@@ -600,7 +430,7 @@ class Pool:
         table = self._t()
         table.enter()
         try:
-            return table.find_key(_check_key(key), True)
+            return table.find_key(check_key(key), True)
         finally:
             table.leave()
 
@@ -623,8 +453,8 @@ class Pool:
         Raises:
             MalformedError: bad arguments. KeyFullError: cannot install the key.
         """
-        since = _check_units(since, "since", 0)
-        seconds = None if timeout is None else _check_seconds(timeout, "timeout")
+        since = check_units(since, "since", 0)
+        seconds = None if timeout is None else check_seconds(timeout, "timeout")
         return self._waiting.wait(self._index(key), since, seconds)
 
     async def poll_capacity(self, key: Key, since: int, timeout: float | None = None) -> int | None:
@@ -636,8 +466,8 @@ class Pool:
         Raises:
             As :meth:`wait_capacity`.
         """
-        since = _check_units(since, "since", 0)
-        seconds = None if timeout is None else _check_seconds(timeout, "timeout")
+        since = check_units(since, "since", 0)
+        seconds = None if timeout is None else check_seconds(timeout, "timeout")
         return await self._waiting.poll(self._index(key), since, seconds)
 
     def fileno(self) -> int:
@@ -676,10 +506,8 @@ class Pool:
         table = self._t()
         if type(node) is not int or not 0 <= node < table.fleet_capacity:
             raise NodeOutsideFleet(f"node must be in 0..{table.fleet_capacity - 1}, got {node!r}")
-        if type(incarnation) is not int or not 1 <= incarnation <= _U64_MAX:
-            raise MalformedError(
-                f"incarnation must be an int in 1..{_U64_MAX}, got {incarnation!r}"
-            )
+        if type(incarnation) is not int or not 1 <= incarnation <= U64_MAX:
+            raise MalformedError(f"incarnation must be an int in 1..{U64_MAX}, got {incarnation!r}")
         return table.node_dead(node, incarnation)
 
     def reap_dead(self) -> list[tuple[int, int]]:
@@ -711,7 +539,7 @@ class Pool:
         Returns:
             The running :class:`DeathWatch`; close it (or use ``with``) to stop.
         """
-        seconds = _check_seconds(interval, "interval")
+        seconds = check_seconds(interval, "interval")
         if seconds <= 0:
             raise MalformedError(f"interval must be > 0 seconds, got {interval!r}")
         return DeathWatch(self.reap_dead, seconds, on_death)

@@ -1,10 +1,9 @@
-"""The pool table's steps: each one a single critical section over the shared bytes.
+"""The pool table's resource steps: each one a single critical section.
 
-Python cannot compare-and-swap shared memory, so every step that reads and
-writes the table runs between :meth:`Table.enter` and :meth:`Table.leave`: the
-region's process mutex (threads) and its ``flock`` (processes). One step is
-atomic for every process of the fleet; that is what keeps ``reserve`` from ever
-over-admitting (seed 003: "reserves one unit with a single compare-and-swap").
+Every step runs between ``enter()`` and ``leave()`` (the region's process mutex
+and ``flock``, see :mod:`._keys`), so it is atomic for every process of the
+fleet; that is what keeps ``reserve`` from ever over-admitting (seed 003:
+"reserves one unit with a single compare-and-swap").
 
 Invariant (crash safety): a process killed inside a step leaves a table the
 next process can use. Writes go commit-last and no counter duplicates the
@@ -23,39 +22,32 @@ its state, node, generation and epoch match the id that names it.
 
 from __future__ import annotations
 
-import contextlib
-import struct
-from collections.abc import Callable
+import weakref
 from typing import Final
 
-from .. import _fork
 from .._clock import wall_ms
 from .._errors import (
     BusyError,
-    CreationBudgetError,
     DrainingError,
-    KeyFullError,
     LaneFullError,
-    LayoutMismatch,
     MalformedError,
     NotOwnerError,
     NotReservedError,
     OrbitError,
     StaleError,
 )
+from .._fleet import Fleet
 from .._readiness import bump
 from .._region import Region
+from ._keys import M64, KeyTable
 from ._layout import (
     BELL_PARKED,
     CLOSED,
     DRAINING,
     EMPTY,
-    EPOCH_OFFSET,
     EXHAUSTED,
     GENERATION_MAX,
     KEY_CHANGES,
-    KEY_HEAD,
-    KEY_LOHI,
     KEY_PARKED,
     LIVE,
     PENDING,
@@ -77,10 +69,8 @@ from ._layout import (
     new_epoch,
     write_header,
 )
-from ._values import Key, ResourceId
+from ._values import Candidate, Key, ResourceId
 
-_M64: Final = (1 << 64) - 1
-_GOLDEN: Final = 0x9E3779B97F4A7C15
 _ZERO_PENDING: Final = bytes(2 * 8 * PENDING)
 
 #: A snapshot row: (slot offset, node, slot, generation, epoch, incarnation,
@@ -88,83 +78,8 @@ _ZERO_PENDING: Final = bytes(2 * 8 * PENDING)
 Row = tuple[int, int, int, int, int, int, int, int, int, int, int]
 
 
-class Table:
-    """One process's view of one pool table: offsets, identity, critical section.
-
-    One instance per mapped region per process, shared by every ``Pool`` handle
-    on it. ``node``/``incarnation`` are the bound owner identity (-1/0 until a
-    Pool binds it, and again in a forked child).
-    """
-
-    def __init__(self, region: Region, layout: Layout) -> None:
-        self.region = region
-        self.buf = region.buf
-        self.layout = layout
-        self.kind = layout.kind
-        self.fleet_capacity = layout.fleet_capacity
-        self.key_capacity = layout.key_capacity
-        self.lane_capacity = layout.lane_capacity
-        self.res_base = layout.resources
-        self.key_base = layout.keys
-        self.key_stride = layout.key_stride
-        self.key_interest = layout.key_interest
-        self.key_claims = layout.key_claims
-        self.key_members = layout.key_members
-        self.member_bytes = layout.member_bytes
-        self.bell = layout.bell
-        self.zero_nodes = bytes(layout.fleet_capacity)
-        self.claims_struct = struct.Struct(f"<{layout.fleet_capacity}I")
-        self._key_shift = 64 - (layout.key_capacity.bit_length() - 1)
-        self.node = -1
-        self.incarnation = 0
-        self.keys: dict[Key, int] = {}
-        self.parked: dict[int, int] = {}
-        self.deferred: list[Callable[[], None]] = []
-        self.hint = 0
-        self.extras: dict[str, object] = {}  # waiting machinery, per process
-        #: Enter the critical section (process mutex + flock); bound once for speed.
-        self.enter: Callable[[], None] = region.acquire
-        self._release: Callable[[], None] = region.release
-        _fork.register(self)
-
-    # -- critical section --------------------------------------------------------
-
-    def leave(self) -> None:
-        """Leave the critical section, then run steps finalisers deferred meanwhile."""
-        self._release()
-        if self.deferred:
-            self._run_deferred()
-
-    def run_soon(self, step: Callable[[], None]) -> None:
-        """Run ``step`` now, or after the current critical section if one is held.
-
-        Finalisers call this: running a step while this thread already holds the
-        non-reentrant process mutex would deadlock.
-        """
-        if self.region._mutex.locked():  # private to orbitive; see the docstring
-            self.deferred.append(step)
-        else:
-            with contextlib.suppress(OrbitError, OSError, ValueError):
-                step()
-
-    def _run_deferred(self) -> None:
-        while self.deferred:
-            step = self.deferred.pop()
-            with contextlib.suppress(OrbitError, OSError, ValueError):
-                step()
-
-    def _after_fork_in_child(self) -> None:
-        self.node = -1
-        self.incarnation = 0
-        self.parked = {}
-        self.deferred = []
-        self.extras = {}
-
-    # -- addressing -----------------------------------------------------------------
-
-    def key_offset(self, index: int) -> int:
-        """Offset of key slot ``index``."""
-        return self.key_base + index * self.key_stride
+class Table(KeyTable):
+    """The resource steps of one pool table (see :class:`KeyTable` for the rest)."""
 
     def locate(self, rid: ResourceId) -> int:
         """Offset of the slot ``rid`` names.
@@ -183,141 +98,6 @@ class Table:
                 kind=self.kind,
             )
         return self.res_base + (rid.node * self.lane_capacity + rid.slot) * RESOURCE_SIZE
-
-    def epoch(self) -> int:
-        """The table epoch in the header."""
-        value: int = U64.unpack_from(self.buf, EPOCH_OFFSET)[0]
-        return value
-
-    # -- keys ---------------------------------------------------------------------
-
-    def find_key(self, key: Key, install: bool) -> int:
-        """Index of ``key``'s slot; -1 when absent and not ``install``. In a section.
-
-        Raises:
-            KeyFullError: ``install`` and every slot holds another key.
-            LayoutMismatch: a key slot has an impossible state byte.
-        """
-        index = self.keys.get(key)
-        lo, hi = key.value & _M64, key.value >> 64
-        if index is not None:
-            state, klo, khi, _ = KEY_HEAD.unpack_from(self.buf, self.key_offset(index))
-            if state == 1 and klo == lo and khi == hi:
-                return index
-        index = self._probe(lo, hi, install)
-        if index >= 0:
-            self.keys[key] = index
-        return index
-
-    def _probe(self, lo: int, hi: int, install: bool) -> int:
-        mask = self.key_capacity - 1
-        rotated = (hi << 32 | hi >> 32) & _M64
-        index = (((lo ^ rotated) * _GOLDEN) & _M64) >> self._key_shift & mask
-        for _ in range(self.key_capacity):
-            offset = self.key_offset(index)
-            state, klo, khi, _ = KEY_HEAD.unpack_from(self.buf, offset)
-            if state == 0:
-                if not install:
-                    return -1
-                U64_PAIR.pack_into(self.buf, offset + KEY_LOHI, lo, hi)
-                self.buf[offset] = 1  # commit
-                return index
-            if state != 1:
-                raise LayoutMismatch(f"pool key slot {index} has state {state}", kind=self.kind)
-            if klo == lo and khi == hi:
-                return index
-            index = (index + 1) & mask
-        if install:
-            raise KeyFullError(
-                f"pool key table full ({self.key_capacity} keys this epoch)", kind=self.kind
-            )
-        return -1
-
-    def installed_keys(self) -> list[int]:
-        """Indexes of installed key slots."""
-        stride, base = self.key_stride, self.key_base
-        return [i for i in range(self.key_capacity) if self.buf[base + i * stride] == 1]
-
-    def changes(self, index: int) -> int:
-        """The key's version word (a single aligned read; no section needed)."""
-        value: int = U32.unpack_from(self.buf, self.key_offset(index) + KEY_CHANGES)[0]
-        return value
-
-    def key_changed(self, index: int) -> None:
-        """Bump the key's version, wake its waiters, ring interested nodes. In a section."""
-        offset = self.key_offset(index)
-        fleet_capacity = self.fleet_capacity
-        bump(self.buf, offset + KEY_CHANGES, offset + KEY_PARKED, fleet_capacity)
-        interest = offset + self.key_interest
-        if self.buf[interest : interest + fleet_capacity] != self.zero_nodes:
-            self.buf[interest : interest + fleet_capacity] = self.zero_nodes
-            bump(self.buf, self.bell, self.bell + BELL_PARKED, fleet_capacity)
-
-    def budget(self, index: int) -> tuple[int, int]:
-        """(live, creating) of a key: its member bits and the sum of its claims."""
-        offset = self.key_offset(index)
-        members = offset + self.key_members
-        live = int.from_bytes(self.buf[members : members + self.member_bytes], "little")
-        return live.bit_count(), sum(
-            self.claims_struct.unpack_from(self.buf, offset + self.key_claims)
-        )
-
-    def _set_member(self, index: int, global_index: int, present: bool) -> None:
-        at = self.key_offset(index) + self.key_members + (global_index >> 3)
-        bit = 1 << (global_index & 7)
-        self.buf[at] = self.buf[at] | bit if present else self.buf[at] & ~bit & 0xFF
-
-    # -- identity -------------------------------------------------------------------
-
-    def bind(self, node: int, incarnation: int) -> None:
-        """Adopt (node, incarnation) as this process's owner identity and stamp the doorbell.
-
-        A previous life of the node (its doorbell shows another incarnation) is
-        over: this process holds the node now. Its creation claims are returned
-        and its waiting marks cleared; its resources wait for ``node_dead``.
-
-        Raises:
-            MalformedError: this process already bound another identity.
-        """
-        if self.node >= 0:
-            if (self.node, self.incarnation) != (node, incarnation):
-                raise MalformedError(
-                    f"this process already uses pool kind {self.kind} as node {self.node} "
-                    f"incarnation {self.incarnation}, not {node}/{incarnation}",
-                    node=node,
-                    kind=self.kind,
-                )
-            return
-        self.enter()
-        try:
-            doorbell = self.layout.doorbells + 8 * node
-            previous = U64.unpack_from(self.buf, doorbell)[0]
-            if previous != incarnation:
-                for index in self._forget_node(node, claims=previous != 0):
-                    self.key_changed(index)
-                U64.pack_into(self.buf, doorbell, incarnation)
-        finally:
-            self.leave()
-        self.node, self.incarnation = node, incarnation
-
-    def _forget_node(self, node: int, *, claims: bool) -> list[int]:
-        """Zero a node's claims (when ``claims``) and waiting marks; keys whose claims fell."""
-        changed = []
-        for index in self.installed_keys():
-            offset = self.key_offset(index)
-            self.buf[offset + KEY_PARKED + node] = 0
-            self.buf[offset + self.key_interest + node] = 0
-            at = offset + self.key_claims + 4 * node
-            if claims and U32.unpack_from(self.buf, at)[0]:
-                U32.pack_into(self.buf, at, 0)
-                changed.append(index)
-        self.buf[self.bell + BELL_PARKED + node] = 0
-        return changed
-
-    def doorbell(self, node: int) -> int:
-        """The incarnation recorded for ``node`` (0: none)."""
-        value: int = U64.unpack_from(self.buf, self.layout.doorbells + 8 * node)[0]
-        return value
 
     # -- resource checks --------------------------------------------------------------
 
@@ -386,7 +166,7 @@ class Table:
             self.buf[offset + RES_FENCES : offset + RESOURCE_SIZE] = _ZERO_PENDING
             RES_BODY.pack_into(
                 self.buf, offset + RES_BODY_AT, self.node, generation, self.incarnation,
-                key.value & _M64, key.value >> 64, capacity, index, active, 0, wall_ms(), epoch,
+                key.value & M64, key.value >> 64, capacity, index, active, 0, wall_ms(), epoch,
             )  # fmt: skip
             self.buf[offset] = LIVE  # commit the slot, then publish it under the key
             self._set_member(index, global_index, True)
@@ -588,49 +368,10 @@ class Table:
             self.leave()
         return aged
 
-    # -- creation claims --------------------------------------------------------------
-
-    def claim(self, key: Key, max_live: int) -> tuple[int, int]:
-        """Count one creation in progress for this node; returns (key index, epoch).
-
-        Raises:
-            KeyFullError, CreationBudgetError.
-        """
-        self.enter()
-        try:
-            index = self.find_key(key, True)
-            live, creating = self.budget(index)
-            if live + creating >= max_live:
-                raise CreationBudgetError(
-                    f"key {key}: {live} live + {creating} creating reached max_live {max_live}",
-                    key=key,
-                )
-            at = self.key_offset(index) + self.key_claims + 4 * self.node
-            U32.pack_into(self.buf, at, U32.unpack_from(self.buf, at)[0] + 1)
-            epoch = self.epoch()
-        finally:
-            self.leave()
-        return index, epoch
-
-    def unclaim(self, key: Key, index: int, node: int, epoch: int) -> None:
-        """Return one claim of ``node`` on ``key`` if that key, slot and epoch still hold."""
-        self.enter()
-        try:
-            offset = self.key_offset(index)
-            state, lo, hi, _ = KEY_HEAD.unpack_from(self.buf, offset)
-            at = offset + self.key_claims + 4 * node
-            claims = U32.unpack_from(self.buf, at)[0]
-            same = state == 1 and lo == key.value & _M64 and hi == key.value >> 64
-            if same and claims and self.epoch() == epoch:
-                U32.pack_into(self.buf, at, claims - 1)
-                self.key_changed(index)
-        finally:
-            self.leave()
-
     # -- snapshots --------------------------------------------------------------------
 
-    def snapshot(self, key: Key, install: bool) -> tuple[list[Row], int, int, int] | None:
-        """(rows, live, creating, version) of ``key`` in one section; None if absent."""
+    def snapshot(self, key: Key, install: bool) -> tuple[list[Candidate], int, int, int] | None:
+        """(candidates, live, creating, version) of ``key`` in one section; None if absent."""
         self.enter()
         try:
             index = self.find_key(key, install)
@@ -646,52 +387,26 @@ class Table:
             version = self.changes(index)
         finally:
             self.leave()
-        return rows, live, creating, version
+        return [self._candidate(row) for row in rows], live, creating, version
 
-    # -- waiting marks ------------------------------------------------------------------
-
-    def park(self, index: int, since: int) -> int:
-        """Mark this node as waiting on a key unless it changed; returns its version."""
-        self.enter()
-        try:
-            current = self.changes(index)
-            if current == since:
-                self.parked[index] = self.parked.get(index, 0) + 1
-                self.buf[self.key_offset(index) + KEY_PARKED + self.node] = 1
-        finally:
-            self.leave()
-        return current
-
-    def unpark(self, index: int) -> int:
-        """Undo one :meth:`park` of this process; returns the key's version."""
-        self.enter()
-        try:
-            count = self.parked.get(index, 0) - 1
-            if count > 0:
-                self.parked[index] = count
-            else:
-                self.parked.pop(index, None)
-                self.buf[self.key_offset(index) + KEY_PARKED + self.node] = 0
-            current = self.changes(index)
-        finally:
-            self.leave()
-        return current
-
-    def arm(self, indexes: list[int]) -> list[int]:
-        """Ask for a bell when any of these keys changes (one-shot); their versions."""
-        self.enter()
-        try:
-            versions = []
-            for index in indexes:
-                self.buf[self.key_offset(index) + self.key_interest + self.node] = 1
-                versions.append(self.changes(index))
-        finally:
-            self.leave()
-        return versions
+    def _candidate(self, row: Row) -> Candidate:
+        """A Candidate from a snapshot row (built outside the critical section)."""
+        _, node, slot, generation, epoch, life, state, capacity, reserved, active, last = row
+        return Candidate(
+            ResourceId(self.kind, node, slot, generation, epoch),
+            node,
+            life,
+            node == self.node and life == self.incarnation,
+            "live" if state == LIVE else "draining",
+            capacity,
+            reserved,
+            active,
+            last / 1000.0,
+        )
 
     def _rows(self, members: int, key: Key) -> list[Row]:
         rows: list[Row] = []
-        lo, hi = key.value & _M64, key.value >> 64
+        lo, hi = key.value & M64, key.value >> 64
         while members:
             low = members & -members
             members ^= low
@@ -774,3 +489,22 @@ class Table:
         finally:
             self.leave()
         return epoch
+
+
+_tables: weakref.WeakKeyDictionary[Region, Table] = weakref.WeakKeyDictionary()
+
+
+def table_for(fleet: Fleet, layout: Layout) -> Table:
+    """This process's Table for ``fleet``'s pool region of ``layout`` (one per region)."""
+    region = fleet.region(layout.kind, layout.size, layout.init, layout.validate)
+    table = _tables.get(region)
+    if table is None:
+        table = _tables[region] = Table(region, layout)
+    elif table.layout != layout:
+        raise MalformedError(
+            f"this process opened pool kind {layout.kind} of fleet {fleet.name!r} with "
+            f"another geometry ({table.layout})",
+            fleet=fleet.name,
+            kind=layout.kind,
+        )
+    return table

@@ -7,12 +7,14 @@ handles on anything.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Final, Literal, final
 
 from .._errors import MalformedError
 
-_U64_MAX: Final = (1 << 64) - 1
+U64_MAX: Final = (1 << 64) - 1
+U32_MAX: Final = (1 << 32) - 1
 _U128_MAX: Final = (1 << 128) - 1
 
 
@@ -62,7 +64,7 @@ class Key:
     @property
     def lo(self) -> int:
         """Low 64 bits."""
-        return self.value & _U64_MAX
+        return self.value & U64_MAX
 
     @property
     def hi(self) -> int:
@@ -87,7 +89,7 @@ class Incarnation:
     value: int
 
     def __post_init__(self) -> None:
-        _check_int(self.value, "an incarnation", 1, _U64_MAX)
+        _check_int(self.value, "an incarnation", 1, U64_MAX)
 
 
 @final
@@ -115,13 +117,13 @@ class ResourceId:
             type(kind) is int and type(node) is int and type(slot) is int
             and type(generation) is int and type(epoch) is int
             and 0 <= kind <= 255 and 0 <= node <= 0xFFFF and 0 <= slot <= 0xFFFF
-            and 1 <= generation <= 0xFFFFFF and 1 <= epoch <= _U64_MAX
+            and 1 <= generation <= 0xFFFFFF and 1 <= epoch <= U64_MAX
         ):  # fmt: skip
             _check_int(kind, "a resource id's kind", 0, 255)
             _check_int(node, "a resource id's node", 0, 0xFFFF)
             _check_int(slot, "a resource id's slot", 0, 0xFFFF)
             _check_int(generation, "a resource id's generation", 1, 0xFFFFFF)
-            _check_int(epoch, "a resource id's epoch", 1, _U64_MAX)
+            _check_int(epoch, "a resource id's epoch", 1, U64_MAX)
 
     @property
     def raw(self) -> int:
@@ -191,3 +193,39 @@ class Candidate:
     def free(self) -> int:
         """``capacity - reserved - active``, never below zero."""
         return max(self.capacity - self.reserved - self.active, 0)
+
+
+# -- argument checks shared by the public verbs ----------------------------------
+
+
+def check_key(key: object) -> Key:
+    """Return ``key`` if it is a :class:`Key`, else raise MalformedError."""
+    if type(key) is not Key:
+        raise MalformedError(f"expected a pool Key, got {type(key).__name__}")
+    return key
+
+
+def check_units(value: object, what: str, low: int) -> int:
+    """Return ``value`` if it is an int in ``low .. 2**32 - 1``, else raise MalformedError."""
+    if type(value) is not int or not low <= value <= U32_MAX:
+        raise MalformedError(f"{what} must be an int in {low}..{U32_MAX}, got {value!r}")
+    return value
+
+
+def check_lease(lease: object) -> Lease:
+    """Return ``lease`` if it is a Lease with a fence >= 1, else raise MalformedError."""
+    if type(lease) is not Lease:
+        raise MalformedError(f"expected a Lease, got {type(lease).__name__}")
+    if type(lease.fence) is not int or not 1 <= lease.fence <= U64_MAX:
+        raise MalformedError(f"lease fence must be an int in 1..{U64_MAX}, got {lease.fence!r}")
+    return lease
+
+
+def check_seconds(value: object, what: str) -> float:
+    """Return finite seconds >= 0 as a float (bools refused), else raise MalformedError."""
+    if type(value) is not int and type(value) is not float:
+        raise MalformedError(f"{what} must be seconds (int or float), got {value!r}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise MalformedError(f"{what} must be finite seconds >= 0, got {value!r}")
+    return seconds

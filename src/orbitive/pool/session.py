@@ -40,7 +40,8 @@ import zlib
 from typing import Final
 
 from .._errors import MalformedError
-from ._pool import Execution, Pool
+from ._guards import Execution
+from ._pool import Pool
 from ._values import Lease, ResourceId
 
 #: The API contract's names; ``encode_frame``, ``decode_frame`` and ``FRAME_SIZE``
