@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -215,3 +216,29 @@ def test_bad_arguments_raise_malformed(pool: Pool, fleet: Fleet) -> None:
         with pytest.raises(MalformedError):
             call()
     assert issubclass(MalformedError, ValueError)
+
+
+def test_reset_all_starts_a_larger_epoch_old_ids_stale_waiters_woken(pool: Pool) -> None:
+    rid = pool.register(KEY, 2)
+    lease = pool.reserve(rid)
+    execution = pool.accept(pool.reserve(rid))
+    permit = pool.claim_create(KEY, 5)
+    before, since = pool.epoch, pool.version(KEY)
+    woken: list[int | None] = []
+    waiter = threading.Thread(target=lambda: woken.append(pool.wait_capacity(KEY, since, 10.0)))
+    waiter.start()
+    time.sleep(0.05)
+    epoch = pool.reset_all()
+    waiter.join(10.0)
+    assert woken and woken[0] is not None
+    assert epoch == pool.epoch > before
+    assert pool.candidates(KEY) == [] and pool.budget(KEY) == (0, 0)
+    for call in (lambda: pool.reserve(rid), lambda: pool.accept(lease)):
+        with pytest.raises(StaleError):
+            call()
+    new = pool.register(KEY, 1)
+    assert new.epoch == epoch != rid.epoch
+    execution.complete()  # an old-epoch unit returns nothing to the new table
+    permit.finish()
+    assert pool.budget(KEY) == (1, 0)
+    assert pool.candidates(KEY)[0].free == 1

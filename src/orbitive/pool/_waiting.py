@@ -212,6 +212,8 @@ class Waiting:
         with self._lock:
             pending = [w for w in self._waiters if not w.future.done()]
         indexes = sorted({w.index for w in pending})
+        if not indexes:
+            return
         # Re-arm first, then read: a change after the read rings the bell again.
         versions = dict(zip(indexes, self.table.arm(indexes), strict=True))
         ready, _ = sort_waiters(pending, versions)
