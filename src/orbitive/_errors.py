@@ -25,6 +25,10 @@ catch by the usual Python category)::
     +-- FleetError                               node taken, fleet in use, closed handle
     +-- ReadinessUnavailable (OSError)           no readiness backend could start
     +-- StoreError                               store contract (kind: ErrorKind)
+    |   +-- InvalidLockName (InvalidName, TypeError)     kind INVALID_INPUT
+    |   +-- InvalidLockOwner (ValueError, TypeError)     kind INVALID_INPUT
+    |   +-- InvalidLockTtl (InvalidTtl)                  kind DATABASE (duration guard)
+    |   +-- InvalidStoreUrl (ValueError)                 kind INVALID_INPUT
     +-- LockTimeout (TimeoutError)               blocking helper gave up
 
 Every error carries ``fleet``, ``node``, ``key`` and ``kind`` attributes (``None``
@@ -35,7 +39,7 @@ them to a parent.
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "AccessDenied",
@@ -47,7 +51,11 @@ __all__ = [
     "FleetError",
     "IdExhausted",
     "InvalidLayout",
+    "InvalidLockName",
+    "InvalidLockOwner",
+    "InvalidLockTtl",
     "InvalidName",
+    "InvalidStoreUrl",
     "InvalidTtl",
     "KeyEmpty",
     "KeyFullError",
@@ -241,14 +249,41 @@ class ErrorKind(enum.Enum):
 
 
 class StoreError(OrbitError):
-    """An error from the named-lock store contract; ``kind`` is an :class:`ErrorKind`."""
+    """An error from the named-lock store contract; ``kind`` is an :class:`ErrorKind`.
+
+    ``kind`` defaults to the class's ``default_kind`` (``DATABASE`` here).
+    """
 
     kind: ErrorKind
+    default_kind: ClassVar[ErrorKind] = ErrorKind.DATABASE
 
-    def __init__(
-        self, message: str, *, kind: ErrorKind = ErrorKind.DATABASE, key: object = None
-    ) -> None:
-        super().__init__(message, key=key, kind=kind)
+    def __init__(self, message: str, *, kind: ErrorKind | None = None, key: object = None) -> None:
+        super().__init__(message, key=key, kind=self.default_kind if kind is None else kind)
+
+
+class InvalidLockName(StoreError, InvalidName, TypeError):
+    """A store lock name breaks the store's name rule (see ``orbitive.store``)."""
+
+    default_kind = ErrorKind.INVALID_INPUT
+
+
+class InvalidLockOwner(StoreError, ValueError, TypeError):
+    """A store lock owner is not a non-empty string within the length limit."""
+
+    default_kind = ErrorKind.INVALID_INPUT
+
+
+class InvalidLockTtl(StoreError, InvalidTtl):
+    """The store duration guard: ttl <= 0, NaN, inf or not a number (kind ``DATABASE``).
+
+    The validator's own :class:`InvalidTtl` is kept as ``__cause__``.
+    """
+
+
+class InvalidStoreUrl(StoreError, ValueError):
+    """``open_store`` got a URL it cannot parse or whose scheme it does not know."""
+
+    default_kind = ErrorKind.INVALID_INPUT
 
 
 class LockTimeout(OrbitError, TimeoutError):

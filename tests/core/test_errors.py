@@ -29,6 +29,10 @@ BUILTINS: dict[str, tuple[type[BaseException], ...]] = {
     "MalformedError": (ValueError,),
     "ReadinessUnavailable": (OSError,),
     "LockTimeout": (TimeoutError,),
+    "InvalidLockName": (ValueError, TypeError),
+    "InvalidLockOwner": (ValueError, TypeError),
+    "InvalidLockTtl": (ValueError, TypeError),
+    "InvalidStoreUrl": (ValueError,),
 }
 
 
@@ -80,10 +84,17 @@ def test_error_defaults_to_no_attributes(cls: type[OrbitError]) -> None:
     error = cls("plain")
     assert (error.fleet, error.node, error.key) == (None, None, None)
     if issubclass(cls, StoreError):
-        assert error.kind is ErrorKind.DATABASE
+        assert error.kind is cls.default_kind  # DATABASE, INVALID_INPUT for argument errors
     else:
         assert error.kind is None
     assert pickle.loads(pickle.dumps(error)).message == "plain"
+
+
+def test_store_argument_errors_default_to_invalid_input() -> None:
+    assert StoreError.default_kind is ErrorKind.DATABASE
+    assert _errors.InvalidLockTtl.default_kind is ErrorKind.DATABASE  # the duration guard
+    for cls in (_errors.InvalidLockName, _errors.InvalidLockOwner, _errors.InvalidStoreUrl):
+        assert cls.default_kind is ErrorKind.INVALID_INPUT
 
 
 def test_store_error_kind_values_are_the_contracts_words() -> None:

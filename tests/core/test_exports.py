@@ -66,6 +66,7 @@ API_NAMES = {
         "open_session_async",
         "accept_session_async",
     },
+    "orbitive.store": {"open_store", "Store", "Lock", "LockInfo", "StoreError", "ErrorKind"},
 }
 ADDITIONS = {
     # The errors Fleet raises, and those every SHM layer shares (lock re-exports some).
@@ -91,6 +92,7 @@ ADDITIONS = {
         "LayoutMismatch",
     },
     "orbitive.pool.session": set(),
+    "orbitive.store": set(),
 }
 PUBLIC_MODULES = sorted(API_NAMES)
 

@@ -1,0 +1,97 @@
+"""Store try_lock + release, uncontended, one process, on each engine.
+
+Run: ``.venv/bin/python bench/store_bench.py [--pairs N] [--engines sqlite,postgres,shm]
+[--postgres URL]``. Times every pair on its own and prints the median, p10 and p90
+in microseconds. Without ``--postgres`` a throw-away server is started as the
+tests do (``tests/store/_postgres.py``); the SQLite file and the SHM fleet are
+temporary too. Targets (issue 3): SQLite <= 60 us, PostgreSQL <= 1000 us on
+loopback, SHM <= 12 us.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from orbitive.store import open_store
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests._fleets import remove_fleet_files
+from tests.store._postgres import PostgresUnavailable, TempPostgres
+
+TARGETS_US = {"sqlite": 60.0, "postgres": 1000.0, "shm": 12.0}
+
+
+def pair_times_us(url: str, pairs: int) -> list[float]:
+    """Microseconds of each of ``pairs`` try_lock + release pairs (after a warm-up)."""
+    with open_store(url) as store:
+        try_lock = store.try_lock
+        for _ in range(min(pairs, 5000)):  # SQLite: let the WAL file reach its size
+            lock = try_lock("bench/key", "bench-owner", 30.0)
+            assert lock is not None
+            lock.release()
+        samples = []
+        clock = time.perf_counter_ns
+        for _ in range(pairs):
+            started = clock()
+            lock = try_lock("bench/key", "bench-owner", 30.0)
+            assert lock is not None
+            lock.release()
+            samples.append((clock() - started) / 1000.0)
+    return samples
+
+
+@contextlib.contextmanager
+def engine_url(engine: str, postgres: str | None) -> Iterator[str]:
+    """A temporary store URL for ``engine``, removed afterwards."""
+    if engine == "sqlite":
+        with tempfile.TemporaryDirectory() as directory:
+            yield f"sqlite://{directory}/bench.db"
+    elif engine == "shm":
+        fleet = f"benchstore{os.getpid()}"
+        try:
+            yield f"shm://{fleet}?capacity=4"
+        finally:
+            remove_fleet_files(fleet)
+    elif postgres is not None:
+        yield postgres
+    else:
+        server = TempPostgres.start()
+        try:
+            yield server.url
+        finally:
+            server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pairs", type=int, default=20_000)
+    parser.add_argument("--engines", default="sqlite,postgres,shm")
+    parser.add_argument("--postgres", default=None, metavar="URL")
+    args = parser.parse_args()
+    for engine in args.engines.split(","):
+        pairs = args.pairs if engine != "postgres" else max(args.pairs // 10, 100)
+        try:
+            with engine_url(engine, args.postgres) as url:
+                samples = pair_times_us(url, pairs)
+        except PostgresUnavailable as error:
+            print(f"{engine:<9} skipped: {error}")
+            continue
+        deciles = statistics.quantiles(samples, n=10)
+        median = statistics.median(samples)
+        verdict = "ok" if median <= TARGETS_US[engine] else "MISSES"
+        print(
+            f"{engine:<9} median {median:8.2f} us  p10 {deciles[0]:8.2f}  p90 {deciles[-1]:8.2f}"
+            f"  ({pairs} pairs; target <= {TARGETS_US[engine]:g} us: {verdict})"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""Named locks with a TTL, an owner and a fencing token (seed 002).
+
+One contract over three engines: a SQLite file (the embedded default), PostgreSQL
+(several hosts) and the SHM lock table of a fleet. See :func:`open_store`.
+
+Name rule: a lock name is a ``str`` of 1 to 255 bytes once UTF-8 encoded, with no
+control character (U+0000-U+001F, U+007F-U+009F); owners are non-empty strings of
+at most 255 UTF-8 bytes without NUL. Both rules are checked before any engine
+call, so they are identical on every engine.
+"""
+
+from __future__ import annotations
+
+from .._errors import ErrorKind, StoreError
+from ._base import Lock, Store
+from ._engine import LockInfo
+from ._url import open_store
+
+__all__ = ["ErrorKind", "Lock", "LockInfo", "Store", "StoreError", "open_store"]
+
+for _obj in (ErrorKind, Lock, LockInfo, Store, StoreError, open_store):
+    _obj.__module__ = __name__
+del _obj

@@ -1,0 +1,544 @@
+"""The named-lock store contract (seed 002): guards, the Lock handle, the blocking helper.
+
+The public verbs live here and validate; each engine (``_sqlite``, ``_postgres``,
+``_shm``) implements only the :class:`Engine` primitives, each one transaction or
+one table step. So every rule below is the contract's, identical on every engine:
+
+* **Name rule**: a ``str`` of 1 to :data:`NAME_MAX_BYTES` (255) bytes once UTF-8
+  encoded, with no control character (U+0000-U+001F, U+007F-U+009F) and no lone
+  surrogate. Anything else raises :class:`~orbitive._errors.InvalidLockName`
+  (a ``StoreError`` with ``kind == ErrorKind.INVALID_INPUT``, also ``ValueError``).
+* **Owner rule**: a non-empty ``str`` of at most :data:`OWNER_MAX_BYTES` (255)
+  UTF-8 bytes without NUL, else :class:`~orbitive._errors.InvalidLockOwner`.
+* **Duration guard**: ``ttl <= 0``, NaN, inf (or not a number) on ``try_lock``,
+  ``renew`` and ``lock`` raises ``StoreError`` with ``kind == ErrorKind.DATABASE``
+  before the engine is touched; the validator's message stays in ``__cause__``.
+  A positive ttl under 1 ms counts as 1 ms on every engine. Each engine keeps a
+  guard of its own (a CHECK constraint, the lock table's ttl check) whose error
+  also surfaces as ``StoreError(DATABASE)`` with the engine's message as cause.
+
+Timeline of a renew (why it is a *new full window*, not an extension)::
+
+    t=0   try_lock(ttl=30)  -> expires at 30
+    t=20  renew(30)         -> expires at 50 (= 20 + 30), not 60 (= 30 + 30)
+    t=55  renew(30)         -> False: the lease lapsed at 50, even if nobody took it
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import secrets
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Final
+
+from .._clock import check_ttl
+from .._errors import (
+    ErrorKind,
+    InvalidLockName,
+    InvalidLockOwner,
+    InvalidLockTtl,
+    InvalidTtl,
+    LockTimeout,
+    StoreError,
+)
+from ._engine import Busy, Engine, Granted, LockInfo, StoreStatistics
+
+#: Longest lock name, in UTF-8 bytes.
+NAME_MAX_BYTES: Final = 255
+#: Longest owner, in UTF-8 bytes.
+OWNER_MAX_BYTES: Final = 255
+#: Shortest lease, in seconds; a shorter positive ttl counts as this on every engine.
+TTL_MIN_S: Final = 0.001
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: First pause of the blocking helper between attempts, in seconds (doubles, jittered).
+_WAIT_FIRST_S: Final = 0.002
+#: A renewer that cannot reach the engine retries at least this often, in seconds.
+_RENEW_RETRY_MIN_S: Final = 0.01
+
+
+# -- guards --------------------------------------------------------------------------------
+
+
+def check_name(name: object) -> str:
+    """Return ``name`` if it follows the store's name rule (see the module docstring).
+
+    Raises:
+        InvalidLockName: not a str, empty, longer than 255 UTF-8 bytes, a control
+            character, or a lone surrogate.
+    """
+    if type(name) is not str:
+        raise InvalidLockName(f"lock name must be a str, not {type(name).__name__}", key=name)
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:
+        raise InvalidLockName(f"lock name {name!r} is not valid UTF-8", key=name) from None
+    if not 0 < size <= NAME_MAX_BYTES:
+        raise InvalidLockName(
+            f"lock name must be 1..{NAME_MAX_BYTES} UTF-8 bytes, got {size}", key=name
+        )
+    if _CONTROL.search(name):
+        raise InvalidLockName(f"lock name {name!r} contains a control character", key=name)
+    return name
+
+
+def check_owner(owner: object) -> str:
+    """Return ``owner`` if it is a non-empty str of at most 255 UTF-8 bytes without NUL.
+
+    Raises:
+        InvalidLockOwner: any other value.
+    """
+    if type(owner) is not str:
+        raise InvalidLockOwner(f"lock owner must be a str, not {type(owner).__name__}")
+    try:
+        size = len(owner.encode())
+    except UnicodeEncodeError:
+        raise InvalidLockOwner(f"lock owner {owner!r} is not valid UTF-8") from None
+    if not 0 < size <= OWNER_MAX_BYTES or "\x00" in owner:
+        raise InvalidLockOwner(
+            f"lock owner must be 1..{OWNER_MAX_BYTES} UTF-8 bytes without NUL, got {owner!r}"
+        )
+    return owner
+
+
+def check_store_ttl(ttl: object) -> float:
+    """The store duration guard: a finite ttl > 0 seconds, else ``StoreError(DATABASE)``.
+
+    Returns:
+        The ttl as a float, at least :data:`TTL_MIN_S` (a shorter positive ttl is
+        rounded up on every engine, as the SHM table's millisecond clock does).
+
+    Raises:
+        InvalidLockTtl: ``kind == ErrorKind.DATABASE``; ``__cause__`` is the
+            validator's :class:`~orbitive._errors.InvalidTtl`.
+    """
+    try:
+        value = check_ttl(ttl)
+    except InvalidTtl as error:
+        raise InvalidLockTtl(f"lock duration rejected: {error.message}") from error
+    return value if value >= TTL_MIN_S else TTL_MIN_S
+
+
+def check_timeout(timeout: object) -> float | None:
+    """``None`` (wait forever) or a finite number of seconds ``>= 0``.
+
+    Raises:
+        InvalidTtl: anything else (also ``ValueError`` and ``TypeError``).
+    """
+    if timeout is None:
+        return None
+    if timeout == 0 and type(timeout) in (int, float):
+        return 0.0
+    return check_ttl(timeout, what="timeout")
+
+
+def random_owner() -> str:
+    """A fresh owner naming this host and process: ``"host:pid:hex"``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+# -- the lock handle -----------------------------------------------------------------------
+
+
+class Lock:
+    """A held named lock: a tenure of one owner, with a fencing token.
+
+    Obtained from :meth:`Store.try_lock` or :meth:`Store.lock`; use it as a context
+    manager to release on exit. Thread-safe.
+    """
+
+    def __init__(self, store: Store, tenure: Granted, deadline: float) -> None:
+        self._store = store
+        self._tenure = tenure
+        self._deadline = deadline  # time.monotonic(); never later than the engine's expiry
+        self._mutex = threading.Lock()
+        self._released = False
+        self._lost = False
+        self._renewer: _Renewer | None = None
+        self._on_lost: Callable[[Lock], None] | None = None
+
+    @property
+    def name(self) -> str:
+        """The lock name."""
+        return self._tenure.info.name
+
+    @property
+    def owner(self) -> str:
+        """The owner string of this tenure."""
+        return self._tenure.info.owner
+
+    @property
+    def fencing_token(self) -> int:
+        """Strictly larger than the token of every earlier acquisition in the store."""
+        return self._tenure.info.fencing_token
+
+    @property
+    def expires_at(self) -> float:
+        """Expiry on the engine's clock (Unix epoch s for SQLite/PostgreSQL, monotonic for shm)."""
+        return self._tenure.info.expires_at
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is known lost: a renew failed, or its window has passed."""
+        return self._lost or (not self._released and self.remaining() <= 0.0)
+
+    def remaining(self) -> float:
+        """Seconds left in the window, measured locally from before the grant (conservative)."""
+        return max(self._deadline - time.monotonic(), 0.0)
+
+    def renew(self, ttl: float) -> bool:
+        """Set a new full window of ``ttl`` seconds from now (not added to what is left).
+
+        Args:
+            ttl: seconds, finite and > 0.
+
+        Returns:
+            True if the lease was still held; False if it had lapsed, was replaced,
+            force-released or already released (the handle is then lost).
+
+        Raises:
+            StoreError: ``kind == ErrorKind.DATABASE`` for a bad ttl (duration guard,
+                before the engine is touched); ``UNAVAILABLE`` when the engine cannot
+                be reached; ``CLOSED`` after the store was closed.
+
+        Seed 002: "renew gives a new full window from now; False when lost".
+        """
+        ttl = check_store_ttl(ttl)
+        return self._renew(ttl)
+
+    def _renew(self, ttl: float) -> bool:
+        with self._mutex:
+            if self._released or self._lost:
+                return False
+            started = time.monotonic()
+            renewed = self._store._engine_of().renew(self._tenure, ttl)
+            if renewed is None:
+                self._lost = True
+            else:
+                self._tenure = renewed
+                self._deadline = self._store._deadline(started, ttl, renewed.info)
+        if renewed is None:
+            self._store._count("lost")
+            self._notify_lost()
+            return False
+        self._store._count("renewed")
+        return True
+
+    def release(self) -> bool:
+        """Give the lock up (stopping any background renewal).
+
+        Returns:
+            True if this tenure was still held; False (no error) if it had lapsed or
+            been replaced, or on a second release.
+
+        Raises:
+            StoreError: ``UNAVAILABLE`` when the engine cannot be reached; ``CLOSED``
+                after the store was closed.
+
+        Seed 002: "release removes only the owner's own tenure".
+        """
+        self._stop_renewer()
+        with self._mutex:
+            if self._released:
+                return False
+            released = self._store._engine_of().release(self._tenure)
+            self._released = True
+            newly_lost = not released and not self._lost
+            self._lost = self._lost or not released
+        if released or newly_lost:
+            self._store._count("released" if released else "lost")
+        return released
+
+    def _start_renewer(self, ttl: float, on_lost: Callable[[Lock], None] | None) -> None:
+        self._on_lost = on_lost
+        self._renewer = _Renewer(self, ttl)
+        self._renewer.start()
+
+    def _stop_renewer(self) -> None:
+        renewer = self._renewer
+        if renewer is not None:
+            renewer.stop()
+
+    def _mark_lost(self) -> None:
+        """The renewer could not reach the engine before the window closed."""
+        with self._mutex:
+            if self._lost or self._released:
+                return
+            self._lost = True
+        self._store._count("lost")
+        self._notify_lost()
+
+    def _notify_lost(self) -> None:
+        if self._on_lost is not None:
+            self._on_lost(self)
+
+    def __enter__(self) -> Lock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        try:
+            state = "released" if self._released else "lost" if self.lost else "held"
+            info = self._tenure.info
+            return (
+                f"<Lock {info.name!r} owner={info.owner!r} token={info.fencing_token} "
+                f"{state} remaining={self.remaining():.3f}s>"
+            )
+        except Exception:  # a repr never raises
+            return "<Lock (unreadable)>"
+
+
+class _Renewer(threading.Thread):
+    """Renews a lock at about a third of its ttl until stopped or the lease is lost."""
+
+    def __init__(self, lock: Lock, ttl: float) -> None:
+        super().__init__(name=f"orbitive-renew-{lock.name[:32]}", daemon=True)
+        self._lock = lock
+        self._ttl = ttl
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if threading.current_thread() is not self:
+            self.join()
+
+    def run(self) -> None:
+        interval = self._ttl / 3.0
+        while not self._stopped.wait(interval):
+            try:
+                if not self._lock._renew(self._ttl):
+                    return  # lost: _renew flagged it and called back
+                interval = self._ttl / 3.0
+                continue
+            except StoreError:
+                left = self._lock.remaining()
+                if left > 0.0:  # transient: retry well before the window closes
+                    interval = max(min(self._ttl / 3.0, left / 4.0), _RENEW_RETRY_MIN_S)
+                    continue
+            if not self._stopped.is_set():
+                self._lock._mark_lost()
+            return
+
+
+# -- the store -----------------------------------------------------------------------------
+
+
+class Store:
+    """A named-lock store over one engine; open it with :func:`orbitive.store.open_store`.
+
+    Thread-safe; a forked child may keep using it (engines reconnect in the child).
+    Use it as a context manager to close it.
+    """
+
+    def __init__(self, engine: Engine, url: str) -> None:
+        self._engine: Engine | None = engine
+        self._kind = engine.kind
+        self._monotonic = engine.monotonic_clock
+        self._url = url
+        self._stats_mutex = threading.Lock()
+        self._counts = dict.fromkeys(("acquired", "busy", "renewed", "lost", "released"), 0)
+        self._held: weakref.WeakSet[Lock] = weakref.WeakSet()
+
+    @property
+    def url(self) -> str:
+        """The store's URL, password removed."""
+        return self._url
+
+    def _engine_of(self) -> Engine:
+        engine = self._engine
+        if engine is None:
+            raise StoreError(f"store {self._url!r} is closed", kind=ErrorKind.CLOSED)
+        return engine
+
+    def _deadline(self, started: float, ttl: float, info: LockInfo) -> float:
+        """The local monotonic deadline of a grant requested at ``started``."""
+        if self._monotonic:
+            return min(started + ttl, info.expires_at)
+        return started + ttl
+
+    def _count(self, what: str) -> None:
+        with self._stats_mutex:
+            self._counts[what] += 1
+
+    def try_lock(self, name: str, owner: str, ttl: float) -> Lock | None:
+        """Take ``name`` for ``owner`` for ``ttl`` seconds if nobody holds it.
+
+        Args:
+            name: the lock name (1..255 UTF-8 bytes, no control characters).
+            owner: a non-empty str identifying the holder (at most 255 UTF-8 bytes).
+            ttl: lease length in seconds, finite and > 0.
+
+        Returns:
+            A :class:`Lock` with a fencing token larger than any earlier one, or
+            None when a live lease holds the name (no work is a value, not an error).
+
+        Raises:
+            InvalidLockName: the name breaks the rule (``kind == INVALID_INPUT``).
+            InvalidLockOwner: empty or non-str owner (``kind == INVALID_INPUT``).
+            StoreError: ``kind == DATABASE`` for a bad ttl, before the engine is
+                touched (cause chained); ``UNAVAILABLE`` when the engine cannot be
+                reached; ``CLOSED`` after :meth:`close`.
+
+        Seed 002: "try_lock grants exclusively; None means someone holds it".
+        """
+        name, owner, ttl = check_name(name), check_owner(owner), check_store_ttl(ttl)
+        lock, _ = self._attempt(name, owner, ttl)
+        return lock
+
+    def _attempt(self, name: str, owner: str, ttl: float) -> tuple[Lock | None, LockInfo | None]:
+        started = time.monotonic()
+        result = self._engine_of().acquire(name, owner, ttl)
+        if isinstance(result, Busy):
+            self._count("busy")
+            return None, result.holder
+        lock = Lock(self, result, self._deadline(started, ttl, result.info))
+        self._held.add(lock)
+        self._count("acquired")
+        return lock, None
+
+    def lock(
+        self,
+        name: str,
+        owner: str | None = None,
+        ttl: float = 30.0,
+        timeout: float | None = None,
+        *,
+        auto_renew: bool = True,
+        on_lost: Callable[[Lock], None] | None = None,
+    ) -> Lock:
+        """Wait for ``name`` and hold it, renewing in the background; use with ``with``.
+
+        Waiting is by bounded, jittered polling (SQLite, PostgreSQL) or by the lock
+        table's readiness descriptor (shm), and never past the holder's expiry.
+
+        Args:
+            name: the lock name (see :meth:`try_lock`).
+            owner: the owner; None makes a fresh ``"host:pid:random"`` one.
+            ttl: lease length in seconds; renewed every ``ttl / 3`` when ``auto_renew``.
+            timeout: seconds to wait; None waits forever; 0 makes exactly one attempt.
+            auto_renew: renew in a background thread until released or lost.
+            on_lost: called with the lock when a renew finds the lease lost (from
+                the renewer thread under ``auto_renew``); :attr:`Lock.lost` turns
+                True either way, and leaving the ``with`` block does not raise.
+
+        Returns:
+            The held :class:`Lock`; leaving its ``with`` block releases it.
+
+        Raises:
+            LockTimeout: still held elsewhere after ``timeout`` seconds.
+            InvalidTtl: a negative, NaN or non-number ``timeout``.
+            StoreError: as for :meth:`try_lock`.
+
+        Example::
+
+            with store.lock("jobs/nightly", ttl=30.0, timeout=10.0) as lock:
+                run_job(fencing_token=lock.fencing_token)
+
+        Seed 002: the blocking helper renews at about a third of the TTL.
+        """
+        name, ttl = check_name(name), check_store_ttl(ttl)
+        owner = random_owner() if owner is None else check_owner(owner)
+        wait_s = check_timeout(timeout)
+        lock = self._wait_for(name, owner, ttl, wait_s)
+        if auto_renew:
+            lock._start_renewer(ttl, on_lost)
+        else:
+            lock._on_lost = on_lost
+        return lock
+
+    def _wait_for(self, name: str, owner: str, ttl: float, timeout: float | None) -> Lock:
+        engine = self._engine_of()
+        start = time.monotonic()
+        attempt = 0
+        while True:
+            engine.arm()
+            lock, holder = self._attempt(name, owner, ttl)
+            if lock is not None:
+                return lock
+            left = None if timeout is None else start + timeout - time.monotonic()
+            if left is not None and left <= 0.0:
+                raise LockTimeout(_busy_message(name, holder, timeout), key=name)
+            delay = random.uniform(0.5, 1.0) * min(engine.poll_cap_s, _WAIT_FIRST_S * 2**attempt)
+            if holder is not None:
+                delay = min(delay, holder.remaining_s + 0.001)
+            engine.wait(delay if left is None else min(delay, left))
+            attempt = min(attempt + 1, 20)
+
+    def inspect(self, name: str) -> LockInfo | None:
+        """The live lease on ``name``, or None.
+
+        Raises:
+            InvalidLockName: bad name. StoreError: ``UNAVAILABLE`` or ``CLOSED``.
+        """
+        return self._engine_of().inspect(check_name(name))
+
+    def locks(self) -> list[LockInfo]:
+        """Every live lease in the store, sorted by name.
+
+        Raises:
+            StoreError: ``UNAVAILABLE`` or ``CLOSED``.
+        """
+        return self._engine_of().locks()
+
+    def force_release(self, name: str) -> bool:
+        """Administratively remove whatever lease holds ``name``.
+
+        Returns:
+            True if a live lease was removed. Its holder's renew and release then
+            return False; the next acquisition gets a larger fencing token.
+
+        Raises:
+            InvalidLockName: bad name. StoreError: ``UNAVAILABLE`` or ``CLOSED``.
+        """
+        return self._engine_of().force_release(check_name(name))
+
+    def statistics(self) -> StoreStatistics:
+        """Counters of this Store object (this process), and locks it holds now."""
+        held = sum(1 for lock in list(self._held) if not lock._released and not lock.lost)
+        with self._stats_mutex:
+            counts = dict(self._counts)
+        return StoreStatistics(
+            engine=self._kind,
+            held_count=held,
+            acquired_count=counts["acquired"],
+            busy_count=counts["busy"],
+            renewed_count=counts["renewed"],
+            lost_count=counts["lost"],
+            released_count=counts["released"],
+        )
+
+    def close(self) -> None:
+        """Stop background renewals and close the engine; locks are left to lapse. Idempotent."""
+        for lock in list(self._held):
+            lock._stop_renewer()
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError(
+            "a Store holds connections or mappings of this process and cannot be pickled; "
+            "pass its URL and call open_store in the other process"
+        )
+
+    def __repr__(self) -> str:
+        state = "closed" if self._engine is None else "open"
+        return f"<Store {self._kind} {self._url!r} {state}>"
+
+
+def _busy_message(name: str, holder: LockInfo | None, timeout: float | None) -> str:
+    who = "another owner" if holder is None else f"{holder.owner!r}"
+    return f"lock {name!r} still held by {who} after {timeout or 0.0:g} s"

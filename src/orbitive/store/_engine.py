@@ -1,0 +1,114 @@
+"""The engine interface: the primitives every store engine implements, and their values.
+
+Each primitive is one transaction or one table step; arguments arrive validated
+by :mod:`._base`, which owns every rule of the contract.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple, final
+
+
+class LockInfo(NamedTuple):
+    """A snapshot of one live lease (immutable).
+
+    A named tuple rather than a frozen dataclass, as ``LockLease`` is: one is
+    built per grant and renew, and a tuple is built in less than half the time.
+
+    Attributes:
+        name: the lock name.
+        owner: the owner string the holder passed.
+        fencing_token: strictly larger for every acquisition in the store.
+        expires_at: on the engine's clock: Unix epoch seconds (SQLite, PostgreSQL)
+            or ``time.monotonic()`` seconds (shm).
+        remaining_s: seconds left when the snapshot was read, on the engine's clock.
+    """
+
+    name: str
+    owner: str
+    fencing_token: int
+    expires_at: float
+    remaining_s: float
+
+
+class Granted(NamedTuple):
+    """An engine's grant: the new tenure and the engine's own handle for it."""
+
+    info: LockInfo
+    handle: object = None
+
+
+class Busy(NamedTuple):
+    """An engine's refusal; ``holder`` is the live lease when it was seen."""
+
+    holder: LockInfo | None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    """Counters of one :class:`Store` object (this process only)."""
+
+    engine: str
+    held_count: int
+    acquired_count: int
+    busy_count: int
+    renewed_count: int
+    lost_count: int
+    released_count: int
+
+
+class Engine(abc.ABC):
+    """The primitives an engine implements; each is one transaction or one table step.
+
+    Arguments arrive validated. ``acquire`` grants only when no live lease holds the
+    name, with a fencing token larger than any before; ``renew`` and ``release``
+    act only on the exact tenure (name, owner and fencing token) and only while it
+    is live. Engines are thread-safe and notice when they run in a forked child.
+    """
+
+    #: Engine name shown in reprs and statistics.
+    kind: ClassVar[str]
+    #: Longest pause between attempts of the blocking helper, in seconds.
+    poll_cap_s: ClassVar[float] = 0.05
+    #: True when ``expires_at`` is ``time.monotonic()`` seconds (then it also bounds
+    #: the handle's local deadline).
+    monotonic_clock: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
+        """Grant ``name`` to ``owner`` for ``ttl`` seconds, or report the holder."""
+
+    @abc.abstractmethod
+    def renew(self, tenure: Granted, ttl: float) -> Granted | None:
+        """A new full window of ``ttl`` seconds from now; None when the tenure is gone."""
+
+    @abc.abstractmethod
+    def release(self, tenure: Granted) -> bool:
+        """Remove the exact tenure; True only if it was still live."""
+
+    @abc.abstractmethod
+    def inspect(self, name: str) -> LockInfo | None:
+        """The live lease on ``name``, if any."""
+
+    @abc.abstractmethod
+    def locks(self) -> list[LockInfo]:
+        """Every live lease, sorted by name."""
+
+    @abc.abstractmethod
+    def force_release(self, name: str) -> bool:
+        """Remove whatever holds ``name``; True if a live lease was removed."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections or mappings; idempotent."""
+
+    def arm(self) -> None:  # noqa: B027 - optional hook; only engines with readiness override
+        """Prepare for :meth:`wait` before an attempt (clear readiness); default no-op."""
+
+    def wait(self, delay: float) -> None:
+        """Pause up to ``delay`` seconds, returning early if the engine signals a change."""
+        time.sleep(delay)

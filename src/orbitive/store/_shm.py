@@ -1,0 +1,136 @@
+"""SHM engine (``shm://FLEET``): the store contract over a fleet's :class:`LockTable`.
+
+Each lock name is the label of a :class:`LockKey` in the namespace
+:data:`NAMESPACE`; the owner string is the :class:`LockOwner`, UTF-8 encoded.
+Every primitive is one table step (one critical section of the lock table), so
+the table's rules carry over unchanged: only the key decides contention, renew
+and release match the exact tenure (lock id), renew sets a new full window,
+fencing tokens strictly increase across the table.
+
+Times are ``time.monotonic()`` seconds (the host monotonic clock), in whole
+milliseconds. Waiting uses the table's readiness descriptor, which becomes
+readable after any transition by any process of the fleet; an expiry publishes
+nothing, so the blocking helper also wakes at the holder's deadline.
+
+Each store joins the fleet as one node (``Fleet.join``), so at most ``capacity``
+processes can have an ``shm://`` store of one fleet open at a time.
+"""
+
+from __future__ import annotations
+
+import select
+from typing import Final, cast
+
+from .._errors import ErrorKind, FleetError, InvalidName, InvalidStoreUrl, OrbitError, StoreError
+from .._fleet import Fleet
+from ..lock import Acquired, LockKey, LockLease, LockOwner, LockTable
+from ._engine import Busy, Engine, Granted, LockInfo
+
+#: The lock-table namespace of every store lock.
+NAMESPACE: Final = "orbitive.store"
+_NAMESPACE_BYTES: Final = NAMESPACE.encode()
+#: Names (and owners) whose table key is kept ready; the cache is emptied when full.
+_CACHE_MAX: Final = 4096
+
+
+class ShmEngine(Engine):
+    """Named locks in the SHM lock table of one fleet."""
+
+    kind = "shm"
+    # Readiness wakes the waiter; the cap bounds a wake-up another thread of this
+    # process drained first (drain clears readiness for the whole process).
+    poll_cap_s = 0.25
+    monotonic_clock = True
+
+    def __init__(self, fleet: str, capacity: int) -> None:
+        try:
+            self._fleet = Fleet.join(fleet, capacity=capacity)
+        except (InvalidName, FleetError) as error:
+            raise InvalidStoreUrl(f"shm://{fleet}: {error.message}") from error
+        try:
+            self._table = LockTable(self._fleet)
+        except BaseException:
+            self._fleet.close()
+            raise
+        self._keys: dict[str, LockKey] = {}
+        self._owners: dict[str, LockOwner] = {}
+
+    def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
+        try:
+            result = self._table.try_acquire(self._key(name), self._owner(owner), ttl)
+        except OrbitError as error:
+            raise _store_error(error) from error
+        lease = result.lease
+        if type(result) is Acquired:
+            info = LockInfo(name, owner, lease.fencing_token, lease.expires_at, lease.remaining())
+            return Granted(info, lease)
+        return Busy(_info(lease))
+
+    def renew(self, tenure: Granted, ttl: float) -> Granted | None:
+        try:
+            lease = self._table.renew(cast(LockLease, tenure.handle), ttl)
+        except OrbitError as error:
+            raise _store_error(error) from error
+        return None if lease is None else Granted(_info(lease), lease)
+
+    def release(self, tenure: Granted) -> bool:
+        return self._table.release(cast(LockLease, tenure.handle))
+
+    def inspect(self, name: str) -> LockInfo | None:
+        lease = self._table.current(self._key(name))
+        return None if lease is None else _info(lease)
+
+    def locks(self) -> list[LockInfo]:
+        leases = self._table.leases()
+        infos = [_info(lease) for lease in leases if lease.key.namespace == _NAMESPACE_BYTES]
+        return sorted(infos, key=lambda info: info.name)
+
+    def force_release(self, name: str) -> bool:
+        return self._table.force_release(self._key(name))
+
+    def _key(self, name: str) -> LockKey:
+        """The table key of ``name``, cached (building one hashes the name)."""
+        key = self._keys.get(name)
+        if key is None:
+            if len(self._keys) >= _CACHE_MAX:
+                self._keys.clear()
+            key = self._keys[name] = LockKey(NAMESPACE, name)
+        return key
+
+    def _owner(self, owner: str) -> LockOwner:
+        found = self._owners.get(owner)
+        if found is None:
+            if len(self._owners) >= _CACHE_MAX:
+                self._owners.clear()
+            found = self._owners[owner] = LockOwner(owner)
+        return found
+
+    def arm(self) -> None:
+        self._table.drain()
+
+    def wait(self, delay: float) -> None:
+        poller = select.poll()  # one per call: a poll object is not shared across threads
+        poller.register(self._table.fileno(), select.POLLIN)
+        poller.poll(max(delay, 0.0) * 1000.0)
+
+    def close(self) -> None:
+        self._table.close()
+        self._fleet.close()
+
+    def __repr__(self) -> str:
+        return f"<ShmEngine fleet={self._fleet.name!r}>"
+
+
+def _store_error(error: OrbitError) -> StoreError:
+    """A lock-table refusal (full table, exhausted ids, its own ttl guard) as a StoreError."""
+    return StoreError(f"shm store: {error.message}", kind=ErrorKind.DATABASE, key=error.key)
+
+
+def _info(lease: LockLease) -> LockInfo:
+    return LockInfo(
+        lease.key.label.decode(errors="replace"),
+        lease.owner.value.decode(errors="replace"),
+        lease.fencing_token,
+        lease.expires_at,
+        lease.remaining(),
+    )

@@ -1,0 +1,277 @@
+"""SQLite engine: the embedded default store, one file shared by processes on one host.
+
+Facts this engine relies on:
+
+* In WAL mode readers never block the writer and vice versa; writers are serialised
+  by the database's write lock. ``BEGIN IMMEDIATE`` takes that lock at the start of
+  every write transaction, so a transaction never has to upgrade a read lock
+  (the upgrade is what fails with ``SQLITE_BUSY`` without consulting the busy
+  handler). ``synchronous=NORMAL`` in WAL mode keeps the database consistent after
+  a crash and skips the fsync per commit (a power cut may drop the last commits;
+  leases are short-lived and lapse anyway).
+* The busy timeout makes SQLite wait for the write lock; if it still reports busy
+  the step is retried within :data:`BUSY_BUDGET_S` and then mapped to
+  ``StoreError(kind=UNAVAILABLE)``, so ``sqlite3.OperationalError`` never escapes.
+* Times are Unix epoch seconds of this host's clock (``time.time()``), read after
+  the write lock is taken, so their order follows the order of transactions.
+* A connection must not be used across ``fork``. A forked child abandons its
+  inherited connection without closing it (closing could touch the parent's
+  WAL state) and opens its own on first use.
+
+Invariant: a new token is ``orbitive_fence.last_token + 1``, and triggers copy
+every token written back into that single row within the same statement; a
+released row is deleted but the counter never goes back, so tokens strictly
+increase per file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final, TypeVar
+
+from .. import _fork
+from .._access import open_checked
+from .._errors import AccessDenied, ErrorKind, StoreError
+from ._engine import Busy, Engine, Granted, LockInfo
+
+_T = TypeVar("_T")
+
+#: SQLite's own wait for the write lock, in seconds.
+BUSY_TIMEOUT_S: Final = 5.0
+#: Total time one primitive keeps retrying a busy database, in seconds.
+BUSY_BUDGET_S: Final = 15.0
+_BUSY_CODES: Final = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED (primary codes)
+
+_SCHEMA: Final = (
+    """CREATE TABLE IF NOT EXISTS orbitive_locks (
+        name TEXT PRIMARY KEY NOT NULL,
+        owner TEXT NOT NULL CHECK (owner <> ''),
+        fencing_token INTEGER NOT NULL CHECK (fencing_token > 0),
+        acquired_at REAL NOT NULL,
+        expires_at REAL NOT NULL CHECK (expires_at > acquired_at)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS orbitive_fence (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        last_token INTEGER NOT NULL
+    )""",
+    "INSERT OR IGNORE INTO orbitive_fence (id, last_token) VALUES (1, 0)",
+    # Invariant: the fence row follows every token written, within the same statement.
+    """CREATE TRIGGER IF NOT EXISTS orbitive_fence_on_insert AFTER INSERT ON orbitive_locks
+        BEGIN UPDATE orbitive_fence SET last_token = NEW.fencing_token WHERE id = 1; END""",
+    """CREATE TRIGGER IF NOT EXISTS orbitive_fence_on_update
+        AFTER UPDATE OF fencing_token ON orbitive_locks
+        BEGIN UPDATE orbitive_fence SET last_token = NEW.fencing_token WHERE id = 1; END""",
+)
+# One statement grants: insert, or take over an expired row, with the next token.
+_GRANT: Final = """INSERT INTO orbitive_locks
+    SELECT ?1, ?2, last_token + 1, ?3, ?4 FROM orbitive_fence WHERE id = 1
+    ON CONFLICT (name) DO UPDATE SET owner = excluded.owner,
+        fencing_token = excluded.fencing_token, acquired_at = excluded.acquired_at,
+        expires_at = excluded.expires_at
+    WHERE orbitive_locks.expires_at <= excluded.acquired_at
+    RETURNING fencing_token"""
+_HOLDER: Final = "SELECT owner, fencing_token, expires_at FROM orbitive_locks WHERE name = ?"
+_RENEW: Final = (
+    "UPDATE orbitive_locks SET expires_at = ? "
+    "WHERE name = ? AND owner = ? AND fencing_token = ? AND expires_at > ?"
+)
+_RELEASE: Final = (
+    "DELETE FROM orbitive_locks WHERE name = ? AND owner = ? AND fencing_token = ? "
+    "RETURNING expires_at"
+)
+_FORCE: Final = "DELETE FROM orbitive_locks WHERE name = ? RETURNING expires_at"
+_LIVE: Final = "SELECT name, owner, fencing_token, expires_at FROM orbitive_locks"
+
+#: Connections inherited across fork: kept referenced, never closed, never used.
+_abandoned: list[sqlite3.Connection] = []
+
+
+class SqliteEngine(Engine):
+    """Named locks in one SQLite file (WAL, ``BEGIN IMMEDIATE`` for every write)."""
+
+    kind = "sqlite"
+    poll_cap_s = 0.05
+
+    def __init__(self, path: Path, *, private: bool) -> None:
+        self._path = path
+        self._mutex = threading.Lock()
+        self._cur: sqlite3.Cursor | None = None
+        self._closed = False
+        _create_file(path, private=private)
+        self._run(_ensure_schema)
+        _fork.register(self)
+
+    # -- the primitives ---------------------------------------------------------------------
+
+    def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
+        def step(cur: sqlite3.Cursor) -> Granted | Busy:
+            with _write(cur) as now:
+                granted = cur.execute(_GRANT, (name, owner, now, now + ttl)).fetchall()
+                if not granted:
+                    row = cur.execute(_HOLDER, (name,)).fetchone()
+                    if row is None:
+                        return Busy(None)
+                    return Busy(LockInfo(name, row[0], row[1], row[2], row[2] - now))
+            return Granted(LockInfo(name, owner, granted[0][0], now + ttl, ttl))
+
+        return self._run(step)
+
+    def renew(self, tenure: Granted, ttl: float) -> Granted | None:
+        info = tenure.info
+
+        def step(cur: sqlite3.Cursor) -> Granted | None:
+            with _write(cur) as now:
+                params = (now + ttl, info.name, info.owner, info.fencing_token, now)
+                changed = cur.execute(_RENEW, params).rowcount
+            if changed != 1:
+                return None
+            return Granted(LockInfo(info.name, info.owner, info.fencing_token, now + ttl, ttl))
+
+        return self._run(step)
+
+    def release(self, tenure: Granted) -> bool:
+        info = tenure.info
+        params = (info.name, info.owner, info.fencing_token)
+        return self._run(lambda cur: _delete(cur, _RELEASE, params))
+
+    def force_release(self, name: str) -> bool:
+        return self._run(lambda cur: _delete(cur, _FORCE, (name,)))
+
+    def inspect(self, name: str) -> LockInfo | None:
+        found = self._run(lambda cur: _read(cur, " WHERE name = ? AND expires_at > ?", name))
+        return found[0] if found else None
+
+    def locks(self) -> list[LockInfo]:
+        return self._run(lambda cur: _read(cur, " WHERE expires_at > ? ORDER BY name"))
+
+    # -- connection, retries, errors ----------------------------------------------------------
+
+    def _run(self, step: Callable[[sqlite3.Cursor], _T]) -> _T:
+        """Run one transaction step, retrying a busy database within the budget."""
+        with self._mutex:
+            deadline = 0.0
+            while True:
+                cur = self._cursor()
+                try:
+                    return step(cur)
+                except sqlite3.Error as error:
+                    _rollback(cur)
+                    deadline = deadline or time.monotonic() + BUSY_BUDGET_S
+                    self._check_retry(error, deadline)
+                time.sleep(random.uniform(0.001, 0.005))
+
+    def _check_retry(self, error: sqlite3.Error, deadline: float) -> None:
+        """Return if a failed step may be retried; else raise the StoreError for it."""
+        where = f"sqlite store {str(self._path)!r}"
+        if not _is_busy(error):
+            raise StoreError(f"{where}: {error}", kind=ErrorKind.DATABASE) from error
+        if time.monotonic() >= deadline:
+            raise StoreError(
+                f"{where} stayed busy for {BUSY_BUDGET_S:g} s", kind=ErrorKind.UNAVAILABLE
+            ) from error
+
+    def _cursor(self) -> sqlite3.Cursor:
+        if self._cur is None:
+            if self._closed:
+                raise StoreError(
+                    f"sqlite store {str(self._path)!r} is closed", kind=ErrorKind.CLOSED
+                )
+            self._cur = _connect(self._path).cursor()
+        return self._cur
+
+    def _after_fork_in_child(self) -> None:
+        if self._cur is not None:
+            _abandoned.append(self._cur.connection)
+        self._cur = None
+        self._mutex = threading.Lock()
+
+    def close(self) -> None:
+        with self._mutex:
+            self._closed = True
+            cur, self._cur = self._cur, None
+        if cur is not None:
+            cur.connection.close()
+
+    def __repr__(self) -> str:
+        return f"<SqliteEngine {str(self._path)!r}>"
+
+
+class _write:  # noqa: N801 - used like a function: ``with _write(cur) as now``
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on error); yields the time."""
+
+    def __init__(self, cur: sqlite3.Cursor) -> None:
+        self._cur = cur
+
+    def __enter__(self) -> float:
+        self._cur.execute("BEGIN IMMEDIATE")
+        return time.time()
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self._cur.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+def _delete(cur: sqlite3.Cursor, sql: str, params: tuple[object, ...]) -> bool:
+    with _write(cur) as now:
+        rows = cur.execute(sql, params).fetchall()
+    return bool(rows) and rows[0][0] > now
+
+
+def _read(cur: sqlite3.Cursor, where: str, *params: object) -> list[LockInfo]:
+    now = time.time()
+    rows = cur.execute(_LIVE + where, (*params, now)).fetchall()
+    return [LockInfo(name, owner, token, exp, exp - now) for name, owner, token, exp in rows]
+
+
+def _ensure_schema(cur: sqlite3.Cursor) -> None:
+    with _write(cur):
+        for statement in _SCHEMA:
+            cur.execute(statement)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(
+        path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+    )
+    try:
+        conn.execute("PRAGMA journal_mode=WAL").fetchall()
+        conn.execute("PRAGMA synchronous=NORMAL")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _create_file(path: Path, *, private: bool) -> None:
+    """Create the database file 0600 when missing; the default file must be ours."""
+    try:
+        if private:
+            os.close(open_checked(path, create=True))
+        else:
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    except AccessDenied:
+        raise
+    except OSError as error:
+        raise StoreError(
+            f"sqlite store {str(path)!r} cannot be opened: {error}", kind=ErrorKind.UNAVAILABLE
+        ) from error
+
+
+def _rollback(cur: sqlite3.Cursor) -> None:
+    if cur.connection.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            cur.execute("ROLLBACK")
+
+
+def _is_busy(error: sqlite3.Error) -> bool:
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in _BUSY_CODES
+    text = str(error).lower()  # Python 3.10 has no sqlite_errorcode
+    return "locked" in text or "busy" in text

@@ -1,0 +1,140 @@
+"""Store URLs and :func:`open_store`.
+
+Forms::
+
+    None                          SQLite file in the user's state directory (default)
+    sqlite:///abs/path/locks.db   SQLite file at an absolute path
+    sqlite:relative/locks.db      SQLite file relative to the working directory
+    postgresql://user@host/db     PostgreSQL (also postgres://); any libpq URI
+    shm://FLEET?capacity=N        the SHM lock table of fleet FLEET (capacity default 64)
+
+The default file is ``$XDG_STATE_HOME/orbitive/locks.db`` (``~/.local/state`` when
+the variable is unset or relative); its directory is created 0700 and the file 0600,
+and either is refused (``AccessDenied``) when it is a symlink, another user's, or
+open to group or others.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Final
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+from .._access import check_dir
+from .._errors import InvalidStoreUrl
+from ._base import Store
+from ._engine import Engine
+
+#: Default fleet capacity of an ``shm://`` store.
+SHM_CAPACITY_DEFAULT: Final = 64
+_SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+
+
+def default_path() -> Path:
+    """``$XDG_STATE_HOME/orbitive/locks.db`` or ``~/.local/state/orbitive/locks.db``."""
+    base = os.environ.get("XDG_STATE_HOME", "")
+    root = Path(base) if base.startswith("/") else Path.home() / ".local" / "state"
+    return root / "orbitive" / "locks.db"
+
+
+def open_store(url: str | None = None) -> Store:
+    """Open a named-lock store.
+
+    Args:
+        url: ``None`` for the embedded default (a SQLite file in the user's state
+            directory), ``sqlite:///abs/path.db``, ``sqlite:relative.db``,
+            ``postgresql://...`` (or ``postgres://...``), or ``shm://FLEET`` with an
+            optional ``?capacity=N`` (default 64).
+
+    Returns:
+        An open :class:`Store`; close it, or use it as a context manager.
+
+    Raises:
+        InvalidStoreUrl: unknown scheme or malformed URL (also ``ValueError``).
+        StoreError: ``UNAVAILABLE`` when the database cannot be opened or reached,
+            or ``psycopg`` is not installed for a PostgreSQL URL.
+        AccessDenied: the default file or its directory is a symlink, another
+            user's, or open to group or others.
+        LayoutMismatch: ``shm://`` fleet objects exist with another capacity.
+
+    Example::
+
+        with open_store("sqlite:///var/tmp/locks.db") as store:
+            lock = store.try_lock("jobs/nightly", owner="worker-1", ttl=30.0)
+            if lock is not None:
+                with lock:
+                    run_job(lock.fencing_token)
+
+    Seed 002: one contract, the same on a SQLite file, the SHM table and PostgreSQL.
+    """
+    engine, shown = _engine_for(url)
+    return Store(engine, shown)
+
+
+def _engine_for(url: object) -> tuple[Engine, str]:
+    if url is None:
+        from ._sqlite import SqliteEngine  # noqa: PLC0415 - engines load on demand
+
+        path = default_path()
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        check_dir(path.parent)
+        return SqliteEngine(path, private=True), f"sqlite://{path}"
+    if not isinstance(url, str):
+        raise InvalidStoreUrl(f"store URL must be a str or None, not {type(url).__name__}")
+    match = _SCHEME.match(url)
+    scheme = match.group(1).lower() if match else ""
+    if scheme == "sqlite":
+        return _sqlite(url)
+    if scheme in ("postgresql", "postgres"):
+        from ._postgres import PostgresEngine  # noqa: PLC0415 - psycopg loads on demand
+
+        return PostgresEngine(url), _redacted(url)
+    if scheme == "shm":
+        return _shm(url)
+    raise InvalidStoreUrl(
+        f"unknown store URL {url!r}: expected sqlite:///path, sqlite:path, "
+        "postgresql://..., postgres://... or shm://FLEET"
+    )
+
+
+def _sqlite(url: str) -> tuple[Engine, str]:
+    from ._sqlite import SqliteEngine  # noqa: PLC0415 - engines load on demand
+
+    rest = url[len("sqlite:") :]
+    if rest.startswith("//"):
+        rest = rest[2:]
+        if not rest.startswith("/"):
+            raise InvalidStoreUrl(
+                f"store URL {url!r}: use sqlite:///absolute/path or sqlite:relative/path"
+            )
+    if not rest or "?" in rest or "#" in rest or "\x00" in rest:
+        raise InvalidStoreUrl(f"store URL {url!r} has no usable file path")
+    return SqliteEngine(Path(rest), private=False), url
+
+
+def _shm(url: str) -> tuple[Engine, str]:
+    from ._shm import ShmEngine  # noqa: PLC0415 - orbitive.lock loads on demand
+
+    parts = urlsplit(url)
+    query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=False)
+    unknown = set(query) - {"capacity"}
+    if parts.path not in ("", "/") or unknown or parts.fragment or not parts.netloc:
+        raise InvalidStoreUrl(f"store URL {url!r}: expected shm://FLEET[?capacity=N]")
+    capacity = SHM_CAPACITY_DEFAULT
+    if "capacity" in query:
+        value = query["capacity"][-1]
+        if not value.isdigit():
+            raise InvalidStoreUrl(f"store URL {url!r}: capacity must be a whole number")
+        capacity = int(value)
+    return ShmEngine(parts.netloc, capacity), url
+
+
+def _redacted(url: str) -> str:
+    """The URL with any password replaced by ``***`` (for reprs and messages)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))

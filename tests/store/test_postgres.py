@@ -1,0 +1,85 @@
+"""PostgreSQL engine specifics: server clock, recycled connections, schema, missing driver."""
+
+from __future__ import annotations
+
+import sys
+
+import psycopg
+import pytest
+
+from orbitive.store import ErrorKind, StoreError, open_store
+
+from .._processes import Processes
+from ._postgres import TempPostgres
+from ._workers import PATIENCE_S, open_and_lock
+
+
+def test_expiry_is_on_the_servers_clock(postgres_url: str) -> None:
+    with open_store(postgres_url) as store, psycopg.connect(postgres_url) as conn:
+        lock = store.try_lock("clock", "w1", 100.0)
+        row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+        assert lock is not None and row is not None
+        assert abs(lock.expires_at - (row[0] + 100.0)) < 1.0
+
+
+def kill_other_sessions(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE pid <> pg_backend_pid() AND datname = current_database() "
+            "AND backend_type = 'client backend'"
+        ).fetchall()
+    return len(rows)
+
+
+def test_lock_survives_the_connection_being_recycled(postgres_url: str) -> None:
+    with open_store(postgres_url) as store, open_store(postgres_url) as other:
+        lock = store.try_lock("survivor", "w1", 60.0)
+        assert lock is not None
+        assert kill_other_sessions(postgres_url) >= 2
+        assert other.try_lock("survivor", "w2", 60.0) is None  # still held, new connection
+        assert lock.renew(60.0)
+        info = store.inspect("survivor")
+        assert info is not None and info.fencing_token == lock.fencing_token
+        assert kill_other_sessions(postgres_url) >= 1
+        assert lock.release()
+
+
+def test_server_down_is_unavailable(postgres_server: TempPostgres) -> None:
+    server = TempPostgres.start()  # a server of its own, to stop (skips with the session's)
+    try:
+        store = open_store(server.url)
+        lock = store.try_lock("down", "w1", 60.0)
+        assert lock is not None
+    finally:
+        server.stop()
+    with pytest.raises(StoreError) as caught:
+        lock.renew(60.0)
+    assert caught.value.kind is ErrorKind.UNAVAILABLE
+    assert isinstance(caught.value.__cause__, psycopg.OperationalError)
+    store.close()
+
+
+def test_unreachable_server_is_unavailable() -> None:
+    with pytest.raises(StoreError) as caught:
+        open_store("postgresql://postgres@127.0.0.1:1/none?connect_timeout=2")
+    assert caught.value.kind is ErrorKind.UNAVAILABLE
+
+
+def test_schema_creation_is_safe_when_concurrent(postgres_url: str) -> None:
+    with Processes("fork") as procs:
+        children = [procs.start(open_and_lock, postgres_url, i) for i in range(8)]
+        assert [child.recv(PATIENCE_S) for child in children] == ["done"] * 8
+    with open_store(postgres_url) as store:
+        assert store.locks() == []
+
+
+def test_missing_psycopg_is_a_clear_store_error(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    with pytest.raises(StoreError) as caught:
+        open_store(postgres_url)
+    assert caught.value.kind is ErrorKind.UNAVAILABLE
+    assert "orbitive[postgres]" in str(caught.value)
+    assert isinstance(caught.value.__cause__, ImportError)

@@ -1,0 +1,71 @@
+"""Store URL forms (``open_store``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from orbitive._errors import InvalidStoreUrl
+from orbitive.store import ErrorKind, StoreError, _url, open_store
+
+
+def test_sqlite_absolute_and_relative_forms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with open_store(f"sqlite://{tmp_path}/abs.db") as store:
+        assert store.url == f"sqlite://{tmp_path}/abs.db"
+    assert (tmp_path / "abs.db").exists()
+    monkeypatch.chdir(tmp_path)
+    with open_store("sqlite:rel.db"):
+        pass
+    assert (tmp_path / "rel.db").exists()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "locks.db",
+        "mysql://host/db",
+        "sqlite:",
+        "sqlite://host/path.db",
+        "sqlite:///x.db?mode=ro",
+        "shm://",
+        "shm://bad name",
+        "shm://fleet/path",
+        "shm://fleet?capacity=many",
+        "shm://fleet?size=3",
+    ],
+)
+def test_bad_urls_are_refused(url: str) -> None:
+    with pytest.raises(InvalidStoreUrl) as caught:
+        open_store(url)
+    assert caught.value.kind is ErrorKind.INVALID_INPUT
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, StoreError)
+
+
+def test_non_string_url_is_refused() -> None:
+    with pytest.raises(InvalidStoreUrl):
+        open_store(42)  # type: ignore[arg-type]
+
+
+def test_default_path_follows_xdg_state_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", "/srv/state")
+    assert _url.default_path() == Path("/srv/state/orbitive/locks.db")
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/ignored")
+    assert _url.default_path() == Path.home() / ".local/state/orbitive/locks.db"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    assert _url.default_path() == Path(os.path.expanduser("~/.local/state/orbitive/locks.db"))
+
+
+def test_passwords_are_redacted() -> None:
+    assert _url._redacted("postgresql://u:secret@h:5/db") == "postgresql://u:***@h:5/db"
+    assert _url._redacted("postgres://u@h/db") == "postgres://u@h/db"
+
+
+def test_shm_capacity_query(shm_url: str) -> None:
+    with open_store(shm_url) as store:
+        assert store.url == shm_url
+        assert store.try_lock("x", "w1", 1.0) is not None
