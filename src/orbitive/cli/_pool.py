@@ -1,0 +1,65 @@
+"""``orbit pool FLEET``: keys, resources and creation claims of a fleet's pool table."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..pool import POOL_KIND, PoolStatistics
+from ..pool._stats import inspect
+from ._lock import fleet_name
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``orbit pool`` to ``orbit``."""
+    cmd = subparsers.add_parser("pool", help="show a fleet's resource pool table")
+    cmd.add_argument("fleet", type=fleet_name, help="fleet name")
+    cmd.add_argument(
+        "--kind", type=int, choices=range(256), metavar="K", default=POOL_KIND,
+        help=f"the pool's kind ({POOL_KIND})",
+    )  # fmt: skip
+    cmd.set_defaults(func=cmd_pool)
+
+
+def cmd_pool(args: argparse.Namespace) -> int:
+    """Attach read-only (no node, no lock held for long) and print the table."""
+    statistics = inspect(args.fleet, args.kind)
+    if statistics is None:
+        print(f"fleet {args.fleet!r} has no pool table of kind {args.kind}")
+        return 1
+    print("\n".join(format_statistics(statistics)))
+    return 0
+
+
+def format_statistics(stats: PoolStatistics) -> list[str]:
+    """The lines ``orbit pool`` prints for one snapshot."""
+    lines = [
+        f"pool of fleet {stats.fleet!r}, kind {stats.kind}, epoch {stats.epoch}",
+        f"  geometry    {stats.fleet_capacity} nodes x {stats.lane_capacity} resources, "
+        f"{stats.key_capacity} keys",
+        f"  totals      {stats.live_count} live, {stats.draining_count} draining, "
+        f"{stats.reserved_count} reserved, {stats.active_count} active, "
+        f"{stats.creating_count} creating, {stats.waiting_nodes_count} waiting",
+        "  members     "
+        + (", ".join(f"node {n} (incarnation {i})" for n, i in stats.members) or "none"),
+        "",
+        f"keys ({stats.keys_count})",
+        f"  {'KEY':<32}  {'LIVE':>4}  {'CREATING':>8}  {'VERSION':>10}  CLAIMS",
+    ]
+    for key in stats.keys:
+        claims = ", ".join(f"node {node}: {count}" for node, count in key.claims) or "-"
+        lines.append(
+            f"  {key.key!s:<32}  {key.live:>4}  {key.creating:>8}  {key.version:>10}  {claims}"
+        )
+    lines += [
+        "",
+        f"resources ({len(stats.resources)})",
+        f"  {'ID':<14}  {'KEY':<12}  {'OWNER':>5}  {'INCARNATION':>20}  {'STATE':<8}  "
+        f"{'CAP':>4}  {'RES':>4}  {'ACT':>4}  {'FENCE':>8}",
+    ]
+    for res in stats.resources:
+        lines.append(
+            f"  {res.id!s:<14}  {str(res.key)[-12:]:<12}  {res.owner_node:>5}  "
+            f"{res.owner_incarnation:>20}  {res.state:<8}  {res.capacity:>4}  "
+            f"{res.reserved:>4}  {res.active:>4}  {res.fence:>8}"
+        )
+    return lines

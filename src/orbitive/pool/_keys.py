@@ -1,0 +1,334 @@
+"""The key side of the pool table: memory, critical section, identity, keys, claims, waiting marks.
+
+:class:`KeyTable` holds what every step needs (the mapping, its offsets, the
+region's critical section, this process's owner identity) and the steps on key
+slots: install and lookup, the version word, creation claims and the marks of
+waiters. :class:`~orbitive.pool._table.Table` adds the resource steps.
+
+Python cannot compare-and-swap shared memory, so every step that reads and
+writes the table runs between :meth:`KeyTable.enter` and :meth:`KeyTable.leave`:
+the region's process mutex (threads) and its ``flock`` (processes). One step is
+atomic for every process of the fleet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+from collections.abc import Callable
+from typing import Final
+
+from .. import _fork
+from .._errors import CreationBudgetError, KeyFullError, LayoutMismatch, MalformedError, OrbitError
+from .._readiness import bump
+from .._region import Region
+from ._layout import (
+    BELL_PARKED,
+    EPOCH_OFFSET,
+    KEY_CHANGES,
+    KEY_HEAD,
+    KEY_LOHI,
+    KEY_PARKED,
+    U32,
+    U64,
+    U64_PAIR,
+    Layout,
+)
+from ._values import Key
+
+M64: Final = (1 << 64) - 1
+_GOLDEN: Final = 0x9E3779B97F4A7C15
+
+
+class KeyTable:
+    """One process's view of one pool table: offsets, identity, critical section, keys.
+
+    One instance per mapped region per process, shared by every ``Pool`` handle
+    on it. ``node``/``incarnation`` are the bound owner identity (-1/0 until a
+    Pool binds it, and again in a forked child).
+    """
+
+    def __init__(self, region: Region, layout: Layout) -> None:
+        self.region = region
+        self.buf = region.buf
+        self.layout = layout
+        self.kind = layout.kind
+        self.fleet_capacity = layout.fleet_capacity
+        self.key_capacity = layout.key_capacity
+        self.lane_capacity = layout.lane_capacity
+        self.res_base = layout.resources
+        self.key_base = layout.keys
+        self.key_stride = layout.key_stride
+        self.key_interest = layout.key_interest
+        self.key_claims = layout.key_claims
+        self.key_members = layout.key_members
+        self.member_bytes = layout.member_bytes
+        self.bell = layout.bell
+        self.zero_nodes = bytes(layout.fleet_capacity)
+        self.claims_struct = struct.Struct(f"<{layout.fleet_capacity}I")
+        self._key_shift = 64 - (layout.key_capacity.bit_length() - 1)
+        self.node = -1
+        self.incarnation = 0
+        self.keys: dict[Key, int] = {}
+        self.parked: dict[int, int] = {}
+        self.deferred: list[Callable[[], None]] = []
+        self.hint = 0
+        self.extras: dict[str, object] = {}  # waiting machinery, per process
+        #: Enter the critical section (process mutex + flock); bound once for speed.
+        self.enter: Callable[[], None] = region.acquire
+        self._release: Callable[[], None] = region.release
+        _fork.register(self)
+
+    # -- critical section --------------------------------------------------------
+
+    def leave(self) -> None:
+        """Leave the critical section, then run steps finalisers deferred meanwhile."""
+        self._release()
+        if self.deferred:
+            self._run_deferred()
+
+    def run_soon(self, step: Callable[[], None]) -> None:
+        """Run ``step`` now, or after the current critical section if one is held.
+
+        Finalisers call this: running a step while this thread already holds the
+        non-reentrant process mutex would deadlock.
+        """
+        if self.region._mutex.locked():  # private to orbitive; see the docstring
+            self.deferred.append(step)
+        else:
+            with contextlib.suppress(OrbitError, OSError, ValueError):
+                step()
+
+    def _run_deferred(self) -> None:
+        while self.deferred:
+            step = self.deferred.pop()
+            with contextlib.suppress(OrbitError, OSError, ValueError):
+                step()
+
+    def _after_fork_in_child(self) -> None:
+        self.node = -1
+        self.incarnation = 0
+        self.parked = {}
+        self.deferred = []
+        self.extras = {}
+
+    # -- addressing -----------------------------------------------------------------
+
+    def key_offset(self, index: int) -> int:
+        """Offset of key slot ``index``."""
+        return self.key_base + index * self.key_stride
+
+    def epoch(self) -> int:
+        """The table epoch in the header."""
+        value: int = U64.unpack_from(self.buf, EPOCH_OFFSET)[0]
+        return value
+
+    # -- keys ---------------------------------------------------------------------
+
+    def find_key(self, key: Key, install: bool) -> int:
+        """Index of ``key``'s slot; -1 when absent and not ``install``. In a section.
+
+        Raises:
+            KeyFullError: ``install`` and every slot holds another key.
+            LayoutMismatch: a key slot has an impossible state byte.
+        """
+        index = self.keys.get(key)
+        lo, hi = key.value & M64, key.value >> 64
+        if index is not None:
+            state, klo, khi, _ = KEY_HEAD.unpack_from(self.buf, self.key_offset(index))
+            if state == 1 and klo == lo and khi == hi:
+                return index
+        index = self._probe(lo, hi, install)
+        if index >= 0:
+            self.keys[key] = index
+        return index
+
+    def _probe(self, lo: int, hi: int, install: bool) -> int:
+        mask = self.key_capacity - 1
+        rotated = (hi << 32 | hi >> 32) & M64
+        index = (((lo ^ rotated) * _GOLDEN) & M64) >> self._key_shift & mask
+        for _ in range(self.key_capacity):
+            offset = self.key_offset(index)
+            state, klo, khi, _ = KEY_HEAD.unpack_from(self.buf, offset)
+            if state == 0:
+                if not install:
+                    return -1
+                U64_PAIR.pack_into(self.buf, offset + KEY_LOHI, lo, hi)
+                self.buf[offset] = 1  # commit
+                return index
+            if state != 1:
+                raise LayoutMismatch(f"pool key slot {index} has state {state}", kind=self.kind)
+            if klo == lo and khi == hi:
+                return index
+            index = (index + 1) & mask
+        if install:
+            raise KeyFullError(
+                f"pool key table full ({self.key_capacity} keys this epoch)", kind=self.kind
+            )
+        return -1
+
+    def installed_keys(self) -> list[int]:
+        """Indexes of installed key slots."""
+        stride, base = self.key_stride, self.key_base
+        return [i for i in range(self.key_capacity) if self.buf[base + i * stride] == 1]
+
+    def changes(self, index: int) -> int:
+        """The key's version word (a single aligned read; no section needed)."""
+        value: int = U32.unpack_from(self.buf, self.key_offset(index) + KEY_CHANGES)[0]
+        return value
+
+    def key_changed(self, index: int) -> None:
+        """Bump the key's version, wake its waiters, ring interested nodes. In a section."""
+        offset = self.key_offset(index)
+        fleet_capacity = self.fleet_capacity
+        bump(self.buf, offset + KEY_CHANGES, offset + KEY_PARKED, fleet_capacity)
+        interest = offset + self.key_interest
+        if self.buf[interest : interest + fleet_capacity] != self.zero_nodes:
+            self.buf[interest : interest + fleet_capacity] = self.zero_nodes
+            bump(self.buf, self.bell, self.bell + BELL_PARKED, fleet_capacity)
+
+    def budget(self, index: int) -> tuple[int, int]:
+        """(live, creating) of a key: its member bits and the sum of its claims."""
+        offset = self.key_offset(index)
+        members = offset + self.key_members
+        live = int.from_bytes(self.buf[members : members + self.member_bytes], "little")
+        return live.bit_count(), sum(
+            self.claims_struct.unpack_from(self.buf, offset + self.key_claims)
+        )
+
+    def _set_member(self, index: int, global_index: int, present: bool) -> None:
+        at = self.key_offset(index) + self.key_members + (global_index >> 3)
+        bit = 1 << (global_index & 7)
+        self.buf[at] = self.buf[at] | bit if present else self.buf[at] & ~bit & 0xFF
+
+    # -- identity -------------------------------------------------------------------
+
+    def bind(self, node: int, incarnation: int) -> None:
+        """Adopt (node, incarnation) as this process's owner identity and stamp the doorbell.
+
+        A previous life of the node (its doorbell shows another incarnation) is
+        over: this process holds the node now. Its creation claims are returned
+        and its waiting marks cleared; its resources wait for ``node_dead``.
+
+        Raises:
+            MalformedError: this process already bound another identity.
+        """
+        if self.node >= 0:
+            if (self.node, self.incarnation) != (node, incarnation):
+                raise MalformedError(
+                    f"this process already uses pool kind {self.kind} as node {self.node} "
+                    f"incarnation {self.incarnation}, not {node}/{incarnation}",
+                    node=node,
+                    kind=self.kind,
+                )
+            return
+        self.enter()
+        try:
+            doorbell = self.layout.doorbells + 8 * node
+            previous = U64.unpack_from(self.buf, doorbell)[0]
+            if previous != incarnation:
+                for index in self._forget_node(node, claims=previous != 0):
+                    self.key_changed(index)
+                U64.pack_into(self.buf, doorbell, incarnation)
+        finally:
+            self.leave()
+        self.node, self.incarnation = node, incarnation
+
+    def _forget_node(self, node: int, *, claims: bool) -> list[int]:
+        """Zero a node's claims (when ``claims``) and waiting marks; keys whose claims fell."""
+        changed = []
+        for index in self.installed_keys():
+            offset = self.key_offset(index)
+            self.buf[offset + KEY_PARKED + node] = 0
+            self.buf[offset + self.key_interest + node] = 0
+            at = offset + self.key_claims + 4 * node
+            if claims and U32.unpack_from(self.buf, at)[0]:
+                U32.pack_into(self.buf, at, 0)
+                changed.append(index)
+        self.buf[self.bell + BELL_PARKED + node] = 0
+        return changed
+
+    def doorbell(self, node: int) -> int:
+        """The incarnation recorded for ``node`` (0: none)."""
+        value: int = U64.unpack_from(self.buf, self.layout.doorbells + 8 * node)[0]
+        return value
+
+    # -- creation claims --------------------------------------------------------------
+
+    def claim(self, key: Key, max_live: int) -> tuple[int, int]:
+        """Count one creation in progress for this node; returns (key index, epoch).
+
+        Raises:
+            KeyFullError, CreationBudgetError.
+        """
+        self.enter()
+        try:
+            index = self.find_key(key, True)
+            live, creating = self.budget(index)
+            if live + creating >= max_live:
+                raise CreationBudgetError(
+                    f"key {key}: {live} live + {creating} creating reached max_live {max_live}",
+                    key=key,
+                )
+            at = self.key_offset(index) + self.key_claims + 4 * self.node
+            U32.pack_into(self.buf, at, U32.unpack_from(self.buf, at)[0] + 1)
+            epoch = self.epoch()
+        finally:
+            self.leave()
+        return index, epoch
+
+    def unclaim(self, key: Key, index: int, node: int, epoch: int) -> None:
+        """Return one claim of ``node`` on ``key`` if that key, slot and epoch still hold."""
+        self.enter()
+        try:
+            offset = self.key_offset(index)
+            state, lo, hi, _ = KEY_HEAD.unpack_from(self.buf, offset)
+            at = offset + self.key_claims + 4 * node
+            claims = U32.unpack_from(self.buf, at)[0]
+            same = state == 1 and lo == key.value & M64 and hi == key.value >> 64
+            if same and claims and self.epoch() == epoch:
+                U32.pack_into(self.buf, at, claims - 1)
+                self.key_changed(index)
+        finally:
+            self.leave()
+
+    # -- waiting marks ------------------------------------------------------------------
+
+    def park(self, index: int, since: int) -> int:
+        """Mark this node as waiting on a key unless it changed; returns its version."""
+        self.enter()
+        try:
+            current = self.changes(index)
+            if current == since:
+                self.parked[index] = self.parked.get(index, 0) + 1
+                self.buf[self.key_offset(index) + KEY_PARKED + self.node] = 1
+        finally:
+            self.leave()
+        return current
+
+    def unpark(self, index: int) -> int:
+        """Undo one :meth:`park` of this process; returns the key's version."""
+        self.enter()
+        try:
+            count = self.parked.get(index, 0) - 1
+            if count > 0:
+                self.parked[index] = count
+            else:
+                self.parked.pop(index, None)
+                self.buf[self.key_offset(index) + KEY_PARKED + self.node] = 0
+            current = self.changes(index)
+        finally:
+            self.leave()
+        return current
+
+    def arm(self, indexes: list[int]) -> list[int]:
+        """Ask for a bell when any of these keys changes (one-shot); their versions."""
+        self.enter()
+        try:
+            versions = []
+            for index in indexes:
+                self.buf[self.key_offset(index) + self.key_interest + self.node] = 1
+                versions.append(self.changes(index))
+        finally:
+            self.leave()
+        return versions

@@ -1,0 +1,604 @@
+"""The public pool handle: validates arguments and runs one table step per verb."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Final, final
+
+from .. import _fork
+from .._errors import (
+    BusyError,
+    CreationBudgetError,
+    DrainingError,
+    FleetError,
+    KeyFullError,
+    MalformedError,
+    NodeOutsideFleet,
+    StaleError,
+)
+from .._fleet import Fleet
+from ._deaths import DeathWatch, find_dead
+from ._guards import CreationPermit, Execution
+from ._layout import POOL_KIND, Layout, check_capacity, env_geometry
+from ._plan import (
+    Create,
+    Decision,
+    Limits,
+    LocalFirst,
+    LocalReuse,
+    Plan,
+    Policy,
+    Reject,
+    RemoteReuse,
+    Wait,
+)
+from ._stats import PoolStatistics, collect
+from ._table import Table, table_for
+from ._values import (
+    U64_MAX,
+    Candidate,
+    Incarnation,
+    Key,
+    Lease,
+    ResourceId,
+    check_key,
+    check_lease,
+    check_seconds,
+    check_units,
+)
+from ._waiting import Waiting
+
+_DEFAULT_LIMITS: Final = Limits()
+_DEFAULT_POLICY: Final = LocalFirst()
+
+
+@final
+class Pool:
+    """This process's handle on the fleet-wide resource table of ``fleet``.
+
+    One SHM object per (fleet, kind) holds every key, resource, reservation and
+    creation claim. A process owns the resources it registers (they live in its
+    node's lane) and anyone may reserve a unit of any of them; only the owner
+    accepts and completes. Nothing but numbers moves between processes.
+
+    Args:
+        fleet: a joined (or local) :class:`~orbitive.Fleet`.
+        incarnation: this process life; defaults to ``fleet.incarnation``. With
+            the default, a forked child adopts its own node and life; with an
+            explicit value the child must build its own Pool.
+        kind: SHM kind number of the table (default 247).
+        key_capacity: keys per epoch; default ``ORBIT_POOL_KEY_CAPACITY`` or 256.
+        lane_capacity: resources per node; default
+            ``ORBIT_POOL_RESOURCE_LANE_CAPACITY`` or 256.
+
+    Raises:
+        MalformedError: a capacity is not a power of two in 1..65536, or this
+            process already uses the table with another incarnation or geometry.
+        FleetError: the fleet is closed, or an observer without a node.
+        LayoutMismatch: the existing object has another layout or is corrupt.
+        AccessDenied: the object or lock file is not exclusively ours.
+
+    Example::
+
+        pool = Pool(Fleet.join("web", capacity=8))
+        match pool.acquire(key, Limits(max_live=4)):
+            case LocalReuse(lease):
+                with pool.accept(lease):
+                    ...
+    """
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        incarnation: Incarnation | None = None,
+        *,
+        kind: int = POOL_KIND,
+        key_capacity: int | None = None,
+        lane_capacity: int | None = None,
+    ) -> None:
+        self._closed = True  # until fully built
+        if not isinstance(fleet, Fleet):
+            raise MalformedError(f"Pool needs a Fleet, got {type(fleet).__name__}")
+        if incarnation is not None and type(incarnation) is not Incarnation:
+            raise MalformedError(f"incarnation must be an Incarnation, got {incarnation!r}")
+        if type(kind) is not int or not 0 <= kind <= 255:
+            raise MalformedError(f"pool kind must be an int in 0..255, got {kind!r}")
+        if fleet.shared and fleet.node < 0:
+            raise FleetError(
+                f"fleet {fleet.name!r} is an observer (no node): it cannot own or lease "
+                "resources; use `orbit pool` to inspect the table",
+                fleet=fleet.name,
+            )
+        keys, lane = env_geometry()
+        layout = Layout(
+            kind,
+            fleet.capacity,
+            keys if key_capacity is None else check_capacity(key_capacity, "key_capacity"),
+            lane if lane_capacity is None else check_capacity(lane_capacity, "lane_capacity"),
+        )
+        self._fleet = fleet
+        self._explicit = incarnation is not None
+        self._table = table = table_for(fleet, layout)
+        life = fleet.incarnation if incarnation is None else incarnation.value
+        table.bind(fleet.node, life)
+        self._fork = _fork.generation
+        self._waiting = Waiting.of(table)
+        self._waiting.users += 1
+        self._closed = False
+
+    def _t(self) -> Table:
+        if self._fork != _fork.generation or self._closed:
+            self._revive()
+        return self._table
+
+    def _revive(self) -> None:
+        if self._closed:
+            raise FleetError(
+                f"pool of fleet {self._fleet.name!r} is closed", fleet=self._fleet.name
+            )
+        if self._explicit:
+            self.close()
+            raise FleetError(
+                "this Pool was built with an explicit incarnation in the parent process; "
+                "build a new Pool with the child's own incarnation",
+                fleet=self._fleet.name,
+            )
+        self._table.bind(self._fleet.node, self._fleet.incarnation)
+        self._waiting = Waiting.of(self._table)
+        self._waiting.users += 1
+        self._fork = _fork.generation
+
+    # -- identity ---------------------------------------------------------------------
+
+    @property
+    def node(self) -> int:
+        """This process's node: the lane its resources live in."""
+        return self._t().node
+
+    @property
+    def incarnation(self) -> int:
+        """This process life, as recorded on its resources and doorbell."""
+        return self._t().incarnation
+
+    @property
+    def kind(self) -> int:
+        """The table's SHM kind number."""
+        return self._table.kind
+
+    @property
+    def epoch(self) -> int:
+        """The table epoch: set at creation, strictly larger after every ``reset_all``."""
+        return self._t().epoch()
+
+    # -- acquire ----------------------------------------------------------------------
+
+    def acquire(
+        self, key: Key, limits: Limits = _DEFAULT_LIMITS, policy: Policy = _DEFAULT_POLICY
+    ) -> Plan:
+        """Run one request: snapshot, ask the policy, commit, and return a plan.
+
+        Up to ``limits.attempts`` rounds: take a snapshot of the key (candidates,
+        live, creating, version), ask ``policy.decide``, then reserve the chosen
+        resource or claim creation budget. A lost race (Busy, Stale, Draining,
+        CreationBudget) starts a new round with a fresh snapshot.
+
+        Args:
+            key: what the resource must be usable for.
+            limits: ``max_live`` (fleet-wide bound of live + creating) and
+                ``attempts``.
+            policy: a :class:`Policy`; :class:`LocalFirst` by default.
+
+        Returns:
+            ``LocalReuse(lease)`` (ours: accept it here), ``RemoteReuse(lease)``
+            (carry it to the owner), ``Create(permit)``, ``Wait(version)`` (also
+            when the rounds run out) or ``Reject(reason)``.
+
+        Raises:
+            MalformedError: bad arguments, or the policy returned no Decision.
+            KeyFullError: the key table has no room for this key.
+
+        Seed 003: "acquire runs the loop for one request ... and hands back a
+        committed Plan". Example::
+
+            match pool.acquire(key, Limits(max_live=4, attempts=4), LocalFirst()):
+                case LocalReuse(lease):
+                    with pool.accept(lease):
+                        use_my_connection()
+                case Wait(version):
+                    pool.wait_capacity(key, version, timeout=5.0)
+        """
+        check_key(key)
+        if type(limits) is not Limits:
+            raise MalformedError(f"limits must be Limits, got {type(limits).__name__}")
+        version = 0
+        for _ in range(limits.attempts):
+            candidates, live, creating, version = self._snapshot(key, install=True)
+            decision = policy.decide(key, candidates, (live, creating), limits)
+            plan = self._commit(key, decision, limits, version)
+            if plan is not None:
+                return plan
+        return Wait(version)
+
+    def _commit(self, key: Key, decision: Decision, limits: Limits, version: int) -> Plan | None:
+        if type(decision) is not Decision:
+            raise MalformedError(f"a policy must return a Decision, got {decision!r:.80}")
+        if decision.action == "reuse" and decision.id is not None:
+            try:
+                lease = self.reserve(decision.id)
+            except (BusyError, StaleError, DrainingError):
+                return None
+            table = self._table
+            mine = table.owner(decision.id) == (table.node, table.incarnation)
+            return LocalReuse(lease) if mine else RemoteReuse(lease)
+        if decision.action == "create":
+            try:
+                return Create(self.claim_create(key, limits.max_live))
+            except CreationBudgetError:
+                return None
+        if decision.action == "wait":
+            return Wait(version)
+        if decision.action == "reject":
+            return Reject(decision.reason)
+        raise MalformedError(f"a policy returned an incomplete decision {decision!r}")
+
+    def _snapshot(self, key: Key, *, install: bool) -> tuple[list[Candidate], int, int, int]:
+        found = self._t().snapshot(key, install)
+        return ([], 0, 0, 0) if found is None else found
+
+    # -- leases -----------------------------------------------------------------------
+
+    def reserve(self, rid: ResourceId) -> Lease:
+        """Reserve one unit of ``rid``'s capacity in one atomic table step.
+
+        Never over-admits: after it, ``reserved + active <= capacity``. Anyone may
+        reserve, the owner included; the owner must then accept the lease.
+
+        Returns:
+            The lease (the fence grows with every reservation on that resource).
+
+        Raises:
+            MalformedError: ``rid`` is not an id of this table.
+            StaleError: the resource was closed or its slot reused.
+            DrainingError: the resource is draining.
+            BusyError: no free unit, or all 16 pending entries are taken.
+        """
+        table = self._table
+        if self._fork != _fork.generation or self._closed:
+            table = self._t()
+        return Lease(rid, table.reserve(rid), table.node, table.incarnation)
+
+    def cancel_reservation(self, lease: Lease) -> None:
+        """The holder takes back a lease it never delivered (transport rollback).
+
+        This is not request cancellation: once the owner accepted, only its
+        Execution gives the unit back.
+
+        Raises:
+            MalformedError, StaleError, NotOwnerError (another holder),
+            NotReservedError (accepted, aged out or cancelled already).
+        """
+        check_lease(lease)
+        self._t().cancel(lease.id, lease.fence, (lease.holder_node, lease.holder_incarnation))
+
+    def accept(self, lease: Lease) -> Execution:
+        """Owner turns a lease into an active unit, exactly once per fence.
+
+        Returns:
+            An :class:`Execution`; completing it is the only way the unit returns.
+
+        Raises:
+            MalformedError: not a lease of this table.
+            StaleError: the resource was closed or its slot reused.
+            NotOwnerError: this process life does not own the resource.
+            DrainingError: the resource is draining.
+            NotReservedError: the fence is not pending (a second accept, or the
+                owner aged it out, or the holder cancelled it).
+        """
+        if type(lease) is not Lease or type(lease.fence) is not int or lease.fence <= 0:
+            check_lease(lease)  # raises the precise error
+        table = self._t()
+        return Execution(table, lease.id, lease.fence, table.accept(lease.id, lease.fence))
+
+    # -- resources --------------------------------------------------------------------
+
+    def register(self, key: Key, capacity: int) -> ResourceId:
+        """Register a resource this process owns under ``key`` with ``capacity`` units.
+
+        Args:
+            key: what it is usable for.
+            capacity: 1 for an exclusive resource, more for a multiplexed one.
+
+        Returns:
+            Its id; the resource is immediately a live candidate.
+
+        Raises:
+            MalformedError: capacity not an int in 1..2**32-1.
+            KeyFullError: no room for a new key this epoch.
+            LaneFullError: this node's lane has no free slot.
+        """
+        check_key(key)
+        return self._t().register(key, check_units(capacity, "capacity", 1), 0)
+
+    def register_active(self, key: Key, capacity: int) -> tuple[ResourceId, Execution]:
+        """Register a resource with one unit already in use by its owner.
+
+        A fresh exclusive resource is never visible as idle: the first use is
+        the returned Execution (fence 0).
+
+        Raises:
+            As :meth:`register`.
+        """
+        check_key(key)
+        table = self._t()
+        rid = table.register(key, check_units(capacity, "capacity", 1), 1)
+        return rid, Execution(table, rid, 0, table.locate(rid))
+
+    def unregister(self, rid: ResourceId) -> None:
+        """Owner closes the resource; outstanding leases become stale.
+
+        Raises:
+            MalformedError, StaleError, NotOwnerError.
+        """
+        self._t().close(rid)
+
+    def drain(self, rid: ResourceId) -> None:
+        """Owner stops new reservations and accepts; running Executions finish normally.
+
+        Raises:
+            MalformedError, StaleError, NotOwnerError.
+        """
+        self._t().drain(rid)
+
+    def reconcile(self, rid: ResourceId, active: int, grace: float) -> int:
+        """Owner ages out reservations it never received and states its active count.
+
+        Reservations pending for more than ``grace`` seconds (by the owner's
+        clock, never a caller's) are removed; ``active`` replaces the table's
+        count of accepted units.
+
+        Returns:
+            How many reservations were aged out.
+
+        Raises:
+            MalformedError: bad arguments, or ``active`` above the capacity.
+            StaleError, NotOwnerError.
+        """
+        active = check_units(active, "active", 0)
+        grace_ms = math.ceil(check_seconds(grace, "grace") * 1000.0)
+        return self._t().reconcile(rid, active, grace_ms)
+
+    def claim_create(self, key: Key, max_live: int) -> CreationPermit:
+        """Claim budget to create a resource for ``key``.
+
+        Live + creating resources for the key never exceed ``max_live``, across
+        every process of the fleet.
+
+        Raises:
+            MalformedError, KeyFullError.
+            CreationBudgetError: live + creating already reached ``max_live``.
+        """
+        check_key(key)
+        max_live = check_units(max_live, "max_live", 1)
+        table = self._t()
+        return CreationPermit(table, key, table.claim(key, max_live))
+
+    # -- inspection -------------------------------------------------------------------
+
+    def candidates(self, key: Key) -> list[Candidate]:
+        """Every live or draining resource under ``key`` (a snapshot, not a lease)."""
+        return self._snapshot(check_key(key), install=False)[0]
+
+    def budget(self, key: Key) -> tuple[int, int]:
+        """(live, creating) for ``key``, fleet-wide; installs the key, (0, 0) if full."""
+        try:
+            _, live, creating, _ = self._snapshot(check_key(key), install=True)
+        except KeyFullError:
+            return 0, 0
+        return live, creating
+
+    def owners(self) -> list[tuple[int, int]]:
+        """Sorted distinct (node, incarnation) owning live or draining resources."""
+        return sorted((node, life) for node, lives in self._t().lives().items() for life in lives)
+
+    def version(self, key: Key) -> int:
+        """The key's version word: it changes on every completion, close or return.
+
+        Raises:
+            KeyFullError: no room to install the key.
+        """
+        table = self._t()
+        table.enter()
+        try:
+            index = table.find_key(check_key(key), True)
+        finally:
+            table.leave()
+        return table.changes(index)
+
+    def statistics(self) -> PoolStatistics:
+        """A frozen snapshot of the whole table (what ``orbit pool`` prints)."""
+        table = self._t()
+        table.enter()
+        try:
+            return collect(table.buf, table.layout, self._fleet.name)
+        finally:
+            table.leave()
+
+    # -- waiting ----------------------------------------------------------------------
+
+    def _index(self, key: Key) -> int:
+        table = self._t()
+        table.enter()
+        try:
+            return table.find_key(check_key(key), True)
+        finally:
+            table.leave()
+
+    def wait_capacity(self, key: Key, since: int, timeout: float | None = None) -> int | None:
+        """Park this thread until ``key``'s version differs from ``since``.
+
+        A completion, unregister, close, cancelled or aged-out reservation or
+        returned claim changes the version. No busy polling: the thread sleeps on
+        the version word. Take ``since`` (from ``Wait(version)`` or
+        :meth:`version`) *before* trying, so a change in between is not missed.
+
+        Args:
+            key: the key to watch.
+            since: the version the caller last saw.
+            timeout: seconds to wait at most; None waits for ever.
+
+        Returns:
+            The new version, or None when ``timeout`` passed first.
+
+        Raises:
+            MalformedError: bad arguments. KeyFullError: cannot install the key.
+        """
+        since = check_units(since, "since", 0)
+        seconds = None if timeout is None else check_seconds(timeout, "timeout")
+        return self._waiting.wait(self._index(key), since, seconds)
+
+    async def poll_capacity(self, key: Key, since: int, timeout: float | None = None) -> int | None:
+        """Asyncio twin of :meth:`wait_capacity` (one driver thread per process).
+
+        Returns:
+            The new version, or None when ``timeout`` passed first.
+
+        Raises:
+            As :meth:`wait_capacity`.
+        """
+        since = check_units(since, "since", 0)
+        seconds = None if timeout is None else check_seconds(timeout, "timeout")
+        return await self._waiting.poll(self._index(key), since, seconds)
+
+    def fileno(self) -> int:
+        """A descriptor that turns readable after a :meth:`watch` ed key changes.
+
+        It is the same descriptor :meth:`poll_capacity` uses; put it in your own
+        ``select``/``selectors`` set, call :meth:`clear_readiness` when it fires,
+        and re-arm with :meth:`watch` (interest is one-shot).
+        """
+        return self._waiting.fileno()
+
+    def watch(self, key: Key) -> int:
+        """Arm a one-shot bell on ``key`` for :meth:`fileno`; returns its version now."""
+        index = self._index(key)
+        return self._waiting.watch(index)
+
+    def clear_readiness(self) -> int:
+        """Drain :meth:`fileno`; returns the coalesced count (not a number of changes)."""
+        return self._waiting.clear()
+
+    # -- deaths -----------------------------------------------------------------------
+
+    def node_dead(self, node: int, incarnation: int) -> int:
+        """Report a confirmed death: close every resource that life of ``node`` owned.
+
+        The node's creation claims are returned too when its doorbell shows that
+        incarnation. Another incarnation of the node is untouched. Leases the
+        dead process held on others' resources are those owners' to complete.
+
+        Returns:
+            The number of resources closed.
+
+        Raises:
+            NodeOutsideFleet: node out of range. MalformedError: bad incarnation.
+        """
+        table = self._t()
+        if type(node) is not int or not 0 <= node < table.fleet_capacity:
+            raise NodeOutsideFleet(f"node must be in 0..{table.fleet_capacity - 1}, got {node!r}")
+        if type(incarnation) is not int or not 1 <= incarnation <= U64_MAX:
+            raise MalformedError(f"incarnation must be an int in 1..{U64_MAX}, got {incarnation!r}")
+        return table.node_dead(node, incarnation)
+
+    def reap_dead(self) -> list[tuple[int, int]]:
+        """Find members that died (their node lock is free, or a newer life holds the
+        node) and report each with :meth:`node_dead`.
+
+        A process killed with SIGKILL counts: the kernel frees its node lock.
+
+        Returns:
+            The (node, incarnation) lives reported.
+        """
+        table = self._t()
+        dead = find_dead(table, self._fleet)
+        for node, life in dead:
+            table.node_dead(node, life)
+        return dead
+
+    def watch_deaths(
+        self,
+        interval: float = 1.0,
+        on_death: Callable[[int, int], None] | None = None,
+    ) -> DeathWatch:
+        """Start a thread that calls :meth:`reap_dead` every ``interval`` seconds.
+
+        Args:
+            interval: seconds between scans (> 0).
+            on_death: called with (node, incarnation) for each life reported.
+
+        Returns:
+            The running :class:`DeathWatch`; close it (or use ``with``) to stop.
+        """
+        seconds = check_seconds(interval, "interval")
+        if seconds <= 0:
+            raise MalformedError(f"interval must be > 0 seconds, got {interval!r}")
+        return DeathWatch(self.reap_dead, seconds, on_death)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def reset_all(self) -> int:
+        """Empty the table and start a new, strictly larger epoch (quiescent boot only).
+
+        Every key and resource is removed, waiters are woken, and every id and
+        lease of the old epoch becomes stale.
+
+        Returns:
+            The new epoch.
+        """
+        return self._t().reset_all()
+
+    def unlink(self) -> None:
+        """Remove the table's SHM name and lock file (a local fleet: ``reset_all``).
+
+        Existing mappings keep working; the next process to open the pool creates
+        a new table. Never unlink a table a running fleet uses.
+        """
+        table = self._t()
+        if table.region.shared:
+            table.region.unlink()
+        else:
+            table.reset_all()
+
+    def close(self) -> None:
+        """Release this handle (the last one stops the driver thread). Idempotent.
+
+        The mapping belongs to the fleet and is unmapped by ``fleet.close()``.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._waiting.users -= 1
+        if self._waiting.users <= 0:
+            self._waiting.close()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError(
+            "a Pool is bound to this process life and cannot be pickled; "
+            "pass the fleet name and build a Pool in the other process"
+        )
+
+    def __repr__(self) -> str:
+        try:
+            table = self._table
+            state = (
+                "closed" if self._closed else f"node={table.node} incarnation={table.incarnation}"
+            )
+            return f"<Pool fleet={self._fleet.name!r} kind={table.kind} {state}>"
+        except Exception:  # a repr never raises
+            return "<Pool (unavailable)>"

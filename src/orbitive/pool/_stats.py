@@ -1,0 +1,225 @@
+"""A frozen snapshot of a pool table, for ``Pool.statistics()`` and ``orbit pool``.
+
+:func:`collect` reads a mapping only (no Table, no identity), so the CLI can use
+it on an attach-only, read-only mapping; :func:`inspect` is that attach.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import final
+
+from .._access import open_checked
+from .._errors import LayoutMismatch
+from .._region import SHM_DIR, lock_path, object_name
+from ._layout import (
+    DRAINING,
+    EPOCH_OFFSET,
+    HEADER,
+    HEADER_SIZE,
+    KEY_HEAD,
+    KEY_PARKED,
+    LIVE,
+    PENDING,
+    PENDING_WORDS,
+    RES_FENCES,
+    RES_HOT,
+    RESOURCE_SIZE,
+    U64,
+    Layout,
+)
+from ._values import Key, ResourceId
+
+_STATES = {1: "live", 2: "draining"}
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class KeyStatistics:
+    """One installed key: its budget, version, claims and parked nodes."""
+
+    index: int
+    key: Key
+    live: int
+    creating: int
+    version: int
+    claims: tuple[tuple[int, int], ...]  # (node, claims held) for nodes holding any
+    waiting_nodes: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ResourceStatistics:
+    """One live or draining resource."""
+
+    id: ResourceId
+    key: Key
+    owner_node: int
+    owner_incarnation: int
+    state: str
+    capacity: int
+    reserved: int
+    active: int
+    fence: int
+    last_reserve_at: float
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class PoolStatistics:
+    """The whole table at one moment.
+
+    Counters carry ``_count``; ``members`` lists (node, incarnation) doorbells.
+    """
+
+    fleet: str
+    kind: int
+    epoch: int
+    fleet_capacity: int
+    key_capacity: int
+    lane_capacity: int
+    keys_count: int
+    live_count: int
+    draining_count: int
+    reserved_count: int
+    active_count: int
+    creating_count: int
+    waiting_nodes_count: int
+    members: tuple[tuple[int, int], ...]
+    keys: tuple[KeyStatistics, ...]
+    resources: tuple[ResourceStatistics, ...]
+
+
+def _keys(buf: mmap.mmap, layout: Layout) -> list[KeyStatistics]:
+    claims_struct = struct.Struct(f"<{layout.fleet_capacity}I")
+    rows = []
+    for index in range(layout.key_capacity):
+        offset = layout.key_offset(index)
+        state, lo, hi, changes = KEY_HEAD.unpack_from(buf, offset)
+        if state != 1:
+            continue
+        claims = claims_struct.unpack_from(buf, offset + layout.key_claims)
+        members = offset + layout.key_members
+        live = int.from_bytes(buf[members : members + layout.member_bytes], "little").bit_count()
+        parked = buf[offset + KEY_PARKED : offset + KEY_PARKED + layout.fleet_capacity]
+        rows.append(
+            KeyStatistics(
+                index,
+                Key(hi << 64 | lo),
+                live,
+                sum(claims),
+                changes,
+                tuple((node, count) for node, count in enumerate(claims) if count),
+                len(parked) - parked.count(0),
+            )
+        )
+    return rows
+
+
+def _resources(buf: mmap.mmap, layout: Layout) -> list[ResourceStatistics]:
+    end = layout.resources + layout.fleet_capacity * layout.lane_capacity * RESOURCE_SIZE
+    states = buf[layout.resources : end : RESOURCE_SIZE]
+    rows = []
+    for global_index, state in enumerate(states):
+        if not LIVE <= state <= DRAINING:
+            continue
+        node, slot = divmod(global_index, layout.lane_capacity)
+        offset = layout.resources + global_index * RESOURCE_SIZE
+        hot = RES_HOT.unpack_from(buf, offset)
+        if hot[1] != node or not 1 <= hot[2] <= 0xFFFFFF or not hot[11]:
+            continue  # not a consistent slot; skip rather than guess
+        free = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES).count(0)
+        rows.append(
+            ResourceStatistics(
+                ResourceId(layout.kind, node, slot, hot[2], hot[11]),
+                Key(hot[5] << 64 | hot[4]),
+                node,
+                hot[3],
+                _STATES[state],
+                hot[6],
+                PENDING - free,
+                hot[8],
+                hot[9],
+                hot[10] / 1000.0,
+            )
+        )
+    return rows
+
+
+def collect(buf: mmap.mmap, layout: Layout, fleet: str) -> PoolStatistics:
+    """Read the statistics of the table in ``buf`` (call under its critical section)."""
+    keys = _keys(buf, layout)
+    resources = _resources(buf, layout)
+    members = []
+    for node in range(layout.fleet_capacity):
+        life = U64.unpack_from(buf, layout.doorbells + 8 * node)[0]
+        if life:
+            members.append((node, life))
+    return PoolStatistics(
+        fleet=fleet,
+        kind=layout.kind,
+        epoch=U64.unpack_from(buf, EPOCH_OFFSET)[0],
+        fleet_capacity=layout.fleet_capacity,
+        key_capacity=layout.key_capacity,
+        lane_capacity=layout.lane_capacity,
+        keys_count=len(keys),
+        live_count=sum(1 for r in resources if r.state == "live"),
+        draining_count=sum(1 for r in resources if r.state == "draining"),
+        reserved_count=sum(r.reserved for r in resources),
+        active_count=sum(r.active for r in resources),
+        creating_count=sum(k.creating for k in keys),
+        waiting_nodes_count=sum(k.waiting_nodes for k in keys),
+        members=tuple(members),
+        keys=tuple(keys),
+        resources=tuple(resources),
+    )
+
+
+def inspect(fleet: str, kind: int) -> PoolStatistics | None:
+    """Attach read-only to an existing pool table and snapshot it; None if absent.
+
+    Never creates, locks exclusively, resets or unlinks anything. The geometry
+    comes from the header, which is validated in full first.
+
+    Raises:
+        LayoutMismatch: the object is not a valid pool table.
+        AccessDenied: the object is not exclusively ours.
+    """
+    try:
+        fd = open_checked(SHM_DIR / object_name(fleet, kind), create=False)
+    except FileNotFoundError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if size < HEADER_SIZE:
+            raise LayoutMismatch(f"pool table {object_name(fleet, kind)!r} has {size} bytes")
+        with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) as buf:
+            fields = HEADER.unpack_from(buf, 0)
+            layout = Layout(kind, fields[7], fields[3], fields[4])
+            if layout.size > size:
+                raise LayoutMismatch(f"pool table {object_name(fleet, kind)!r} is truncated")
+            layout.validate(buf)
+            with _shared_lock(fleet, kind):
+                return collect(buf, layout, fleet)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _shared_lock(fleet: str, kind: int) -> Iterator[None]:
+    try:
+        fd = open_checked(lock_path(fleet, kind), create=False)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)

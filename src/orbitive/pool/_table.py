@@ -1,0 +1,510 @@
+"""The pool table's resource steps: each one a single critical section.
+
+Every step runs between ``enter()`` and ``leave()`` (the region's process mutex
+and ``flock``, see :mod:`._keys`), so it is atomic for every process of the
+fleet; that is what keeps ``reserve`` from ever over-admitting (seed 003:
+"reserves one unit with a single compare-and-swap").
+
+Invariant (crash safety): a process killed inside a step leaves a table the
+next process can use. Writes go commit-last and no counter duplicates the
+entries it counts (reserved = non-zero pending fences, live = member bits,
+creating = sum of claims):
+
+* register: body, then ``state = LIVE``, then the key's member bit;
+* close (unregister, node_dead): member bit cleared, then ``state = CLOSED``;
+* reserve: the fence counter, then the entry's time, then its fence (commit);
+* accept: the pending fence cleared, then ``active + 1`` (a kill between
+  loses a unit: the table may under-admit until reconcile, never over-admit).
+
+Values read from shared memory are checked before use: a slot is used only if
+its state, node, generation and epoch match the id that names it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Final
+
+from .._clock import wall_ms
+from .._errors import (
+    BusyError,
+    DrainingError,
+    LaneFullError,
+    MalformedError,
+    NotOwnerError,
+    NotReservedError,
+    OrbitError,
+    StaleError,
+)
+from .._fleet import Fleet
+from .._readiness import bump
+from .._region import Region
+from ._keys import M64, KeyTable
+from ._layout import (
+    BELL_PARKED,
+    CLOSED,
+    DRAINING,
+    EMPTY,
+    EXHAUSTED,
+    GENERATION_MAX,
+    KEY_CHANGES,
+    KEY_PARKED,
+    LIVE,
+    PENDING,
+    PENDING_WORDS,
+    RES_ACTIVE,
+    RES_BODY,
+    RES_BODY_AT,
+    RES_FENCE,
+    RES_FENCES,
+    RES_HOT,
+    RES_KEY_INDEX,
+    RES_OWNER,
+    RES_SINCE,
+    RESOURCE_SIZE,
+    U32,
+    U64,
+    U64_PAIR,
+    Layout,
+    new_epoch,
+    write_header,
+)
+from ._values import Candidate, Key, ResourceId
+
+_ZERO_PENDING: Final = bytes(2 * 8 * PENDING)
+
+#: A snapshot row: (slot offset, node, slot, generation, epoch, incarnation,
+#: state, capacity, reserved, active, last_reserve_ms).
+Row = tuple[int, int, int, int, int, int, int, int, int, int, int]
+
+
+class Table(KeyTable):
+    """The resource steps of one pool table (see :class:`KeyTable` for the rest)."""
+
+    def locate(self, rid: ResourceId) -> int:
+        """Offset of the slot ``rid`` names.
+
+        Raises:
+            MalformedError: not a ResourceId of this table's kind and geometry.
+        """
+        if (
+            type(rid) is not ResourceId
+            or rid.kind != self.kind
+            or (rid.node >= self.fleet_capacity or rid.slot >= self.lane_capacity)
+        ):
+            raise MalformedError(
+                f"{rid!r:.100} is not a resource id of this pool (kind {self.kind}, "
+                f"{self.fleet_capacity} nodes x {self.lane_capacity} slots)",
+                kind=self.kind,
+            )
+        return self.res_base + (rid.node * self.lane_capacity + rid.slot) * RESOURCE_SIZE
+
+    # -- resource checks --------------------------------------------------------------
+
+    def _refusal(self, rid: ResourceId, hot: tuple[int, ...], *, owner: bool) -> OrbitError:
+        """The error for a slot that is not usable as ``rid`` (slow path)."""
+        if owner and rid.node != self.node:
+            return self._not_owner(rid, hot)
+        if (
+            hot[2] != rid.generation
+            or hot[11] != rid.epoch
+            or hot[1] != rid.node
+            or not LIVE <= hot[0] <= DRAINING
+        ):
+            return StaleError(f"resource {rid} is closed or was reused", node=rid.node, key=rid)
+        if owner and hot[3] != self.incarnation:
+            return self._not_owner(rid, hot)
+        return DrainingError(f"resource {rid} is draining", node=rid.node, key=rid)
+
+    def _not_owner(self, rid: ResourceId, hot: tuple[int, ...]) -> NotOwnerError:
+        return NotOwnerError(
+            f"resource {rid} belongs to node {rid.node} incarnation {hot[3]}, "
+            f"not to node {self.node} incarnation {self.incarnation}",
+            node=self.node,
+            key=rid,
+        )
+
+    def _current(self, rid: ResourceId, offset: int) -> tuple[int, ...]:
+        hot: tuple[int, ...] = RES_HOT.unpack_from(self.buf, offset)
+        if (
+            hot[2] != rid.generation
+            or hot[11] != rid.epoch
+            or hot[1] != rid.node
+            or not (LIVE <= hot[0] <= DRAINING)
+        ):
+            raise self._refusal(rid, hot, owner=False)
+        return hot
+
+    def _owned(self, rid: ResourceId, offset: int) -> tuple[int, ...]:
+        hot: tuple[int, ...] = RES_HOT.unpack_from(self.buf, offset)
+        if (
+            hot[2] != rid.generation
+            or hot[11] != rid.epoch
+            or hot[1] != rid.node
+            or not (LIVE <= hot[0] <= DRAINING)
+            or hot[3] != self.incarnation
+            or rid.node != self.node
+        ):
+            raise self._refusal(rid, hot, owner=True)
+        return hot
+
+    # -- registration -----------------------------------------------------------------
+
+    def register(self, key: Key, capacity: int, active: int) -> ResourceId:
+        """Install a LIVE resource in this node's lane; ``active`` units start accepted.
+
+        Raises:
+            KeyFullError, LaneFullError.
+        """
+        self.enter()
+        try:
+            index = self.find_key(key, True)
+            slot, generation = self._allocate()
+            global_index = self.node * self.lane_capacity + slot
+            offset = self.res_base + global_index * RESOURCE_SIZE
+            epoch = self.epoch()
+            self.buf[offset + RES_FENCES : offset + RESOURCE_SIZE] = _ZERO_PENDING
+            RES_BODY.pack_into(
+                self.buf, offset + RES_BODY_AT, self.node, generation, self.incarnation,
+                key.value & M64, key.value >> 64, capacity, index, active, 0, wall_ms(), epoch,
+            )  # fmt: skip
+            self.buf[offset] = LIVE  # commit the slot, then publish it under the key
+            self._set_member(index, global_index, True)
+            self.key_changed(index)
+        finally:
+            self.leave()
+        return ResourceId(self.kind, self.node, slot, generation, epoch)
+
+    def _allocate(self) -> tuple[int, int]:
+        lane = self.lane_capacity
+        base = self.res_base + self.node * lane * RESOURCE_SIZE
+        for step in range(lane):
+            slot = (self.hint + step) & (lane - 1)
+            offset = base + slot * RESOURCE_SIZE
+            if self.buf[offset] not in (EMPTY, CLOSED):
+                continue
+            generation = U32.unpack_from(self.buf, offset + 4)[0]
+            if generation >= GENERATION_MAX:
+                self.buf[offset] = EXHAUSTED
+                continue
+            self.hint = (slot + 1) & (lane - 1)
+            return slot, generation + 1
+        raise LaneFullError(
+            f"node {self.node}'s resource lane is full ({lane} slots)", node=self.node
+        )
+
+    def close(self, rid: ResourceId) -> None:
+        """Owner closes a resource: not a member any more, then CLOSED."""
+        offset = self.locate(rid)
+        self.enter()
+        try:
+            hot = self._owned(rid, offset)
+            self._close_slot(offset, rid.node * self.lane_capacity + rid.slot, hot[7])
+        finally:
+            self.leave()
+
+    def _close_slot(self, offset: int, global_index: int, index: int) -> None:
+        if index < self.key_capacity:
+            self._set_member(index, global_index, False)
+            self.buf[offset] = CLOSED
+            self.key_changed(index)
+        else:
+            self.buf[offset] = CLOSED
+
+    def drain(self, rid: ResourceId) -> None:
+        """Owner moves LIVE to DRAINING (no wake: nothing became usable)."""
+        offset = self.locate(rid)
+        self.enter()
+        try:
+            if self._owned(rid, offset)[0] == LIVE:
+                self.buf[offset] = DRAINING
+        finally:
+            self.leave()
+
+    # -- leases ---------------------------------------------------------------------
+
+    def owner(self, rid: ResourceId) -> tuple[int, int]:
+        """(node, incarnation) recorded in ``rid``'s slot (one read, for classification)."""
+        node, _, life = RES_OWNER.unpack_from(self.buf, self.locate(rid) + RES_BODY_AT)
+        return node, life
+
+    def reserve(self, rid: ResourceId) -> int:
+        """Reserve one unit; returns its fence.
+
+        Raises:
+            StaleError, DrainingError, BusyError.
+        """
+        offset = self.locate(rid)
+        buf = self.buf
+        self.enter()
+        try:
+            hot = RES_HOT.unpack_from(buf, offset)
+            if (
+                hot[0] != LIVE
+                or hot[2] != rid.generation
+                or hot[11] != rid.epoch
+                or (hot[1] != rid.node)
+            ):
+                raise self._refusal(rid, hot, owner=False)
+            fences = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES)
+            free = fences.count(0)
+            if PENDING - free + hot[8] >= hot[6] or not free:
+                raise BusyError(f"resource {rid} has no free unit", node=rid.node, key=rid)
+            entry = fences.index(0) * 8
+            fence: int = hot[9] + 1
+            now = wall_ms()
+            U64_PAIR.pack_into(buf, offset + RES_FENCE, fence, now)
+            U64.pack_into(buf, offset + RES_SINCE + entry, now)
+            U64.pack_into(buf, offset + RES_FENCES + entry, fence)  # commit
+        finally:
+            self._release()
+            if self.deferred:
+                self._run_deferred()
+        return fence
+
+    def accept(self, rid: ResourceId, fence: int) -> int:
+        """Owner turns the pending ``fence`` into an active unit; returns the slot offset.
+
+        Raises:
+            StaleError, NotOwnerError, DrainingError, NotReservedError.
+        """
+        offset = self.locate(rid)
+        buf = self.buf
+        self.enter()
+        try:
+            hot = RES_HOT.unpack_from(buf, offset)
+            if (
+                hot[0] != LIVE
+                or hot[2] != rid.generation
+                or hot[11] != rid.epoch
+                or (hot[1] != self.node or hot[3] != self.incarnation or rid.node != self.node)
+            ):
+                raise self._refusal(rid, hot, owner=True)
+            fences = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES)
+            if fence not in fences:
+                raise NotReservedError(
+                    f"fence {fence} of resource {rid} is not pending "
+                    "(accepted already, aged out or cancelled)",
+                    node=rid.node,
+                    key=rid,
+                )
+            U64.pack_into(buf, offset + RES_FENCES + fences.index(fence) * 8, 0)
+            U32.pack_into(buf, offset + RES_ACTIVE, hot[8] + 1)
+        finally:
+            self._release()
+            if self.deferred:
+                self._run_deferred()
+        return offset
+
+    def complete(self, offset: int, generation: int, epoch: int) -> None:
+        """Return one active unit of the slot at ``offset`` if it is still that resource."""
+        buf = self.buf
+        self.enter()
+        try:
+            hot = RES_HOT.unpack_from(buf, offset)
+            if hot[2] == generation and hot[11] == epoch and LIVE <= hot[0] <= DRAINING and hot[8]:
+                U32.pack_into(buf, offset + RES_ACTIVE, hot[8] - 1)
+                if hot[7] < self.key_capacity:
+                    self.key_changed(hot[7])
+        finally:
+            self._release()
+            if self.deferred:
+                self._run_deferred()
+
+    def cancel(self, rid: ResourceId, fence: int, holder: tuple[int, int]) -> None:
+        """The holder takes its own pending ``fence`` back (before delivery).
+
+        Raises:
+            StaleError, NotOwnerError (another holder), NotReservedError.
+        """
+        offset = self.locate(rid)
+        if holder != (self.node, self.incarnation):
+            raise NotOwnerError(
+                f"only the lease's holder (node {holder[0]} incarnation {holder[1]}) may cancel it",
+                node=self.node,
+                key=rid,
+            )
+        self.enter()
+        try:
+            hot = self._current(rid, offset)
+            fences = PENDING_WORDS.unpack_from(self.buf, offset + RES_FENCES)
+            if fence <= 0 or fence not in fences:
+                raise NotReservedError(f"fence {fence} of resource {rid} is not pending", key=rid)
+            U64.pack_into(self.buf, offset + RES_FENCES + fences.index(fence) * 8, 0)
+            if hot[7] < self.key_capacity:
+                self.key_changed(hot[7])
+        finally:
+            self.leave()
+
+    def reconcile(self, rid: ResourceId, active: int, grace_ms: int) -> int:
+        """Owner ages out reservations older than ``grace_ms`` and sets ``active``.
+
+        Returns the number of reservations aged out.
+
+        Raises:
+            StaleError, NotOwnerError, MalformedError (active > capacity).
+        """
+        offset = self.locate(rid)
+        buf = self.buf
+        self.enter()
+        try:
+            hot = self._owned(rid, offset)
+            if active > hot[6]:
+                raise MalformedError(
+                    f"active {active} exceeds resource {rid}'s capacity {hot[6]}", key=rid
+                )
+            fences = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES)
+            since = PENDING_WORDS.unpack_from(buf, offset + RES_SINCE)
+            now = wall_ms()
+            aged = 0
+            for entry, fence in enumerate(fences):
+                if fence and now - since[entry] > grace_ms:
+                    U64.pack_into(buf, offset + RES_FENCES + entry * 8, 0)
+                    aged += 1
+            U32.pack_into(buf, offset + RES_ACTIVE, active)
+            if (aged + hot[8] > active) and hot[7] < self.key_capacity:
+                self.key_changed(hot[7])
+        finally:
+            self.leave()
+        return aged
+
+    # -- snapshots --------------------------------------------------------------------
+
+    def snapshot(self, key: Key, install: bool) -> tuple[list[Candidate], int, int, int] | None:
+        """(candidates, live, creating, version) of ``key`` in one section; None if absent."""
+        self.enter()
+        try:
+            index = self.find_key(key, install)
+            if index < 0:
+                return None
+            offset = self.key_offset(index)
+            members_at = offset + self.key_members
+            members = int.from_bytes(
+                self.buf[members_at : members_at + self.member_bytes], "little"
+            )
+            rows = self._rows(members, key)
+            live, creating = self.budget(index)
+            version = self.changes(index)
+        finally:
+            self.leave()
+        return [self._candidate(row) for row in rows], live, creating, version
+
+    def _candidate(self, row: Row) -> Candidate:
+        """A Candidate from a snapshot row (built outside the critical section)."""
+        _, node, slot, generation, epoch, life, state, capacity, reserved, active, last = row
+        return Candidate(
+            ResourceId(self.kind, node, slot, generation, epoch),
+            node,
+            life,
+            node == self.node and life == self.incarnation,
+            "live" if state == LIVE else "draining",
+            capacity,
+            reserved,
+            active,
+            last / 1000.0,
+        )
+
+    def _rows(self, members: int, key: Key) -> list[Row]:
+        rows: list[Row] = []
+        lo, hi = key.value & M64, key.value >> 64
+        while members:
+            low = members & -members
+            members ^= low
+            node, slot = divmod(low.bit_length() - 1, self.lane_capacity)
+            offset = self.res_base + (node * self.lane_capacity + slot) * RESOURCE_SIZE
+            hot = RES_HOT.unpack_from(self.buf, offset)
+            if LIVE <= hot[0] <= DRAINING and hot[1] == node and hot[4] == lo and hot[5] == hi:
+                free = PENDING_WORDS.unpack_from(self.buf, offset + RES_FENCES).count(0)
+                rows.append(
+                    (offset, node, slot, hot[2], hot[11], hot[3], hot[0], hot[6],
+                     PENDING - free, hot[8], hot[10])
+                )  # fmt: skip
+        return rows
+
+    def lives(self) -> dict[int, set[int]]:
+        """Per node, the incarnations that own live or draining resources."""
+        self.enter()
+        try:
+            end = self.res_base + self.fleet_capacity * self.lane_capacity * RESOURCE_SIZE
+            states = self.buf[self.res_base : end : RESOURCE_SIZE]
+            lives: dict[int, set[int]] = {}
+            for global_index, state in enumerate(states):
+                if LIVE <= state <= DRAINING:
+                    offset = self.res_base + global_index * RESOURCE_SIZE
+                    node, _, incarnation = RES_OWNER.unpack_from(self.buf, offset + RES_BODY_AT)
+                    lives.setdefault(node, set()).add(incarnation)
+        finally:
+            self.leave()
+        return lives
+
+    # -- deaths and resets ---------------------------------------------------------------
+
+    def node_dead(self, node: int, incarnation: int) -> int:
+        """Close that life's resources; return its claims if its doorbell shows it.
+
+        Returns the number of resources closed.
+        """
+        self.enter()
+        try:
+            changed: set[int] = set()
+            closed = 0
+            base = node * self.lane_capacity
+            for slot in range(self.lane_capacity):
+                offset = self.res_base + (base + slot) * RESOURCE_SIZE
+                if LIVE <= self.buf[offset] <= DRAINING:
+                    owner, _, life = RES_OWNER.unpack_from(self.buf, offset + RES_BODY_AT)
+                    if owner == node and life == incarnation:
+                        index = U32.unpack_from(self.buf, offset + RES_KEY_INDEX)[0]
+                        if index < self.key_capacity:
+                            self._set_member(index, base + slot, False)
+                            changed.add(index)
+                        self.buf[offset] = CLOSED
+                        closed += 1
+            if self.doorbell(node) == incarnation:
+                changed.update(self._forget_node(node, claims=True))
+                U64.pack_into(self.buf, self.layout.doorbells + 8 * node, 0)
+            for index in sorted(changed):
+                self.key_changed(index)
+        finally:
+            self.leave()
+        return closed
+
+    def reset_all(self) -> int:
+        """New epoch; every key and resource emptied, waiters woken. Returns the epoch."""
+        self.enter()
+        try:
+            epoch = new_epoch(self.epoch())
+            write_header(self.buf, self.layout, epoch)
+            interest = self.key_interest
+            for index in range(self.key_capacity):
+                offset = self.key_offset(index)
+                bump(self.buf, offset + KEY_CHANGES, offset + KEY_PARKED, self.fleet_capacity)
+                self.buf[offset : offset + KEY_CHANGES] = bytes(KEY_CHANGES)
+                end = offset + self.key_stride
+                self.buf[offset + interest : end] = bytes(end - offset - interest)
+            end = self.res_base + self.fleet_capacity * self.lane_capacity * RESOURCE_SIZE
+            self.buf[self.res_base : end] = bytes(end - self.res_base)
+            bump(self.buf, self.bell, self.bell + BELL_PARKED, self.fleet_capacity)
+            self.keys.clear()
+        finally:
+            self.leave()
+        return epoch
+
+
+_tables: weakref.WeakKeyDictionary[Region, Table] = weakref.WeakKeyDictionary()
+
+
+def table_for(fleet: Fleet, layout: Layout) -> Table:
+    """This process's Table for ``fleet``'s pool region of ``layout`` (one per region)."""
+    region = fleet.region(layout.kind, layout.size, layout.init, layout.validate)
+    table = _tables.get(region)
+    if table is None:
+        table = _tables[region] = Table(region, layout)
+    elif table.layout != layout:
+        raise MalformedError(
+            f"this process opened pool kind {layout.kind} of fleet {fleet.name!r} with "
+            f"another geometry ({table.layout})",
+            fleet=fleet.name,
+            kind=layout.kind,
+        )
+    return table

@@ -1,0 +1,89 @@
+"""Deaths: a member killed with SIGKILL gives its resources and claims back once reported."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from orbitive._errors import NodeOutsideFleet
+from orbitive.pool import Create, Key, Limits, Pool, Wait
+
+from ._agent import Agent, rid_of
+
+KEY = Key.digest(b"https://api.example")
+
+
+def _kill(agent: Agent) -> None:
+    agent.process.kill()
+    agent.process.join(10.0)
+    assert agent.process.exitcode == -9
+
+
+def test_sigkilled_owner_resources_gone_after_report_peer_intact_next_acquire_creates(
+    shm_pool: Pool, agents: Callable[[], Agent]
+) -> None:
+    doomed, peer = agents(), agents()
+    doomed_rid = rid_of(doomed.call("register", KEY, 1))
+    doomed.call("accept", shm_pool.reserve(doomed_rid))  # mid-lease when killed
+    doomed.call("claim", KEY, 3)
+    peer_rid, peer_handle = peer.call("register_active", KEY, 1)
+    assert shm_pool.budget(KEY) == (2, 1)
+    limits = Limits(max_live=2)
+    assert isinstance(shm_pool.acquire(KEY, limits), Wait)
+    _kill(doomed)
+    assert shm_pool.reap_dead() == [(doomed.node, doomed.incarnation)]
+    assert [c.id for c in shm_pool.candidates(KEY)] == [peer_rid]
+    assert shm_pool.budget(KEY) == (1, 0)  # its resource closed, its claim returned
+    assert shm_pool.owners() == [(peer.node, peer.incarnation)]
+    plan = shm_pool.acquire(KEY, limits)
+    assert isinstance(plan, Create)
+    plan.permit.finish()
+    peer.call("complete", peer_handle)
+    assert shm_pool.candidates(KEY)[0].free == 1  # the peer's resource is intact
+    assert shm_pool.reap_dead() == []  # reported once
+
+
+def test_node_dead_for_another_incarnation_leaves_resources_intact(
+    shm_pool: Pool, agents: Callable[[], Agent]
+) -> None:
+    member = agents()
+    member.call("register", KEY, 1)
+    member.call("claim", KEY, 5)
+    assert shm_pool.node_dead(member.node, member.incarnation + 1) == 0
+    assert shm_pool.budget(KEY) == (1, 1)
+    assert shm_pool.reap_dead() == []  # alive: nothing to report
+    assert shm_pool.node_dead(member.node, member.incarnation) == 1
+    assert shm_pool.budget(KEY) == (0, 0)
+    with pytest.raises(NodeOutsideFleet):
+        shm_pool.node_dead(10_000, 1)
+
+
+def test_death_watch_reports_a_killed_member_without_a_supervisor(
+    shm_pool: Pool, agents: Callable[[], Agent]
+) -> None:
+    member = agents()
+    member.call("register", KEY, 2)
+    seen: list[tuple[int, int]] = []
+    with shm_pool.watch_deaths(interval=0.05, on_death=lambda n, i: seen.append((n, i))) as watch:
+        _kill(member)
+        deadline = time.monotonic() + 10.0
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert seen == [(member.node, member.incarnation)] == watch.reported
+    assert shm_pool.candidates(KEY) == []
+
+
+def test_a_new_life_on_a_dead_nodes_lane_takes_back_its_claims(
+    shm_pool: Pool, agents: Callable[[], Agent]
+) -> None:
+    doomed = agents()
+    doomed.call("claim", KEY, 5)
+    doomed.call("register", KEY, 1)
+    _kill(doomed)
+    successor = agents()  # claims the lowest free node: the dead one's
+    assert successor.node == doomed.node
+    assert shm_pool.budget(KEY) == (1, 0)  # its predecessor's claim went back at bind
+    assert shm_pool.reap_dead() == [(doomed.node, doomed.incarnation)]
+    assert shm_pool.budget(KEY) == (0, 0)

@@ -1,0 +1,75 @@
+"""docs/format.md states the pool's layout and frame as the code has them."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from orbitive.pool import _layout, session
+from orbitive.pool._layout import Layout
+
+DOC = (Path(__file__).parents[2] / "docs" / "format.md").read_text()
+
+
+def section(title: str) -> str:
+    start = DOC.index(title)
+    end = DOC.find("\n## ", start + 1)
+    return DOC[start : end if end >= 0 else len(DOC)]
+
+
+def _offsets(fmt: str, names: tuple[str, ...]) -> list[tuple[int, int, str]]:
+    """(offset, size, name) of each field of a little-endian struct format."""
+    rows, offset = [], 0
+    codes = struct.Struct(fmt).format.lstrip("<")
+    parsed: list[str] = []
+    count = ""
+    for char in codes:
+        if char.isdigit():
+            count += char
+        else:
+            parsed.append(count + char)
+            count = ""
+    named = iter(names)
+    for code in parsed:
+        size = struct.calcsize("<" + code)
+        if not code.endswith("x"):
+            rows.append((offset, size, next(named)))
+        offset += size
+    return rows
+
+
+def test_pool_header_rows_match_the_header_struct() -> None:
+    text = section(f"## Pool table — kind {_layout.POOL_KIND}, layout version")
+    assert f"layout version {_layout.LAYOUT_VERSION}" in text
+    assert f"`{_layout.MAGIC.decode()}`" in text
+    names = tuple(n.replace("reserved_tail", "reserved") for n in _layout.HEADER_NAMES)
+    for offset, size, name in _offsets(_layout.HEADER.format, names):
+        assert f"| {offset} | {size} | {name} |" in text, name
+
+
+def test_pool_resource_and_key_rows_match_the_constants() -> None:
+    text = section("## Pool table")
+    hot = ("state", "owner_node", "generation", "owner_incarnation", "key_lo", "key_hi",
+           "capacity", "key_index", "active", "fence", "last_reserve_ms", "epoch")  # fmt: skip
+    for offset, size, name in _offsets(_layout.RES_HOT.format, hot):
+        assert f"| {offset} | {size} | {name} |" in text, name
+    assert f"| {_layout.RES_FENCES} | 128 | pending fences |" in text
+    assert f"| {_layout.RES_SINCE} | 128 | pending since |" in text
+    assert f"| resources | F * L * {_layout.RESOURCE_SIZE} |" in text
+    assert f"| {_layout.KEY_CHANGES} | 4 | changes |" in text
+    assert f"| {_layout.KEY_PARKED} | F | parked |" in text
+    assert f"{_layout.PENDING} x u64" in text
+    layout = Layout(247, 3, 8, 16)
+    assert layout.key_interest == _layout.KEY_PARKED + 8  # 64 + round_up(F, 8)
+    assert layout.key_claims == _layout.KEY_PARKED + 16
+    assert layout.key_members == layout.key_claims + 16  # claims + round_up(4 * F, 8)
+
+
+def test_session_frame_rows_match_the_frame_struct() -> None:
+    text = section(f"## Pool session frame, version {session.FRAME_VERSION}")
+    names = ("magic", "version", "kind", "holder_node", "resource", "fence",
+             "holder_incarnation", "epoch", "checksum")  # fmt: skip
+    for offset, size, name in _offsets(session.FRAME.format, names):
+        assert f"| {offset} | {size} | {name} |" in text, name
+    assert f"exactly these {session.FRAME_SIZE} bytes" in text
+    assert "| 40 | 4 | reserved | zero |" in text
