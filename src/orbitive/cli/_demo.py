@@ -33,6 +33,7 @@ from tempfile import TemporaryDirectory
 
 from .. import Fleet
 from ..lock import Acquired, Fence, LockKey, LockOwner, LockTable
+from ._demo_pool import run_pool_demo
 
 NAMESPACE = "orbit.demo"
 KEYS = 4
@@ -44,7 +45,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add ``orbit demo`` to ``orbit``."""
     cmd = subparsers.add_parser("demo", help="run worker processes contending for leases")
     cmd.add_argument("--workers", type=_positive_int, default=8, help="worker processes (8)")
-    cmd.add_argument("--seconds", type=_positive_float, default=5.0, help="run time (5)")
+    cmd.add_argument(
+        "--seconds", type=_positive_float, default=5.0, help="run time of each scenario (5)"
+    )
+    cmd.add_argument(
+        "--scenario",
+        choices=("all", "lock", "pool"),
+        default="all",
+        help="keyed leases, the resource pool, or both in turn (all)",
+    )
     cmd.set_defaults(func=cmd_demo)
 
 
@@ -215,13 +224,25 @@ def find_overlaps(tenures: list[tuple[str, int, int, int]]) -> list[str]:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Run the lock scenario and print its summary and verdict."""
+    """Run the lock scenario, the pool scenario, or both; non-zero if any verdict failed."""
+    status = 0
+    if args.scenario in ("all", "lock"):
+        status |= _lock_demo(args)
+    if args.scenario in ("all", "pool"):
+        print()
+        status |= run_pool_demo(args.workers, args.seconds)
+    return status
+
+
+def _lock_demo(args: argparse.Namespace) -> int:
     fleet_name = f"demo-{os.getpid()}"
     capacity = args.workers + 2
-    print(f"orbit demo: {args.workers} workers, {args.seconds:g} s, fleet {fleet_name!r}")
+    print(
+        f"orbit demo, keyed leases: {args.workers} workers, {args.seconds:g} s, "
+        f"fleet {fleet_name!r}"
+    )
     with TemporaryDirectory(prefix="orbit-demo-") as tmp:
-        status = _run(fleet_name, capacity, args, str(Path(tmp) / "resource.sock"))
-    return status
+        return _run(fleet_name, capacity, args, str(Path(tmp) / "resource.sock"))
 
 
 def _run(fleet_name: str, capacity: int, args: argparse.Namespace, address: str) -> int:
