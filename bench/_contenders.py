@@ -52,12 +52,12 @@ class Contender:
     gives_up: str
 
 
-def need(module: str, extra: str = "bench") -> ModuleType:
-    """Import ``module`` or raise Skip naming the package to install."""
+def need(module: str, hint: str = "pip install -e '.[bench]'") -> ModuleType:
+    """Import ``module`` or raise Skip with the import error and ``hint``."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise Skip(f"{module} not importable ({exc}); pip install -e '.[{extra}]'") from None
+        raise Skip(f"{module} not importable ({exc}); {hint}") from None
 
 
 def _nothing() -> None:
@@ -103,7 +103,7 @@ def lock_table(ws: Workspace, keys: int) -> Prepared:
 
 
 def _store(ws: Workspace, keys: int, url: str, cleanup: Callable[[], None]) -> Prepared:
-    store_module: Any = need("orbitive.store", extra="test")
+    store_module: Any = need("orbitive.store", hint="orbitive.store is not in this checkout")
     names = [f"bench/key-{index}" for index in range(keys)]
 
     def open_session() -> Session:
@@ -142,7 +142,7 @@ def store_shm(ws: Workspace, keys: int) -> Prepared:
 
 def store_postgres(ws: Workspace, keys: int) -> Prepared:
     """The store contract over the runner's PostgreSQL server."""
-    need("psycopg", extra="postgres")
+    need("psycopg", hint="pip install -e '.[postgres]'")
     url = postgres_url(ws.server("postgres"))
     _pg_connect(url).close()
     return _store(ws, keys, url, _nothing)
@@ -254,7 +254,7 @@ def redis_lock(ws: Workspace, keys: int) -> Prepared:
 
 def _pg_connect(url: str) -> Any:
     """A psycopg autocommit connection, retried while the server is still starting."""
-    psycopg: Any = need("psycopg", extra="postgres")
+    psycopg: Any = need("psycopg", hint="pip install -e '.[postgres]'")
     deadline = time.monotonic() + 30.0
     while True:
         try:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from multiprocessing.connection import Connection
 
-from ._measure import Skip
+from ._measure import Result, Skip
 from ._workspace import Prepared
 
 _ORDER = 256
@@ -129,3 +129,12 @@ def _parse(replies: list[str]) -> Round:
         attempts=tuple(int(attempts) for _, attempts, _ in fields),
         seconds=statistics.fmean(float(took) for _, _, took in fields),
     )
+
+
+def record(result: Result, rounds: list[Round], procs: int, keys: int) -> Result:
+    """Fill ``result`` with the rounds' throughputs and median fairness figures."""
+    result.samples = [one.throughput for one in rounds]
+    result.extra = {"processes": procs, "keys": keys}
+    for name in ("min_max_share", "min_fair_share", "busy_share"):
+        result.extra[name] = statistics.median(getattr(one, name) for one in rounds)
+    return result

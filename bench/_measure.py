@@ -19,6 +19,19 @@ Kind = Literal["orbitive", "alternative", "floor"]
 Unit = Literal["us", "ops/s"]
 
 
+@dataclass(frozen=True)
+class Settings:
+    """How long and how often each figure is measured."""
+
+    seconds: float  # per uncontended run
+    repeats: int  # runs per uncontended figure
+    window: float  # seconds per contention round
+    rounds: int  # contention rounds per figure
+    wakes: int  # wakes per latency run
+    wake_repeats: int  # latency runs per figure
+    contention: tuple[str, ...] | None  # contenders in the contention runs (None: all)
+
+
 class Skip(Exception):
     """A row cannot run here; the message says why (printed, and kept in the JSON)."""
 

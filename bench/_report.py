@@ -211,7 +211,8 @@ def write_chart(path: Path, results: list[Result], title: str) -> str | None:
     axes.set_ylabel("acquire + release pairs per second")
     axes.set_title(title, fontsize=10)
     axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize=7, loc="best")
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend(fontsize=7, loc="best")
     figure.tight_layout()
     figure.savefig(path)
     pyplot.close(figure)

@@ -4,34 +4,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import _pool, _report, _wake
 from ._contenders import CONTENDERS, Contender
-from ._contention import run_round
-from ._measure import Result, Skip, calibrated_us
+from ._contention import record, run_round
+from ._measure import Result, Settings, Skip, calibrated_us
 from ._workspace import Workspace
 
 Job = Callable[[Workspace], list[Result]]
-
-
-@dataclass(frozen=True)
-class Settings:
-    """How long and how often each figure is measured."""
-
-    seconds: float  # per uncontended run
-    repeats: int  # runs per uncontended figure
-    window: float  # seconds per contention round
-    rounds: int  # contention rounds per figure
-    wakes: int  # wakes per latency run
-    wake_repeats: int  # latency runs per figure
-    contention: tuple[str, ...] | None  # contenders in the contention runs (None: all)
 
 
 FULL = Settings(0.3, 7, 1.0, 3, 400, 5, None)
@@ -79,10 +64,7 @@ def contention(contender: Contender, procs: int, keys: int, settings: Settings) 
                 ]
             finally:
                 prepared.cleanup()
-            result.samples = [one.throughput for one in rounds]
-            result.extra = {"processes": procs, "keys": keys}
-            for name in ("min_max_share", "min_fair_share", "busy_share"):
-                result.extra[name] = statistics.median(getattr(one, name) for one in rounds)
+            record(result, rounds, procs, keys)
         return [result]
 
     return job
@@ -112,7 +94,7 @@ def jobs(settings: Settings, only: list[str]) -> list[tuple[str, Job]]:
     found.append(
         ("wake latency", lambda ws: _wake.wake_results(settings.wakes, settings.wake_repeats))
     )
-    found.append(("pool", lambda ws: _pool.pool_results(ws, settings.seconds, settings.repeats)))
+    found.append(("pool", lambda ws: _pool.pool_results(ws, settings)))
     return found
 
 

@@ -21,6 +21,7 @@ from ._measure import Kind, Result
 
 _STAMP = struct.Struct("<Q")
 SECTION = "wake latency"
+GROUP = "publish -> readable"
 
 
 def _pipe_publisher(commands: Connection, write_fd: int) -> None:
@@ -79,10 +80,18 @@ def wake_results(rounds: int, repeats: int) -> list[Result]:
     return results
 
 
-def _result(name: str, kind: Kind, runs: list[list[float]], skipped: str | None = None) -> Result:
-    result = Result(SECTION, "publish -> readable", name, kind, "us", skipped=skipped)
-    if runs:
-        every = [sample for run in runs for sample in run]
-        result.samples = [readiness_wake.percentile(run, 0.5) for run in runs]
-        result.extra = {"p99_us": readiness_wake.percentile(every, 0.99), "wakes": len(every)}
+def percentile_result(
+    section: str, group: str, name: str, kind: Kind, runs: list[list[float]]
+) -> Result:
+    """A latency Result: each sample is one run's p50; ``extra["p99_us"]`` is over every run."""
+    every = [sample for run in runs for sample in run]
+    result = Result(section, group, name, kind, "us")
+    result.samples = [readiness_wake.percentile(run, 0.5) for run in runs]
+    result.extra = {"p99_us": readiness_wake.percentile(every, 0.99), "wakes": len(every)}
     return result
+
+
+def _result(name: str, kind: Kind, runs: list[list[float]], skipped: str | None = None) -> Result:
+    if skipped is not None:
+        return Result(SECTION, GROUP, name, kind, "us", skipped=skipped)
+    return percentile_result(SECTION, GROUP, name, kind, runs)
