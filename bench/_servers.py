@@ -4,6 +4,7 @@ Each ``start_*`` finds the binary, starts it on a free port in a fresh temporary
 directory, waits until it answers and returns a :class:`Server`; it raises
 :class:`Skip` with the reason when the binary is missing or will not start. As
 root, PostgreSQL runs as the ``postgres`` (or ``nobody``) user: initdb refuses root.
+Each server leads its own process group; ``stop`` signals the whole group.
 """
 
 from __future__ import annotations
@@ -43,13 +44,18 @@ class Server:
         return "(no log)"
 
     def stop(self) -> None:
-        """SIGINT (a fast shutdown for both servers), SIGKILL after 10 s, remove the dir."""
+        """SIGINT to its process group (a fast shutdown for both servers), SIGKILL after 10 s.
+
+        Then the directory is removed.
+        """
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGINT)
             try:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -64,7 +70,9 @@ def free_port() -> int:
 
 def _launch(name: str, command: list[str], root: Path, port: int) -> Server:
     with (root / "server.log").open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=root)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True
+        )
     server = Server(name, port, process, root)
     deadline = time.monotonic() + _START_TIMEOUT_S
     while not _answers(port):
@@ -110,6 +118,9 @@ def _unprivileged(root: Path) -> list[str]:
         with contextlib.suppress(KeyError):
             user = pwd.getpwnam(name)
             os.chown(root, user.pw_uid, user.pw_gid)
+            if shutil.which("setpriv"):  # execs in place: the server stays our direct child
+                ids = [f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
+                return ["setpriv", *ids, "--"]
             return ["runuser", "-u", name, "--"]
     raise Skip("running as root and no 'postgres' or 'nobody' user to run PostgreSQL as")
 
