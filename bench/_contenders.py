@@ -103,7 +103,7 @@ def lock_table(ws: Workspace, keys: int) -> Prepared:
 
 
 def _store(ws: Workspace, keys: int, url: str, cleanup: Callable[[], None]) -> Prepared:
-    store_module: Any = need("orbitive.store", hint="orbitive.store is not in this checkout")
+    store_module: Any = need("orbitive.store", hint="not in this checkout yet")
     names = [f"bench/key-{index}" for index in range(keys)]
 
     def open_session() -> Session:

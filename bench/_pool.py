@@ -34,8 +34,8 @@ class _Pools:
     """The pool module, one fleet name, and a pool the runner keeps open until cleanup."""
 
     def __init__(self, ws: Workspace) -> None:
-        self.module: Any = need("orbitive.pool", hint="orbitive.pool is not in this checkout")
-        self.session: Any = need("orbitive.pool.session", hint="orbitive.pool.session missing")
+        self.module: Any = need("orbitive.pool", hint="not in this checkout yet")
+        self.session: Any = need("orbitive.pool.session", hint="not in this checkout yet")
         self.name = ws.unique("bpool")
         self.key = self.module.Key(_KEY)
         self.limits = self.module.Limits(max_live=FLEET_CAPACITY, attempts=4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     args = parse(sys.argv[1:] if argv is None else argv)
     settings = QUICK if args.quick else FULL
     work = jobs(settings, args.only)
-    started = time.monotonic()
+    started, load_before = time.monotonic(), os.getloadavg()
     ws = Workspace()
     try:
         results = _Progress(len(work)).run(work, ws)
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     command = " ".join(["python -m bench", *(sys.argv[1:] if argv is None else argv)])
     meta: dict[str, Any] = {"command": command, "mode": "quick" if args.quick else "full"}
     meta["seconds"] = round(time.monotonic() - started, 1)
+    meta["load_average_before"], meta["load_average_after"] = load_before, os.getloadavg()
     _report.print_table(results)
     _report.write_json(args.out / "results.json", results, meta)
     (args.out / "results.md").write_text(_report.markdown(results), encoding="utf-8")
