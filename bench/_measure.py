@@ -52,6 +52,9 @@ class Result:
     samples: list[float] = field(default_factory=list)
     skipped: str | None = None
     extra: dict[str, float] = field(default_factory=dict)
+    #: (section, group) whose floor and alternatives this row is compared with
+    #: when its own group has none (the pool rows); None: its own group.
+    compare: tuple[str, str] | None = None
 
     @property
     def median(self) -> float:

@@ -19,10 +19,11 @@ from typing import Any
 
 from orbitive import Fleet, OrbitError
 
+from . import _wake
 from ._contenders import FLEET_CAPACITY, need
 from ._contention import record, run_round
 from ._measure import Result, Settings, Skip, Unit, calibrated_us
-from ._wake import percentile_result
+from ._wake import latency
 from ._workspace import Prepared, Session, Workspace
 from .readiness_wake import remove_fleet_files
 
@@ -170,20 +171,44 @@ def wake_us(pools: _Pools, rounds: int) -> list[float]:
 
 
 def pool_results(ws: Workspace, settings: Settings) -> list[Result]:
-    """Every pool figure, or one skipped row when orbitive.pool is not there."""
+    """Every pool figure, or one skipped row when orbitive.pool is not there.
+
+    Each row is compared with the floor and alternatives of the closest lock
+    figure: local reuse with one-process acquire + release, remote reuse with
+    two processes on one key, 8-process acquire with 8 processes on one key.
+    """
     try:
         pools = _Pools(ws)
     except Skip as exc:
         return [Result(SECTION, "all", "orbitive pool", "orbitive", "us", skipped=str(exc))]
+    local = _row(SECTION, "local reuse, 1 process", "us", ("acquire + release", "1 process, 1 key"))
+    remote = _row(
+        SECTION, "remote reuse, Unix socket", "ops/s", ("contention", "2 processes, 1 key")
+    )
+    crowd = _row(SECTION, "acquire, 8 processes", "ops/s", ("contention", "8 processes, 1 key"))
+    group = "completion -> woken wait_capacity"
+    wake = _row(_wake.SECTION, group, "us", (_wake.SECTION, _wake.GROUP))
     try:
-        return [
-            _measured("local reuse, 1 process", "us", lambda: _local(pools, settings)),
-            _measured("remote reuse, Unix socket", "ops/s", lambda: remote_reuse(pools, settings)),
-            _contended(pools, settings),
-            _wake(pools, settings),
-        ]
+        _fill(local, lambda: _local(pools, settings))
+        _fill(remote, lambda: remote_reuse(pools, settings))
+        _fill(crowd, lambda: _crowd(pools, settings, crowd))
+        _fill(wake, lambda: _wake_p50s(pools, settings, wake))
     finally:
         pools.close()
+    return [local, remote, crowd, wake]
+
+
+def _row(section: str, group: str, unit: Unit, compare: tuple[str, str]) -> Result:
+    result = Result(section, group, "orbitive Pool", "orbitive", unit)
+    result.compare = compare
+    return result
+
+
+def _fill(result: Result, measure: Callable[[], list[float]]) -> None:
+    try:
+        result.samples = measure()
+    except Skip as exc:
+        result.skipped = str(exc)
 
 
 def _local(pools: _Pools, settings: Settings) -> list[float]:
@@ -194,31 +219,12 @@ def _local(pools: _Pools, settings: Settings) -> list[float]:
         session.close()
 
 
-def _measured(group: str, unit: Unit, measure: Callable[[], list[float]]) -> Result:
-    result = Result(SECTION, group, "orbitive Pool", "orbitive", unit)
-    try:
-        result.samples = measure()
-    except Skip as exc:
-        result.skipped = str(exc)
-    return result
+def _crowd(pools: _Pools, settings: Settings, result: Result) -> list[float]:
+    prepared = pools.local_reuse()
+    rounds = [run_round(prepared, 8, 1, settings.window) for _ in range(settings.rounds)]
+    return record(result, rounds, 8, 1).samples
 
 
-def _contended(pools: _Pools, settings: Settings) -> Result:
-    result = Result(SECTION, "acquire, 8 processes", "orbitive Pool", "orbitive", "ops/s")
-    try:
-        rounds = [
-            run_round(pools.local_reuse(), 8, 1, settings.window) for _ in range(settings.rounds)
-        ]
-    except Skip as exc:
-        result.skipped = str(exc)
-        return result
-    return record(result, rounds, 8, 1)
-
-
-def _wake(pools: _Pools, settings: Settings) -> Result:
-    group = "completion -> woken wait_capacity"
-    try:
-        runs = [wake_us(pools, settings.wakes) for _ in range(settings.wake_repeats)]
-    except Skip as exc:
-        return Result("wake latency", group, "orbitive Pool", "orbitive", "us", skipped=str(exc))
-    return percentile_result("wake latency", group, "orbitive Pool", "orbitive", runs)
+def _wake_p50s(pools: _Pools, settings: Settings, result: Result) -> list[float]:
+    runs = [wake_us(pools, settings.wakes) for _ in range(settings.wake_repeats)]
+    return latency(result, runs).samples

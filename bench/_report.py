@@ -32,8 +32,8 @@ def ratios(results: list[Result]) -> dict[int, tuple[float | None, float | None]
     for index, result in enumerate(results):
         if not result.samples:
             continue
-        peers = [r for r in results if r.group == result.group and r.section == result.section]
-        peers = [r for r in peers if r.samples]
+        where = result.compare or (result.section, result.group)
+        peers = [r for r in results if (r.section, r.group) == where and r.samples]
         floor = next((r.cost for r in peers if r.kind == "floor"), None)
         alternatives = [r.cost for r in peers if r.kind == "alternative"]
         best = min(alternatives) if alternatives else None

@@ -80,12 +80,9 @@ def wake_results(rounds: int, repeats: int) -> list[Result]:
     return results
 
 
-def percentile_result(
-    section: str, group: str, name: str, kind: Kind, runs: list[list[float]]
-) -> Result:
-    """A latency Result: each sample is one run's p50; ``extra["p99_us"]`` is over every run."""
+def latency(result: Result, runs: list[list[float]]) -> Result:
+    """Fill ``result``: each sample is one run's p50; ``extra["p99_us"]`` is over every run."""
     every = [sample for run in runs for sample in run]
-    result = Result(section, group, name, kind, "us")
     result.samples = [readiness_wake.percentile(run, 0.5) for run in runs]
     result.extra = {"p99_us": readiness_wake.percentile(every, 0.99), "wakes": len(every)}
     return result
@@ -94,4 +91,4 @@ def percentile_result(
 def _result(name: str, kind: Kind, runs: list[list[float]], skipped: str | None = None) -> Result:
     if skipped is not None:
         return Result(SECTION, GROUP, name, kind, "us", skipped=skipped)
-    return percentile_result(SECTION, GROUP, name, kind, runs)
+    return latency(Result(SECTION, GROUP, name, kind, "us"), runs)
