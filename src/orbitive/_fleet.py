@@ -285,9 +285,13 @@ class Fleet:
                 fleet=self.name,
                 node=self._node,
             )
-        self._member_fd = open_checked(membership_path(self.name), create=True)
-        fcntl.flock(self._member_fd, fcntl.LOCK_SH)
-        self._claim(None)
+        try:
+            self._member_fd = open_checked(membership_path(self.name), create=True)
+            fcntl.flock(self._member_fd, fcntl.LOCK_SH)
+            self._claim(None)
+        except BaseException:
+            self.close()  # the inherited node is the parent's: no node is left to use
+            raise
 
     def close(self) -> None:
         """Give the node back and unmap every region; never unlinks. Idempotent."""

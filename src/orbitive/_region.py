@@ -206,8 +206,15 @@ class Region:
     # -- critical section ----------------------------------------------------------
 
     def acquire(self) -> None:
-        """Enter the critical section: process mutex, then the kind's ``flock``."""
+        """Enter the critical section: process mutex, then the kind's ``flock``.
+
+        Raises:
+            FleetError: the region is closed (its mapping is gone).
+        """
         self._mutex.acquire()
+        if self._closed:
+            self._mutex.release()
+            raise FleetError(f"shm object {self.name!r} is closed")
         if self.shared:
             try:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_EX)

@@ -60,6 +60,7 @@ for _cls in (
     LockPoll,
     LockTable,
     LockTableStatistics,
+    Occupied,
     EntryTooLarge,
     IdExhausted,
     InvalidTtl,

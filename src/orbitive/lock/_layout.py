@@ -16,7 +16,7 @@ State object ``orbit-{fleet}-{state_kind}-{uid}`` (little-endian; version
        32    8 last_revision  last state_revision issued
        40   24 reserved       zero
     slots, capacity x slot_size; one slot:
-        0    1 state          0 EMPTY, 1 OCCUPIED, 2 TOMBSTONE
+        0    1 state          0 EMPTY (with zero lengths), 1 OCCUPIED, 2 TOMBSTONE
         1    1 reserved
         2    2 namespace_len
         4    2 label_len

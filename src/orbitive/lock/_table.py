@@ -57,6 +57,9 @@ _U64: Final = struct.Struct("<Q")
 _REVISION_OFFSET: Final = 24
 _EXPIRES_OFFSET: Final = 40
 _REVISION_MAX: Final = (1 << 64) - 1
+#: First 8 bytes of an EMPTY slot: state, reserved and the three lengths, all zero.
+#: A state byte of 0 with any non-zero length is a damaged slot, not the end of a chain.
+_EMPTY_HEAD: Final = bytes(8)
 _T = TypeVar("_T")
 _A = TypeVar("_A")
 _B = TypeVar("_B")
@@ -131,7 +134,7 @@ class LockTable:
             layout.state_kind, layout.state_size, layout.init_state, layout.validate_state
         )
         self._buf = self._state.buf
-        self._ring = Ring(fleet, layout.ring_geometry(fleet.capacity))
+        self._ring = Ring(fleet, layout.ring_geometry(fleet.capacity), _EVENT)
         self._fork_generation = _fork.generation
         self._mask = layout.capacity - 1
         self._stride = layout.slot_size
@@ -140,10 +143,11 @@ class LockTable:
         self._closed = False
 
     def _refresh_node(self) -> None:
+        node = self.fleet.node  # may raise in a forked child; then stay unrefreshed
         if self._fork_generation != _fork.generation:
             self._ring.forget_readiness()  # the parent's driver thread is not ours
         self._fork_generation = _fork.generation
-        self._node = self.fleet.node
+        self._node = node
         self._id_base = (self.layout.state_kind << KIND_SHIFT) | (self._node << NODE_SHIFT)
 
     # -- argument checks ---------------------------------------------------------------
@@ -205,10 +209,14 @@ class LockTable:
         state.acquire()
         try:
             now = monotonic_ns() // 1_000_000
-            found = self._probe(key, now)
-            if found >= 0:
-                return Occupied(self._lease_at(found))
-            return Acquired(self._insert(~found, key, owner, now, now + ttl_ms(ttl)))
+            slot = key.digest & self._mask
+            offset = HEADER_SIZE + slot * self._stride
+            if self._buf[offset : offset + 8] != _EMPTY_HEAD:  # else: a free home slot
+                slot = self._probe(key, now)
+                if slot >= 0:
+                    return Occupied(self._lease_at(slot))
+                slot = ~slot
+            return Acquired(self._insert(slot, key, owner, now, now + ttl_ms(ttl)))
         finally:
             state.release()
 
@@ -257,7 +265,10 @@ class LockTable:
         state.acquire()  # the hot path, so not through _locked
         try:
             slot = self._find_tenure(lease, monotonic_ns() // 1_000_000)
-            return slot >= 0 and self._remove(slot, lease)
+            if slot < 0:
+                return False
+            self._remove(slot, lease)
+            return True
         finally:
             state.release()
 
@@ -318,11 +329,17 @@ class LockTable:
 
     def _release_owned_step(self, key: LockKey, owner: LockOwner, _: int, now: int) -> bool:
         slot = self._probe(key, now)
-        return slot >= 0 and self._owner_is(slot, key, owner) and self._remove(slot)
+        if slot < 0 or not self._owner_is(slot, key, owner):
+            return False
+        self._remove(slot)
+        return True
 
     def _force_step(self, key: LockKey, _: None, __: int, now: int) -> bool:
         slot = self._probe(key, now)
-        return slot >= 0 and self._remove(slot)
+        if slot < 0:
+            return False
+        self._remove(slot)
+        return True
 
     def _current_step(self, key: LockKey, _: None, __: int, now: int) -> LockLease | None:
         slot = self._probe(key, now)
@@ -348,34 +365,39 @@ class LockTable:
         return fields
 
     def _live(self, slot: int, now: int) -> bool:
-        return self._read_live(slot, now) is not None
+        """A valid, unexpired entry whose stored digest matches its stored key (inspection)."""
+        fields = self._read_live(slot, now)
+        return fields is not None and self._lease_at(slot).key.digest == fields[4]
+
+    def _holds_key(self, offset: int, fields: tuple[int, ...], key: LockKey) -> bool:
+        """Whether the slot at ``offset`` (with its ``fields``) stores exactly ``key``."""
+        start = offset + SLOT_HEADER_SIZE
+        return (
+            fields[4] == key.digest
+            and fields[1] == len(key.namespace)
+            and fields[2] == len(key.label)
+            and self._buf[start : start + len(key.ident)] == key.ident
+        )
 
     def _probe(self, key: LockKey, now: int) -> int:
         """Slot of ``key``'s live entry, else ``~insertion_slot`` (``~capacity``: none).
 
         Linear probing from the key digest; stops at EMPTY. Expired or invalid
-        OCCUPIED slots met on the way are tombstoned (lazy reclaim).
+        OCCUPIED slots met on the way are tombstoned (lazy reclaim); any other
+        slot (TOMBSTONE, or damaged bytes) is reusable and the chain goes on.
         """
         buf, mask, stride = self._buf, self._mask, self._stride
-        digest, ident = key.digest, key.ident
-        ns_len, label_len = len(key.namespace), len(key.label)
-        slot = digest & mask
+        slot = key.digest & mask
         insert_at = mask + 1
         for _ in range(mask + 1):
             offset = HEADER_SIZE + slot * stride
             state = buf[offset]
-            if state == EMPTY:
+            if state == EMPTY and buf[offset : offset + 8] == _EMPTY_HEAD:
                 return ~(insert_at if insert_at <= mask else slot)
             if state == OCCUPIED:
                 fields = self._read_live(slot, now)
                 if fields is not None:
-                    if (
-                        fields[4] == digest
-                        and fields[1] == ns_len
-                        and fields[2] == label_len
-                        and buf[offset + SLOT_HEADER_SIZE : offset + SLOT_HEADER_SIZE + len(ident)]
-                        == ident
-                    ):
+                    if self._holds_key(offset, fields, key):
                         return slot
                     slot = (slot + 1) & mask
                     continue
@@ -386,12 +408,12 @@ class LockTable:
         return ~insert_at
 
     def _find_tenure(self, lease: LockLease, now: int) -> int:
-        """Slot holding exactly ``lease``'s tenure (same lock id), or -1."""
-        hint = lease.slot
-        if 0 <= hint <= self._mask:
-            fields = self._read_live(hint, now)
-            if fields is not None and fields[5] == lease.lock_id:
-                return hint
+        """Slot holding exactly ``lease``'s tenure (same key, same lock id), or -1.
+
+        Found by probing for the key, never by the lease's slot alone: only an
+        entry a lookup can reach is the key's holder, so a renew or release
+        can never act on an entry that damaged bytes cut off from its chain.
+        """
         slot = self._probe(lease.key, now)
         if (
             slot >= 0
@@ -456,7 +478,6 @@ class LockTable:
             self._node,
             _events.ACQUIRED,
             revision,
-            _EVENT,
             (_EVENT_MAGIC, _EVENT_VERSION, ns_len, label_len, owner_len, lock_id, now, expires),
             body,
         )
@@ -489,7 +510,6 @@ class LockTable:
             self._node,
             kind,
             revision,
-            _EVENT,
             (
                 _EVENT_MAGIC,
                 _EVENT_VERSION,
@@ -525,14 +545,13 @@ class LockTable:
             slot,
         )
 
-    def _remove(self, slot: int, lease: LockLease | None = None) -> bool:
+    def _remove(self, slot: int, lease: LockLease | None = None) -> None:
         """Release the live entry in ``slot`` (whose tenure is ``lease`` when known)."""
         if lease is None:
             lease = self._lease_at(slot)
         _, revision = self._next_ids(False)
         self._publish(_events.RELEASED, revision, lease, (0, 0))
         self._tombstone(slot)
-        return True
 
     def _tombstone(self, slot: int) -> None:
         """Mark ``slot`` TOMBSTONE; when the next slot is EMPTY, turn the run EMPTY.
@@ -542,13 +561,14 @@ class LockTable:
         """
         buf, mask, stride = self._buf, self._mask, self._stride
         buf[HEADER_SIZE + slot * stride] = TOMBSTONE
-        if buf[HEADER_SIZE + ((slot + 1) & mask) * stride] != EMPTY:
+        following = HEADER_SIZE + ((slot + 1) & mask) * stride
+        if buf[following : following + 8] != _EMPTY_HEAD:
             return
         for _ in range(mask + 1):
             offset = HEADER_SIZE + slot * stride
             if buf[offset] != TOMBSTONE:
                 return
-            buf[offset] = EMPTY
+            buf[offset : offset + 8] = _EMPTY_HEAD  # any torn write reads as a tombstone
             slot = (slot - 1) & mask
 
     # -- transitions and readiness -----------------------------------------------------

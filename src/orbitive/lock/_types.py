@@ -29,7 +29,10 @@ def _as_bytes(value: object, what: str) -> bytes:
 
 
 class HasNamespace(Protocol):
-    NAMESPACE: str | bytes
+    """A type (or object) with a ``NAMESPACE``; read-only, so ``NAMESPACE = "..."`` fits."""
+
+    @property
+    def NAMESPACE(self) -> str | bytes: ...  # noqa: N802 - the attribute name is the contract
 
 
 @final

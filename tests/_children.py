@@ -1,0 +1,250 @@
+"""What child processes run in the cross-process tests, and the test's handle on them.
+
+This module imports no test framework, so a spawned child starts quickly. Most
+children run :func:`serve`: they join the fleet, open its lock table and then
+call table or fleet methods on request, sending results (or the OrbitError
+raised) back through the channel. The others reproduce one scenario each.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import struct
+import sys
+import time
+from multiprocessing.synchronize import Barrier
+from typing import Any
+
+from orbitive import Fleet, OrbitError
+from orbitive._ring import Ring, RingGeometry
+from orbitive.lock import Acquired, LockKey, LockLayout, LockOwner, LockTable, _table
+
+from ._processes import Channel, Child, Processes
+
+#: The key the race and crash scenarios fight over.
+KEY = LockKey("tests.children", "contended")
+#: A second key, for what a child does on its own.
+OTHER_KEY = LockKey("tests.children", "other")
+
+
+# -- a table server ---------------------------------------------------------------------
+
+
+def serve(
+    channel: Channel, name: str, capacity: int, node: int | None, layout: LockLayout | None
+) -> None:
+    """Join fleet ``name``, open its lock table, then answer requests until told to stop.
+
+    Sends ``("ready", node, incarnation)`` or ``("refused", error)`` first. A
+    request is ``(target, method, args)`` with target "table" or "fleet"; the
+    answer is ``("ok", result)`` or ``("raised", error)``. None stops it.
+    """
+    try:
+        fleet = Fleet.join(name, capacity, node)
+    except OrbitError as error:
+        channel.send(("refused", error))
+        return
+    table = LockTable(fleet, layout)
+    channel.send(("ready", fleet.node, fleet.incarnation))
+    while (request := channel.recv(timeout=None)) is not None:
+        target, method, args = request
+        try:
+            result = getattr(fleet if target == "fleet" else table, method)(*args)
+        except OrbitError as error:
+            channel.send(("raised", error))
+        else:
+            channel.send(("ok", result))
+    table.close()
+    fleet.close()
+
+
+class Server:
+    """The test's handle on a child running :func:`serve`."""
+
+    node: int
+    incarnation: int
+
+    def __init__(self, child: Child) -> None:
+        self.child = child
+        self.refused: OrbitError | None = None
+        answer = child.recv()
+        if answer[0] == "refused":
+            self.refused = answer[1]
+        else:
+            _, self.node, self.incarnation = answer
+
+    def table(self, method: str, *args: object) -> Any:
+        """Call ``table.method(*args)`` in the child; re-raise what it raised."""
+        return self._call("table", method, args)
+
+    def fleet(self, method: str, *args: object) -> Any:
+        """Call ``fleet.method(*args)`` in the child; re-raise what it raised."""
+        return self._call("fleet", method, args)
+
+    def _call(self, target: str, method: str, args: tuple[object, ...]) -> Any:
+        self.child.send((target, method, args))
+        status, result = self.child.recv()
+        if status == "raised":
+            raise result
+        return result
+
+    def stop(self) -> int:
+        """Ask the child to close its table and fleet and exit; return its exit code."""
+        self.child.send(None)
+        return self.child.wait()
+
+
+def start_server(
+    processes: Processes,
+    name: str,
+    capacity: int,
+    node: int | None = None,
+    layout: LockLayout | None = None,
+) -> Server:
+    """Start a child running :func:`serve` and wait until it is ready (or refused)."""
+    return Server(processes.start(serve, name, capacity, node, layout))
+
+
+# -- scenarios --------------------------------------------------------------------------
+
+
+def race(channel: Channel, name: str, capacity: int, barrier: Barrier, owner: bytes) -> None:
+    """Open the table, wait at the barrier with the others, try KEY once, report."""
+    table = LockTable(Fleet.join(name, capacity))
+    table.current(KEY)  # map and warm up before the start line
+    barrier.wait(timeout=60)
+    result = table.try_acquire(KEY, LockOwner(owner), ttl=60.0)
+    channel.send(("acquired" if isinstance(result, Acquired) else "occupied", result.lease))
+    channel.recv()  # stay alive (holding the node) until the test has every answer
+
+
+def stop_in_critical_section(channel: Channel, name: str, capacity: int, operation: str) -> None:
+    """Acquire or renew KEY, stopping (SIGSTOP) after its slot went TOMBSTONE.
+
+    Sends ``("held", lease)`` first for "renew", then ``"stopped"`` from inside the
+    table's critical section (the flock is held); the test SIGKILLs it there.
+    """
+    table = LockTable(Fleet.join(name, capacity))
+    lease = None
+    if operation == "renew":
+        result = table.try_acquire(KEY, LockOwner(b"victim"), ttl=60.0)
+        assert isinstance(result, Acquired)
+        lease = result.lease
+        channel.send(("held", lease))
+
+    def hook(point: str) -> None:
+        if point == "tombstoned":
+            channel.send("stopped")
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    _table.crash_hook = hook
+    if lease is None:
+        table.try_acquire(KEY, LockOwner(b"victim"), ttl=60.0)
+    else:
+        table.renew(lease, 60.0)
+    channel.send("finished")  # only reached if the test let it continue
+
+
+def report_inherited(channel: Channel, fleet: Fleet, table: LockTable | None) -> None:
+    """Fork-only: report what a forked child sees through its parent's objects.
+
+    Sends ``("node", node)`` or ``("raised", error)`` for ``fleet.node``; with a
+    table, then ``("current", lease)`` for KEY. Waits for one message, then exits.
+    """
+    try:
+        channel.send(("node", fleet.node))
+    except OrbitError as error:
+        channel.send(("raised", error))
+    if table is not None:
+        channel.send(("current", table.current(KEY)))
+    channel.recv(timeout=None)
+
+
+def try_twice_in_child(channel: Channel, fleet: Fleet, table: LockTable) -> None:
+    """Fork-only: ``fleet.node`` twice, then ``table.try_acquire`` twice; report each outcome.
+
+    Sends a list of "node N" / "acquired" / "occupied" / the error class name.
+    """
+    outcomes: list[str] = []
+    for _ in range(2):
+        try:
+            outcomes.append(f"node {fleet.node}")
+        except OrbitError as error:
+            outcomes.append(type(error).__name__)
+    for _ in range(2):
+        try:
+            result = table.try_acquire(OTHER_KEY, LockOwner(b"child"), 30.0)
+        except OrbitError as error:
+            outcomes.append(type(error).__name__)
+        else:
+            outcomes.append("acquired" if isinstance(result, Acquired) else "occupied")
+    channel.send(outcomes)
+
+
+def fork_child_exits_normally(name: str, child_closes: str) -> None:
+    """Run in a fresh interpreter: hold KEY, fork a child that exits normally, re-check.
+
+    The child uses the inherited table (a lookup and an acquire of its own),
+    optionally closes the table and the fleet (``child_closes == "close"``),
+    drops every reference, collects garbage and returns, so its interpreter
+    shuts down normally with atexit handlers. Prints a JSON report.
+    """
+    fleet = Fleet.join(name, 4)
+    table = LockTable(fleet)
+    result = table.try_acquire(KEY, LockOwner(b"parent"), ttl=60.0)
+    assert isinstance(result, Acquired)
+    held = result.lease
+    pid = os.fork()
+    if pid == 0:
+        assert table.current(KEY) == held
+        table.try_acquire(OTHER_KEY, LockOwner(b"child"), ttl=60.0)
+        if child_closes == "close":
+            table.close()
+            fleet.close()
+        del table, fleet
+        gc.collect()
+        return  # the interpreter exits normally: atexit, finalisers, no os._exit
+    _, status = os.waitpid(pid, 0)
+    lookup = table.current(KEY)
+    report = {
+        "child_status": status,
+        "intact": lookup == held,
+        "node_alive": fleet.is_alive(fleet.node),
+        "node": fleet.node,
+        "revision_before": held.state_revision,
+        "other_held": table.current(OTHER_KEY) is not None,
+    }
+    sys.stdout.write(json.dumps(report))
+
+
+#: Frame shape of :func:`publish_until_killed`: ver is repeated in the head and the body.
+FRAME_HEAD = struct.Struct("<Q")
+FRAME_REPEAT = 30
+
+
+def publish_until_killed(
+    channel: Channel, name: str, capacity: int, geometry: RingGeometry
+) -> None:
+    """Publish frames on this node's lane as fast as possible until SIGKILLed.
+
+    Frame number ``n`` has ``ver == n``, head ``(n,)`` and a body of ``n`` packed
+    FRAME_REPEAT times, so a torn frame cannot pass for a whole one.
+    """
+    fleet = Fleet.join(name, capacity)
+    ring = Ring(fleet, geometry, FRAME_HEAD)
+    node = fleet.node
+    channel.send(("ready", node))
+    number = 1
+    while True:
+        body = FRAME_HEAD.pack(number) * FRAME_REPEAT
+        ring.publish(node, 1, number, (number,), body)
+        number += 1
+
+
+def sleep_forever(channel: Channel) -> None:
+    """Block until killed."""
+    channel.send("sleeping")
+    time.sleep(3600)

@@ -1,0 +1,43 @@
+"""Fleet names unique to one test, and removal of every file such a fleet leaves."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from pathlib import Path
+
+from orbitive import Fleet
+from orbitive._access import lock_dir
+from orbitive._errors import OrbitError
+from orbitive._region import SHM_DIR, object_name
+from orbitive.lock import LockLayout, LockTable
+
+
+def new_fleet_name() -> str:
+    """A fresh fleet name no other test (or test run) uses; no '-' so globs stay exact."""
+    return "t" + secrets.token_hex(6)
+
+
+def shm_path(name: str, kind: int) -> Path:
+    """Where the SHM object of (fleet, kind) lives on Linux."""
+    return SHM_DIR / object_name(name, kind)
+
+
+def fleet_files(name: str) -> list[Path]:
+    """Every SHM object and lock file of fleet ``name`` that exists now."""
+    found = list(SHM_DIR.glob(f"orbit-{name}-*"))
+    with contextlib.suppress(OrbitError, OSError):
+        found += lock_dir().glob(f"orbit-{name}-*")
+    return found
+
+
+def remove_fleet_files(name: str) -> None:
+    """Unlink every SHM object and lock file of fleet ``name``."""
+    for path in fleet_files(name):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def open_table(name: str, capacity: int, layout: LockLayout | None = None) -> LockTable:
+    """Join fleet ``name`` (lowest free node) and open its lock table."""
+    return LockTable(Fleet.join(name, capacity), layout)

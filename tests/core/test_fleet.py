@@ -1,0 +1,226 @@
+"""Fleet membership: node claims by flock, incarnations, liveness, names, fork and exec."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orbitive import Fleet
+from orbitive._errors import FleetError, InvalidName, NodeOutsideFleet
+from orbitive._fleet import node_path
+from orbitive.lock import LockTable
+
+from .._children import report_inherited, sleep_forever, start_server, try_twice_in_child
+from .._processes import Processes, exec_program
+
+# -- claims -----------------------------------------------------------------------------------
+
+
+def test_join_claims_the_lowest_free_node(fleet_name: str) -> None:
+    with Fleet.join(fleet_name, 4, node=0) as zero, Fleet.join(fleet_name, 4, node=2):
+        with Fleet.join(fleet_name, 4) as first_free:
+            assert first_free.node == 1
+            with Fleet.join(fleet_name, 4) as next_free:
+                assert next_free.node == 3
+                with pytest.raises(FleetError, match="all 4 nodes") as caught:
+                    Fleet.join(fleet_name, 4)
+                assert caught.value.fleet == fleet_name
+        zero.close()
+        with Fleet.join(fleet_name, 4) as again:
+            assert again.node == 0
+
+
+def test_a_second_live_process_cannot_claim_a_held_node(
+    processes: Processes, fleet_name: str
+) -> None:
+    with Fleet.join(fleet_name, 4) as fleet:
+        assert fleet.node == 0
+        refused = start_server(processes, fleet_name, 4, node=0)
+        assert isinstance(refused.refused, FleetError)
+        assert refused.refused.node == 0
+        other = start_server(processes, fleet_name, 4)
+        assert other.refused is None
+        assert other.node == 1
+        assert fleet.is_alive(1)
+        assert other.fleet("is_alive", 0) is True
+        assert other.stop() == 0
+        assert not fleet.is_alive(1)
+
+
+def test_a_closed_fleet_gives_its_node_back_at_once(fleet_name: str) -> None:
+    fleet = Fleet.join(fleet_name, 2, node=1)
+    with Fleet.join(fleet_name, 2, node=0) as observer:
+        assert observer.is_alive(1)
+        fleet.close()
+        fleet.close()  # idempotent
+        assert not observer.is_alive(1)
+    with pytest.raises(FleetError, match="closed"):
+        fleet.node  # noqa: B018 - the property raises
+
+
+def test_explicit_node_is_claimed_and_reported(fleet_name: str) -> None:
+    with Fleet.join(fleet_name, 8, node=5) as fleet:
+        assert (fleet.name, fleet.capacity, fleet.node) == (fleet_name, 8, 5)
+        assert fleet.is_alive(5)
+        assert not fleet.is_alive(4)
+        assert repr(fleet) == f"<Fleet {fleet_name!r} shm capacity=8 node=5>"
+
+
+def test_incarnation_differs_for_every_life_of_a_node(
+    processes: Processes, fleet_name: str
+) -> None:
+    seen = []
+    for _ in range(3):
+        with Fleet.join(fleet_name, 2, node=0) as fleet:
+            seen.append(fleet.incarnation)
+    for _ in range(2):
+        member = start_server(processes, fleet_name, 2, node=0)
+        seen.append(member.incarnation)
+        assert member.stop() == 0
+    assert seen == sorted(set(seen)), "incarnations repeat or go backwards"
+
+
+def test_is_alive_is_false_for_a_node_never_claimed(fleet_name: str) -> None:
+    with Fleet.join(fleet_name, 4) as fleet:
+        assert not fleet.is_alive(3)
+        assert not node_path(fleet_name, 3).exists()
+
+
+def test_local_fleet_claims_nothing_and_reports_only_its_own_node(fleet_name: str) -> None:
+    local = Fleet.local(fleet_name, 4, node=2)
+    assert (local.node, local.capacity) == (2, 4)
+    assert local.is_alive(2) and not local.is_alive(1)
+    assert Fleet.local(fleet_name, 4).incarnation != local.incarnation
+    with Fleet.join(fleet_name, 4, node=2) as joined:  # no flock was taken
+        assert joined.node == 2
+
+
+def test_fleet_cannot_be_pickled(fleet_name: str) -> None:
+    with Fleet.join(fleet_name, 1) as fleet, pytest.raises(TypeError, match=r"Fleet\.join"):
+        pickle.dumps(fleet)
+
+
+# -- argument checks ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "x" * 33, "a/b", "a b", "näme", "a\0b", ".", "..", "a:b", None, 7, b"bytes"],
+    ids=repr,
+)
+def test_bad_fleet_name_raises_invalid_name(name: Any) -> None:
+    for make in (Fleet.join, Fleet.local):
+        with pytest.raises(InvalidName) as caught:
+            make(name, 2)
+        assert isinstance(caught.value, ValueError)
+
+
+def test_longest_and_odd_but_valid_names_are_accepted() -> None:
+    for name in ("x" * 32, "a.b_c-D9", "...", "-"):
+        assert Fleet.local(name, 1).name == name
+
+
+@pytest.mark.parametrize("capacity", [0, -1, 4097, 2.0, True, None, "4"], ids=repr)
+def test_bad_capacity_raises_node_outside_fleet(fleet_name: str, capacity: Any) -> None:
+    for make in (Fleet.join, Fleet.local):
+        with pytest.raises(NodeOutsideFleet) as caught:
+            make(fleet_name, capacity)
+        assert isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize("node", [-1, 4, 100, 1.0, True, "0"], ids=repr)
+def test_bad_node_raises_node_outside_fleet(fleet_name: str, node: Any) -> None:
+    with pytest.raises(NodeOutsideFleet):
+        Fleet.join(fleet_name, 4, node=node)
+    with pytest.raises(NodeOutsideFleet):
+        Fleet.local(fleet_name, 4, node=node)
+    with Fleet.join(fleet_name, 4) as fleet, pytest.raises(NodeOutsideFleet):
+        fleet.is_alive(node)
+
+
+# -- fork and exec ----------------------------------------------------------------------------
+
+
+def test_forked_child_gets_another_node_and_does_not_inherit_the_node_lock(
+    fleet_name: str,
+) -> None:
+    with Processes("fork") as processes, Fleet.join(fleet_name, 4) as fleet:
+        parent_node = fleet.node
+        child = processes.start(report_inherited, fleet, None)
+        kind, child_node = child.recv()
+        assert kind == "node"
+        assert child_node != parent_node
+        assert fleet.is_alive(child_node)
+        fleet.close()
+        # The child is alive and had a copy of the parent's node descriptor.
+        with Fleet.join(fleet_name, 4, node=parent_node) as successor:
+            assert successor.node == parent_node
+        child.send("exit")
+        assert child.wait() == 0
+
+
+def test_forked_child_of_an_explicit_node_member_gets_fleet_error(fleet_name: str) -> None:
+    with Processes("fork") as processes, Fleet.join(fleet_name, 4, node=1) as fleet:
+        child = processes.start(report_inherited, fleet, None)
+        kind, error = child.recv()
+        assert kind == "raised"
+        assert isinstance(error, FleetError)
+        assert error.node == 1
+        assert fleet.is_alive(1) and fleet.node == 1
+        child.send("exit")
+        assert child.wait() == 0
+
+
+def test_forked_child_of_a_full_fleet_keeps_failing_and_never_uses_the_parents_node(
+    fleet_name: str,
+) -> None:
+    with Processes("fork") as processes, Fleet.join(fleet_name, 1) as fleet:
+        table = LockTable(fleet)
+        child = processes.start(try_twice_in_child, fleet, table)
+        assert child.recv() == ["FleetError"] * 4
+        assert child.wait() == 0
+        assert table.poll().events == (), "the child wrote into the parent's lane"
+        assert table.leases() == []
+        table.close()
+        table.unlink()
+
+
+def test_an_execd_program_does_not_inherit_the_node_lock(fleet_name: str) -> None:
+    fleet = Fleet.join(fleet_name, 2)
+    node = fleet.node
+    lock_file = node_path(fleet_name, node)
+    program = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with exec_program(program, close_fds=False) as child:
+        fds = Path(f"/proc/{child.pid}/fd")
+        if fds.is_dir():
+            targets = {os.readlink(fd) for fd in fds.iterdir() if fd.is_symlink()}
+            assert str(lock_file) not in targets
+        fleet.close()
+        with Fleet.join(fleet_name, 2, node=node) as successor:
+            assert successor.node == node
+        assert child.poll() is None, "the program should still be running"
+
+
+def test_fleet_dies_with_its_process_even_when_stopped_processes_linger(
+    processes: Processes, fleet_name: str
+) -> None:
+    member = start_server(processes, fleet_name, 2)
+    os.kill(member.child.pid, signal.SIGSTOP)
+    with Fleet.join(fleet_name, 2) as fleet:
+        assert fleet.node == 1 and fleet.is_alive(0)  # stopped is not dead
+    member.child.kill()
+    with Fleet.join(fleet_name, 2) as fleet:
+        assert fleet.node == 0
+
+
+def test_a_blocked_child_is_killed_and_reaped_by_the_helper() -> None:
+    with Processes("spawn") as processes:
+        child = processes.start(sleep_forever)
+        assert child.recv() == "sleeping"
+    assert child.process.exitcode == -signal.SIGKILL

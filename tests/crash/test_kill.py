@@ -1,0 +1,88 @@
+"""Processes killed with SIGKILL: while holding a lease, and inside the critical section."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from orbitive import Fleet, FleetError
+from orbitive.lock import Acquired, LockLease, LockOwner, LockTable, Occupied
+
+from .._children import KEY, Server, serve, start_server, stop_in_critical_section
+from .._processes import Processes
+
+SURVIVOR = LockOwner(b"survivor")
+
+
+def test_holder_killed_while_holding_is_succeeded_after_ttl_with_a_larger_token(
+    processes: Processes, shared_table: LockTable, fleet_name: str
+) -> None:
+    holder = start_server(processes, fleet_name, 4)
+    held = holder.table("try_acquire", KEY, LockOwner(b"holder"), 1.0)
+    assert isinstance(held, Acquired)
+    assert holder.child.kill() == -signal.SIGKILL
+    assert not shared_table.fleet.is_alive(holder.node)
+    # The lease outlives its process until the TTL passes (expiry needs no event).
+    assert shared_table.try_acquire(KEY, SURVIVOR, 30.0) == Occupied(held.lease)
+    time.sleep(max(0.0, held.lease.expires_at - time.monotonic()) + 0.01)
+    taken = shared_table.try_acquire(KEY, SURVIVOR, 30.0)
+    assert isinstance(taken, Acquired)
+    assert taken.lease.fencing_token > held.lease.fencing_token
+    assert shared_table.current(KEY) == taken.lease
+
+
+@pytest.mark.parametrize("operation", ["acquire", "renew"])
+def test_process_killed_between_tombstone_and_commit_blocks_nobody_and_leaves_key_absent(
+    processes: Processes, shared_table: LockTable, fleet_name: str, operation: str
+) -> None:
+    victim = processes.start(stop_in_critical_section, fleet_name, 4, operation)
+    original: LockLease | None = None
+    if operation == "renew":
+        _, original = victim.recv()
+    assert victim.recv() == "stopped"
+    assert victim.kill() == -signal.SIGKILL
+
+    # Another process is not blocked, and sees the key absent or intact.
+    other = start_server(processes, fleet_name, 4)
+    assert other.table("current", KEY) in (None, original)
+    taken = other.table("try_acquire", KEY, SURVIVOR, 30.0)
+    assert isinstance(taken, Acquired), "the key was left half-written"
+    assert other.stop() == 0
+
+    # So does this one; the entry is the survivor's, whole, and the only one.
+    assert shared_table.current(KEY) == taken.lease
+    assert shared_table.leases() == [taken.lease]
+    if original is not None:
+        assert shared_table.renew(original, 30.0) is None
+    assert taken.lease.fencing_token > (original.fencing_token if original else 0)
+    statistics = shared_table.statistics()
+    assert statistics.occupied_count == 1
+
+
+def test_a_process_stopped_in_the_critical_section_holds_others_until_killed(
+    processes: Processes, fleet_name: str
+) -> None:
+    victim = processes.start(stop_in_critical_section, fleet_name, 4, "acquire")
+    assert victim.recv() == "stopped"
+    waiting = processes.start(serve, fleet_name, 4, None, None)
+    with pytest.raises(TimeoutError):
+        waiting.recv(timeout=0.3)  # attaching waits on the flock the victim holds
+    os.kill(victim.pid, signal.SIGKILL)
+    waiter = Server(waiting)
+    assert waiter.table("current", KEY) is None
+    assert waiter.stop() == 0
+
+
+def test_killed_process_frees_its_node_at_once(processes: Processes, fleet_name: str) -> None:
+    member = start_server(processes, fleet_name, 4, node=2)
+    with Fleet.join(fleet_name, 4, node=0) as fleet:
+        assert fleet.is_alive(2)
+        with pytest.raises(FleetError, match="held by a live process"):
+            Fleet.join(fleet_name, 4, node=2)
+        assert member.child.kill() == -signal.SIGKILL
+        assert not fleet.is_alive(2)
+        with Fleet.join(fleet_name, 4, node=2) as successor:
+            assert successor.incarnation != member.incarnation
