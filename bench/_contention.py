@@ -60,7 +60,8 @@ def _hammer(
 ) -> str:
     session = prepared.open()
     try:
-        order = [random.Random(index).randrange(keys) for _ in range(_ORDER)]
+        draw = random.Random(index).randrange
+        order = [draw(keys) for _ in range(_ORDER)]
         cycle, now = session.cycle, time.perf_counter
         for key in order[:32]:
             cycle(key)

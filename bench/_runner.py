@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -99,42 +100,40 @@ def jobs(settings: Settings, only: list[str]) -> list[tuple[str, Job]]:
     return found
 
 
-class _Progress:
-    """A rich progress bar when rich is installed, else one line per job on stderr."""
+def run_all(work: list[tuple[str, Job]], ws: Workspace) -> list[Result]:
+    """Run every job under a rich progress bar (one line per job on stderr without rich)."""
+    try:
+        from rich.progress import Progress  # noqa: PLC0415 - optional dependency
+    except ImportError:
+        return _run_plain(work, ws)
+    results: list[Result] = []
+    with Progress(transient=True) as bar:
+        task = bar.add_task("benchmarks", total=len(work))
+        for label, job in work:
+            bar.update(task, description=label)
+            results += _said(job(ws), bar.console.print)
+            bar.advance(task)
+    return results
 
-    def __init__(self, total: int) -> None:
-        self.total, self.done = total, 0
-        self._bar: object = None
-        with contextlib.suppress(ImportError):
-            from rich.progress import Progress  # noqa: PLC0415 - optional dependency
 
-            self._bar = Progress(transient=True)
+def _run_plain(work: list[tuple[str, Job]], ws: Workspace) -> list[Result]:
+    results: list[Result] = []
+    for number, (label, job) in enumerate(work, 1):
+        print(f"[{number}/{len(work)}] {label}", file=sys.stderr, flush=True)
+        results += _said(job(ws), print)
+    return results
 
-    def run(self, work: list[tuple[str, Job]], ws: Workspace) -> list[Result]:
-        results: list[Result] = []
-        if self._bar is None:
-            for label, job in work:
-                self.done += 1
-                print(f"[{self.done}/{self.total}] {label}", file=sys.stderr, flush=True)
-                results += self._report(job(ws), print)
-            return results
-        from rich.progress import Progress  # noqa: PLC0415
 
-        assert isinstance(self._bar, Progress)
-        with self._bar as bar:
-            task = bar.add_task("benchmarks", total=self.total)
-            for label, job in work:
-                bar.update(task, description=label)
-                results += self._report(job(ws), bar.console.print)
-                bar.advance(task)
-        return results
+def _said(results: list[Result], say: Callable[[str], None]) -> list[Result]:
+    """Print each skip reason as soon as it is known."""
+    for result in results:
+        if result.skipped:
+            say(f"skipped {result.name} ({result.group}): {result.skipped}")
+    return results
 
-    @staticmethod
-    def _report(results: list[Result], say: Callable[[str], None]) -> list[Result]:
-        for result in results:
-            if result.skipped:
-                say(f"skipped {result.name} ({result.group}): {result.skipped}")
-        return results
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -152,17 +151,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> list[Result]:
     """Run the benchmarks; print the table; write results.json, results.md, contention.png."""
-    args = parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
     settings = QUICK if args.quick else FULL
     work = jobs(settings, args.only)
     started, load_before = time.monotonic(), os.getloadavg()
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so `kill` stops the servers too
     ws = Workspace()
     try:
-        results = _Progress(len(work)).run(work, ws)
+        results = run_all(work, ws)
     finally:
         ws.close()
     args.out.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python -m bench", *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join(["python -m bench", *argv])
     meta: dict[str, Any] = {"command": command, "mode": "quick" if args.quick else "full"}
     meta["seconds"] = round(time.monotonic() - started, 1)
     meta["load_average_before"], meta["load_average_after"] = load_before, os.getloadavg()
