@@ -191,7 +191,7 @@ def write_chart(path: Path, results: list[Result], title: str) -> str | None:
     except ImportError as exc:
         return f"matplotlib not importable ({exc})"
     contention = [result for result in results if result.section == "contention"]
-    figure, axes = pyplot.subplots(figsize=(7.5, 4.5), dpi=100)
+    figure, axes = pyplot.subplots(figsize=(9.0, 4.5), dpi=90)
     for name, points in _series(contention, 1).items():
         xs = [procs for procs, _ in points]
         line = axes.plot(xs, [r.median for _, r in points], marker="o", label=name)[0]
@@ -212,7 +212,7 @@ def write_chart(path: Path, results: list[Result], title: str) -> str | None:
     axes.set_title(title, fontsize=10)
     axes.grid(True, which="both", alpha=0.3)
     if axes.get_legend_handles_labels()[0]:
-        axes.legend(fontsize=7, loc="best")
+        axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()
     figure.savefig(path)
     pyplot.close(figure)
