@@ -49,7 +49,7 @@ def main() -> None:
     def lock_pairs(pairs: int) -> None:
         acquire, release = table.try_acquire, table.release
         for _ in range(pairs):
-            release(acquire(key, owner, 30.0).lease)  # type: ignore[union-attr]
+            release(acquire(key, owner, 30.0).lease)
 
     try:
         for name, run in (

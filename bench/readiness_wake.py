@@ -114,9 +114,43 @@ def costs_us(region: Region, backend: Backend, number: int) -> dict[str, float]:
     }
 
 
-def _percentile(samples: list[float], fraction: float) -> float:
+def percentile(samples: list[float], fraction: float) -> float:
+    """The ``fraction`` (0..1) percentile of ``samples``, nearest rank."""
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def open_region() -> tuple[Fleet, Region]:
+    """A fresh fleet (named after this process) and its bench region."""
+    fleet = Fleet.join(f"rdybench-{os.getpid()}", CAPACITY)
+    return fleet, fleet.region(KIND, SIZE, _init, _validate)
+
+
+def remove_region(fleet: Fleet, region: Region) -> None:
+    """Unlink the region, close the fleet and remove its lock files."""
+    region.unlink()
+    fleet.close()
+    remove_fleet_files(fleet.name, fleet.capacity)
+
+
+def remove_fleet_files(name: str, capacity: int) -> None:
+    """Remove the membership and node lock files of fleet ``name``."""
+    membership_path(name).unlink(missing_ok=True)
+    for node in range(capacity):
+        node_path(name, node).unlink(missing_ok=True)
+
+
+def usable_backends() -> tuple[list[Backend], dict[str, str]]:
+    """The backends that run here, and a skip reason for each one that does not."""
+    usable, skipped = [], {}
+    for backend in BACKENDS.values():
+        try:
+            backend.probe()
+        except OSError as exc:
+            skipped[backend.NAME] = str(exc)
+            continue
+        usable.append(backend)
+    return usable, skipped
 
 
 def main() -> None:
@@ -124,29 +158,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2000, help="latency rounds per backend")
     parser.add_argument("--calls", type=int, default=100_000, help="calls per cost sample")
     args = parser.parse_args()
-    name = f"rdybench-{os.getpid()}"
-    fleet = Fleet.join(name, CAPACITY)
-    region = fleet.region(KIND, SIZE, _init, _validate)
+    fleet, region = open_region()
     try:
-        for backend in BACKENDS.values():
-            try:
-                backend.probe()
-            except OSError as exc:
-                print(f"{backend.NAME}: skipped ({exc})")
-                continue
+        backends, skipped = usable_backends()
+        for name, reason in skipped.items():
+            print(f"{name}: skipped ({reason})")
+        for backend in backends:
             samples = latency_us(fleet, region, backend, args.rounds)
             print(
                 f"{backend.NAME:5} publish->readable: p50 {statistics.median(samples):8.1f} us"
-                f"  p99 {_percentile(samples, 0.99):8.1f} us  ({len(samples)} rounds)"
+                f"  p99 {percentile(samples, 0.99):8.1f} us  ({len(samples)} rounds)"
             )
             for label, cost in costs_us(region, backend, args.calls).items():
                 print(f"{backend.NAME:5} {label:27} {cost:6.2f} us")
     finally:
-        region.unlink()
-        fleet.close()
-        membership_path(name).unlink(missing_ok=True)
-        for node in range(CAPACITY):
-            node_path(name, node).unlink(missing_ok=True)
+        remove_region(fleet, region)
 
 
 if __name__ == "__main__":

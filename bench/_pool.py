@@ -1,0 +1,230 @@
+"""Pool rows: local reuse, remote reuse over a Unix socket, acquire under 8 processes, wake.
+
+orbitive.pool is imported at run time: a checkout without it gets one skipped
+row with the reason. Every process builds its own :class:`Pool` on its own
+fleet node and registers one exclusive resource under one shared key, so
+``LocalFirst`` reuses the caller's own resource (local reuse) unless the caller
+owns none (remote reuse: the lease travels to the owner over a socketpair).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from multiprocessing import get_context
+from multiprocessing.connection import Connection
+from typing import Any
+
+from orbitive import Fleet, OrbitError
+
+from . import _wake
+from ._contenders import FLEET_CAPACITY, need
+from ._contention import record, run_round
+from ._measure import Result, Settings, Skip, Unit, calibrated_us
+from ._wake import latency
+from ._workspace import Prepared, Session, Workspace
+from .readiness_wake import remove_fleet_files
+
+SECTION = "pool"
+_KEY = 0x0B1E_5EED
+
+
+class _Pools:
+    """The pool module, one fleet name, and a pool the runner keeps open until cleanup."""
+
+    def __init__(self, ws: Workspace) -> None:
+        self.module: Any = need("orbitive.pool", hint="not in this checkout yet")
+        self.session: Any = need("orbitive.pool.session", hint="not in this checkout yet")
+        self.name = ws.unique("bpool")
+        self.key = self.module.Key(_KEY)
+        self.limits = self.module.Limits(max_live=FLEET_CAPACITY, attempts=4)
+        self.policy = self.module.LocalFirst()
+        self._fleet = Fleet.join(self.name, FLEET_CAPACITY)
+        self._pool = self.module.Pool(self._fleet)
+
+    def join(self) -> tuple[Fleet, Any]:
+        """A new node of the fleet and a Pool on it (in the calling process)."""
+        fleet = Fleet.join(self.name, FLEET_CAPACITY)
+        return fleet, self.module.Pool(fleet)
+
+    def local_reuse(self) -> Prepared:
+        """Sessions whose cycle is acquire (LocalReuse) + accept + complete."""
+        return Prepared(self._open_local, lambda: None)
+
+    def _open_local(self) -> Session:
+        fleet, pool = self.join()
+        rid = pool.register(self.key, 1)
+        acquire, accept, local = pool.acquire, pool.accept, self.module.LocalReuse
+        key, limits, policy = self.key, self.limits, self.policy
+
+        def cycle(_: int) -> bool:
+            plan = acquire(key, limits, policy)
+            if type(plan) is not local:
+                if type(plan) is self.module.RemoteReuse:
+                    pool.cancel_reservation(plan.lease)
+                return False
+            accept(plan.lease).complete()
+            return True
+
+        def close() -> None:
+            pool.unregister(rid)
+            pool.close()
+            fleet.close()
+
+        return Session(cycle, close)
+
+    def close(self) -> None:
+        self._pool.unlink()
+        self._pool.close()
+        self._fleet.close()
+        remove_fleet_files(self.name, FLEET_CAPACITY)
+
+
+def _owner(pools: _Pools, sock: socket.socket) -> None:
+    """A forked resource owner: accept each session frame, complete, answer one byte."""
+    fleet, pool = pools.join()
+    pool.register(pools.key, 1)
+    sock.sendall(b"r")
+    while True:
+        try:
+            execution = pools.session.accept_session(pool, sock)
+        except (OrbitError, OSError):
+            break  # the client closed its end: a short frame
+        execution.complete()
+        sock.sendall(b"k")
+    pool.close()
+    fleet.close()
+    os._exit(0)
+
+
+def remote_reuse(pools: _Pools, settings: Settings) -> list[float]:
+    """Round trips per second: acquire (RemoteReuse) + open_session + owner's answer."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    owner = get_context("fork").Process(target=_owner, args=(pools, theirs), daemon=True)
+    owner.start()
+    theirs.close()
+    fleet, pool = pools.join()
+    try:
+        if mine.recv(1) != b"r":
+            raise Skip("the pool owner process did not start")
+        remote, open_session = pools.module.RemoteReuse, pools.session.open_session
+
+        def cycle(_: int) -> bool:
+            plan = pool.acquire(pools.key, pools.limits, pools.policy)
+            if type(plan) is not remote:
+                raise Skip(f"expected RemoteReuse, got {plan!r}")
+            open_session(plan.lease, mine)
+            return mine.recv(1) == b"k"
+
+        samples = calibrated_us(cycle, settings.seconds, settings.repeats)
+    finally:
+        mine.close()
+        owner.join(10)
+        pool.close()
+        fleet.close()
+    return [1e6 / sample for sample in samples]
+
+
+def _completer(pools: _Pools, commands: Connection) -> None:
+    """A forked owner: per round, make its unit active, then complete it on "fire"."""
+    fleet, pool = pools.join()
+    rid, execution = pool.register_active(pools.key, 1)
+    while commands.recv():
+        if execution.done:
+            execution = pool.accept(pool.reserve(rid))
+        commands.send(0)  # active: the parent may read the version now
+        commands.recv()
+        time.sleep(0.001)  # let the parent park in wait_capacity
+        stamp = time.monotonic_ns()
+        execution.complete()
+        commands.send(stamp)
+    pool.close()
+    fleet.close()
+    os._exit(0)
+
+
+def wake_us(pools: _Pools, rounds: int) -> list[float]:
+    """Completion in one process -> return of wait_capacity in another, microseconds."""
+    mine, theirs = get_context("fork").Pipe()
+    owner = get_context("fork").Process(target=_completer, args=(pools, theirs), daemon=True)
+    owner.start()
+    fleet, pool = pools.join()
+    samples = []
+    try:
+        for _ in range(rounds):
+            mine.send(True)
+            mine.recv()
+            since = pool.version(pools.key)
+            mine.send(True)
+            if pool.wait_capacity(pools.key, since, timeout=5.0) is None:
+                raise Skip("wait_capacity did not wake within 5 s")
+            woke = time.monotonic_ns()
+            samples.append((woke - mine.recv()) / 1000)
+    finally:
+        mine.send(False)
+        owner.join(10)
+        pool.close()
+        fleet.close()
+    return samples
+
+
+def pool_results(ws: Workspace, settings: Settings) -> list[Result]:
+    """Every pool figure, or one skipped row when orbitive.pool is not there.
+
+    Each row is compared with the floor and alternatives of the closest lock
+    figure: local reuse with one-process acquire + release, remote reuse with
+    two processes on one key, 8-process acquire with 8 processes on one key.
+    """
+    try:
+        pools = _Pools(ws)
+    except Skip as exc:
+        return [Result(SECTION, "all", "orbitive pool", "orbitive", "us", skipped=str(exc))]
+    local = _row(SECTION, "local reuse, 1 process", "us", ("acquire + release", "1 process, 1 key"))
+    remote = _row(
+        SECTION, "remote reuse, Unix socket", "ops/s", ("contention", "2 processes, 1 key")
+    )
+    crowd = _row(SECTION, "acquire, 8 processes", "ops/s", ("contention", "8 processes, 1 key"))
+    group = "completion -> woken wait_capacity"
+    wake = _row(_wake.SECTION, group, "us", (_wake.SECTION, _wake.GROUP))
+    try:
+        _fill(local, lambda: _local(pools, settings))
+        _fill(remote, lambda: remote_reuse(pools, settings))
+        _fill(crowd, lambda: _crowd(pools, settings, crowd))
+        _fill(wake, lambda: _wake_p50s(pools, settings, wake))
+    finally:
+        pools.close()
+    return [local, remote, crowd, wake]
+
+
+def _row(section: str, group: str, unit: Unit, compare: tuple[str, str]) -> Result:
+    result = Result(section, group, "orbitive Pool", "orbitive", unit)
+    result.compare = compare
+    return result
+
+
+def _fill(result: Result, measure: Callable[[], list[float]]) -> None:
+    try:
+        result.samples = measure()
+    except Skip as exc:
+        result.skipped = str(exc)
+
+
+def _local(pools: _Pools, settings: Settings) -> list[float]:
+    session = pools.local_reuse().open()
+    try:
+        return calibrated_us(session.cycle, settings.seconds, settings.repeats)
+    finally:
+        session.close()
+
+
+def _crowd(pools: _Pools, settings: Settings, result: Result) -> list[float]:
+    prepared = pools.local_reuse()
+    rounds = [run_round(prepared, 8, 1, settings.window) for _ in range(settings.rounds)]
+    return record(result, rounds, 8, 1).samples
+
+
+def _wake_p50s(pools: _Pools, settings: Settings, result: Result) -> list[float]:
+    runs = [wake_us(pools, settings.wakes) for _ in range(settings.wake_repeats)]
+    return latency(result, runs).samples
