@@ -195,18 +195,15 @@ def stop_in_critical_section(channel: Channel, name: str, capacity: int, operati
     channel.send("finished")  # only reached if the test let it continue
 
 
-def report_inherited(channel: Channel, fleet: Fleet, table: LockTable | None) -> None:
-    """Fork-only: report what a forked child sees through its parent's objects.
+def report_node(channel: Channel, fleet: Fleet) -> None:
+    """Fork-only: report ``fleet.node`` as a forked child sees it through the parent's Fleet.
 
-    Sends ``("node", node)`` or ``("raised", error)`` for ``fleet.node``; with a
-    table, then ``("current", lease)`` for KEY. Waits for one message, then exits.
+    Sends ``("node", node)`` or ``("raised", error)``, then waits for one message.
     """
     try:
         channel.send(("node", fleet.node))
     except OrbitError as error:
         channel.send(("raised", error))
-    if table is not None:
-        channel.send(("current", table.current(KEY)))
     channel.recv(timeout=None)
 
 
