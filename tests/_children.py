@@ -278,13 +278,13 @@ def publish_until_killed(
     FRAME_REPEAT times, so a torn frame cannot pass for a whole one.
     """
     fleet = Fleet.join(name, capacity)
-    ring = Ring(fleet, geometry)
+    ring = Ring(fleet, geometry, FRAME_HEAD)
     node = fleet.node
     channel.send(("ready", node))
     number = 1
     while True:
         body = FRAME_HEAD.pack(number) * FRAME_REPEAT
-        ring.publish(node, 1, number, FRAME_HEAD, (number,), body)
+        ring.publish(node, 1, number, (number,), body)
         number += 1
 
 

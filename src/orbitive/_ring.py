@@ -45,7 +45,7 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from ._errors import InvalidLayout, LayoutMismatch, MalformedError
+from ._errors import InvalidLayout, LayoutMismatch
 from ._fleet import Fleet
 from ._readiness import Readiness, bump
 from ._region import Region, object_name, object_size, read_prefix
@@ -159,14 +159,23 @@ class RingRead:
 class Ring:
     """A fleet's per-node transition ring for one kind."""
 
-    def __init__(self, fleet: Fleet, geometry: RingGeometry) -> None:
+    def __init__(self, fleet: Fleet, geometry: RingGeometry, head: struct.Struct) -> None:
+        """Attach or create the ring of ``geometry`` whose frames start with ``head``.
+
+        Raises:
+            InvalidLayout: ``head`` alone does not fit in a frame.
+            LayoutMismatch, AccessDenied: as for :meth:`Region.open_shared`.
+        """
+        if head.size > geometry.frame_bytes:
+            raise InvalidLayout(f"a {head.size}-byte frame header exceeds {geometry.frame_bytes}")
         self.geometry = geometry
+        self._frame = struct.Struct(_SLOT.format + "3x" + head.format.lstrip("<"))
+        self._head_size = head.size
+        self._body_offset = SLOT_HEADER_SIZE + head.size
         self.region: Region = fleet.region(geometry.kind, geometry.size, self._init, self._validate)
         self.buf = self.region.buf
         self._readiness: Readiness | None = None
-        self._combined: dict[str, struct.Struct] = {}
         # Hot-path copies of the geometry.
-        self._frame_bytes = geometry.frame_bytes
         self._heads_offset = geometry.heads_offset
         self._stride = geometry.stride
         self._index_mask = geometry.capacity - 1
@@ -193,41 +202,31 @@ class Ring:
     # -- writing -----------------------------------------------------------------------
 
     def publish(
-        self,
-        node: int,
-        frame_kind: int,
-        ver: int,
-        head: struct.Struct,
-        fields: tuple[int, ...],
-        body: bytes,
+        self, node: int, frame_kind: int, ver: int, fields: tuple[int, ...], body: bytes
     ) -> int:
-        """Append one frame (payload = ``head`` packed from ``fields``, then ``body``).
+        """Append one frame (payload: the ring's ``head`` packed from ``fields``, then ``body``).
 
-        Bumps the readiness word afterwards. The caller serialises writers of one
-        lane (one process per node, plus the caller's critical section for
-        threads). Returns the frame's counter.
+        Bumps the readiness word afterwards. The caller serialises writers of
+        one lane (one process per node, plus the caller's critical section for
+        threads) and guarantees ``head.size + len(body) <= frame_bytes`` (the
+        lock table does so through :class:`LockLayout` and its entry limit).
+        Returns the frame's counter.
 
         Raises:
-            MalformedError: payload longer than the ring's frame_bytes.
             LayoutMismatch: the lane head read from shared memory is corrupt.
         """
-        size = head.size + len(body)
-        if size > self._frame_bytes:
-            raise MalformedError(f"frame of {size} bytes exceeds {self._frame_bytes}")
-        combined = self._combined.get(head.format)
-        if combined is None:
-            combined = self._combined[head.format] = struct.Struct(
-                _SLOT.format + "3x" + head.format.lstrip("<")
-            )
         buf = self.buf
         head_at = self._heads_offset + node * LANE_HEAD_SIZE
         counter: int = _unpack_u64(buf, head_at)[0]
         if counter >= _COUNTER_LIMIT:
             raise LayoutMismatch(f"ring kind {self.geometry.kind} lane {node}: corrupt head")
         slot = self._lane_base[node] + (counter & self._index_mask) * self._stride
-        combined.pack_into(buf, slot, 2 * counter + 1, counter, ver, size, frame_kind, *fields)
-        start = slot + SLOT_HEADER_SIZE + head.size
-        buf[start : start + len(body)] = body
+        size = len(body)
+        self._frame.pack_into(
+            buf, slot, 2 * counter + 1, counter, ver, self._head_size + size, frame_kind, *fields
+        )
+        start = slot + self._body_offset
+        buf[start : start + size] = body
         _pack_u64(buf, slot, 2 * counter + 2)
         _pack_u64(buf, head_at, counter + 1)
         bump(buf, _GENERATION_OFFSET, HEADER_SIZE, self._lanes)
@@ -285,12 +284,23 @@ class Ring:
 
     # -- readiness and lifecycle -----------------------------------------------------------
 
-    def readiness(self, node: int, name: str) -> Readiness:
-        """This process's readiness descriptor for the ring (created once)."""
+    def readiness(self, node: int, name: str, lock: Region | None) -> Readiness:
+        """This process's readiness descriptor for the ring (created once).
+
+        ``lock`` is the critical section every publisher holds around
+        :meth:`publish`; with it the driver parks without a lost-wake window
+        and publishers skip the wake syscall while nobody is parked.
+        """
         if self._readiness is None:
             g = self.geometry
-            self._readiness = Readiness(self.buf, _GENERATION_OFFSET, g.parked_offset, node, name)
+            self._readiness = Readiness(
+                self.buf, _GENERATION_OFFSET, g.parked_offset, node, name, lock=lock
+            )
         return self._readiness
+
+    def forget_readiness(self) -> None:
+        """Drop the descriptor (a forked child's copy); the next call builds a new one."""
+        self.close()
 
     def reset(self) -> None:
         """Zero every lane head and slot (quiescent boot only); bumps readiness."""

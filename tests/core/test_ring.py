@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from orbitive import Fleet
-from orbitive._errors import InvalidLayout, LayoutMismatch, MalformedError
+from orbitive._errors import InvalidLayout, LayoutMismatch
 from orbitive._ring import LANE_HEAD_SIZE, Ring, RingGeometry
 
 from ..conftest import MakeFleet
@@ -19,14 +19,14 @@ HEAD = struct.Struct("<I")
 
 @pytest.fixture
 def ring(make_fleet: MakeFleet) -> Iterator[Ring]:
-    opened = Ring(make_fleet(4), GEOMETRY)
+    opened = Ring(make_fleet(4), GEOMETRY, HEAD)
     yield opened
     opened.close()
     opened.region.unlink()
 
 
 def publish(ring: Ring, node: int, ver: int) -> int:
-    return ring.publish(node, 7, ver, HEAD, (ver,), bytes([ver % 256]) * 10)
+    return ring.publish(node, 7, ver, (ver,), bytes([ver % 256]) * 10)
 
 
 def slot_offset(ring: Ring, lane: int, counter: int) -> int:
@@ -91,10 +91,14 @@ def test_a_corrupt_lane_head_refuses_to_publish(ring: Ring) -> None:
     assert len(read.frames) <= 8 + 1
 
 
-def test_a_frame_larger_than_frame_bytes_is_malformed(ring: Ring) -> None:
-    with pytest.raises(MalformedError):
-        ring.publish(0, 1, 1, HEAD, (1,), b"x" * 61)
-    ring.publish(0, 1, 1, HEAD, (1,), b"x" * 60)
+def test_a_frame_header_larger_than_frame_bytes_is_invalid_layout(fleet_name: str) -> None:
+    with Fleet.join(fleet_name, 4) as fleet, pytest.raises(InvalidLayout):
+        Ring(fleet, GEOMETRY, struct.Struct("<65s"))
+
+
+def test_a_frame_filling_frame_bytes_comes_back_whole(ring: Ring) -> None:
+    ring.publish(0, 1, 1, (1,), b"x" * 60)
+    assert ring.read([0] * 4).frames[0].payload == HEAD.pack(1) + b"x" * 60
 
 
 def test_reset_zeroes_every_lane(ring: Ring) -> None:
@@ -107,7 +111,7 @@ def test_reset_zeroes_every_lane(ring: Ring) -> None:
 
 def test_attaching_with_another_geometry_is_layout_mismatch(fleet_name: str) -> None:
     with Fleet.join(fleet_name, 4) as fleet:
-        ring = Ring(fleet, GEOMETRY)
+        ring = Ring(fleet, GEOMETRY, HEAD)
         try:
             with Fleet.join(fleet_name, 4) as other:
                 for changed in (
@@ -115,7 +119,7 @@ def test_attaching_with_another_geometry_is_layout_mismatch(fleet_name: str) -> 
                     RingGeometry(kind=140, lane_count=4, capacity=8, frame_bytes=128),
                 ):
                     with pytest.raises(LayoutMismatch):
-                        Ring(other, changed)
+                        Ring(other, changed, HEAD)
         finally:
             ring.region.unlink()
 

@@ -17,7 +17,7 @@ def test_writer_killed_mid_stream_leaves_only_whole_frames_and_the_lane_reusable
     processes: Processes, fleet_name: str
 ) -> None:
     with Fleet.join(fleet_name, 2, node=1) as fleet:
-        ring = Ring(fleet, GEOMETRY)
+        ring = Ring(fleet, GEOMETRY, FRAME_HEAD)
         try:
             for _ in range(5):
                 writer = processes.start(publish_until_killed, fleet_name, 2, GEOMETRY)
@@ -26,9 +26,9 @@ def test_writer_killed_mid_stream_leaves_only_whole_frames_and_the_lane_reusable
                 writer.kill()
                 check_whole_frames(ring)
             with Fleet.join(fleet_name, 2, node=0) as successor:
-                lane = Ring(successor, GEOMETRY)
+                lane = Ring(successor, GEOMETRY, FRAME_HEAD)
                 head = lane.heads()[0]
-                assert lane.publish(0, 1, 10**9, FRAME_HEAD, (10**9,), b"") == head
+                assert lane.publish(0, 1, 10**9, (10**9,), b"") == head
         finally:
             ring.region.unlink()
 

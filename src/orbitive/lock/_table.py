@@ -23,6 +23,7 @@ from .. import _fork
 from .._clock import TTL_MAX_S, check_ttl, monotonic_ns, ttl_ms
 from .._errors import EntryTooLarge, FleetError, IdExhausted, StateFull
 from .._fleet import Fleet
+from .._readiness import Readiness
 from .._ring import Ring
 from . import _events
 from ._layout import (
@@ -133,7 +134,8 @@ class LockTable:
             layout.state_kind, layout.state_size, layout.init_state, layout.validate_state
         )
         self._buf = self._state.buf
-        self._ring = Ring(fleet, layout.ring_geometry(fleet.capacity))
+        self._ring = Ring(fleet, layout.ring_geometry(fleet.capacity), _EVENT)
+        self._fork_generation = _fork.generation
         self._mask = layout.capacity - 1
         self._stride = layout.slot_size
         self._payload_max = layout.payload_max
@@ -142,6 +144,8 @@ class LockTable:
 
     def _refresh_node(self) -> None:
         node = self.fleet.node  # may raise in a forked child; then stay unrefreshed
+        if self._fork_generation != _fork.generation:
+            self._ring.forget_readiness()  # the parent's driver thread is not ours
         self._fork_generation = _fork.generation
         self._node = node
         self._id_base = (self.layout.state_kind << KIND_SHIFT) | (self._node << NODE_SHIFT)
@@ -205,10 +209,14 @@ class LockTable:
         state.acquire()
         try:
             now = monotonic_ns() // 1_000_000
-            found = self._probe(key, now)
-            if found >= 0:
-                return Occupied(self._lease_at(found))
-            return Acquired(self._insert(~found, key, owner, now, now + ttl_ms(ttl)))
+            slot = key.digest & self._mask
+            offset = HEADER_SIZE + slot * self._stride
+            if self._buf[offset : offset + 8] != _EMPTY_HEAD:  # else: a free home slot
+                slot = self._probe(key, now)
+                if slot >= 0:
+                    return Occupied(self._lease_at(slot))
+                slot = ~slot
+            return Acquired(self._insert(slot, key, owner, now, now + ttl_ms(ttl)))
         finally:
             state.release()
 
@@ -257,7 +265,10 @@ class LockTable:
         state.acquire()  # the hot path, so not through _locked
         try:
             slot = self._find_tenure(lease, monotonic_ns() // 1_000_000)
-            return slot >= 0 and self._remove(slot, lease)
+            if slot < 0:
+                return False
+            self._remove(slot, lease)
+            return True
         finally:
             state.release()
 
@@ -318,11 +329,17 @@ class LockTable:
 
     def _release_owned_step(self, key: LockKey, owner: LockOwner, _: int, now: int) -> bool:
         slot = self._probe(key, now)
-        return slot >= 0 and self._owner_is(slot, key, owner) and self._remove(slot)
+        if slot < 0 or not self._owner_is(slot, key, owner):
+            return False
+        self._remove(slot)
+        return True
 
     def _force_step(self, key: LockKey, _: None, __: int, now: int) -> bool:
         slot = self._probe(key, now)
-        return slot >= 0 and self._remove(slot)
+        if slot < 0:
+            return False
+        self._remove(slot)
+        return True
 
     def _current_step(self, key: LockKey, _: None, __: int, now: int) -> LockLease | None:
         slot = self._probe(key, now)
@@ -391,20 +408,12 @@ class LockTable:
         return ~insert_at
 
     def _find_tenure(self, lease: LockLease, now: int) -> int:
-        """Slot holding exactly ``lease``'s tenure (same key and lock id), or -1.
+        """Slot holding exactly ``lease``'s tenure (same key, same lock id), or -1.
 
-        The hint slot must hold the lease's key too: a slot whose key bytes were
-        damaged is no longer that key's entry, whatever its lock id says.
+        Found by probing for the key, never by the lease's slot alone: only an
+        entry a lookup can reach is the key's holder, so a renew or release
+        can never act on an entry that damaged bytes cut off from its chain.
         """
-        hint = lease.slot
-        if 0 <= hint <= self._mask:
-            fields = self._read_live(hint, now)
-            if (
-                fields is not None
-                and fields[5] == lease.lock_id
-                and self._holds_key(HEADER_SIZE + hint * self._stride, fields, lease.key)
-            ):
-                return hint
         slot = self._probe(lease.key, now)
         if (
             slot >= 0
@@ -469,7 +478,6 @@ class LockTable:
             self._node,
             _events.ACQUIRED,
             revision,
-            _EVENT,
             (_EVENT_MAGIC, _EVENT_VERSION, ns_len, label_len, owner_len, lock_id, now, expires),
             body,
         )
@@ -502,7 +510,6 @@ class LockTable:
             self._node,
             kind,
             revision,
-            _EVENT,
             (
                 _EVENT_MAGIC,
                 _EVENT_VERSION,
@@ -538,14 +545,13 @@ class LockTable:
             slot,
         )
 
-    def _remove(self, slot: int, lease: LockLease | None = None) -> bool:
+    def _remove(self, slot: int, lease: LockLease | None = None) -> None:
         """Release the live entry in ``slot`` (whose tenure is ``lease`` when known)."""
         if lease is None:
             lease = self._lease_at(slot)
         _, revision = self._next_ids(False)
         self._publish(_events.RELEASED, revision, lease, (0, 0))
         self._tombstone(slot)
-        return True
 
     def _tombstone(self, slot: int) -> None:
         """Mark ``slot`` TOMBSTONE; when the next slot is EMPTY, turn the run EMPTY.
@@ -589,14 +595,20 @@ class LockTable:
         """Readiness descriptor: readable after any transition by any process.
 
         Works with ``select``, ``selectors`` and asyncio ``loop.add_reader``;
-        call :meth:`drain` then :meth:`poll` when it is readable.
+        call :meth:`drain` then :meth:`poll` when it is readable. Built on first
+        use (one driver thread per handle); a forked child gets its own.
         """
-        name = f"orbit-lock-{self.fleet.name}-{self.layout.event_kind}"
-        return self._ring.readiness(self._node, name).fileno()
+        return self._readiness().fileno()
 
     def drain(self) -> int:
         """Clear readiness; returns a coalesced wake count, not an event count."""
-        return self._ring.readiness(self._node, "orbit-lock").drain()
+        return self._readiness().drain()
+
+    def _readiness(self) -> Readiness:
+        if self._fork_generation != _fork.generation:
+            self._refresh_node()
+        name = f"orbit-lock-{self.fleet.name}-{self.layout.event_kind}"
+        return self._ring.readiness(self._node, name, self._state)
 
     # -- lifecycle ---------------------------------------------------------------------
 

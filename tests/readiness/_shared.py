@@ -1,0 +1,84 @@
+"""Layout and child-process bodies shared by the readiness tests (importable by spawn)."""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from orbitive import Fleet
+from orbitive._errors import LayoutMismatch
+from orbitive._readiness import BACKENDS
+from orbitive._region import Region
+
+#: A test region: magic @0, the u32 word @8, one parked byte per node @64.
+KIND: Final = 201
+SIZE: Final = 4096
+CAPACITY: Final = 8
+WORD: Final = 8
+PARKED: Final = 64
+_MAGIC: Final = b"rdytest1"
+_U32: Final = struct.Struct("<I")
+_names = itertools.count()
+
+
+class Flag(Protocol):
+    def set(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+def unique_fleet_name() -> str:
+    return f"rdy{os.getpid()}-{next(_names)}"
+
+
+def init(buf: mmap.mmap) -> None:
+    buf[0:8] = _MAGIC
+
+
+def validate(buf: mmap.mmap) -> None:
+    if len(buf) != SIZE or buf[0:8] != _MAGIC:
+        raise LayoutMismatch("readiness test region has another layout")
+
+
+def open_region(fleet: Fleet) -> Region:
+    return fleet.region(KIND, SIZE, init, validate)
+
+
+def read_word(buf: mmap.mmap) -> int:
+    value: int = _U32.unpack_from(buf, WORD)[0]
+    return value
+
+
+def publish(region: Region, backend_name: str, count: int = 1) -> None:
+    """``count`` bumps, each inside the region's critical section."""
+    for _ in range(count):
+        region.acquire()
+        try:
+            BACKENDS[backend_name].bump(region.buf, WORD, PARKED, CAPACITY)
+        finally:
+            region.release()
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a publisher process does: ``count`` bumps, ``delay`` seconds after go."""
+
+    fleet_name: str
+    backend_name: str
+    count: int = 1
+    delay: float = 0.0
+
+
+def child_publish(job: Job, ready: Flag, go: Flag) -> None:
+    """Body of a publisher process: join, attach, report ready, wait for go, bump."""
+    with Fleet.join(job.fleet_name, CAPACITY) as fleet:
+        region = open_region(fleet)
+        ready.set()
+        if not go.wait(30):
+            raise SystemExit("the parent never said go")
+        time.sleep(job.delay)
+        publish(region, job.backend_name, job.count)
