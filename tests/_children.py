@@ -280,11 +280,12 @@ def publish_until_killed(
     fleet = Fleet.join(name, capacity)
     ring = Ring(fleet, geometry, FRAME_HEAD)
     node = fleet.node
-    channel.send(("ready", node))
     number = 1
     while True:
         body = FRAME_HEAD.pack(number) * FRAME_REPEAT
         ring.publish(node, 1, number, (number,), body)
+        if number == 1:
+            channel.send(("ready", node))  # after one whole frame, however slow the start
         number += 1
 
 
