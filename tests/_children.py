@@ -28,6 +28,9 @@ from ._processes import Channel, Child, Processes
 KEY = LockKey("tests.children", "contended")
 #: A second key, for what a child does on its own.
 OTHER_KEY = LockKey("tests.children", "other")
+#: How many keys :func:`race_many` fights over, in how many rounds.
+RACE_KEYS = 200
+RACE_ROUNDS = 4
 
 
 # -- a table server ---------------------------------------------------------------------
@@ -121,6 +124,50 @@ def race(channel: Channel, name: str, capacity: int, barrier: Barrier, owner: by
     channel.recv()  # stay alive (holding the node) until the test has every answer
 
 
+def race_many(
+    channel: Channel, table: LockTable | None, name: str, barrier: Barrier, owner: bytes
+) -> None:
+    """Race for many keys with the others (see :func:`race_keys`); send the labels won.
+
+    With ``table`` (fork only) the child uses its parent's table object;
+    otherwise it joins fleet ``name`` (capacity 8) itself.
+    """
+    if table is None:
+        table = LockTable(Fleet.join(name, 8))
+    channel.send(race_keys(table, barrier, owner))
+
+
+def race_keys(table: LockTable, barrier: Barrier, owner: bytes) -> list[bytes]:
+    """Race RACE_ROUNDS times over RACE_KEYS keys; return every label won (round-prefixed).
+
+    Each round starts at the barrier; a process tries each key once and then
+    releases what it won, so the next round finds the table empty again.
+    """
+    won: list[bytes] = []
+    try:
+        for round_ in range(RACE_ROUNDS):
+            won += race_round(table, barrier, owner, round_)
+    except BaseException:
+        barrier.abort()  # the others fail at once instead of waiting out the timeout
+        raise
+    return won
+
+
+def race_round(table: LockTable, barrier: Barrier, owner: bytes, round_: int) -> list[bytes]:
+    keys = [LockKey("tests.children.many", f"{round_}/{n}") for n in range(RACE_KEYS)]
+    table.current(keys[0])
+    barrier.wait(timeout=60)
+    leases = []
+    for key in keys:
+        result = table.try_acquire(key, LockOwner(owner), 60.0)
+        if isinstance(result, Acquired):
+            leases.append(result.lease)
+    barrier.wait(timeout=60)  # everybody has tried every key before anything is freed
+    for lease in leases:
+        assert table.release(lease), f"{lease.key} was released by someone else"
+    return [lease.key.label for lease in leases]
+
+
 def stop_in_critical_section(channel: Channel, name: str, capacity: int, operation: str) -> None:
     """Acquire or renew KEY, stopping (SIGSTOP) after its slot went TOMBSTONE.
 
@@ -148,18 +195,15 @@ def stop_in_critical_section(channel: Channel, name: str, capacity: int, operati
     channel.send("finished")  # only reached if the test let it continue
 
 
-def report_inherited(channel: Channel, fleet: Fleet, table: LockTable | None) -> None:
-    """Fork-only: report what a forked child sees through its parent's objects.
+def report_node(channel: Channel, fleet: Fleet) -> None:
+    """Fork-only: report ``fleet.node`` as a forked child sees it through the parent's Fleet.
 
-    Sends ``("node", node)`` or ``("raised", error)`` for ``fleet.node``; with a
-    table, then ``("current", lease)`` for KEY. Waits for one message, then exits.
+    Sends ``("node", node)`` or ``("raised", error)``, then waits for one message.
     """
     try:
         channel.send(("node", fleet.node))
     except OrbitError as error:
         channel.send(("raised", error))
-    if table is not None:
-        channel.send(("current", table.current(KEY)))
     channel.recv(timeout=None)
 
 
@@ -236,11 +280,12 @@ def publish_until_killed(
     fleet = Fleet.join(name, capacity)
     ring = Ring(fleet, geometry, FRAME_HEAD)
     node = fleet.node
-    channel.send(("ready", node))
     number = 1
     while True:
         body = FRAME_HEAD.pack(number) * FRAME_REPEAT
         ring.publish(node, 1, number, (number,), body)
+        if number == 1:
+            channel.send(("ready", node))  # after one whole frame, however slow the start
         number += 1
 
 

@@ -71,7 +71,12 @@ def shared_table(shared_fleet: Fleet) -> Iterator[LockTable]:
 
 
 @pytest.fixture(params=START_METHODS)
-def processes(request: pytest.FixtureRequest) -> Iterator[Processes]:
-    """Starts children with the fork or the spawn method; all are reaped afterwards."""
+def processes(request: pytest.FixtureRequest, fleet_name: str) -> Iterator[Processes]:
+    """Starts children with the fork or the spawn method; all are reaped afterwards.
+
+    It depends on ``fleet_name`` so that every child is dead before the fleet's
+    files are removed: a child still running could create them again.
+    """
+    del fleet_name
     with Processes(request.param) as started:
         yield started

@@ -16,7 +16,7 @@ from orbitive._errors import FleetError, InvalidName, NodeOutsideFleet
 from orbitive._fleet import node_path
 from orbitive.lock import LockTable
 
-from .._children import report_inherited, sleep_forever, start_server, try_twice_in_child
+from .._children import report_node, sleep_forever, start_server, try_twice_in_child
 from .._processes import Processes, exec_program
 
 # -- claims -----------------------------------------------------------------------------------
@@ -152,7 +152,7 @@ def test_forked_child_gets_another_node_and_does_not_inherit_the_node_lock(
 ) -> None:
     with Processes("fork") as processes, Fleet.join(fleet_name, 4) as fleet:
         parent_node = fleet.node
-        child = processes.start(report_inherited, fleet, None)
+        child = processes.start(report_node, fleet)
         kind, child_node = child.recv()
         assert kind == "node"
         assert child_node != parent_node
@@ -167,7 +167,7 @@ def test_forked_child_gets_another_node_and_does_not_inherit_the_node_lock(
 
 def test_forked_child_of_an_explicit_node_member_gets_fleet_error(fleet_name: str) -> None:
     with Processes("fork") as processes, Fleet.join(fleet_name, 4, node=1) as fleet:
-        child = processes.start(report_inherited, fleet, None)
+        child = processes.start(report_node, fleet)
         kind, error = child.recv()
         assert kind == "raised"
         assert isinstance(error, FleetError)

@@ -181,6 +181,23 @@ def test_any_changed_byte_of_a_validated_header_field_gives_layout_mismatch(
     attach(fleet_name)
 
 
+def test_random_bytes_over_the_ring_header_give_layout_mismatch_on_attach(
+    scene: Scene, fleet_name: str
+) -> None:
+    rng = random.Random("ring-header")
+    fd = os.open(shm_path(fleet_name, LAYOUT.event_kind), os.O_RDWR)
+    try:
+        original = os.pread(fd, 32, 0)
+        for _ in range(30):
+            os.pwrite(fd, rng.randbytes(32), 0)  # magic .. kind; 29.. is reserved
+            with pytest.raises(LayoutMismatch):
+                attach(fleet_name)
+        os.pwrite(fd, original, 0)
+        attach(fleet_name)
+    finally:
+        os.close(fd)
+
+
 def test_random_counters_give_only_named_errors_and_one_holder(scene: Scene) -> None:
     rng = random.Random("counters")
     for _ in range(40):

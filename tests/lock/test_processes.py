@@ -9,7 +9,17 @@ import pytest
 from orbitive import Fleet
 from orbitive.lock import Acquired, LockLease, LockOwner, LockTable, Occupied
 
-from .._children import KEY, OTHER_KEY, fork_child_exits_normally, race, start_server
+from .._children import (
+    KEY,
+    OTHER_KEY,
+    RACE_KEYS,
+    RACE_ROUNDS,
+    fork_child_exits_normally,
+    race,
+    race_keys,
+    race_many,
+    start_server,
+)
 from .._fleets import shm_path
 from .._processes import Processes, run_interpreter
 
@@ -39,6 +49,28 @@ def test_sixteen_processes_released_by_a_barrier_get_exactly_one_acquired(
             racer.send("done")
             assert racer.wait() == 0
         table.close()
+
+
+@pytest.mark.parametrize("tables", ["inherited", "own"])
+def test_forked_children_and_parent_racing_on_many_keys_get_each_key_once(
+    fleet_name: str, tables: str
+) -> None:
+    with Processes("fork") as processes, Fleet.join(fleet_name, 8) as fleet:
+        table = LockTable(fleet)
+        barrier = processes.context.Barrier(4)
+        inherited = table if tables == "inherited" else None
+        children = [
+            processes.start(race_many, inherited, fleet_name, barrier, f"child-{n}".encode())
+            for n in range(3)
+        ]
+        mine = race_keys(table, barrier, b"parent")
+        won = [label for child in children for label in child.recv()] + mine
+        assert len(won) == len(set(won)) == RACE_KEYS * RACE_ROUNDS, "a key won twice (or never)"
+        assert table.leases() == []
+        for event in table.poll().events:  # children publish with nodes of their own
+            assert (event.node == fleet.node) == (event.owner == LockOwner(b"parent"))
+        table.close()
+        table.unlink()
 
 
 def test_a_lease_held_in_another_process_is_occupied_here_and_tokens_keep_rising(
