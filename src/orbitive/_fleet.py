@@ -249,9 +249,13 @@ class Fleet:
     # -- regions -------------------------------------------------------------------------
 
     def region(self, kind: int, size: int, init: Init, validate: Validate) -> Region:
-        """The fleet's region for ``kind``, created or attached once per Fleet object."""
+        """The fleet's region for ``kind``, created or attached once per Fleet object.
+
+        After an ``unlink()`` the next call attaches (or creates) the object that
+        now has the name, as a new process would.
+        """
         region = self._regions.get(kind)
-        if region is None:
+        if region is None or region.unlinked:
             if self._closed:
                 raise FleetError(f"fleet {self.name!r} is closed", fleet=self.name)
             if self.shared:

@@ -15,7 +15,9 @@ Facts this module relies on:
 * A new tmpfs object reads as zeros after ``ftruncate``. Creation and header
   initialisation happen while the kind's lock file is held exclusively, so a
   peer never attaches to a half-initialised header; any failure after creating
-  the object unlinks it again.
+  the object unlinks it again. A creator killed between ``open`` and the header
+  write leaves an empty or all-zero object; the next opener, holding the same
+  flock, knows nobody else is initialising it and initialises it.
 
 Invariant: every mutation of a region's bytes by the lock table happens between
 ``acquire()`` and ``release()``: the process mutex (threads) and then the
@@ -40,6 +42,9 @@ from ._errors import AccessDenied, FleetError, LayoutMismatch
 SHM_DIR: Final = Path("/dev/shm")
 _USE_SHM_DIR: Final = SHM_DIR.is_dir()
 
+#: Leading bytes that are never all zero in an initialised object (every layout
+#: starts with a non-zero magic); all zero under the flock means the creator died.
+HEADER_PROBE: Final = 16
 Init = Callable[[mmap.mmap], None]
 Validate = Callable[[mmap.mmap], None]
 
@@ -127,6 +132,7 @@ class Region:
         self.name = object_name(fleet, kind)
         self.size = size
         self.created = False
+        self.unlinked = False
         self.shared = shared
         self._lock_fd = -1
         self._mutex = threading.Lock()
@@ -182,9 +188,11 @@ class Region:
         except FileExistsError:
             fd = _open_object(self.name, create=False)
         try:
-            if self.created:
-                os.ftruncate(fd, self.size)
             actual = os.fstat(fd).st_size
+            if self.created or actual == 0:  # actual == 0: a creator died before ftruncate
+                os.ftruncate(fd, self.size)
+                actual = self.size
+                self.created = True
             if actual < self.size:
                 raise LayoutMismatch(
                     f"shm object {self.name!r} has {actual} bytes; the layout needs {self.size}",
@@ -192,6 +200,8 @@ class Region:
                     kind=self.kind,
                 )
             self.buf = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            if not self.created and not any(self.buf[:HEADER_PROBE]):
+                self.created = True  # a creator died before writing the header
             if self.created:
                 init(self.buf)
             else:
@@ -258,6 +268,7 @@ class Region:
 
     def unlink(self) -> None:
         """Remove the object's name and its lock file; existing mappings stay valid."""
+        self.unlinked = True
         if self.shared:
             unlink_object(self.name)
             with contextlib.suppress(FileNotFoundError):

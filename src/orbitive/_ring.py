@@ -193,7 +193,7 @@ class Ring:
     def _validate(self, buf: mmap.mmap) -> None:
         g = self.geometry
         found = _HEADER.unpack_from(buf, 0)
-        if found != g.header() or buf[_KIND_OFFSET] != g.kind:
+        if found != g.header() or buf[_KIND_OFFSET] != g.kind or any(buf[_KIND_OFFSET + 1 : 64]):
             raise LayoutMismatch(
                 f"ring kind {g.kind}: existing header {found} differs from expected {g.header()}",
                 kind=g.kind,

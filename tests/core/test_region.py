@@ -87,3 +87,39 @@ def test_table_unlink_removes_objects_and_lock_files_but_not_fleet_files(fleet_n
         assert remaining, "the fleet's own node and membership files stay"
         assert table.current(LockKey("tests.region", "after-unlink")) is None  # still mapped
         table.close()
+
+
+@NEEDS_SHM_DIR
+@pytest.mark.parametrize("size", [0, LockLayout().state_size], ids=["empty", "zeroed"])
+def test_object_left_by_a_creator_killed_before_its_header_is_initialised_again(
+    fleet_name: str, size: int
+) -> None:
+    layout = LockLayout()
+    fd = os.open(shm_path(fleet_name, layout.state_kind), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.ftruncate(fd, size)
+    os.close(fd)
+    with Fleet.join(fleet_name, 2) as fleet:
+        table = LockTable(fleet, layout)
+        try:
+            assert table.leases() == []
+            assert table.current(LockKey("ns", "a")) is None
+            assert shm_path(fleet_name, layout.state_kind).stat().st_size == layout.state_size
+        finally:
+            table.close()
+            table.unlink()
+
+
+def test_a_table_built_after_unlink_uses_the_new_object(fleet_name: str) -> None:
+    key = LockKey("ns", "a")
+    with Fleet.join(fleet_name, 2) as fleet:
+        first = LockTable(fleet)
+        first.try_acquire(key, b"owner", 60.0)
+        first.unlink()
+        second = LockTable(fleet)
+        try:
+            assert second.current(key) is None  # a fresh object, not the unlinked mapping
+            assert shm_path(fleet_name, LockLayout().state_kind).exists()
+        finally:
+            second.close()
+            second.unlink()
+            first.close()
