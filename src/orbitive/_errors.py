@@ -6,7 +6,8 @@ catch by the usual Python category)::
     OrbitError
     +-- argument errors (the caller passed something invalid)
     |   +-- InvalidName (ValueError)             fleet name, store lock name
-    |   +-- NodeOutsideFleet (ValueError)
+    |   +-- NodeOutsideFleet, InvalidCapacity (ValueError)
+    |   +-- InvalidArgumentType (TypeError)      not a LockKey, LockOwner, lease, token
     |   +-- InvalidTtl (ValueError, TypeError)   ttl <= 0, NaN, inf, bool, non-number
     |   +-- NamespaceEmpty, KeyEmpty, OwnerEmpty (ValueError)
     |   +-- EntryTooLarge (ValueError)
@@ -15,6 +16,7 @@ catch by the usual Python category)::
     +-- shared bytes are wrong
     |   +-- LayoutMismatch                       an existing object differs or is corrupt
     |   +-- MalformedError (ValueError)          pool: bad id, frame, spec
+    +-- SessionClosed (EOFError)                 a session stream ended between frames
     +-- capacity errors
     |   +-- StateFull                            lock table has no free slot
     |   +-- IdExhausted                          a counter ran out of bits
@@ -70,6 +72,7 @@ __all__ = [
     "OrbitError",
     "OwnerEmpty",
     "ReadinessUnavailable",
+    "SessionClosed",
     "StaleError",
     "StateFull",
     "StoreError",
@@ -137,6 +140,14 @@ class NodeOutsideFleet(OrbitError, ValueError):
     """A node id is negative or not below the fleet capacity."""
 
 
+class InvalidCapacity(OrbitError, ValueError):
+    """A fleet capacity is not an int in the allowed range, or differs from the fleet's."""
+
+
+class InvalidArgumentType(OrbitError, TypeError):
+    """An argument has the wrong type (a LockKey, LockOwner, lease or token was expected)."""
+
+
 class InvalidTtl(OrbitError, ValueError, TypeError):
     """A ttl is not a finite number of seconds greater than zero (bools refused)."""
 
@@ -177,6 +188,10 @@ class LayoutMismatch(OrbitError):
 
 class MalformedError(OrbitError, ValueError):
     """A pool id, spec, or session frame is not well formed."""
+
+
+class SessionClosed(OrbitError, EOFError):
+    """The peer closed a session stream cleanly before the first byte of a lease frame."""
 
 
 # -- capacity ------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Final
 
 from . import _fork
 from ._access import euid, lock_dir, open_checked
-from ._errors import FleetError, InvalidName, NodeOutsideFleet
+from ._errors import FleetError, InvalidCapacity, InvalidName, NodeOutsideFleet
 from ._region import Init, Region, Validate
 
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,32}")
@@ -52,10 +52,36 @@ def check_fleet_name(name: object) -> str:
 
 def _check_capacity(capacity: object) -> int:
     if type(capacity) is not int or not 1 <= capacity <= CAPACITY_MAX:
-        raise NodeOutsideFleet(
+        raise InvalidCapacity(
             f"fleet capacity must be an int in 1..{CAPACITY_MAX}, got {capacity!r}"
         )
     return capacity
+
+
+def _agree_capacity(fd: int, name: str, capacity: int) -> None:
+    """Record the fleet's capacity in its membership file, or check it against the record.
+
+    The first member writes it; every later one must ask for the same. A POSIX
+    record lock (``lockf``, separate from the members' ``flock``) serialises the
+    read-and-write; ``orbit clear --all`` removes the file and so the record.
+
+    Raises:
+        InvalidCapacity: the fleet already has another capacity.
+    """
+    fcntl.lockf(fd, fcntl.LOCK_EX)
+    try:
+        raw = os.pread(fd, 8, 0)
+        recorded = _U64.unpack(raw)[0] if len(raw) == 8 else 0
+        if recorded == 0:
+            os.pwrite(fd, _U64.pack(capacity), 0)
+        elif recorded != capacity:
+            raise InvalidCapacity(
+                f"fleet {name!r} has capacity {recorded}; joining with {capacity} would "
+                "give its members different lane counts",
+                fleet=name,
+            )
+    finally:
+        fcntl.lockf(fd, fcntl.LOCK_UN)
 
 
 def _check_node(node: object, capacity: int) -> int:
@@ -123,7 +149,8 @@ class Fleet:
 
         Raises:
             InvalidName: bad fleet name.
-            NodeOutsideFleet: bad capacity or node.
+            InvalidCapacity: bad capacity, or not the capacity the fleet has.
+            NodeOutsideFleet: bad node.
             FleetError: the node (or, with ``node=None``, every node) is held by a
                 live process.
             AccessDenied: the lock directory or a lock file is not exclusively ours.
@@ -140,6 +167,7 @@ class Fleet:
         try:
             fleet._member_fd = open_checked(membership_path(name), create=True)
             fcntl.flock(fleet._member_fd, fcntl.LOCK_SH)
+            _agree_capacity(fleet._member_fd, name, fleet.capacity)
             fleet._claim(node)
         except BaseException:
             fleet.close()
@@ -155,7 +183,7 @@ class Fleet:
         ``local`` calls with the same name are independent fleets.
 
         Raises:
-            InvalidName, NodeOutsideFleet: as for :meth:`join`.
+            InvalidName, InvalidCapacity, NodeOutsideFleet: as for :meth:`join`.
         """
         fleet = cls(check_fleet_name(name), _check_capacity(capacity), shared=False)
         fleet._node = _check_node(node, fleet.capacity)
@@ -170,7 +198,7 @@ class Fleet:
         publish; ``node`` is -1. Used by ``orbit locks``.
 
         Raises:
-            InvalidName, NodeOutsideFleet: as for :meth:`join`.
+            InvalidName, InvalidCapacity: as for :meth:`join`.
         """
         return cls(check_fleet_name(name), _check_capacity(capacity), shared=True)
 
@@ -230,8 +258,11 @@ class Fleet:
 
         Raises:
             NodeOutsideFleet: node out of range.
+            FleetError: the fleet is closed.
         """
         _check_node(node, self.capacity)
+        if self._closed:
+            raise FleetError(f"fleet {self.name!r} is closed", fleet=self.name)
         if not self.shared:
             return node == self._node
         try:

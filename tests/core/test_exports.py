@@ -74,6 +74,8 @@ ADDITIONS = {
         "__version__",
         "AccessDenied",
         "FleetError",
+        "InvalidArgumentType",
+        "InvalidCapacity",
         "InvalidLayout",
         "InvalidName",
         "LayoutMismatch",
@@ -91,8 +93,16 @@ ADDITIONS = {
         "ResourceStatistics",
         "LayoutMismatch",
     },
-    "orbitive.pool.session": set(),
-    "orbitive.store": set(),
+    # A clean end of a session stream, so a serving loop can stop on it.
+    "orbitive.pool.session": {"SessionClosed"},
+    # The store's named errors, so callers can catch them without a private import.
+    "orbitive.store": {
+        "InvalidLockName",
+        "InvalidLockOwner",
+        "InvalidLockTtl",
+        "InvalidStoreUrl",
+        "LockTimeout",
+    },
 }
 PUBLIC_MODULES = sorted(API_NAMES)
 

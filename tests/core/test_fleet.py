@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from orbitive import Fleet
-from orbitive._errors import FleetError, InvalidName, NodeOutsideFleet
+from orbitive._errors import FleetError, InvalidCapacity, InvalidName, NodeOutsideFleet
 from orbitive._fleet import node_path
 from orbitive.lock import LockTable
 
@@ -127,9 +127,9 @@ def test_longest_and_odd_but_valid_names_are_accepted() -> None:
 
 
 @pytest.mark.parametrize("capacity", [0, -1, 4097, 2.0, True, None, "4"], ids=repr)
-def test_bad_capacity_raises_node_outside_fleet(fleet_name: str, capacity: Any) -> None:
+def test_bad_capacity_raises_invalid_capacity(fleet_name: str, capacity: Any) -> None:
     for make in (Fleet.join, Fleet.local):
-        with pytest.raises(NodeOutsideFleet) as caught:
+        with pytest.raises(InvalidCapacity) as caught:
             make(fleet_name, capacity)
         assert isinstance(caught.value, ValueError)
 
@@ -224,3 +224,19 @@ def test_a_blocked_child_is_killed_and_reaped_by_the_helper() -> None:
         child = processes.start(sleep_forever)
         assert child.recv() == "sleeping"
     assert child.process.exitcode == -signal.SIGKILL
+
+
+def test_joining_with_another_capacity_than_the_fleet_has_is_refused(fleet_name: str) -> None:
+    with Fleet.join(fleet_name, 2) as first:
+        with pytest.raises(InvalidCapacity) as caught:
+            Fleet.join(fleet_name, 8)
+        assert "capacity 2" in str(caught.value)
+        with Fleet.join(fleet_name, 2) as second:
+            assert second.node != first.node
+
+
+def test_is_alive_on_a_closed_fleet_raises_fleet_error(fleet_name: str) -> None:
+    fleet = Fleet.join(fleet_name, 2)
+    fleet.close()
+    with pytest.raises(FleetError):
+        fleet.is_alive(0)

@@ -14,6 +14,7 @@ from orbitive._errors import MalformedError, NotOwnerError, NotReservedError, St
 from orbitive.pool import Key, Lease, Pool, ResourceId
 from orbitive.pool.session import (
     FRAME_SIZE,
+    SessionClosed,
     accept_session,
     accept_session_async,
     decode_frame,
@@ -73,14 +74,13 @@ def test_frame_codec_round_trips_and_has_a_fixed_size(pool: Pool) -> None:
     "damage",
     [
         lambda f: f[:20],  # short
-        lambda f: b"",  # nothing at all
         lambda f: b"XSES" + f[4:],  # magic
         lambda f: f[:4] + b"\x09" + f[5:],  # version
         lambda f: f[:16] + bytes([f[16] ^ 1]) + f[17:],  # a bit of the fence (checksum)
         lambda f: f[:40] + b"\x01" + f[41:],  # reserved
         lambda f: f[:44] + bytes(4),  # checksum
     ],
-    ids=["short", "empty", "magic", "version", "flipped-bit", "reserved", "checksum"],
+    ids=["short", "magic", "version", "flipped-bit", "reserved", "checksum"],
 )
 def test_short_or_malformed_frame_is_refused_and_accepts_nothing(
     pool: Pool, pair: tuple[socket.socket, socket.socket], damage: object
@@ -94,6 +94,19 @@ def test_short_or_malformed_frame_is_refused_and_accepts_nothing(
         accept_session(pool, owner)
     assert _units(pool) == (1, 0)  # still reserved, never accepted
     with pool.accept(lease) as execution:  # the genuine lease still works
+        assert execution.fence == lease.fence
+
+
+def test_a_stream_closed_before_any_frame_byte_is_session_closed_and_accepts_nothing(
+    pool: Pool, pair: tuple[socket.socket, socket.socket]
+) -> None:
+    borrower, owner = pair
+    lease = pool.reserve(pool.register(KEY, 1))
+    borrower.shutdown(socket.SHUT_WR)
+    with pytest.raises(SessionClosed):
+        accept_session(pool, owner)
+    assert _units(pool) == (1, 0)
+    with pool.accept(lease) as execution:
         assert execution.fence == lease.fence
 
 

@@ -39,14 +39,22 @@ import struct
 import zlib
 from typing import Final
 
-from .._errors import MalformedError
+from .._errors import MalformedError, SessionClosed
 from ._guards import Execution
 from ._pool import Pool
 from ._values import Lease, ResourceId
 
 #: The API contract's names; ``encode_frame``, ``decode_frame`` and ``FRAME_SIZE``
 #: are public too, for transports of your own.
-__all__ = ["accept_session", "accept_session_async", "open_session", "open_session_async"]
+__all__ = [
+    "SessionClosed",
+    "accept_session",
+    "accept_session_async",
+    "open_session",
+    "open_session_async",
+]
+
+SessionClosed.__module__ = __name__
 
 FRAME_MAGIC: Final = b"PSES"
 FRAME_VERSION: Final = 1
@@ -101,6 +109,8 @@ def decode_frame(data: bytes) -> Lease:
 
 
 def _accept(pool: Pool, data: bytes) -> Execution:
+    if not data:
+        raise SessionClosed("the peer closed the session before sending a lease frame")
     lease = decode_frame(data)
     if lease.id.kind != pool.kind:
         raise MalformedError(
@@ -145,6 +155,8 @@ def accept_session(pool: Pool, sock: socket.socket) -> Execution:
         The Execution; complete it when the work for this session is over.
 
     Raises:
+        SessionClosed: the peer closed the stream before the first byte of a
+            frame (a clean end: a serving loop stops on it).
         MalformedError: short, malformed or foreign frame.
         StaleError, NotOwnerError, DrainingError, NotReservedError: as
             ``Pool.accept`` (a replayed frame is NotReservedError).

@@ -11,13 +11,45 @@ call, so they are identical on every engine.
 
 from __future__ import annotations
 
-from .._errors import ErrorKind, StoreError
+from .._errors import (
+    ErrorKind,
+    InvalidLockName,
+    InvalidLockOwner,
+    InvalidLockTtl,
+    InvalidStoreUrl,
+    LockTimeout,
+    StoreError,
+)
 from ._base import Lock, Store
 from ._engine import LockInfo
 from ._url import open_store
 
-__all__ = ["ErrorKind", "Lock", "LockInfo", "Store", "StoreError", "open_store"]
+__all__ = [
+    "ErrorKind",
+    "InvalidLockName",
+    "InvalidLockOwner",
+    "InvalidLockTtl",
+    "InvalidStoreUrl",
+    "Lock",
+    "LockInfo",
+    "LockTimeout",
+    "Store",
+    "StoreError",
+    "open_store",
+]
 
-for _obj in (ErrorKind, Lock, LockInfo, Store, StoreError, open_store):
+for _obj in (
+    ErrorKind,
+    InvalidLockName,
+    InvalidLockOwner,
+    InvalidLockTtl,
+    InvalidStoreUrl,
+    Lock,
+    LockInfo,
+    LockTimeout,
+    Store,
+    StoreError,
+    open_store,
+):
     _obj.__module__ = __name__
 del _obj
