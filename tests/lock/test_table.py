@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from orbitive import Fleet
+from orbitive import Fleet, InvalidArgumentType
 from orbitive.lock import (
     Acquired,
     EntryTooLarge,
@@ -304,15 +304,15 @@ def test_a_key_that_is_not_a_lock_key_is_a_type_error(table: LockTable, bad: Any
         lambda: table.force_release(bad),
         lambda: table.release_owned(bad, ALICE),
     ):
-        with pytest.raises(TypeError):
+        with pytest.raises(InvalidArgumentType):
             call()
 
 
 @pytest.mark.parametrize("bad", [None, 42, ("key", "owner"), {"lock_id": 1}])
 def test_a_lease_that_is_not_a_lock_lease_is_a_type_error(table: LockTable, bad: Any) -> None:
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentType):
         table.renew(bad, 30.0)
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentType):
         table.release(bad)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from orbitive import InvalidArgumentType
 from orbitive.lock import (
     Acquired,
     Fence,
@@ -75,11 +76,11 @@ def test_empty_parts_raise_their_named_errors() -> None:
 
 @pytest.mark.parametrize("bad", [None, 5, 1.5, ["a"], object()], ids=repr)
 def test_parts_that_are_not_str_or_bytes_are_type_errors(bad: Any) -> None:
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentType):
         LockKey(bad, "label")
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentType):
         LockKey("ns", bad)
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidArgumentType):
         LockOwner(bad)
 
 
@@ -236,3 +237,11 @@ def test_a_bad_environment_override_raises_invalid_layout() -> None:
     assert result.returncode != 0
     assert "InvalidLayout" in result.stderr
     assert "ORBIT_LOCK_STATE_CAPACITY" in result.stderr
+
+
+@pytest.mark.parametrize("bad", ["7", None, 1.0, True], ids=repr)
+def test_fence_admits_only_int_tokens(bad: Any) -> None:
+    fence = Fence(high_water=3)
+    with pytest.raises(InvalidArgumentType):
+        fence.admit(bad)
+    assert fence.high_water == 3

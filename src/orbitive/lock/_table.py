@@ -21,7 +21,7 @@ from typing import Final, TypeVar, final
 
 from .. import _fork
 from .._clock import TTL_MAX_S, check_ttl, monotonic_ns, ttl_ms
-from .._errors import EntryTooLarge, FleetError, IdExhausted, StateFull
+from .._errors import EntryTooLarge, FleetError, IdExhausted, InvalidArgumentType, StateFull
 from .._fleet import Fleet
 from .._readiness import Readiness
 from .._ring import Ring
@@ -86,8 +86,8 @@ class LockTableStatistics:
     ring_heads: tuple[int, ...]
 
 
-def _not_a(what: str, expected: str, value: object) -> TypeError:
-    return TypeError(f"{what} must be a {expected}, not {type(value).__name__}")
+def _not_a(what: str, expected: str, value: object) -> InvalidArgumentType:
+    return InvalidArgumentType(f"{what} must be a {expected}, not {type(value).__name__}")
 
 
 class LockTable:
@@ -187,7 +187,7 @@ class LockTable:
             holder uses the same owner bytes: one live entry per key).
 
         Raises:
-            InvalidTtl: bad ttl. OwnerEmpty/TypeError: bad owner or key.
+            InvalidTtl: bad ttl. OwnerEmpty, InvalidArgumentType: bad owner or key.
             EntryTooLarge: namespace + label + owner exceed ``payload_max``.
             StateFull: every slot holds a live key (nothing is ever evicted).
             IdExhausted: the 40-bit fencing token or the revision ran out.
@@ -231,7 +231,7 @@ class LockTable:
             was replaced (the successor is never touched, even with equal owner bytes).
 
         Raises:
-            InvalidTtl: bad ttl. TypeError: ``lease`` is not a LockLease.
+            InvalidTtl: bad ttl. InvalidArgumentType: ``lease`` is not a LockLease.
             IdExhausted: the revision counter ran out.
         """
         ttl = check_ttl(ttl)
@@ -255,7 +255,7 @@ class LockTable:
             was released already or was replaced (no error, successor untouched).
 
         Raises:
-            TypeError: ``lease`` is not a LockLease.
+            InvalidArgumentType: ``lease`` is not a LockLease.
         """
         if type(lease) is not LockLease:
             raise _not_a("lease", "LockLease", lease)

@@ -9,7 +9,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Final, Literal, NamedTuple, Protocol, final
 
-from .._errors import KeyEmpty, NamespaceEmpty, OwnerEmpty
+from .._errors import InvalidArgumentType, KeyEmpty, NamespaceEmpty, OwnerEmpty
 
 #: Bits of a lock id (NetId64) that hold the fencing token.
 TOKEN_BITS: Final = 40
@@ -25,7 +25,7 @@ def _as_bytes(value: object, what: str) -> bytes:
         return value.encode()
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
-    raise TypeError(f"{what} must be str or bytes, not {type(value).__name__}")
+    raise InvalidArgumentType(f"{what} must be str or bytes, not {type(value).__name__}")
 
 
 class HasNamespace(Protocol):
@@ -46,7 +46,7 @@ class LockKey:
     Raises:
         NamespaceEmpty: empty namespace.
         KeyEmpty: empty label.
-        TypeError: a part is neither str nor bytes.
+        InvalidArgumentType: a part is neither str nor bytes.
     """
 
     namespace: bytes
@@ -83,7 +83,7 @@ class LockOwner:
 
     Raises:
         OwnerEmpty: empty value.
-        TypeError: neither str nor bytes.
+        InvalidArgumentType: neither str nor bytes.
     """
 
     value: bytes
@@ -224,7 +224,13 @@ class Fence:
         return self._high_water
 
     def admit(self, token: int) -> bool:
-        """Admit ``token`` if it is not older than any admitted before."""
+        """Admit ``token`` if it is not older than any admitted before.
+
+        Raises:
+            InvalidArgumentType: ``token`` is not an int (bools refused).
+        """
+        if type(token) is not int:
+            raise InvalidArgumentType(f"token must be an int, not {type(token).__name__}")
         with self._mutex:
             if token < self._high_water:
                 return False
