@@ -28,10 +28,12 @@ def test_orbit_pool_shows_keys_resources_owners_and_claims(
         pool.cancel_reservation(lease)
     assert f"pool of fleet {fleet_name!r}, kind 247" in out
     assert "1 live, 0 draining, 1 reserved, 1 active, 1 creating" in out
-    assert f"node 0 (incarnation {incarnation})" in out
+    assert f"node 0 (incarnation {incarnation}, alive)" in out
     assert f"{key}" in out and "node 0: 1" in out
     row = next(line for line in out.splitlines() if line.strip().startswith(str(rid)))
-    assert row.split()[2:] == ["0", str(incarnation), "live", "3", "1", "1", "2"]
+    assert row.split()[2:] == ["0", "alive", str(incarnation), "live", "3", "1", "1", "2"]
+    after = _output(capsys, fleet_name)  # the owner's process life is over: it shows dead
+    assert "(incarnation" in after and "dead)" in after
 
 
 def test_orbit_pool_without_a_table_says_so(
@@ -39,3 +41,9 @@ def test_orbit_pool_without_a_table_says_so(
 ) -> None:
     assert main(["pool", fleet_name]) == 1
     assert "has no pool table" in capsys.readouterr().out
+
+
+def _output(capsys: pytest.CaptureFixture[str], fleet_name: str) -> str:
+    """What ``orbit pool`` prints now; the pool object may outlive its last member."""
+    main(["pool", fleet_name])
+    return capsys.readouterr().out

@@ -140,12 +140,19 @@ def test_no_command_is_a_usage_error(sqlite_url: str) -> None:
     assert subprocess.run(argv, check=False, capture_output=True).returncode == 2
 
 
-def test_bad_ttl_is_refused(sqlite_url: str) -> None:
+def test_bad_ttl_is_a_usage_error_naming_the_command(sqlite_url: str) -> None:
     done = subprocess.run(
         orbit_run(sqlite_url, "true", ttl="0"), check=False, capture_output=True, text=True
     )
-    assert done.returncode == 1
-    assert "duration" in done.stderr
+    assert done.returncode == 2
+    assert done.stderr.startswith("orbit run: ") and "duration" in done.stderr
+
+
+def test_negative_wait_is_a_usage_error(sqlite_url: str) -> None:
+    argv = orbit_run(sqlite_url, "true", wait="-1")
+    done = subprocess.run(argv, check=False, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "--wait must be a finite number >= 0" in done.stderr
 
 
 def test_default_store_is_the_sqlite_file_in_the_state_dir(tmp_path: Path) -> None:

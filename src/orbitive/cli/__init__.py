@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from .._errors import OrbitError
 from . import _commands
 
-#: Exit status for bad usage (argparse's own), and for an OrbitError raised by a command.
+#: Exit status for bad usage (argparse's own, or an argument the library refuses), and
+#: for any other OrbitError raised by a command.
 EXIT_USAGE = 2
 EXIT_ERROR = 1
 
@@ -24,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="orbit",
         description="Inspect and drive orbitive fleets: leases, pools and named locks.",
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subparsers = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
     for module in _commands.MODULES:
         module.register(subparsers)
     return parser
@@ -37,8 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.func(args)
     except OrbitError as error:
-        print(f"orbit {args.command}: {error}", file=sys.stderr)
-        return EXIT_ERROR
+        print(f"orbit {args.subcommand}: {error}", file=sys.stderr)
+        # A bad argument is a usage error, as argparse's own are.
+        return EXIT_USAGE if isinstance(error, (ValueError, TypeError)) else EXIT_ERROR
     except KeyboardInterrupt:
         return 130
     return status

@@ -34,6 +34,7 @@ from tempfile import TemporaryDirectory
 from .. import Fleet
 from ..lock import Acquired, Fence, LockKey, LockOwner, LockTable
 from ._demo_pool import run_pool_demo
+from ._lock import remove_stopped_fleet_files
 
 NAMESPACE = "orbit.demo"
 KEYS = 4
@@ -242,7 +243,9 @@ def _lock_demo(args: argparse.Namespace) -> int:
         f"fleet {fleet_name!r}"
     )
     with TemporaryDirectory(prefix="orbit-demo-") as tmp:
-        return _run(fleet_name, capacity, args, str(Path(tmp) / "resource.sock"))
+        status = _run(fleet_name, capacity, args, str(Path(tmp) / "resource.sock"))
+    remove_stopped_fleet_files(fleet_name)
+    return status
 
 
 def _run(fleet_name: str, capacity: int, args: argparse.Namespace, address: str) -> int:

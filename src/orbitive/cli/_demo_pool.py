@@ -42,7 +42,8 @@ from ..pool import (
     ResourceId,
     Wait,
 )
-from ..pool.session import accept_session, open_session
+from ..pool.session import SessionClosed, accept_session, open_session
+from ._lock import remove_stopped_fleet_files
 
 MESSAGE: Final = 64
 REFUSED: Final = b"\0" * MESSAGE
@@ -83,8 +84,8 @@ class SessionServer:
             while True:
                 try:
                     execution = accept_session(self.pool, conn)
-                except MalformedError:
-                    return  # a short frame: the borrower left
+                except (SessionClosed, MalformedError):
+                    return  # the borrower left, between frames or inside one
                 except OrbitError:
                     conn.recv(self.size, socket.MSG_WAITALL)
                     conn.sendall(REFUSED[: self.size])
@@ -333,6 +334,7 @@ def run_pool_demo(workers: int, seconds: float) -> int:
                     process.join(30.0)
             pool.unlink()
         echo.shutdown()
+    remove_stopped_fleet_files(name)
     return _summarise(name, workers, seconds, max_live, results, sampler, echo.max_open, elapsed)
 
 

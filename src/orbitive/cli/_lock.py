@@ -20,6 +20,14 @@ from ..lock import LockEvent, LockKey, LockLayout, LockTable
 
 #: What the well-known kind numbers hold.
 KNOWN_KINDS = {228: "lock state table", 229: "lock transition ring", 247: "resource pool"}
+KIND_HELP = "kind number 0..255 (228 lock state table, 229 lock ring, 247 resource pool)"
+
+
+def kind_number(text: str) -> int:
+    """argparse type for an SHM kind number."""
+    if not text.isdigit() or not 0 <= int(text) <= 255:
+        raise argparse.ArgumentTypeError(f"{KIND_HELP}; got {text!r}")
+    return int(text)
 
 
 def fleet_name(text: str) -> str:
@@ -38,13 +46,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the fleet and lock commands to ``orbit``."""
     cmd = subparsers.add_parser("list", help="list a fleet's SHM objects")
     _fleet_arg(cmd)
-    cmd.add_argument("--kind", type=int, choices=range(256), metavar="K", help="only kind K")
+    cmd.add_argument("--kind", type=kind_number, metavar="K", help=f"only this {KIND_HELP}")
     cmd.set_defaults(func=cmd_list)
 
     cmd = subparsers.add_parser("clear", help="unlink a stopped fleet's SHM objects")
     _fleet_arg(cmd)
     which = cmd.add_mutually_exclusive_group(required=True)
-    which.add_argument("--kind", type=int, choices=range(256), metavar="K", help="only kind K")
+    which.add_argument("--kind", type=kind_number, metavar="K", help=f"only this {KIND_HELP}")
     which.add_argument("--all", action="store_true", help="every kind, and the fleet's lock files")
     cmd.add_argument("--yes", action="store_true", help="confirm --all")
     cmd.set_defaults(func=cmd_clear)
@@ -123,6 +131,20 @@ def _remove_fleet_files(fleet: str) -> None:
             path.unlink(missing_ok=True)
 
 
+def remove_stopped_fleet_files(fleet: str) -> bool:
+    """Remove a fleet's membership and node lock files once no member is alive.
+
+    Returns:
+        True when removed; False when a member is still alive (nothing touched).
+    """
+    try:
+        with _exclusive_membership(fleet):
+            _remove_fleet_files(fleet)
+    except FleetError:
+        return False
+    return True
+
+
 def _open_table(fleet: str, *, observe: bool) -> LockTable | None:
     layout = LockLayout.default()
     lanes = lane_count_of(fleet, layout.event_kind)
@@ -133,8 +155,16 @@ def _open_table(fleet: str, *, observe: bool) -> LockTable | None:
     return LockTable(member, layout)
 
 
+def printable(raw: bytes) -> str:
+    """``raw`` as text for a terminal: UTF-8 with control characters escaped."""
+    text = raw.decode(errors="backslashreplace")
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _key_text(key: LockKey) -> tuple[str, str]:
-    return key.namespace.decode(errors="replace"), key.label.decode(errors="replace")
+    return printable(key.namespace), printable(key.label)
 
 
 def cmd_locks(args: argparse.Namespace) -> int:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from .. import Fleet
 from ..pool import POOL_KIND, PoolStatistics
 from ..pool._stats import inspect
-from ._lock import fleet_name
+from ._lock import fleet_name, kind_number
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -14,8 +15,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd = subparsers.add_parser("pool", help="show a fleet's resource pool table")
     cmd.add_argument("fleet", type=fleet_name, help="fleet name")
     cmd.add_argument(
-        "--kind", type=int, choices=range(256), metavar="K", default=POOL_KIND,
-        help=f"the pool's kind ({POOL_KIND})",
+        "--kind", type=kind_number, metavar="K", default=POOL_KIND,
+        help=f"the pool's kind number (default {POOL_KIND})",
     )  # fmt: skip
     cmd.set_defaults(func=cmd_pool)
 
@@ -26,12 +27,22 @@ def cmd_pool(args: argparse.Namespace) -> int:
     if statistics is None:
         print(f"fleet {args.fleet!r} has no pool table of kind {args.kind}")
         return 1
-    print("\n".join(format_statistics(statistics)))
+    observer = Fleet.observe(args.fleet, statistics.fleet_capacity)
+    alive = {node for node in range(statistics.fleet_capacity) if observer.is_alive(node)}
+    print("\n".join(format_statistics(statistics, alive)))
     return 0
 
 
-def format_statistics(stats: PoolStatistics) -> list[str]:
-    """The lines ``orbit pool`` prints for one snapshot."""
+def _life(node: int, alive: set[int]) -> str:
+    return "alive" if node in alive else "dead"
+
+
+def format_statistics(stats: PoolStatistics, alive: set[int]) -> list[str]:
+    """The lines ``orbit pool`` prints for one snapshot; ``alive``: nodes a live process holds.
+
+    A resource whose owner node is dead stays in the table until its death is
+    reported (``Pool.node_dead`` or ``watch_deaths``); the OWNER column says so.
+    """
     lines = [
         f"pool of fleet {stats.fleet!r}, kind {stats.kind}, epoch {stats.epoch}",
         f"  geometry    {stats.fleet_capacity} nodes x {stats.lane_capacity} resources, "
@@ -40,7 +51,10 @@ def format_statistics(stats: PoolStatistics) -> list[str]:
         f"{stats.reserved_count} reserved, {stats.active_count} active, "
         f"{stats.creating_count} creating, {stats.waiting_nodes_count} waiting",
         "  members     "
-        + (", ".join(f"node {n} (incarnation {i})" for n, i in stats.members) or "none"),
+        + (
+            ", ".join(f"node {n} (incarnation {i}, {_life(n, alive)})" for n, i in stats.members)
+            or "none"
+        ),
         "",
         f"keys ({stats.keys_count})",
         f"  {'KEY':<32}  {'LIVE':>4}  {'CREATING':>8}  {'VERSION':>10}  CLAIMS",
@@ -53,12 +67,13 @@ def format_statistics(stats: PoolStatistics) -> list[str]:
     lines += [
         "",
         f"resources ({len(stats.resources)})",
-        f"  {'ID':<14}  {'KEY':<12}  {'OWNER':>5}  {'INCARNATION':>20}  {'STATE':<8}  "
+        f"  {'ID':<14}  {'KEY':<12}  {'OWNER':>11}  {'INCARNATION':>20}  {'STATE':<8}  "
         f"{'CAP':>4}  {'RES':>4}  {'ACT':>4}  {'FENCE':>8}",
     ]
     for res in stats.resources:
         lines.append(
-            f"  {res.id!s:<14}  {str(res.key)[-12:]:<12}  {res.owner_node:>5}  "
+            f"  {res.id!s:<14}  {str(res.key)[-12:]:<12}  "
+            f"{f'{res.owner_node} {_life(res.owner_node, alive)}':>11}  "
             f"{res.owner_incarnation:>20}  {res.state:<8}  {res.capacity:>4}  "
             f"{res.reserved:>4}  {res.active:>4}  {res.fence:>8}"
         )

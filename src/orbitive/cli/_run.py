@@ -46,13 +46,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--lock", required=True, metavar="NAME", help="the lock name")
     cmd.add_argument("--ttl", required=True, type=float, metavar="S", help="lease length, s")
     cmd.add_argument(
-        "--wait", type=float, default=None, metavar="S", help="wait up to S s (default: no wait)"
+        "--wait",
+        type=_wait_seconds,
+        default=None,
+        metavar="S",
+        help="wait up to S s for the lock (default: no wait)",
     )
     cmd.add_argument(
         "--store", default=None, metavar="URL", help="store URL (default: the SQLite file)"
     )
     cmd.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     cmd.set_defaults(func=cmd_run)
+
+
+def _wait_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"--wait must be a finite number >= 0, got {text}")
+    return value
 
 
 def cmd_run(args: argparse.Namespace) -> int:

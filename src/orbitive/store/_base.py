@@ -134,7 +134,13 @@ def check_timeout(timeout: object) -> float | None:
         return None
     if timeout == 0 and type(timeout) in (int, float):
         return 0.0
-    return check_ttl(timeout, what="timeout")
+    try:
+        return check_ttl(timeout, what="timeout")
+    except InvalidTtl as error:
+        raise InvalidTtl(
+            f"timeout must be None (wait forever) or a finite number of seconds >= 0, "
+            f"got {timeout!r}"
+        ) from error
 
 
 def random_owner() -> str:

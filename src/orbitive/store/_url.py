@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from .._access import check_dir
 from .._errors import InvalidStoreUrl
+from .._fleet import CAPACITY_MAX
 from ._base import Store
 from ._engine import Engine
 
@@ -125,8 +126,10 @@ def _shm(url: str) -> tuple[Engine, str]:
     capacity = SHM_CAPACITY_DEFAULT
     if "capacity" in query:
         value = query["capacity"][-1]
-        if not value.isdigit():
-            raise InvalidStoreUrl(f"store URL {url!r}: capacity must be a whole number")
+        if not value.isdigit() or not 1 <= int(value) <= CAPACITY_MAX:
+            raise InvalidStoreUrl(
+                f"store URL {url!r}: capacity must be a whole number in 1..{CAPACITY_MAX}"
+            )
         capacity = int(value)
     return ShmEngine(parts.netloc, capacity), url
 
