@@ -53,6 +53,23 @@ class _Pools:
         """Sessions whose cycle is acquire (LocalReuse) + accept + complete."""
         return Prepared(self._open_local, lambda: None)
 
+    def reuse_cycle(self) -> Session:
+        """A session whose cycle is issue 4's local reuse: reserve + accept + complete."""
+        fleet, pool = self.join()
+        rid = pool.register(self.key, 1)
+        reserve, accept = pool.reserve, pool.accept
+
+        def cycle(_: int) -> bool:
+            accept(reserve(rid)).complete()
+            return True
+
+        def close() -> None:
+            pool.unregister(rid)
+            pool.close()
+            fleet.close()
+
+        return Session(cycle, close)
+
     def _open_local(self) -> Session:
         fleet, pool = self.join()
         rid = pool.register(self.key, 1)
@@ -82,8 +99,12 @@ class _Pools:
         remove_fleet_files(self.name, FLEET_CAPACITY)
 
 
+#: The remote-reuse payload, each way (issue 4: a 128-byte payload).
+PAYLOAD = bytes(range(128))
+
+
 def _owner(pools: _Pools, sock: socket.socket) -> None:
-    """A forked resource owner: accept each session frame, complete, answer one byte."""
+    """A forked resource owner: accept each session frame, complete, echo its payload."""
     fleet, pool = pools.join()
     pool.register(pools.key, 1)
     sock.sendall(b"r")
@@ -91,16 +112,17 @@ def _owner(pools: _Pools, sock: socket.socket) -> None:
         try:
             execution = pools.session.accept_session(pool, sock)
         except (OrbitError, OSError):
-            break  # the client closed its end: a short frame
-        execution.complete()
-        sock.sendall(b"k")
+            break  # the client closed its end
+        payload = sock.recv(len(PAYLOAD), socket.MSG_WAITALL)
+        execution.complete()  # before the reply: the borrower reserves again at once
+        sock.sendall(payload)
     pool.close()
     fleet.close()
     os._exit(0)
 
 
 def remote_reuse(pools: _Pools, settings: Settings) -> list[float]:
-    """Round trips per second: acquire (RemoteReuse) + open_session + owner's answer."""
+    """Round trips per second: reserve, lease frame + 128 B, owner accepts, echoes, completes."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     owner = get_context("fork").Process(target=_owner, args=(pools, theirs), daemon=True)
     owner.start()
@@ -109,14 +131,12 @@ def remote_reuse(pools: _Pools, settings: Settings) -> list[float]:
     try:
         if mine.recv(1) != b"r":
             raise Skip("the pool owner process did not start")
-        remote, open_session = pools.module.RemoteReuse, pools.session.open_session
+        (candidate,) = pool.candidates(pools.key)
+        reserve, open_session, rid = pool.reserve, pools.session.open_session, candidate.id
 
         def cycle(_: int) -> bool:
-            plan = pool.acquire(pools.key, pools.limits, pools.policy)
-            if type(plan) is not remote:
-                raise Skip(f"expected RemoteReuse, got {plan!r}")
-            open_session(plan.lease, mine)
-            return mine.recv(1) == b"k"
+            open_session(reserve(rid), mine, PAYLOAD)
+            return mine.recv(len(PAYLOAD), socket.MSG_WAITALL) == PAYLOAD
 
         samples = calibrated_us(cycle, settings.seconds, settings.repeats)
     finally:
@@ -181,9 +201,14 @@ def pool_results(ws: Workspace, settings: Settings) -> list[Result]:
         pools = _Pools(ws)
     except Skip as exc:
         return [Result(SECTION, "all", "orbitive pool", "orbitive", "us", skipped=str(exc))]
-    local = _row(SECTION, "local reuse, 1 process", "us", ("acquire + release", "1 process, 1 key"))
+    local = _row(
+        SECTION,
+        "local reuse (reserve + accept + complete)",
+        "us",
+        ("acquire + release", "1 process, 1 key"),
+    )
     remote = _row(
-        SECTION, "remote reuse, Unix socket", "ops/s", ("contention", "2 processes, 1 key")
+        SECTION, "remote reuse, Unix socket, 128 B", "ops/s", ("contention", "2 processes, 1 key")
     )
     crowd = _row(SECTION, "acquire, 8 processes", "ops/s", ("contention", "8 processes, 1 key"))
     group = "completion -> woken wait_capacity"
@@ -212,7 +237,7 @@ def _fill(result: Result, measure: Callable[[], list[float]]) -> None:
 
 
 def _local(pools: _Pools, settings: Settings) -> list[float]:
-    session = pools.local_reuse().open()
+    session = pools.reuse_cycle()
     try:
         return calibrated_us(session.cycle, settings.seconds, settings.repeats)
     finally:
