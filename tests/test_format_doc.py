@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from orbitive import _ring
 from orbitive.lock import LockLayout, _events, _layout
 
-DOC = (Path(__file__).parent.parent / "docs" / "format.md").read_text()
-
-
-def section(title: str) -> str:
-    start = DOC.index(title)
-    end = DOC.find("\n## ", start + 1)
-    return DOC[start : end if end >= 0 else len(DOC)]
+from ._format_doc import section
 
 
 def test_lock_state_section_matches_layout_constants() -> None:

@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 
 from orbitive.pool import _layout, session
 from orbitive.pool._layout import Layout
 
-DOC = (Path(__file__).parents[2] / "docs" / "format.md").read_text()
-
-
-def section(title: str) -> str:
-    start = DOC.index(title)
-    end = DOC.find("\n## ", start + 1)
-    return DOC[start : end if end >= 0 else len(DOC)]
+from .._format_doc import section
 
 
 def _offsets(fmt: str, names: tuple[str, ...]) -> list[tuple[int, int, str]]:
