@@ -55,24 +55,17 @@ class _Pools:
 
     def reuse_cycle(self) -> Session:
         """A session whose cycle is issue 4's local reuse: reserve + accept + complete."""
-        fleet, pool = self.join()
-        rid = pool.register(self.key, 1)
+        pool, rid, close = self._own_resource()
         reserve, accept = pool.reserve, pool.accept
 
         def cycle(_: int) -> bool:
             accept(reserve(rid)).complete()
             return True
 
-        def close() -> None:
-            pool.unregister(rid)
-            pool.close()
-            fleet.close()
-
         return Session(cycle, close)
 
     def _open_local(self) -> Session:
-        fleet, pool = self.join()
-        rid = pool.register(self.key, 1)
+        pool, _, close = self._own_resource()
         acquire, accept, local = pool.acquire, pool.accept, self.module.LocalReuse
         key, limits, policy = self.key, self.limits, self.policy
 
@@ -85,12 +78,19 @@ class _Pools:
             accept(plan.lease).complete()
             return True
 
+        return Session(cycle, close)
+
+    def _own_resource(self) -> tuple[Any, Any, Callable[[], None]]:
+        """A new node with a Pool owning one exclusive resource: (pool, id, close)."""
+        fleet, pool = self.join()
+        rid = pool.register(self.key, 1)
+
         def close() -> None:
             pool.unregister(rid)
             pool.close()
             fleet.close()
 
-        return Session(cycle, close)
+        return pool, rid, close
 
     def close(self) -> None:
         self._pool.unlink()
@@ -144,6 +144,44 @@ def remote_reuse(pools: _Pools, settings: Settings) -> list[float]:
         owner.join(10)
         pool.close()
         fleet.close()
+    return [1e6 / sample for sample in samples]
+
+
+def _echo(sock: socket.socket) -> None:
+    """A forked peer that answers every frame-sized request with its payload."""
+    request = len(PAYLOAD) + pool_frame_size()
+    while data := sock.recv(request, socket.MSG_WAITALL):
+        sock.sendall(data[-len(PAYLOAD) :])
+    os._exit(0)
+
+
+def pool_frame_size() -> int:
+    """Bytes of the pool's session frame (48), read from the session module."""
+    from orbitive.pool.session import FRAME_SIZE  # noqa: PLC0415 - optional module
+
+    return int(FRAME_SIZE)
+
+
+def socket_floor(settings: Settings) -> list[float]:
+    """Round trips per second of the same bytes over the same socketpair, no pool at all.
+
+    The floor for remote reuse: two processes, one wake-up each way.
+    """
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    peer = get_context("fork").Process(target=_echo, args=(theirs,), daemon=True)
+    peer.start()
+    theirs.close()
+    request = bytes(pool_frame_size()) + PAYLOAD
+
+    def cycle(_: int) -> bool:
+        mine.sendall(request)
+        return mine.recv(len(PAYLOAD), socket.MSG_WAITALL) == PAYLOAD
+
+    try:
+        samples = calibrated_us(cycle, settings.seconds, settings.repeats)
+    finally:
+        mine.close()
+        peer.join(10)
     return [1e6 / sample for sample in samples]
 
 
@@ -211,16 +249,21 @@ def pool_results(ws: Workspace, settings: Settings) -> list[Result]:
         SECTION, "remote reuse, Unix socket, 128 B", "ops/s", ("contention", "2 processes, 1 key")
     )
     crowd = _row(SECTION, "acquire, 8 processes", "ops/s", ("contention", "8 processes, 1 key"))
+    floor = _row(
+        SECTION, "remote reuse, Unix socket, 128 B", "ops/s", ("contention", "2 processes, 1 key")
+    )
+    floor.name = "socketpair ping-pong, no pool (floor)"
     group = "completion -> woken wait_capacity"
     wake = _row(_wake.SECTION, group, "us", (_wake.SECTION, _wake.GROUP))
     try:
         _fill(local, lambda: _local(pools, settings))
         _fill(remote, lambda: remote_reuse(pools, settings))
+        _fill(floor, lambda: socket_floor(settings))
         _fill(crowd, lambda: _crowd(pools, settings, crowd))
         _fill(wake, lambda: _wake_p50s(pools, settings, wake))
     finally:
         pools.close()
-    return [local, remote, crowd, wake]
+    return [local, remote, floor, crowd, wake]
 
 
 def _row(section: str, group: str, unit: Unit, compare: tuple[str, str]) -> Result:
