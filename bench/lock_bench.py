@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from orbitive import Fleet
+from orbitive.cli import main as orbit
 from orbitive.lock import LockKey, LockOwner, LockTable
 
 
@@ -62,9 +63,9 @@ def main() -> None:
                 f"(min {min(samples):.2f}, max {max(samples):.2f}, {args.repeats} x {args.pairs})"
             )
     finally:
-        table.unlink()
         table.close()
         fleet.close()
+        orbit(["clear", fleet.name, "--all", "--yes"])
 
 
 if __name__ == "__main__":

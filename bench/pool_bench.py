@@ -16,6 +16,7 @@ import time
 from multiprocessing.connection import Connection
 
 from orbitive import Fleet
+from orbitive.cli import main as orbit
 from orbitive.pool import Key, LocalFirst, LocalReuse, Pool, ResourceId
 from orbitive.pool.session import accept_session, open_session
 
@@ -173,6 +174,7 @@ def main() -> int:
         for name in names:
             with Fleet.join(name, CAPACITY) as fleet, Pool(fleet) as pool:
                 pool.unlink()
+            orbit(["clear", name, "--all", "--yes"])  # the fleet's lock files too
         if os.path.exists(path):
             os.unlink(path)
     return 0
