@@ -35,17 +35,7 @@ __all__ = [
     "__version__",
 ]
 
-for _obj in (
-    Fleet,
-    OrbitError,
-    AccessDenied,
-    FleetError,
-    InvalidArgumentType,
-    InvalidCapacity,
-    InvalidLayout,
-    InvalidName,
-    LayoutMismatch,
-    NodeOutsideFleet,
-):
-    _obj.__module__ = __name__
-del _obj
+for _name in __all__:  # tracebacks and reprs name the public module
+    if isinstance(globals()[_name], type):
+        globals()[_name].__module__ = __name__
+del _name

@@ -38,18 +38,6 @@ __all__ = [
     "open_store",
 ]
 
-for _obj in (
-    ErrorKind,
-    InvalidLockName,
-    InvalidLockOwner,
-    InvalidLockTtl,
-    InvalidStoreUrl,
-    Lock,
-    LockInfo,
-    LockTimeout,
-    Store,
-    StoreError,
-    open_store,
-):
-    _obj.__module__ = __name__
-del _obj
+for _name in __all__:  # tracebacks and reprs name the public module
+    globals()[_name].__module__ = __name__
+del _name
