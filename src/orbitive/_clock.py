@@ -16,13 +16,7 @@ from ._errors import InvalidTtl
 #: Longest accepted ttl, in seconds (about 31.7 years); longer is ``InvalidTtl``.
 TTL_MAX_S: Final = 1e9
 
-monotonic = time.monotonic
 monotonic_ns = time.monotonic_ns
-
-
-def monotonic_ms() -> int:
-    """Host monotonic clock in whole milliseconds (the unit stored in SHM)."""
-    return time.monotonic_ns() // 1_000_000
 
 
 def wall_ms() -> int:

@@ -131,7 +131,6 @@ RES_FENCE: Final = 48  # fence, last_reserve_ms
 RES_FENCES: Final = 128
 RES_SINCE: Final = 256
 
-U8: Final = struct.Struct("<B")
 U32: Final = struct.Struct("<I")
 U64: Final = struct.Struct("<Q")
 U64_PAIR: Final = struct.Struct("<QQ")
@@ -254,10 +253,6 @@ class Layout:
     def key_offset(self, index: int) -> int:
         """Offset of key slot ``index``."""
         return self.keys + index * self.key_stride
-
-    def resource_offset(self, node: int, slot: int) -> int:
-        """Offset of the resource slot ``slot`` in ``node``'s lane."""
-        return self.resources + (node * self.lane_capacity + slot) * RESOURCE_SIZE
 
     # -- header ----------------------------------------------------------------
 

@@ -123,8 +123,7 @@ def _keys(buf: mmap.mmap, layout: Layout) -> list[KeyStatistics]:
 
 
 def _resources(buf: mmap.mmap, layout: Layout) -> list[ResourceStatistics]:
-    end = layout.resources + layout.fleet_capacity * layout.lane_capacity * RESOURCE_SIZE
-    states = buf[layout.resources : end : RESOURCE_SIZE]
+    states = buf[layout.resources : layout.size : RESOURCE_SIZE]
     rows = []
     for global_index, state in enumerate(states):
         if not LIVE <= state <= DRAINING:

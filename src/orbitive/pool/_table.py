@@ -425,8 +425,7 @@ class Table(KeyTable):
         """Per node, the incarnations that own live or draining resources."""
         self.enter()
         try:
-            end = self.res_base + self.fleet_capacity * self.lane_capacity * RESOURCE_SIZE
-            states = self.buf[self.res_base : end : RESOURCE_SIZE]
+            states = self.buf[self.res_base : self.layout.size : RESOURCE_SIZE]
             lives: dict[int, set[int]] = {}
             for global_index, state in enumerate(states):
                 if LIVE <= state <= DRAINING:
