@@ -54,6 +54,7 @@ _pack_slot = SLOT.pack_into
 _unpack_counters = COUNTERS.unpack_from
 _pack_counters = COUNTERS.pack_into
 _U64: Final = struct.Struct("<Q")
+_LOCK_ID_OFFSET: Final = 16
 _REVISION_OFFSET: Final = 24
 _EXPIRES_OFFSET: Final = 40
 _REVISION_MAX: Final = (1 << 64) - 1
@@ -417,7 +418,8 @@ class LockTable:
         slot = self._probe(lease.key, now)
         if (
             slot >= 0
-            and _unpack_slot(self._buf, HEADER_SIZE + slot * self._stride)[5] == lease.lock_id
+            and _U64.unpack_from(self._buf, HEADER_SIZE + slot * self._stride + _LOCK_ID_OFFSET)[0]
+            == lease.lock_id
         ):
             return slot
         return -1
