@@ -47,7 +47,7 @@ from typing import Final
 
 from ._errors import InvalidLayout, LayoutMismatch
 from ._fleet import Fleet
-from ._readiness import Readiness, bump
+from ._readiness import Readiness, bump, wake_word
 from ._region import Region, object_name, object_size, read_prefix
 
 RING_MAGIC: Final = 0x4F524254
@@ -219,7 +219,7 @@ class Ring:
         head_at = self._heads_offset + node * LANE_HEAD_SIZE
         counter: int = _unpack_u64(buf, head_at)[0]
         if counter >= _COUNTER_LIMIT:
-            raise LayoutMismatch(f"ring kind {self.geometry.kind} lane {node}: corrupt head")
+            raise self.corrupt_head(node)
         slot = self._lane_base[node] + (counter & self._index_mask) * self._stride
         size = len(body)
         self._frame.pack_into(
@@ -231,6 +231,14 @@ class Ring:
         _pack_u64(buf, head_at, counter + 1)
         bump(buf, _GENERATION_OFFSET, HEADER_SIZE, self._lanes)
         return counter
+
+    def corrupt_head(self, node: int) -> LayoutMismatch:
+        """The error for a lane head that shared memory holds out of range."""
+        return LayoutMismatch(f"ring kind {self.geometry.kind} lane {node}: corrupt head")
+
+    def wake(self) -> None:
+        """Wake parked drivers after a frame written without :meth:`publish` (the C steps)."""
+        wake_word(self.buf, _GENERATION_OFFSET)
 
     # -- reading -----------------------------------------------------------------------
 

@@ -10,6 +10,12 @@ are advanced first, then the transition is published, then the slot is set
 TOMBSTONE, rewritten, and set OCCUPIED last. A process killed anywhere in that
 sequence leaves the key absent or intact, never half-written, and the kernel
 drops its ``flock``; at worst a fencing token and a revision are consumed.
+
+The two hot steps, try_acquire's insert and release's remove, also exist in C
+(``_fastpath.c``, built when a compiler is present): the same bytes in the
+same order, in a tenth of the time. The Python steps here are the reference,
+and they run whenever the C module is missing, for observers, and while the
+test-only :data:`crash_hook` is set.
 """
 
 from __future__ import annotations
@@ -21,11 +27,23 @@ from typing import Final, TypeVar, final
 
 from .. import _fork
 from .._clock import TTL_MAX_S, check_ttl, monotonic_ns, ttl_ms
-from .._errors import EntryTooLarge, FleetError, IdExhausted, InvalidArgumentType, StateFull
+from .._errors import (
+    EntryTooLarge,
+    FleetError,
+    IdExhausted,
+    InvalidArgumentType,
+    OrbitError,
+    StateFull,
+)
 from .._fleet import Fleet
 from .._readiness import Readiness
 from .._ring import Ring
 from . import _events
+
+try:
+    from ._fastpath import Steps
+except ImportError:  # not built (no C compiler): the Python steps are used
+    Steps = None  # type: ignore[assignment, misc]
 from ._layout import (
     COUNTERS,
     COUNTERS_OFFSET,
@@ -67,6 +85,13 @@ _B = TypeVar("_B")
 _EVENT: Final = _events.EVENT_HEADER
 _EVENT_MAGIC: Final = _events.EVENT_MAGIC
 _EVENT_VERSION: Final = _events.EVENT_VERSION
+
+#: Outcomes of the C steps (``_fastpath.c``).
+_DONE: Final = 0
+_BUSY: Final = 1
+_FULL: Final = 2
+_EXHAUSTED: Final = 3
+_ABSENT: Final = 5
 
 #: Test-only hook, called with a point name inside the critical section
 #: ("tombstoned": after the slot went TOMBSTONE, before it is rewritten).
@@ -150,8 +175,47 @@ class LockTable:
         self._fork_generation = _fork.generation
         self._node = node
         self._id_base = (self.layout.state_kind << KIND_SHIFT) | (self._node << NODE_SHIFT)
+        self._steps = None if Steps is None or node < 0 else self._new_steps()
+
+    def _new_steps(self) -> Steps:
+        ring = self._ring.geometry
+        return Steps(
+            self._buf,
+            self._ring.buf,
+            self._mask + 1,
+            self._stride,
+            self._payload_max,
+            ring.lane_count,
+            ring.heads_offset,
+            ring.slots_offset,
+            ring.capacity,
+            ring.stride,
+            ring.frame_bytes,
+        )
 
     # -- argument checks ---------------------------------------------------------------
+
+    def _refusal(self, outcome: int, key: LockKey) -> OrbitError:
+        """The error for a C step's FULL, EXHAUSTED or CORRUPT outcome."""
+        if outcome == _FULL:
+            return self._full(key)
+        if outcome == _EXHAUSTED:
+            return self._exhausted(*_unpack_counters(self._buf, COUNTERS_OFFSET))
+        return self._ring.corrupt_head(self._node)
+
+    def _full(self, key: LockKey) -> StateFull:
+        return StateFull(
+            f"fleet {self.fleet.name!r}: lock table full ({self._mask + 1} slots)",
+            fleet=self.fleet.name,
+            key=key,
+        )
+
+    def _exhausted(self, token: int, revision: int) -> IdExhausted:
+        return IdExhausted(
+            f"fleet {self.fleet.name!r}: lock table counters exhausted "
+            f"(token {token}, revision {revision})",
+            fleet=self.fleet.name,
+        )
 
     def _too_large(self, key: LockKey, owner: LockOwner) -> EntryTooLarge:
         return EntryTooLarge(
@@ -206,20 +270,29 @@ class LockTable:
             raise self._too_large(key, owner)
         if self._fork_generation != _fork.generation:
             self._refresh_node()
+        ms = ttl_ms(ttl)
         state = self._state
         state.acquire()
         try:
             now = monotonic_ns() // 1_000_000
-            slot = key.digest & self._mask
-            offset = HEADER_SIZE + slot * self._stride
-            if self._buf[offset : offset + 8] != _EMPTY_HEAD:  # else: a free home slot
-                slot = self._probe(key, now)
-                if slot >= 0:
+            steps = self._steps
+            if steps is None or crash_hook is not None:
+                return self._acquire_step(key, owner, now, now + ms)
+            outcome, slot, lock_id, revision, wake = steps.acquire(
+                key.digest, key.ident, len(key.namespace), owner.value, self._node, now,
+                now + ms, self._id_base,
+            )  # fmt: skip
+            if outcome != _DONE:
+                if outcome == _BUSY:
                     return Occupied(self._lease_at(slot))
-                slot = ~slot
-            return Acquired(self._insert(slot, key, owner, now, now + ttl_ms(ttl)))
+                raise self._refusal(outcome, key)
+            if wake:
+                self._ring.wake()
         finally:
             state.release()
+        return Acquired(
+            LockLease(key, owner, lock_id, revision, now / 1000.0, (now + ms) / 1000.0, slot)
+        )
 
     def renew(self, lease: LockLease, ttl: float) -> LockLease | None:
         """Give the exact tenure ``lease`` a new full window of ``ttl`` seconds from now.
@@ -265,10 +338,21 @@ class LockTable:
         state = self._state
         state.acquire()  # the hot path, so not through _locked
         try:
-            slot = self._find_tenure(lease, monotonic_ns() // 1_000_000)
-            if slot < 0:
+            now = monotonic_ns() // 1_000_000
+            steps = self._steps
+            if steps is None or crash_hook is not None:
+                return self._release_step(lease, now)
+            key = lease.key
+            outcome, wake = steps.release(
+                key.digest, key.ident, len(key.namespace), lease.owner.value, self._node, now,
+                lease.lock_id, lease.slot,
+            )  # fmt: skip
+            if outcome == _ABSENT:
                 return False
-            self._remove(slot, lease)
+            if outcome != _DONE:
+                raise self._refusal(outcome, key)
+            if wake:
+                self._ring.wake()
             return True
         finally:
             state.release()
@@ -315,6 +399,25 @@ class LockTable:
             return step(a, b, c, monotonic_ns() // 1_000_000)
         finally:
             state.release()
+
+    def _acquire_step(
+        self, key: LockKey, owner: LockOwner, now: int, expires: int
+    ) -> Acquired | Occupied:
+        slot = key.digest & self._mask
+        offset = HEADER_SIZE + slot * self._stride
+        if self._buf[offset : offset + 8] != _EMPTY_HEAD:  # else: a free home slot
+            slot = self._probe(key, now)
+            if slot >= 0:
+                return Occupied(self._lease_at(slot))
+            slot = ~slot
+        return Acquired(self._insert(slot, key, owner, now, expires))
+
+    def _release_step(self, lease: LockLease, now: int) -> bool:
+        slot = self._find_tenure(lease, now)
+        if slot < 0:
+            return False
+        self._remove(slot, lease)
+        return True
 
     def _renew_step(self, lease: LockLease, _: None, ms: int, now: int) -> LockLease | None:
         slot = self._find_tenure(lease, now)
@@ -415,7 +518,15 @@ class LockTable:
         entry a lookup can reach is the key's holder, so a renew or release
         can never act on an entry that damaged bytes cut off from its chain.
         """
-        slot = self._probe(lease.key, now)
+        key = lease.key
+        slot = lease.slot
+        if slot == key.digest & self._mask:  # its home slot: the probe's first step
+            offset = HEADER_SIZE + slot * self._stride
+            fields = self._read_live(slot, now)
+            if fields is None or fields[5] != lease.lock_id:
+                return -1  # a tenure never moves, and nothing probes past its home slot
+            return slot if self._holds_key(offset, fields, key) else -1
+        slot = self._probe(key, now)
         if (
             slot >= 0
             and _U64.unpack_from(self._buf, HEADER_SIZE + slot * self._stride + _LOCK_ID_OFFSET)[0]
@@ -454,11 +565,7 @@ class LockTable:
         token += new_token
         revision += 1
         if token > TOKEN_MASK or revision > _REVISION_MAX:
-            raise IdExhausted(
-                f"fleet {self.fleet.name!r}: lock table counters exhausted "
-                f"(token {token}, revision {revision})",
-                fleet=self.fleet.name,
-            )
+            raise self._exhausted(token, revision)
         _pack_counters(self._buf, COUNTERS_OFFSET, token, revision)
         return token, revision
 
@@ -466,11 +573,7 @@ class LockTable:
         self, slot: int, key: LockKey, owner: LockOwner, now: int, expires: int
     ) -> LockLease:
         if slot > self._mask:
-            raise StateFull(
-                f"fleet {self.fleet.name!r}: lock table full ({self._mask + 1} slots)",
-                fleet=self.fleet.name,
-                key=key,
-            )
+            raise self._full(key)
         token, revision = self._next_ids(True)
         lock_id = self._id_base | token
         ident, raw_owner, ns_len = key.ident, owner.value, len(key.namespace)

@@ -1,0 +1,137 @@
+"""The C steps (``_fastpath.c``) against the Python steps: same results, same bytes.
+
+Two tables of one small layout (eight slots, twelve keys: long probe chains,
+tombstones and reclaimed runs) get the same random operations; one runs
+try_acquire and release in C, the other in Python. After every operation the
+results, the state bytes (all but each slot's two timestamps) and the
+transitions read from the rings must be equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from orbitive import Fleet
+from orbitive.lock import (
+    Acquired,
+    LockKey,
+    LockLayout,
+    LockLease,
+    LockOwner,
+    LockTable,
+    Occupied,
+    StateFull,
+)
+from orbitive.lock._layout import HEADER_SIZE
+
+from .._fleets import new_fleet_name, remove_fleet_files
+
+LAYOUT = LockLayout(
+    state_kind=140, event_kind=141, capacity=8, payload_max=48, ring_capacity=64, frame_bytes=96
+)
+KEYS = [LockKey("tests.fast", f"key-{n}") for n in range(12)]
+OWNERS = [LockOwner(b"alice"), LockOwner(b"bob")]
+#: Slot bytes 32..48 hold acquired_at and expires_at, which differ by a clock tick.
+TIMES = slice(32, 48)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[LockTable, LockTable]]:
+    names = [new_fleet_name(), new_fleet_name()]
+    fleets = [Fleet.join(name, 2) for name in names]
+    fast, slow = (LockTable(fleet, LAYOUT) for fleet in fleets)
+    slow._steps = None  # the Python reference
+    yield fast, slow
+    for fleet, name in zip(fleets, names, strict=True):
+        fleet.close()
+        remove_fleet_files(name)
+
+
+def test_the_c_steps_are_built_and_used(pair: tuple[LockTable, LockTable]) -> None:
+    fast, _ = pair
+    assert fast._steps is not None, "orbitive.lock._fastpath was not compiled"
+
+
+def state_without_times(table: LockTable) -> list[bytes]:
+    buf, stride = table._buf, LAYOUT.slot_size
+    slots = [bytes(buf[HEADER_SIZE + n * stride :][:stride]) for n in range(8)]
+    return [bytes(buf[:HEADER_SIZE])] + [s[: TIMES.start] + s[TIMES.stop :] for s in slots]
+
+
+def without_times(table: LockTable) -> list[object]:
+    """The transitions since the last poll, without their deadlines."""
+    return [dataclasses.replace(event, expires_at=None) for event in table.poll().events]
+
+
+def shape(result: object) -> object:
+    """A result without its clock readings."""
+    if isinstance(result, (Acquired, Occupied)):
+        return type(result), shape(result.lease)
+    if isinstance(result, LockLease):
+        return result._replace(acquired_at=0.0, expires_at=0.0)
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    kind: str
+    key: LockKey = KEYS[0]
+    owner: LockOwner = OWNERS[0]
+    ttl: float = 60.0
+    index: int = 0  # of an earlier lease, for release and renew
+
+    @classmethod
+    def draw(cls, rng: random.Random, leases: int) -> Op:
+        kind = rng.choice(["acquire"] * 5 + ["release"] * 3 + ["renew", "force"])
+        if kind in ("release", "renew") and leases:
+            return cls(kind, index=rng.randrange(leases))
+        if kind == "force":
+            return cls(kind, rng.choice(KEYS))
+        ttl = rng.choice([60.0, 60.0, 0.001])
+        return cls("acquire", rng.choice(KEYS), rng.choice(OWNERS), ttl)
+
+    def run(self, table: LockTable, leases: list[LockLease]) -> object:
+        if self.kind == "release":
+            return table.release(leases[self.index])
+        if self.kind == "renew":
+            return table.renew(leases[self.index], 60.0)
+        if self.kind == "force":
+            return table.force_release(self.key)
+        try:
+            result = table.try_acquire(self.key, self.owner, self.ttl)
+        except StateFull:
+            return StateFull
+        if isinstance(result, Acquired):
+            leases.append(result.lease)
+        return result
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_c_and_python_steps_leave_the_same_table(
+    pair: tuple[LockTable, LockTable], seed: int
+) -> None:
+    rng = random.Random(seed)
+    fast, slow = pair
+    fast_leases: list[LockLease] = []
+    slow_leases: list[LockLease] = []
+    for _ in range(400):
+        op = Op.draw(rng, len(fast_leases))
+        assert shape(op.run(fast, fast_leases)) == shape(op.run(slow, slow_leases)), op
+        if op.ttl < 1.0:
+            time.sleep(0.004)  # a 1 ms tenure is over for both tables before the next step
+        assert state_without_times(fast) == state_without_times(slow)
+        assert without_times(fast) == without_times(slow)
+
+
+def test_release_of_a_lease_with_impossible_fields_is_false(table: LockTable) -> None:
+    key, owner = LockKey("tests.fast", "odd"), LockOwner(b"owner")
+    lease = table.try_acquire(key, owner, 60.0)
+    assert isinstance(lease, Acquired)
+    for odd in (lease.lease._replace(lock_id=-1), lease.lease._replace(lock_id=1 << 70)):
+        assert table.release(odd) is False
+    assert table.release(lease.lease._replace(slot=-5)) is True  # the slot is only a hint
