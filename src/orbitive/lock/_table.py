@@ -256,6 +256,8 @@ class LockTable:
             EntryTooLarge: namespace + label + owner exceed ``payload_max``.
             StateFull: every slot holds a live key (nothing is ever evicted).
             IdExhausted: the 40-bit fencing token or the revision ran out.
+            LayoutMismatch: this node's ring lane head in shared memory is corrupt.
+            FleetError: the fleet is closed, or this handle only observes.
 
         Seed 000: TTL on the host monotonic clock; strictly increasing fencing
         tokens; a full table refuses, it never evicts.
@@ -330,6 +332,7 @@ class LockTable:
 
         Raises:
             InvalidArgumentType: ``lease`` is not a LockLease.
+            IdExhausted, LayoutMismatch, FleetError: as for :meth:`try_acquire`.
         """
         if type(lease) is not LockLease:
             raise _not_a("lease", "LockLease", lease)
