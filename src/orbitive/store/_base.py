@@ -37,7 +37,7 @@ import weakref
 from collections.abc import Callable
 from typing import Final
 
-from .._clock import check_ttl
+from .._clock import TTL_MAX_S, check_ttl
 from .._errors import (
     ErrorKind,
     InvalidLockName,
@@ -72,6 +72,20 @@ def check_name(name: object) -> str:
         InvalidLockName: not a str, empty, longer than 255 UTF-8 bytes, a control
             character, or a lone surrogate.
     """
+    # ASCII is one UTF-8 byte per character, and its only non-printable characters
+    # are the rule's U+0000-U+001F and U+007F: the common case needs no encoding.
+    if (
+        type(name) is str
+        and name.isascii()
+        and 0 < len(name) <= NAME_MAX_BYTES
+        and name.isprintable()
+    ):
+        return name
+    return _check_name_fully(name)
+
+
+def _check_name_fully(name: object) -> str:
+    """The whole name rule, for any value the ASCII fast path did not accept."""
     if type(name) is not str:
         raise InvalidLockName(f"lock name must be a str, not {type(name).__name__}", key=name)
     try:
@@ -93,6 +107,18 @@ def check_owner(owner: object) -> str:
     Raises:
         InvalidLockOwner: any other value.
     """
+    if (
+        type(owner) is str
+        and owner.isascii()  # one UTF-8 byte per character
+        and 0 < len(owner) <= OWNER_MAX_BYTES
+        and "\x00" not in owner
+    ):
+        return owner
+    return _check_owner_fully(owner)
+
+
+def _check_owner_fully(owner: object) -> str:
+    """The whole owner rule, for any value the ASCII fast path did not accept."""
     if type(owner) is not str:
         raise InvalidLockOwner(f"lock owner must be a str, not {type(owner).__name__}")
     try:
@@ -117,6 +143,8 @@ def check_store_ttl(ttl: object) -> float:
         InvalidLockTtl: ``kind == ErrorKind.DATABASE``; ``__cause__`` is the
             validator's :class:`~orbitive._errors.InvalidTtl`.
     """
+    if type(ttl) is float and TTL_MIN_S <= ttl <= TTL_MAX_S:  # the common case, as is
+        return ttl
     try:
         value = check_ttl(ttl)
     except InvalidTtl as error:
