@@ -47,7 +47,7 @@ from .._errors import (
     LockTimeout,
     StoreError,
 )
-from ._engine import Busy, Engine, Granted, LockInfo, StoreStatistics
+from ._engine import Busy, Engine, Grant, LockInfo, StoreStatistics
 
 #: Longest lock name, in UTF-8 bytes.
 NAME_MAX_BYTES: Final = 255
@@ -186,9 +186,25 @@ class Lock:
     manager to release on exit. Thread-safe.
     """
 
-    def __init__(self, store: Store, tenure: Granted, deadline: float) -> None:
+    __slots__ = (
+        "__weakref__",
+        "_deadline",
+        "_grant",
+        "_lost",
+        "_mutex",
+        "_name",
+        "_on_lost",
+        "_owner",
+        "_released",
+        "_renewer",
+        "_store",
+    )
+
+    def __init__(self, store: Store, name: str, owner: str, grant: Grant, deadline: float) -> None:
         self._store = store
-        self._tenure = tenure
+        self._name = name
+        self._owner = owner
+        self._grant = grant  # the engine's latest grant of this tenure
         self._deadline = deadline  # time.monotonic(); never later than the engine's expiry
         self._mutex = threading.Lock()
         self._released = False
@@ -199,22 +215,22 @@ class Lock:
     @property
     def name(self) -> str:
         """The lock name."""
-        return self._tenure.info.name
+        return self._name
 
     @property
     def owner(self) -> str:
         """The owner string of this tenure."""
-        return self._tenure.info.owner
+        return self._owner
 
     @property
     def fencing_token(self) -> int:
         """Strictly larger than the token of every earlier acquisition in the store."""
-        return self._tenure.info.fencing_token
+        return self._grant.fencing_token
 
     @property
     def expires_at(self) -> float:
         """Expiry on the engine's clock (Unix epoch s for SQLite/PostgreSQL, monotonic for shm)."""
-        return self._tenure.info.expires_at
+        return self._grant.expires_at
 
     @property
     def lost(self) -> bool:
@@ -250,12 +266,12 @@ class Lock:
             if self._released or self._lost:
                 return False
             started = time.monotonic()
-            renewed = self._store._engine_of().renew(self._tenure, ttl)
+            renewed = self._store._engine_of().renew(self._name, self._owner, self._grant, ttl)
             if renewed is None:
                 self._lost = True
             else:
-                self._tenure = renewed
-                self._deadline = self._store._deadline(started, ttl, renewed.info)
+                self._grant = renewed
+                self._deadline = self._store._deadline(started, ttl, renewed)
         if renewed is None:
             self._store._count("lost")
             self._notify_lost()
@@ -280,7 +296,7 @@ class Lock:
         with self._mutex:
             if self._released:
                 return False
-            released = self._store._engine_of().release(self._tenure)
+            released = self._store._engine_of().release(self._name, self._owner, self._grant)
             self._released = True
             newly_lost = not released and not self._lost
             self._lost = self._lost or not released
@@ -320,9 +336,8 @@ class Lock:
     def __repr__(self) -> str:
         try:
             state = "released" if self._released else "lost" if self.lost else "held"
-            info = self._tenure.info
             return (
-                f"<Lock {info.name!r} owner={info.owner!r} token={info.fencing_token} "
+                f"<Lock {self._name!r} owner={self._owner!r} token={self.fencing_token} "
                 f"{state} remaining={self.remaining():.3f}s>"
             )
         except Exception:  # a repr never raises
@@ -391,10 +406,10 @@ class Store:
             raise StoreError(f"store {self._url!r} is closed", kind=ErrorKind.CLOSED)
         return engine
 
-    def _deadline(self, started: float, ttl: float, info: LockInfo) -> float:
+    def _deadline(self, started: float, ttl: float, grant: Grant) -> float:
         """The local monotonic deadline of a grant requested at ``started``."""
         if self._monotonic:
-            return min(started + ttl, info.expires_at)
+            return min(started + ttl, grant.expires_at)
         return started + ttl
 
     def _count(self, what: str) -> None:
@@ -423,19 +438,20 @@ class Store:
         Seed 002: "try_lock grants exclusively; None means someone holds it".
         """
         name, owner, ttl = check_name(name), check_owner(owner), check_store_ttl(ttl)
-        lock, _ = self._attempt(name, owner, ttl)
-        return lock
+        result = self._attempt(name, owner, ttl)
+        return result if type(result) is Lock else None
 
-    def _attempt(self, name: str, owner: str, ttl: float) -> tuple[Lock | None, LockInfo | None]:
+    def _attempt(self, name: str, owner: str, ttl: float) -> Lock | Busy:
+        """One engine attempt: the new Lock, or the engine's refusal."""
         started = time.monotonic()
         result = self._engine_of().acquire(name, owner, ttl)
         if isinstance(result, Busy):
             self._count("busy")
-            return None, result.holder
-        lock = Lock(self, result, self._deadline(started, ttl, result.info))
+            return result
+        lock = Lock(self, name, owner, result, self._deadline(started, ttl, result))
         self._held.add(lock)
         self._count("acquired")
-        return lock, None
+        return lock
 
     def lock(
         self,
@@ -493,9 +509,10 @@ class Store:
         attempt = 0
         while True:
             engine.arm()
-            lock, holder = self._attempt(name, owner, ttl)
-            if lock is not None:
-                return lock
+            result = self._attempt(name, owner, ttl)
+            if not isinstance(result, Busy):
+                return result
+            holder = result.holder
             left = None if timeout is None else start + timeout - time.monotonic()
             if left is not None and left <= 0.0:
                 raise LockTimeout(_busy_message(name, holder, timeout), key=name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import time
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple, final
+from typing import ClassVar, NamedTuple, Protocol, final
 
 
 class LockInfo(NamedTuple):
@@ -34,11 +34,28 @@ class LockInfo(NamedTuple):
     remaining_s: float
 
 
-class Granted(NamedTuple):
-    """An engine's grant: the new tenure and the engine's own handle for it."""
+class Grant(Protocol):
+    """An engine's grant of a tenure, as the contract reads it.
 
-    info: LockInfo
-    handle: object = None
+    The engine gets the same object back in :meth:`Engine.renew` and
+    :meth:`Engine.release`, so it may carry whatever the engine needs to find the
+    tenure again: the SHM engine returns its table's ``LockLease`` as it is.
+    """
+
+    @property
+    def fencing_token(self) -> int:
+        """Strictly larger for every acquisition in the store; a renew keeps it."""
+
+    @property
+    def expires_at(self) -> float:
+        """End of the window on the engine's clock (see :attr:`LockInfo.expires_at`)."""
+
+
+class Granted(NamedTuple):
+    """The :class:`Grant` of the SQL engines: the token and the expiry, nothing more."""
+
+    fencing_token: int
+    expires_at: float
 
 
 class Busy(NamedTuple):
@@ -79,16 +96,19 @@ class Engine(abc.ABC):
     monotonic_clock: ClassVar[bool] = False
 
     @abc.abstractmethod
-    def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
+    def acquire(self, name: str, owner: str, ttl: float) -> Grant | Busy:
         """Grant ``name`` to ``owner`` for ``ttl`` seconds, or report the holder."""
 
     @abc.abstractmethod
-    def renew(self, tenure: Granted, ttl: float) -> Granted | None:
-        """A new full window of ``ttl`` seconds from now; None when the tenure is gone."""
+    def renew(self, name: str, owner: str, grant: Grant, ttl: float) -> Grant | None:
+        """A new full window of ``ttl`` seconds from now; None when the tenure is gone.
+
+        ``grant`` is the tenure's latest grant from this engine (by acquire or renew).
+        """
 
     @abc.abstractmethod
-    def release(self, tenure: Granted) -> bool:
-        """Remove the exact tenure; True only if it was still live."""
+    def release(self, name: str, owner: str, grant: Grant) -> bool:
+        """Remove the exact tenure of ``grant``; True only if it was still live."""
 
     @abc.abstractmethod
     def inspect(self, name: str) -> LockInfo | None:

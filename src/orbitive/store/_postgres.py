@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from .. import _fork
 from .._errors import ErrorKind, StoreError
-from ._engine import Busy, Engine, Granted, LockInfo
+from ._engine import Busy, Engine, Grant, Granted, LockInfo
 
 if TYPE_CHECKING:
     import psycopg
@@ -90,7 +90,7 @@ _RENEW: Final = f"""
 UPDATE orbitive_locks AS l SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
 WHERE name = %(name)s AND owner = %(owner)s AND fencing_token = %(token)s
   AND expires_at > clock_timestamp()
-RETURNING {_EPOCH}, {_LEFT}"""
+RETURNING {_EPOCH}"""
 _RELEASE: Final = """
 DELETE FROM orbitive_locks
 WHERE name = %(name)s AND owner = %(owner)s AND fencing_token = %(token)s
@@ -130,26 +130,24 @@ class PostgresEngine(Engine):
 
     # -- the primitives ---------------------------------------------------------------------
 
-    def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
+    def acquire(self, name: str, owner: str, ttl: float) -> Grant | Busy:
         params = {"name": name, "owner": owner, "ttl": ttl}
         row = self._run(lambda conn: conn.execute(_ACQUIRE, params).fetchone())
         if row is None:
             return Busy(None)
         granted, holder, token, expires_at, remaining = row
-        info = LockInfo(name, holder, token, expires_at, remaining)
-        return Granted(info) if granted else Busy(info)
+        if granted:
+            return Granted(token, expires_at)
+        return Busy(LockInfo(name, holder, token, expires_at, remaining))
 
-    def renew(self, tenure: Granted, ttl: float) -> Granted | None:
-        info = tenure.info
-        params = {"name": info.name, "owner": info.owner, "token": info.fencing_token, "ttl": ttl}
+    def renew(self, name: str, owner: str, grant: Grant, ttl: float) -> Grant | None:
+        token = grant.fencing_token
+        params = {"name": name, "owner": owner, "token": token, "ttl": ttl}
         row = self._run(lambda conn: conn.execute(_RENEW, params).fetchone())
-        if row is None:
-            return None
-        return Granted(LockInfo(info.name, info.owner, info.fencing_token, row[0], row[1]))
+        return None if row is None else Granted(token, row[0])
 
-    def release(self, tenure: Granted) -> bool:
-        info = tenure.info
-        params = {"name": info.name, "owner": info.owner, "token": info.fencing_token}
+    def release(self, name: str, owner: str, grant: Grant) -> bool:
+        params = {"name": name, "owner": owner, "token": grant.fencing_token}
         row = self._run(lambda conn: conn.execute(_RELEASE, params).fetchone())
         return row is not None and bool(row[0])
 

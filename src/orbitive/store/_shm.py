@@ -24,7 +24,7 @@ from typing import Final, cast
 from .._errors import ErrorKind, FleetError, InvalidName, InvalidStoreUrl, OrbitError, StoreError
 from .._fleet import Fleet
 from ..lock import Acquired, LockKey, LockLease, LockOwner, LockTable
-from ._engine import Busy, Engine, Granted, LockInfo
+from ._engine import Busy, Engine, Grant, LockInfo
 
 #: The lock-table namespace of every store lock.
 NAMESPACE: Final = "orbitive.store"
@@ -55,26 +55,23 @@ class ShmEngine(Engine):
         self._keys: dict[str, LockKey] = {}
         self._owners: dict[str, LockOwner] = {}
 
-    def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
+    def acquire(self, name: str, owner: str, ttl: float) -> Grant | Busy:
         try:
             result = self._table.try_acquire(self._key(name), self._owner(owner), ttl)
         except OrbitError as error:
             raise _store_error(error) from error
-        lease = result.lease
         if type(result) is Acquired:
-            info = LockInfo(name, owner, lease.fencing_token, lease.expires_at, lease.remaining())
-            return Granted(info, lease)
-        return Busy(_info(lease))
+            return result.lease  # the lease is the grant: it carries the lock id
+        return Busy(_info(result.lease))
 
-    def renew(self, tenure: Granted, ttl: float) -> Granted | None:
+    def renew(self, name: str, owner: str, grant: Grant, ttl: float) -> Grant | None:
         try:
-            lease = self._table.renew(cast(LockLease, tenure.handle), ttl)
+            return self._table.renew(cast(LockLease, grant), ttl)
         except OrbitError as error:
             raise _store_error(error) from error
-        return None if lease is None else Granted(_info(lease), lease)
 
-    def release(self, tenure: Granted) -> bool:
-        return self._table.release(cast(LockLease, tenure.handle))
+    def release(self, name: str, owner: str, grant: Grant) -> bool:
+        return self._table.release(cast(LockLease, grant))
 
     def inspect(self, name: str) -> LockInfo | None:
         lease = self._table.current(self._key(name))

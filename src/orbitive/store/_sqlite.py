@@ -39,7 +39,7 @@ from typing import Final, TypeVar
 from .. import _fork
 from .._access import open_checked
 from .._errors import AccessDenied, ErrorKind, StoreError
-from ._engine import Busy, Engine, Granted, LockInfo
+from ._engine import Busy, Engine, Grant, Granted, LockInfo
 
 _T = TypeVar("_T")
 
@@ -110,8 +110,8 @@ class SqliteEngine(Engine):
 
     # -- the primitives ---------------------------------------------------------------------
 
-    def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
-        def step(cur: sqlite3.Cursor) -> Granted | Busy:
+    def acquire(self, name: str, owner: str, ttl: float) -> Grant | Busy:
+        def step(cur: sqlite3.Cursor) -> Grant | Busy:
             with _write(cur) as now:
                 granted = cur.execute(_GRANT, (name, owner, now, now + ttl)).fetchall()
                 if not granted:
@@ -119,26 +119,22 @@ class SqliteEngine(Engine):
                     if row is None:
                         return Busy(None)
                     return Busy(LockInfo(name, row[0], row[1], row[2], row[2] - now))
-            return Granted(LockInfo(name, owner, granted[0][0], now + ttl, ttl))
+            return Granted(granted[0][0], now + ttl)
 
         return self._run(step)
 
-    def renew(self, tenure: Granted, ttl: float) -> Granted | None:
-        info = tenure.info
+    def renew(self, name: str, owner: str, grant: Grant, ttl: float) -> Grant | None:
+        token = grant.fencing_token
 
-        def step(cur: sqlite3.Cursor) -> Granted | None:
+        def step(cur: sqlite3.Cursor) -> Grant | None:
             with _write(cur) as now:
-                params = (now + ttl, info.name, info.owner, info.fencing_token, now)
-                changed = cur.execute(_RENEW, params).rowcount
-            if changed != 1:
-                return None
-            return Granted(LockInfo(info.name, info.owner, info.fencing_token, now + ttl, ttl))
+                changed = cur.execute(_RENEW, (now + ttl, name, owner, token, now)).rowcount
+            return Granted(token, now + ttl) if changed == 1 else None
 
         return self._run(step)
 
-    def release(self, tenure: Granted) -> bool:
-        info = tenure.info
-        params = (info.name, info.owner, info.fencing_token)
+    def release(self, name: str, owner: str, grant: Grant) -> bool:
+        params = (name, owner, grant.fencing_token)
         return self._run(lambda cur: _delete(cur, _RELEASE, params))
 
     def force_release(self, name: str) -> bool:
