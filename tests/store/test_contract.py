@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import pickle
+import threading
 import time
 
 import pytest
@@ -338,6 +340,31 @@ def test_statistics_count_this_store_objects_work(store: Store) -> None:
     assert lock.release()
     assert store.statistics().held_count == 0
     assert store.statistics().released_count == 1
+
+
+def test_statistics_are_exact_under_threads(store: Store) -> None:
+    def work(index: int) -> None:
+        for _ in range(100):
+            lock = held(store, f"t{index}", f"w{index}")
+            assert lock.release()
+            assert store.statistics().held_count >= 0  # reads overlap the counting
+
+    threads = [threading.Thread(target=work, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stats = store.statistics()
+    assert (stats.acquired_count, stats.released_count, stats.held_count) == (400, 400, 0)
+
+
+def test_a_dropped_handle_is_not_counted_as_held(store: Store) -> None:
+    kept = held(store, "kept")
+    held(store, "dropped")  # the handle dies at once; its lease lapses in time
+    gc.collect()
+    assert store.statistics().held_count == 1
+    assert len(store._granted) == 1  # the dead handle took its reference with it
+    assert kept.release()
 
 
 # -- store lifecycle -------------------------------------------------------------------------

@@ -26,6 +26,7 @@ Timeline of a renew (why it is a *new full window*, not an extension)::
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import re
@@ -273,10 +274,10 @@ class Lock:
                 self._grant = renewed
                 self._deadline = self._store._deadline(started, ttl, renewed)
         if renewed is None:
-            self._store._count("lost")
+            self._store._losses.add()
             self._notify_lost()
             return False
-        self._store._count("renewed")
+        self._store._renewals.add()
         return True
 
     def release(self) -> bool:
@@ -300,8 +301,10 @@ class Lock:
             self._released = True
             newly_lost = not released and not self._lost
             self._lost = self._lost or not released
-        if released or newly_lost:
-            self._store._count("released" if released else "lost")
+        if released:
+            self._store._releases.add()
+        elif newly_lost:
+            self._store._losses.add()
         return released
 
     def _start_renewer(self, ttl: float, on_lost: Callable[[Lock], None] | None) -> None:
@@ -320,7 +323,7 @@ class Lock:
             if self._lost or self._released:
                 return
             self._lost = True
-        self._store._count("lost")
+        self._store._losses.add()
         self._notify_lost()
 
     def _notify_lost(self) -> None:
@@ -379,6 +382,28 @@ class _Renewer(threading.Thread):
 # -- the store -----------------------------------------------------------------------------
 
 
+class _Counter:
+    """Counts events from any thread without a lock.
+
+    :attr:`add` is the ``__next__`` of an ``itertools.count``, one atomic step on
+    every CPython build (the idiom ``threading`` and ``asyncio`` use for their own
+    counters). A read takes a number too, so :meth:`read` subtracts the numbers
+    earlier reads took; reads must not overlap one another (the store serialises them).
+    """
+
+    __slots__ = ("_reads", "add")
+
+    def __init__(self) -> None:
+        self.add: Callable[[], int] = itertools.count().__next__
+        self._reads = 0
+
+    def read(self) -> int:
+        """How many times :attr:`add` was called so far."""
+        taken = self.add() - self._reads
+        self._reads += 1
+        return taken
+
+
 class Store:
     """A named-lock store over one engine; open it with :func:`orbitive.store.open_store`.
 
@@ -391,9 +416,15 @@ class Store:
         self._kind = engine.kind
         self._monotonic = engine.monotonic_clock
         self._url = url
-        self._stats_mutex = threading.Lock()
-        self._counts = dict.fromkeys(("acquired", "busy", "renewed", "lost", "released"), 0)
-        self._held: weakref.WeakSet[Lock] = weakref.WeakSet()
+        self._acquisitions = _Counter()
+        self._refusals = _Counter()
+        self._renewals = _Counter()
+        self._losses = _Counter()
+        self._releases = _Counter()
+        self._reads_mutex = threading.Lock()  # serialises the counters' reads
+        # Every lock granted here and still alive: a lock's death drops its
+        # reference through the callback (set.discard, run in C, no Python frame).
+        self._granted: set[weakref.ref[Lock]] = set()
 
     @property
     def url(self) -> str:
@@ -411,10 +442,6 @@ class Store:
         if self._monotonic:
             return min(started + ttl, grant.expires_at)
         return started + ttl
-
-    def _count(self, what: str) -> None:
-        with self._stats_mutex:
-            self._counts[what] += 1
 
     def try_lock(self, name: str, owner: str, ttl: float) -> Lock | None:
         """Take ``name`` for ``owner`` for ``ttl`` seconds if nobody holds it.
@@ -446,11 +473,11 @@ class Store:
         started = time.monotonic()
         result = self._engine_of().acquire(name, owner, ttl)
         if isinstance(result, Busy):
-            self._count("busy")
+            self._refusals.add()
             return result
         lock = Lock(self, name, owner, result, self._deadline(started, ttl, result))
-        self._held.add(lock)
-        self._count("acquired")
+        self._granted.add(weakref.ref(lock, self._granted.discard))
+        self._acquisitions.add()
         return lock
 
     def lock(
@@ -552,22 +579,26 @@ class Store:
 
     def statistics(self) -> StoreStatistics:
         """Counters of this Store object (this process), and locks it holds now."""
-        held = sum(1 for lock in list(self._held) if not lock._released and not lock.lost)
-        with self._stats_mutex:
-            counts = dict(self._counts)
-        return StoreStatistics(
-            engine=self._kind,
-            held_count=held,
-            acquired_count=counts["acquired"],
-            busy_count=counts["busy"],
-            renewed_count=counts["renewed"],
-            lost_count=counts["lost"],
-            released_count=counts["released"],
-        )
+        held = sum(1 for lock in self._granted_locks() if not lock._released and not lock.lost)
+        with self._reads_mutex:
+            return StoreStatistics(
+                engine=self._kind,
+                held_count=held,
+                acquired_count=self._acquisitions.read(),
+                busy_count=self._refusals.read(),
+                renewed_count=self._renewals.read(),
+                lost_count=self._losses.read(),
+                released_count=self._releases.read(),
+            )
+
+    def _granted_locks(self) -> list[Lock]:
+        """The locks granted by this store that are still alive (held or not)."""
+        alive = (ref() for ref in list(self._granted))
+        return [lock for lock in alive if lock is not None]
 
     def close(self) -> None:
         """Stop background renewals and close the engine; locks are left to lapse. Idempotent."""
-        for lock in list(self._held):
+        for lock in self._granted_locks():
             lock._stop_renewer()
         engine, self._engine = self._engine, None
         if engine is not None:
