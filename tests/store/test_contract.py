@@ -148,7 +148,7 @@ def test_a_sub_millisecond_ttl_counts_as_one_millisecond(store: Store) -> None:
 
 
 def test_the_engines_own_guard_keeps_its_message_in_the_cause(store: Store) -> None:
-    engine = store._engine_of()  # bypass the contract's guard on purpose
+    engine = store._engine  # bypass the contract's guard on purpose
     with pytest.raises(StoreError) as caught:
         engine.acquire("raw", "w1", 0.0)
     assert caught.value.kind is ErrorKind.DATABASE

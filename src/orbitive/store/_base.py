@@ -36,11 +36,10 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from .._clock import TTL_MAX_S, check_ttl
 from .._errors import (
-    ErrorKind,
     InvalidLockName,
     InvalidLockOwner,
     InvalidLockTtl,
@@ -48,7 +47,7 @@ from .._errors import (
     LockTimeout,
     StoreError,
 )
-from ._engine import Busy, Engine, Grant, LockInfo, StoreStatistics
+from ._engine import Busy, ClosedEngine, Engine, Grant, LockInfo, StoreStatistics
 
 #: Longest lock name, in UTF-8 bytes.
 NAME_MAX_BYTES: Final = 255
@@ -267,7 +266,7 @@ class Lock:
             if self._released or self._lost:
                 return False
             started = time.monotonic()
-            renewed = self._store._engine_of().renew(self._name, self._owner, self._grant, ttl)
+            renewed = self._store._engine.renew(self._name, self._owner, self._grant, ttl)
             if renewed is None:
                 self._lost = True
             else:
@@ -297,7 +296,7 @@ class Lock:
         with self._mutex:
             if self._released:
                 return False
-            released = self._store._engine_of().release(self._name, self._owner, self._grant)
+            released = self._store._engine.release(self._name, self._owner, self._grant)
             self._released = True
             newly_lost = not released and not self._lost
             self._lost = self._lost or not released
@@ -411,8 +410,8 @@ class Store:
     Use it as a context manager to close it.
     """
 
-    def __init__(self, engine: Engine, url: str) -> None:
-        self._engine: Engine | None = engine
+    def __init__(self, engine: Engine[Any], url: str) -> None:
+        self._engine: Engine[Any] = engine  # a ClosedEngine once closed
         self._kind = engine.kind
         self._monotonic = engine.monotonic_clock
         self._url = url
@@ -431,17 +430,12 @@ class Store:
         """The store's URL, password removed."""
         return self._url
 
-    def _engine_of(self) -> Engine:
-        engine = self._engine
-        if engine is None:
-            raise StoreError(f"store {self._url!r} is closed", kind=ErrorKind.CLOSED)
-        return engine
-
     def _deadline(self, started: float, ttl: float, grant: Grant) -> float:
         """The local monotonic deadline of a grant requested at ``started``."""
-        if self._monotonic:
-            return min(started + ttl, grant.expires_at)
-        return started + ttl
+        deadline = started + ttl
+        if self._monotonic and grant.expires_at < deadline:  # min() costs a call
+            return grant.expires_at
+        return deadline
 
     def try_lock(self, name: str, owner: str, ttl: float) -> Lock | None:
         """Take ``name`` for ``owner`` for ``ttl`` seconds if nobody holds it.
@@ -471,8 +465,8 @@ class Store:
     def _attempt(self, name: str, owner: str, ttl: float) -> Lock | Busy:
         """One engine attempt: the new Lock, or the engine's refusal."""
         started = time.monotonic()
-        result = self._engine_of().acquire(name, owner, ttl)
-        if isinstance(result, Busy):
+        result = self._engine.acquire(name, owner, ttl)
+        if type(result) is Busy:
             self._refusals.add()
             return result
         lock = Lock(self, name, owner, result, self._deadline(started, ttl, result))
@@ -531,7 +525,7 @@ class Store:
         return lock
 
     def _wait_for(self, name: str, owner: str, ttl: float, timeout: float | None) -> Lock:
-        engine = self._engine_of()
+        engine = self._engine
         start = time.monotonic()
         attempt = 0
         while True:
@@ -555,7 +549,7 @@ class Store:
         Raises:
             InvalidLockName: bad name. StoreError: ``UNAVAILABLE`` or ``CLOSED``.
         """
-        return self._engine_of().inspect(check_name(name))
+        return self._engine.inspect(check_name(name))
 
     def locks(self) -> list[LockInfo]:
         """Every live lease in the store, sorted by name.
@@ -563,7 +557,7 @@ class Store:
         Raises:
             StoreError: ``UNAVAILABLE`` or ``CLOSED``.
         """
-        return self._engine_of().locks()
+        return self._engine.locks()
 
     def force_release(self, name: str) -> bool:
         """Administratively remove whatever lease holds ``name``.
@@ -575,7 +569,7 @@ class Store:
         Raises:
             InvalidLockName: bad name. StoreError: ``UNAVAILABLE`` or ``CLOSED``.
         """
-        return self._engine_of().force_release(check_name(name))
+        return self._engine.force_release(check_name(name))
 
     def statistics(self) -> StoreStatistics:
         """Counters of this Store object (this process), and locks it holds now."""
@@ -600,9 +594,8 @@ class Store:
         """Stop background renewals and close the engine; locks are left to lapse. Idempotent."""
         for lock in self._granted_locks():
             lock._stop_renewer()
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            engine.close()
+        engine, self._engine = self._engine, ClosedEngine(self._url)
+        engine.close()
 
     def __enter__(self) -> Store:
         return self
@@ -617,7 +610,7 @@ class Store:
         )
 
     def __repr__(self) -> str:
-        state = "closed" if self._engine is None else "open"
+        state = "closed" if isinstance(self._engine, ClosedEngine) else "open"
         return f"<Store {self._kind} {self._url!r} {state}>"
 
 

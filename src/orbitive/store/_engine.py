@@ -9,7 +9,9 @@ from __future__ import annotations
 import abc
 import time
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple, Protocol, final
+from typing import Any, ClassVar, Generic, NamedTuple, NoReturn, Protocol, TypeVar, final
+
+from .._errors import ErrorKind, StoreError
 
 
 class LockInfo(NamedTuple):
@@ -58,6 +60,10 @@ class Granted(NamedTuple):
     expires_at: float
 
 
+_G = TypeVar("_G", bound=Grant)
+
+
+@final
 class Busy(NamedTuple):
     """An engine's refusal; ``holder`` is the live lease when it was seen."""
 
@@ -78,8 +84,10 @@ class StoreStatistics:
     released_count: int
 
 
-class Engine(abc.ABC):
+class Engine(abc.ABC, Generic[_G]):
     """The primitives an engine implements; each is one transaction or one table step.
+
+    Generic in the engine's own :class:`Grant` type, which only the engine reads.
 
     Arguments arrive validated. ``acquire`` grants only when no live lease holds the
     name, with a fencing token larger than any before; ``renew`` and ``release``
@@ -96,18 +104,18 @@ class Engine(abc.ABC):
     monotonic_clock: ClassVar[bool] = False
 
     @abc.abstractmethod
-    def acquire(self, name: str, owner: str, ttl: float) -> Grant | Busy:
+    def acquire(self, name: str, owner: str, ttl: float) -> _G | Busy:
         """Grant ``name`` to ``owner`` for ``ttl`` seconds, or report the holder."""
 
     @abc.abstractmethod
-    def renew(self, name: str, owner: str, grant: Grant, ttl: float) -> Grant | None:
+    def renew(self, name: str, owner: str, grant: _G, ttl: float) -> _G | None:
         """A new full window of ``ttl`` seconds from now; None when the tenure is gone.
 
         ``grant`` is the tenure's latest grant from this engine (by acquire or renew).
         """
 
     @abc.abstractmethod
-    def release(self, name: str, owner: str, grant: Grant) -> bool:
+    def release(self, name: str, owner: str, grant: _G) -> bool:
         """Remove the exact tenure of ``grant``; True only if it was still live."""
 
     @abc.abstractmethod
@@ -126,9 +134,49 @@ class Engine(abc.ABC):
     def close(self) -> None:
         """Release connections or mappings; idempotent."""
 
-    def arm(self) -> None:  # noqa: B027 - optional hook; only engines with readiness override
+    def arm(self) -> None:  # an optional hook; only engines with readiness override it
         """Prepare for :meth:`wait` before an attempt (clear readiness); default no-op."""
 
     def wait(self, delay: float) -> None:
         """Pause up to ``delay`` seconds, returning early if the engine signals a change."""
         time.sleep(delay)
+
+
+@final
+class ClosedEngine(Engine[Any]):
+    """The engine of a closed store: every primitive raises ``StoreError(CLOSED)``.
+
+    A store swaps it in on close, so the open path needs no check of its own.
+    """
+
+    kind = "closed"
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+
+    def _refuse(self) -> NoReturn:
+        raise StoreError(f"store {self._url!r} is closed", kind=ErrorKind.CLOSED)
+
+    def acquire(self, name: str, owner: str, ttl: float) -> NoReturn:
+        self._refuse()
+
+    def renew(self, name: str, owner: str, grant: object, ttl: float) -> NoReturn:
+        self._refuse()
+
+    def release(self, name: str, owner: str, grant: object) -> NoReturn:
+        self._refuse()
+
+    def inspect(self, name: str) -> NoReturn:
+        self._refuse()
+
+    def locks(self) -> NoReturn:
+        self._refuse()
+
+    def force_release(self, name: str) -> NoReturn:
+        self._refuse()
+
+    def arm(self) -> NoReturn:
+        self._refuse()
+
+    def close(self) -> None:
+        """Nothing left to close."""

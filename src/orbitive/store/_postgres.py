@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from .. import _fork
 from .._errors import ErrorKind, StoreError
-from ._engine import Busy, Engine, Grant, Granted, LockInfo
+from ._engine import Busy, Engine, Granted, LockInfo
 
 if TYPE_CHECKING:
     import psycopg
@@ -113,7 +113,7 @@ def _psycopg() -> ModuleType:
     return psycopg
 
 
-class PostgresEngine(Engine):
+class PostgresEngine(Engine[Granted]):
     """Named locks as rows of one PostgreSQL table, timed by the server's clock."""
 
     kind = "postgres"
@@ -130,7 +130,7 @@ class PostgresEngine(Engine):
 
     # -- the primitives ---------------------------------------------------------------------
 
-    def acquire(self, name: str, owner: str, ttl: float) -> Grant | Busy:
+    def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
         params = {"name": name, "owner": owner, "ttl": ttl}
         row = self._run(lambda conn: conn.execute(_ACQUIRE, params).fetchone())
         if row is None:
@@ -140,13 +140,13 @@ class PostgresEngine(Engine):
             return Granted(token, expires_at)
         return Busy(LockInfo(name, holder, token, expires_at, remaining))
 
-    def renew(self, name: str, owner: str, grant: Grant, ttl: float) -> Grant | None:
+    def renew(self, name: str, owner: str, grant: Granted, ttl: float) -> Granted | None:
         token = grant.fencing_token
         params = {"name": name, "owner": owner, "token": token, "ttl": ttl}
         row = self._run(lambda conn: conn.execute(_RENEW, params).fetchone())
         return None if row is None else Granted(token, row[0])
 
-    def release(self, name: str, owner: str, grant: Grant) -> bool:
+    def release(self, name: str, owner: str, grant: Granted) -> bool:
         params = {"name": name, "owner": owner, "token": grant.fencing_token}
         row = self._run(lambda conn: conn.execute(_RELEASE, params).fetchone())
         return row is not None and bool(row[0])

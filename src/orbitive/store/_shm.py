@@ -19,12 +19,12 @@ processes can have an ``shm://`` store of one fleet open at a time.
 from __future__ import annotations
 
 import select
-from typing import Final, cast
+from typing import Final
 
 from .._errors import ErrorKind, FleetError, InvalidName, InvalidStoreUrl, OrbitError, StoreError
 from .._fleet import Fleet
 from ..lock import Acquired, LockKey, LockLease, LockOwner, LockTable
-from ._engine import Busy, Engine, Grant, LockInfo
+from ._engine import Busy, Engine, LockInfo
 
 #: The lock-table namespace of every store lock.
 NAMESPACE: Final = "orbitive.store"
@@ -33,7 +33,7 @@ _NAMESPACE_BYTES: Final = NAMESPACE.encode()
 _CACHE_MAX: Final = 4096
 
 
-class ShmEngine(Engine):
+class ShmEngine(Engine[LockLease]):
     """Named locks in the SHM lock table of one fleet."""
 
     kind = "shm"
@@ -55,7 +55,7 @@ class ShmEngine(Engine):
         self._keys: dict[str, LockKey] = {}
         self._owners: dict[str, LockOwner] = {}
 
-    def acquire(self, name: str, owner: str, ttl: float) -> Grant | Busy:
+    def acquire(self, name: str, owner: str, ttl: float) -> LockLease | Busy:
         try:
             result = self._table.try_acquire(self._key(name), self._owner(owner), ttl)
         except OrbitError as error:
@@ -64,14 +64,14 @@ class ShmEngine(Engine):
             return result.lease  # the lease is the grant: it carries the lock id
         return Busy(_info(result.lease))
 
-    def renew(self, name: str, owner: str, grant: Grant, ttl: float) -> Grant | None:
+    def renew(self, name: str, owner: str, grant: LockLease, ttl: float) -> LockLease | None:
         try:
-            return self._table.renew(cast(LockLease, grant), ttl)
+            return self._table.renew(grant, ttl)
         except OrbitError as error:
             raise _store_error(error) from error
 
-    def release(self, name: str, owner: str, grant: Grant) -> bool:
-        return self._table.release(cast(LockLease, grant))
+    def release(self, name: str, owner: str, grant: LockLease) -> bool:
+        return self._table.release(grant)
 
     def inspect(self, name: str) -> LockInfo | None:
         lease = self._table.current(self._key(name))

@@ -39,7 +39,7 @@ from typing import Final, TypeVar
 from .. import _fork
 from .._access import open_checked
 from .._errors import AccessDenied, ErrorKind, StoreError
-from ._engine import Busy, Engine, Grant, Granted, LockInfo
+from ._engine import Busy, Engine, Granted, LockInfo
 
 _T = TypeVar("_T")
 
@@ -93,7 +93,7 @@ _LIVE: Final = "SELECT name, owner, fencing_token, expires_at FROM orbitive_lock
 _abandoned: list[sqlite3.Connection] = []
 
 
-class SqliteEngine(Engine):
+class SqliteEngine(Engine[Granted]):
     """Named locks in one SQLite file (WAL, ``BEGIN IMMEDIATE`` for every write)."""
 
     kind = "sqlite"
@@ -110,8 +110,8 @@ class SqliteEngine(Engine):
 
     # -- the primitives ---------------------------------------------------------------------
 
-    def acquire(self, name: str, owner: str, ttl: float) -> Grant | Busy:
-        def step(cur: sqlite3.Cursor) -> Grant | Busy:
+    def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
+        def step(cur: sqlite3.Cursor) -> Granted | Busy:
             with _write(cur) as now:
                 granted = cur.execute(_GRANT, (name, owner, now, now + ttl)).fetchall()
                 if not granted:
@@ -123,17 +123,17 @@ class SqliteEngine(Engine):
 
         return self._run(step)
 
-    def renew(self, name: str, owner: str, grant: Grant, ttl: float) -> Grant | None:
+    def renew(self, name: str, owner: str, grant: Granted, ttl: float) -> Granted | None:
         token = grant.fencing_token
 
-        def step(cur: sqlite3.Cursor) -> Grant | None:
+        def step(cur: sqlite3.Cursor) -> Granted | None:
             with _write(cur) as now:
                 changed = cur.execute(_RENEW, (now + ttl, name, owner, token, now)).rowcount
             return Granted(token, now + ttl) if changed == 1 else None
 
         return self._run(step)
 
-    def release(self, name: str, owner: str, grant: Grant) -> bool:
+    def release(self, name: str, owner: str, grant: Granted) -> bool:
         params = (name, owner, grant.fencing_token)
         return self._run(lambda cur: _delete(cur, _RELEASE, params))
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from .._access import check_dir
@@ -74,7 +74,7 @@ def open_store(url: str | None = None) -> Store:
     return Store(engine, shown)
 
 
-def _engine_for(url: object) -> tuple[Engine, str]:
+def _engine_for(url: object) -> tuple[Engine[Any], str]:
     if url is None:
         from ._sqlite import SqliteEngine  # noqa: PLC0415 - engines load on demand
 
@@ -100,7 +100,7 @@ def _engine_for(url: object) -> tuple[Engine, str]:
     )
 
 
-def _sqlite(url: str) -> tuple[Engine, str]:
+def _sqlite(url: str) -> tuple[Engine[Any], str]:
     from ._sqlite import SqliteEngine  # noqa: PLC0415 - engines load on demand
 
     rest = url[len("sqlite:") :]
@@ -115,7 +115,7 @@ def _sqlite(url: str) -> tuple[Engine, str]:
     return SqliteEngine(Path(rest), private=False), url
 
 
-def _shm(url: str) -> tuple[Engine, str]:
+def _shm(url: str) -> tuple[Engine[Any], str]:
     from ._shm import ShmEngine  # noqa: PLC0415 - orbitive.lock loads on demand
 
     parts = urlsplit(url)
