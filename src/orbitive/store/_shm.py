@@ -19,7 +19,8 @@ processes can have an ``shm://`` store of one fleet open at a time.
 from __future__ import annotations
 
 import select
-from typing import Final
+from collections.abc import Callable
+from typing import Final, TypeVar
 
 from .._errors import ErrorKind, FleetError, InvalidName, InvalidStoreUrl, OrbitError, StoreError
 from .._fleet import Fleet
@@ -31,6 +32,7 @@ NAMESPACE: Final = "orbitive.store"
 _NAMESPACE_BYTES: Final = NAMESPACE.encode()
 #: Names (and owners) whose table key is kept ready; the cache is emptied when full.
 _CACHE_MAX: Final = 4096
+_V = TypeVar("_V")
 
 
 class ShmEngine(Engine[LockLease]):
@@ -52,12 +54,13 @@ class ShmEngine(Engine[LockLease]):
         except BaseException:
             self._fleet.close()
             raise
-        self._keys: dict[str, LockKey] = {}
-        self._owners: dict[str, LockOwner] = {}
+        # Building a key hashes the name: each name's key (and owner) is built once.
+        self._keys = _Cache(_key)
+        self._owners = _Cache(LockOwner)
 
     def acquire(self, name: str, owner: str, ttl: float) -> LockLease | Busy:
         try:
-            result = self._table.try_acquire(self._key(name), self._owner(owner), ttl)
+            result = self._table.try_acquire(self._keys[name], self._owners[owner], ttl)
         except OrbitError as error:
             raise _store_error(error) from error
         if type(result) is Acquired:
@@ -74,7 +77,7 @@ class ShmEngine(Engine[LockLease]):
         return self._table.release(grant)
 
     def inspect(self, name: str) -> LockInfo | None:
-        lease = self._table.current(self._key(name))
+        lease = self._table.current(self._keys[name])
         return None if lease is None else _info(lease)
 
     def locks(self) -> list[LockInfo]:
@@ -83,24 +86,7 @@ class ShmEngine(Engine[LockLease]):
         return sorted(infos, key=lambda info: info.name)
 
     def force_release(self, name: str) -> bool:
-        return self._table.force_release(self._key(name))
-
-    def _key(self, name: str) -> LockKey:
-        """The table key of ``name``, cached (building one hashes the name)."""
-        key = self._keys.get(name)
-        if key is None:
-            if len(self._keys) >= _CACHE_MAX:
-                self._keys.clear()
-            key = self._keys[name] = LockKey(NAMESPACE, name)
-        return key
-
-    def _owner(self, owner: str) -> LockOwner:
-        found = self._owners.get(owner)
-        if found is None:
-            if len(self._owners) >= _CACHE_MAX:
-                self._owners.clear()
-            found = self._owners[owner] = LockOwner(owner)
-        return found
+        return self._table.force_release(self._keys[name])
 
     def arm(self) -> None:
         self._table.drain()
@@ -116,6 +102,28 @@ class ShmEngine(Engine[LockLease]):
 
     def __repr__(self) -> str:
         return f"<ShmEngine fleet={self._fleet.name!r}>"
+
+
+class _Cache(dict[str, _V]):
+    """A value per string, built on first use by ``build``; emptied when full.
+
+    A hit is a plain dict lookup, with no Python call.
+    """
+
+    def __init__(self, build: Callable[[str], _V]) -> None:
+        super().__init__()
+        self._build = build
+
+    def __missing__(self, text: str) -> _V:
+        if len(self) >= _CACHE_MAX:
+            self.clear()
+        value = self[text] = self._build(text)
+        return value
+
+
+def _key(name: str) -> LockKey:
+    """The table key of the store lock ``name``."""
+    return LockKey(NAMESPACE, name)
 
 
 def _store_error(error: OrbitError) -> StoreError:
