@@ -18,7 +18,8 @@ class LockInfo(NamedTuple):
     """A snapshot of one live lease (immutable).
 
     A named tuple rather than a frozen dataclass, as ``LockLease`` is: one is
-    built per grant and renew, and a tuple is built in less than half the time.
+    built per refusal and per inspected lease, and a tuple is built in less than
+    half the time.
 
     Attributes:
         name: the lock name.
