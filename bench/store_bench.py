@@ -6,6 +6,10 @@ in microseconds. Without ``--postgres`` a throw-away server is started as the
 tests do (``tests/store/_postgres.py``); the SQLite file and the SHM fleet are
 temporary too. Targets (issue 3): SQLite <= 60 us, PostgreSQL <= 1000 us on
 loopback, SHM <= 12 us.
+
+For the SHM engine it also prints what the contract adds over the lock table: store
+pairs and bare ``LockTable`` pairs on the same fleet, timed one by one and
+interleaved (so both see the same machine load), and the difference of their medians.
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from orbitive import Fleet
+from orbitive.lock import LockKey, LockOwner, LockTable
 from orbitive.store import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -27,6 +34,7 @@ from tests._fleets import remove_fleet_files
 from tests.store._postgres import PostgresUnavailable, TempPostgres
 
 TARGETS_US = {"sqlite": 60.0, "postgres": 1000.0, "shm": 12.0}
+SHM_CAPACITY = 4
 
 
 def pair_times_us(url: str, pairs: int) -> list[float]:
@@ -48,6 +56,45 @@ def pair_times_us(url: str, pairs: int) -> list[float]:
     return samples
 
 
+def shm_overhead_us(url: str, pairs: int) -> tuple[float, float]:
+    """Median microseconds of a store pair and of a bare LockTable pair on one fleet.
+
+    The two are timed pair by pair, alternately, after a warm-up of each.
+    """
+    with open_store(url) as store, contextlib.ExitStack() as stack:
+        member = stack.enter_context(Fleet.join(urlsplit(url).netloc, capacity=SHM_CAPACITY))
+        table = stack.enter_context(LockTable(member))
+        try_lock, acquire, release = store.try_lock, table.try_acquire, table.release
+        key, owner = LockKey("bench", "key"), LockOwner(b"bench-owner")
+
+        def store_pair() -> None:
+            lock = try_lock("bench/key", "bench-owner", 30.0)
+            assert lock is not None
+            lock.release()
+
+        def table_pair() -> None:
+            release(acquire(key, owner, 30.0).lease)
+
+        samples = interleaved_us((store_pair, table_pair), pairs)
+    store_us, table_us = (statistics.median(times) for times in samples)
+    return store_us, table_us
+
+
+def interleaved_us(cycles: tuple[Callable[[], None], ...], rounds: int) -> list[list[float]]:
+    """Microseconds of each call of each cycle: ``rounds`` rounds, one call of each per round."""
+    for cycle in cycles:
+        for _ in range(min(rounds, 5000)):
+            cycle()
+    samples: list[list[float]] = [[] for _ in cycles]
+    clock = time.perf_counter_ns
+    for _ in range(rounds):
+        for cycle, times in zip(cycles, samples, strict=True):
+            started = clock()
+            cycle()
+            times.append((clock() - started) / 1000.0)
+    return samples
+
+
 @contextlib.contextmanager
 def engine_url(engine: str, postgres: str | None) -> Iterator[str]:
     """A temporary store URL for ``engine``, removed afterwards."""
@@ -57,7 +104,7 @@ def engine_url(engine: str, postgres: str | None) -> Iterator[str]:
     elif engine == "shm":
         fleet = f"benchstore{os.getpid()}"
         try:
-            yield f"shm://{fleet}?capacity=4"
+            yield f"shm://{fleet}?capacity={SHM_CAPACITY}"
         finally:
             remove_fleet_files(fleet)
     elif postgres is not None:
@@ -81,6 +128,7 @@ def main() -> None:
         try:
             with engine_url(engine, args.postgres) as url:
                 samples = pair_times_us(url, pairs)
+                overhead = shm_overhead_us(url, pairs) if engine == "shm" else None
         except PostgresUnavailable as error:
             print(f"{engine:<9} skipped: {error}")
             continue
@@ -91,6 +139,12 @@ def main() -> None:
             f"{engine:<9} median {median:8.2f} us  p10 {deciles[0]:8.2f}  p90 {deciles[-1]:8.2f}"
             f"  ({pairs} pairs; target <= {TARGETS_US[engine]:g} us: {verdict})"
         )
+        if overhead is not None:
+            store_us, table_us = overhead
+            print(
+                f"{engine:<9} store {store_us:.2f} us - LockTable {table_us:.2f} us "
+                f"= contract overhead {store_us - table_us:.2f} us  (medians, interleaved)"
+            )
 
 
 if __name__ == "__main__":
