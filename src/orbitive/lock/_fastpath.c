@@ -237,9 +237,13 @@ static int as_index(PyObject *o, Py_ssize_t *out)
     return *out == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
-/* (digest, ident, ns_len, owner, node, now, <u64>): the arguments every step starts with. */
-static int parse_entry(const Steps *t, PyObject *const *args, Entry *e)
+/* (digest, ident, ns_len, owner, node, now, ...): the six arguments every step starts with. */
+static int parse_entry(const Steps *t, PyObject *const *args, Py_ssize_t nargs, Entry *e)
 {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "a step takes 8 arguments");
+        return -1;
+    }
     if (!PyBytes_CheckExact(args[1]) || !PyBytes_CheckExact(args[3])) {
         PyErr_SetString(PyExc_TypeError, "ident and owner must be bytes");
         return -1;
@@ -274,11 +278,7 @@ static PyObject *Steps_acquire(Steps *t, PyObject *const *args, Py_ssize_t nargs
     Maps m;
     int outcome = DONE, wake = 0;
     uint64_t revision = 0;
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "acquire() takes 8 arguments");
-        return NULL;
-    }
-    if (parse_entry(t, args, &e) < 0 || as_u64(args[6], &e.expires) < 0 ||
+    if (parse_entry(t, args, nargs, &e) < 0 || as_u64(args[6], &e.expires) < 0 ||
         as_u64(args[7], &id_base) < 0 || maps_get(t, &m) < 0)
         return NULL;
     Py_ssize_t slot = probe(t, m.s, &e);
@@ -330,11 +330,7 @@ static PyObject *Steps_release(Steps *t, PyObject *const *args, Py_ssize_t nargs
     Py_ssize_t hint;
     Maps m;
     int outcome = ABSENT, wake = 0;
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "release() takes 8 arguments");
-        return NULL;
-    }
-    if (parse_entry(t, args, &e) < 0)
+    if (parse_entry(t, args, nargs, &e) < 0)
         return NULL;
     if (as_u64(args[6], &e.lock_id) < 0) { /* no tenure has such an id (the Python step agrees) */
         PyErr_Clear();
