@@ -30,6 +30,7 @@ import contextlib
 import fcntl
 import mmap
 import os
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -87,6 +88,27 @@ def unlink_object(name: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def listed_objects() -> list[tuple[str, int, int]]:
+    """(fleet, kind, bytes) of every orbit SHM object of this user, sorted.
+
+    Lists ``/dev/shm``; where there is none, objects cannot be listed and the
+    result is empty. Entries that are not our regular files are skipped.
+    """
+    if not _USE_SHM_DIR:
+        return []
+    suffix = f"-{euid()}"
+    found = []
+    for entry in os.scandir(SHM_DIR):
+        if not entry.name.startswith("orbit-") or not entry.name.endswith(suffix):
+            continue
+        fleet, _, kind = entry.name[len("orbit-") : -len(suffix)].rpartition("-")
+        with contextlib.suppress(OSError):
+            st = entry.stat(follow_symlinks=False)
+            if fleet and kind.isdigit() and stat.S_ISREG(st.st_mode) and st.st_uid == euid():
+                found.append((fleet, int(kind), st.st_size))
+    return sorted(found)
 
 
 def object_size(name: str) -> int | None:

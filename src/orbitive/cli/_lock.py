@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from .._access import lock_dir, open_checked
 from .._errors import FleetError, InvalidName
 from .._fleet import Fleet, check_fleet_name, membership_path
-from .._region import lock_path, object_name, object_size, unlink_object
+from .._region import listed_objects, lock_path, object_name, object_size, unlink_object
 from .._ring import lane_count_of
 from ..lock import LockEvent, LockKey, LockLayout, LockTable
 
@@ -44,8 +44,10 @@ def _fleet_arg(parser: argparse.ArgumentParser) -> None:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the fleet and lock commands to ``orbit``."""
-    cmd = subparsers.add_parser("list", help="list a fleet's SHM objects")
-    _fleet_arg(cmd)
+    cmd = subparsers.add_parser("list", help="list a fleet's SHM objects, or every fleet")
+    cmd.add_argument(
+        "fleet", nargs="?", type=fleet_name, help="fleet name (default: list every fleet)"
+    )
     cmd.add_argument("--kind", type=kind_number, metavar="K", help=f"only this {KIND_HELP}")
     cmd.set_defaults(func=cmd_list)
 
@@ -79,6 +81,8 @@ def _kinds(args: argparse.Namespace) -> range | list[int]:
 
 def cmd_list(args: argparse.Namespace) -> int:
     """Probe the exact object names of every kind (no globbing) and print what exists."""
+    if args.fleet is None:
+        return _list_fleets()
     found = 0
     for kind in _kinds(args):
         name = object_name(args.fleet, kind)
@@ -89,6 +93,20 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not found:
         print(f"fleet {args.fleet!r} has no SHM objects", file=sys.stderr)
         return 1
+    return 0
+
+
+def _list_fleets() -> int:
+    """One line per fleet of this user that has SHM objects: its kinds and bytes."""
+    fleets: dict[str, list[tuple[int, int]]] = {}
+    for fleet, kind, size in listed_objects():
+        fleets.setdefault(fleet, []).append((kind, size))
+    if not fleets:
+        print("no fleets with SHM objects", file=sys.stderr)
+        return 1
+    for fleet, objects in fleets.items():
+        kinds = ", ".join(str(kind) for kind, _ in objects)
+        print(f"{fleet}  kinds {kinds}  {sum(size for _, size in objects):,} bytes")
     return 0
 
 
