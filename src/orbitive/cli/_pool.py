@@ -67,13 +67,13 @@ def format_statistics(stats: PoolStatistics, alive: set[int]) -> list[str]:
     lines += [
         "",
         f"resources ({len(stats.resources)})",
-        f"  {'ID':<14}  {'KEY':<12}  {'OWNER':>11}  {'INCARNATION':>20}  {'STATE':<8}  "
+        f"  {'ID':<14}  {'KEY':<32}  {'OWNER':<11}  {'INCARNATION':>20}  {'STATE':<8}  "
         f"{'CAP':>4}  {'RES':>4}  {'ACT':>4}  {'FENCE':>8}",
     ]
     for res in stats.resources:
         lines.append(
-            f"  {res.id!s:<14}  {str(res.key)[-12:]:<12}  "
-            f"{f'{res.owner_node} {_life(res.owner_node, alive)}':>11}  "
+            f"  {res.id!s:<14}  {res.key!s:<32}  "
+            f"{f'{res.owner_node} {_life(res.owner_node, alive)}':<11}  "
             f"{res.owner_incarnation:>20}  {res.state:<8}  {res.capacity:>4}  "
             f"{res.reserved:>4}  {res.active:>4}  {res.fence:>8}"
         )
