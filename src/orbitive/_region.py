@@ -27,6 +27,7 @@ Invariant: every mutation of a region's bytes by the lock table happens between
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -198,7 +199,8 @@ class Region:
     def open_private(cls, fleet: str, kind: int, size: int, init: Init) -> Region:
         """Process-private anonymous memory with the same interface (``Fleet.local``)."""
         region = cls(fleet, kind, size, shared=False)
-        region.buf = mmap.mmap(-1, size)
+        # MAP_PRIVATE: a forked child gets a copy, not memory shared without a flock.
+        region.buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
         region.created = True
         init(region.buf)
         return region
@@ -211,8 +213,8 @@ class Region:
             fd = _open_object(self.name, create=False)
         try:
             actual = os.fstat(fd).st_size
-            if self.created or actual == 0:  # actual == 0: a creator died before ftruncate
-                os.ftruncate(fd, self.size)
+            if self.created or actual == 0:  # actual == 0: a creator died before sizing it
+                self._allocate(fd)
                 actual = self.size
                 self.created = True
             if actual < self.size:
@@ -234,6 +236,28 @@ class Region:
             raise
         finally:
             os.close(fd)
+
+    def _allocate(self, fd: int) -> None:
+        """Size the new object, reserving its pages where the system can.
+
+        A sparse tmpfs object that later finds ``/dev/shm`` full kills the
+        writer with SIGBUS; ``posix_fallocate`` refuses up front instead.
+
+        Raises:
+            FleetError: not enough space for the object.
+        """
+        try:
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, self.size)
+            else:
+                os.ftruncate(fd, self.size)
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+                raise
+            raise FleetError(
+                f"shm object {self.name!r}: no space for {self.size:,} bytes ({error.strerror})",
+                fleet=self.fleet,
+            ) from error
 
     # -- critical section ----------------------------------------------------------
 

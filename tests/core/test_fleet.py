@@ -14,10 +14,12 @@ import pytest
 from orbitive import Fleet
 from orbitive._errors import FleetError, InvalidCapacity, InvalidName, NodeOutsideFleet
 from orbitive._fleet import node_path
-from orbitive.lock import LockTable
+from orbitive.lock import Acquired, LockKey, LockTable
 
 from .._children import report_node, sleep_forever, start_server, try_twice_in_child
 from .._processes import Processes, exec_program
+
+KEY = LockKey("tests.fleet", "fork")
 
 # -- claims -----------------------------------------------------------------------------------
 
@@ -240,3 +242,14 @@ def test_is_alive_on_a_closed_fleet_raises_fleet_error(fleet_name: str) -> None:
     fleet.close()
     with pytest.raises(FleetError):
         fleet.is_alive(0)
+
+
+def test_a_forked_child_of_a_local_fleet_writes_its_own_copy(fleet_name: str) -> None:
+    with Fleet.local(fleet_name, 2) as fleet:
+        table = LockTable(fleet)
+        pid = os.fork()
+        if pid == 0:  # the child: its acquisition must stay its own
+            os._exit(0 if isinstance(table.try_acquire(KEY, b"child", 60.0), Acquired) else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert table.current(KEY) is None

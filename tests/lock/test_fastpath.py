@@ -138,3 +138,40 @@ def test_release_of_a_lease_with_impossible_fields_is_false(table: LockTable) ->
     for odd in (lease.lease._replace(lock_id=-1), lease.lease._replace(lock_id=1 << 70)):
         assert table.release(odd) is False
     assert table.release(lease.lease._replace(slot=-5)) is True  # the slot is only a hint
+
+
+def test_a_slot_hint_at_the_home_slot_still_finds_a_tenure_further_down(
+    pair: tuple[LockTable, LockTable],
+) -> None:
+    home = {key: key.digest & 7 for key in KEYS}
+    first, second = next(
+        (a, b) for a in KEYS for b in KEYS if a != b and home[a] == home[b]
+    )  # two keys with one home slot: the second lands past it
+    for table in pair:
+        leases = [table.try_acquire(key, OWNERS[0], 60.0) for key in (first, second)]
+        assert all(isinstance(result, Acquired) for result in leases)
+        lease = leases[1].lease
+        assert lease.slot != home[second]
+        assert table.release(lease._replace(slot=home[second])) is True
+
+
+def test_an_owner_of_a_bytes_subclass_works_on_both_steps(
+    pair: tuple[LockTable, LockTable],
+) -> None:
+    class Token(bytes):
+        pass
+
+    for table in pair:
+        result = table.try_acquire(KEYS[0], Token(b"worker"), 60.0)
+        assert isinstance(result, Acquired)
+        assert table.release(result.lease) is True
+
+
+def test_steps_that_failed_to_initialise_refuse_to_run() -> None:
+    from orbitive.lock._fastpath import Steps  # noqa: PLC0415 - only where it was built
+
+    steps = Steps.__new__(Steps)
+    with pytest.raises(ValueError, match="geometry"):
+        steps.__init__(b"", b"", 3, 64, 16, 1, 128, 192, 8, 128, 64)  # type: ignore[misc]
+    with pytest.raises(ValueError):  # never a read through the null mappings
+        steps.acquire(1, b"ns-key", 2, b"owner", 0, 1, 2, 0)

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from orbitive import InvalidArgumentType
 from orbitive.lock import Acquired, LockKey, LockOwner, LockTable
 
 KEY = LockKey("tests.stale", "job")
@@ -56,3 +57,38 @@ def test_release_of_a_force_released_tenure_spares_the_same_owner_successor(
     assert table.release(first.lease) is False
     assert table.renew(first.lease, 1.0) is None
     assert table.current(KEY) == second.lease
+
+
+def test_a_lease_with_other_owner_bytes_neither_renews_nor_releases(table: LockTable) -> None:
+    held = table.try_acquire(KEY, LockOwner(b"alice"), 30.0)
+    assert isinstance(held, Acquired)
+    forged = held.lease._replace(owner=LockOwner(b"mallory"))  # e.g. from an Occupied result
+    assert table.renew(forged, 30.0) is None
+    assert table.release(forged) is False
+    assert table.release(held.lease) is True
+
+
+def test_a_lease_too_large_for_this_table_is_no_tenure_of_it(table: LockTable) -> None:
+    held = table.try_acquire(KEY, LockOwner(b"alice"), 30.0)
+    assert isinstance(held, Acquired)
+    huge = held.lease._replace(owner=LockOwner(b"x" * (table.layout.payload_max + 1)))
+    assert table.renew(huge, 30.0) is None
+    assert table.release(huge) is False
+    assert table.current(KEY) == held.lease
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"owner": b"alice"}, {"key": "tests.stale/job"}, {"lock_id": 1.0}, {"lock_id": True}],
+)
+def test_a_lease_with_fields_of_other_types_is_refused_by_name(
+    table: LockTable, change: dict[str, object]
+) -> None:
+    held = table.try_acquire(KEY, LockOwner(b"alice"), 30.0)
+    assert isinstance(held, Acquired)
+    odd = held.lease._replace(**change)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentType):
+        table.release(odd)
+    with pytest.raises(InvalidArgumentType):
+        table.renew(odd, 30.0)
+    assert table.release(held.lease) is True

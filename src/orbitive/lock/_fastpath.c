@@ -162,7 +162,9 @@ static int publish(const Steps *t, uint8_t *r, const Entry *e, uint8_t kind, uin
     memcpy(h + EVENT_HEADER + e->ident_len, e->owner, (size_t)e->owner_len);
     fence();
     st64(f, 2 * counter + 2);
+    fence();
     st64(head, counter + 1);
+    fence();
     uint32_t generation;
     memcpy(&generation, r + GENERATION_AT, 4);
     st32(r + GENERATION_AT, generation + 1);
@@ -201,6 +203,10 @@ static void write_slot(const Steps *t, uint8_t *s, Py_ssize_t slot, const Entry 
 
 static int maps_get(const Steps *t, Maps *m)
 {
+    if (t->state == NULL || t->ring == NULL) {
+        PyErr_SetString(PyExc_ValueError, "Steps is not initialised");
+        return -1;
+    }
     if (PyObject_GetBuffer(t->state, &m->sb, PyBUF_WRITABLE) < 0)
         return -1;
     if (PyObject_GetBuffer(t->ring, &m->rb, PyBUF_WRITABLE) < 0) {
@@ -244,7 +250,7 @@ static int parse_entry(const Steps *t, PyObject *const *args, Py_ssize_t nargs, 
         PyErr_SetString(PyExc_TypeError, "a step takes 8 arguments");
         return -1;
     }
-    if (!PyBytes_CheckExact(args[1]) || !PyBytes_CheckExact(args[3])) {
+    if (!PyBytes_Check(args[1]) || !PyBytes_Check(args[3])) {
         PyErr_SetString(PyExc_TypeError, "ident and owner must be bytes");
         return -1;
     }
@@ -305,18 +311,23 @@ static PyObject *Steps_acquire(Steps *t, PyObject *const *args, Py_ssize_t nargs
                          (unsigned long long)revision, wake);
 }
 
-/* _find_tenure: the slot holding exactly e's tenure (key and lock id), or -1. */
+/* The live entry at p is e's tenure: its lock id and its stored owner. */
+static int is_tenure(const uint8_t *p, const Entry *e)
+{
+    return ld64(p + 16) == e->lock_id && ld16(p + 6) == e->owner_len &&
+           memcmp(p + SLOT_HEADER + e->ident_len, e->owner, (size_t)e->owner_len) == 0;
+}
+
+/* _find_tenure: the slot holding exactly e's tenure (key, lock id, owner), or -1. */
 static Py_ssize_t find_tenure(const Steps *t, uint8_t *s, const Entry *e, Py_ssize_t hint)
 {
-    Py_ssize_t slot = hint;
-    if (slot == (Py_ssize_t)(e->digest & (uint64_t)(t->capacity - 1))) {
-        uint8_t *p = slot_at(t, s, slot);
-        if (!live(t, p, e->now) || ld64(p + 16) != e->lock_id)
-            return -1;
-        return holds_key(p, e) ? slot : -1;
+    if (hint == (Py_ssize_t)(e->digest & (uint64_t)(t->capacity - 1))) {
+        uint8_t *p = slot_at(t, s, hint);
+        if (live(t, p, e->now) && holds_key(p, e))
+            return is_tenure(p, e) ? hint : -1;
     }
-    slot = probe(t, s, e);
-    return slot >= 0 && ld64(slot_at(t, s, slot) + 16) == e->lock_id ? slot : -1;
+    Py_ssize_t slot = probe(t, s, e);
+    return slot >= 0 && is_tenure(slot_at(t, s, slot), e) ? slot : -1;
 }
 
 PyDoc_STRVAR(release_doc,
@@ -366,24 +377,34 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
                             "heads_at", "slots_at", "ring_capacity", "ring_stride",
                             "frame_bytes", NULL};
     PyObject *state, *ring;
+    Steps g; /* parsed and checked here, copied into t only when consistent */
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOnnnnnnnnn", names, &state, &ring,
-                                     &t->capacity, &t->stride, &t->payload_max, &t->lanes,
-                                     &t->heads_at, &t->slots_at, &t->ring_capacity,
-                                     &t->ring_stride, &t->frame_bytes))
+                                     &g.capacity, &g.stride, &g.payload_max, &g.lanes,
+                                     &g.heads_at, &g.slots_at, &g.ring_capacity, &g.ring_stride,
+                                     &g.frame_bytes))
         return -1;
-    int pow2 = t->capacity > 0 && !(t->capacity & (t->capacity - 1)) && t->capacity <= 1 << 20 &&
-               t->ring_capacity > 0 && !(t->ring_capacity & (t->ring_capacity - 1)) &&
-               t->ring_capacity <= 1 << 20;
-    if (!pow2 || t->payload_max < 3 || t->payload_max > 0xFFFF ||
-        t->stride < SLOT_HEADER + t->payload_max || t->stride > 1 << 17 || t->lanes < 1 ||
-        t->lanes > 0xFFFF || t->heads_at < RING_HEADER + t->lanes ||
-        t->slots_at < t->heads_at + t->lanes * LANE_HEAD ||
-        t->frame_bytes < EVENT_HEADER + t->payload_max || t->frame_bytes > 1 << 20 ||
-        t->ring_stride < FRAME_HEADER + t->frame_bytes || t->ring_stride > 1 << 21 ||
-        t->slots_at > PY_SSIZE_T_MAX / 4) {
+    int pow2 = g.capacity > 0 && !(g.capacity & (g.capacity - 1)) && g.capacity <= 1 << 20 &&
+               g.ring_capacity > 0 && !(g.ring_capacity & (g.ring_capacity - 1)) &&
+               g.ring_capacity <= 1 << 20;
+    if (!pow2 || g.payload_max < 3 || g.payload_max > 0xFFFF ||
+        g.stride < SLOT_HEADER + g.payload_max || g.stride > 1 << 17 || g.lanes < 1 ||
+        g.lanes > 0xFFFF || g.heads_at < RING_HEADER + g.lanes || g.heads_at > 1 << 30 ||
+        g.slots_at < g.heads_at + g.lanes * LANE_HEAD || g.slots_at > 1 << 30 ||
+        g.frame_bytes < EVENT_HEADER + g.payload_max || g.frame_bytes > 1 << 20 ||
+        g.ring_stride < FRAME_HEADER + g.frame_bytes || g.ring_stride > 1 << 21) {
         PyErr_SetString(PyExc_ValueError, "inconsistent lock table or ring geometry");
         return -1;
     }
+    /* Every product below now fits: 2**20 x 2**17 and 2**16 x 2**20 x 2**21 < 2**62. */
+    t->capacity = g.capacity;
+    t->stride = g.stride;
+    t->payload_max = g.payload_max;
+    t->lanes = g.lanes;
+    t->heads_at = g.heads_at;
+    t->slots_at = g.slots_at;
+    t->ring_capacity = g.ring_capacity;
+    t->ring_stride = g.ring_stride;
+    t->frame_bytes = g.frame_bytes;
     Py_XSETREF(t->state, Py_NewRef(state));
     Py_XSETREF(t->ring, Py_NewRef(ring));
     return 0;

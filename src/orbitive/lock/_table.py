@@ -225,6 +225,15 @@ class LockTable:
             key=key,
         )
 
+    def _foreign(self, lease: LockLease) -> bool:
+        """Validate a lease's types; True when no tenure of this table can match it."""
+        if type(lease) is not LockLease:
+            raise _not_a("lease", "LockLease", lease)
+        key, owner, lock_id = lease.key, lease.owner, lease.lock_id
+        if type(key) is not LockKey or type(owner) is not LockOwner or type(lock_id) is not int:
+            raise _not_a("lease", "LockLease of a LockKey, a LockOwner and an int lock id", lease)
+        return len(key.ident) + len(owner.value) > self._payload_max
+
     def _check_entry(self, key: LockKey, owner: LockOwner | bytes | str) -> LockOwner:
         """Validate a (key, owner) pair; returns the owner as a LockOwner."""
         if type(key) is not LockKey:
@@ -307,12 +316,13 @@ class LockTable:
             was replaced (the successor is never touched, even with equal owner bytes).
 
         Raises:
-            InvalidTtl: bad ttl. InvalidArgumentType: ``lease`` is not a LockLease.
+            InvalidTtl: bad ttl. InvalidArgumentType: ``lease`` is not a LockLease
+                (of a LockKey, a LockOwner and an int lock id).
             IdExhausted: the revision counter ran out.
         """
         ttl = check_ttl(ttl)
-        if type(lease) is not LockLease:
-            raise _not_a("lease", "LockLease", lease)
+        if self._foreign(lease):
+            return None
         return self._locked(self._renew_step, lease, None, ttl_ms(ttl))
 
     def renew_owned(
@@ -331,11 +341,12 @@ class LockTable:
             was released already or was replaced (no error, successor untouched).
 
         Raises:
-            InvalidArgumentType: ``lease`` is not a LockLease.
+            InvalidArgumentType: ``lease`` is not a LockLease
+                (of a LockKey, a LockOwner and an int lock id).
             IdExhausted, LayoutMismatch, FleetError: as for :meth:`try_acquire`.
         """
-        if type(lease) is not LockLease:
-            raise _not_a("lease", "LockLease", lease)
+        if self._foreign(lease):
+            return False
         if self._fork_generation != _fork.generation:
             self._refresh_node()
         state = self._state
@@ -515,28 +526,27 @@ class LockTable:
         return ~insert_at
 
     def _find_tenure(self, lease: LockLease, now: int) -> int:
-        """Slot holding exactly ``lease``'s tenure (same key, same lock id), or -1.
+        """Slot holding exactly ``lease``'s tenure (key, lock id and owner), or -1.
 
         Found by probing for the key, never by the lease's slot alone: only an
         entry a lookup can reach is the key's holder, so a renew or release
         can never act on an entry that damaged bytes cut off from its chain.
+        (A live entry of the key in its home slot is what the probe would find
+        first, so that case skips the probe.) Seed 000: release and renewal
+        compare the key and the stored owner.
         """
-        key = lease.key
-        slot = lease.slot
-        if slot == key.digest & self._mask:  # its home slot: the probe's first step
-            offset = HEADER_SIZE + slot * self._stride
+        key, slot = lease.key, lease.slot
+        fields = None
+        if slot == key.digest & self._mask:
             fields = self._read_live(slot, now)
-            if fields is None or fields[5] != lease.lock_id:
-                return -1  # a tenure never moves, and nothing probes past its home slot
-            return slot if self._holds_key(offset, fields, key) else -1
-        slot = self._probe(key, now)
-        if (
-            slot >= 0
-            and _U64.unpack_from(self._buf, HEADER_SIZE + slot * self._stride + _LOCK_ID_OFFSET)[0]
-            == lease.lock_id
-        ):
-            return slot
-        return -1
+        if fields is None or not self._holds_key(HEADER_SIZE + slot * self._stride, fields, key):
+            slot = self._probe(key, now)
+        if slot < 0:
+            return -1
+        lock_id = _U64.unpack_from(self._buf, HEADER_SIZE + slot * self._stride + _LOCK_ID_OFFSET)
+        if lock_id[0] != lease.lock_id or not self._owner_is(slot, key, lease.owner):
+            return -1
+        return slot
 
     def _owner_is(self, slot: int, key: LockKey, owner: LockOwner) -> bool:
         start = HEADER_SIZE + slot * self._stride + SLOT_HEADER_SIZE + len(key.ident)
@@ -634,7 +644,7 @@ class LockTable:
         """Renew the live entry in ``slot``: new revision and a full new window."""
         lease = self._lease_at(slot)
         _, revision = self._next_ids(False)
-        acquired = round(lease.acquired_at * 1000)
+        acquired: int = _unpack_slot(self._buf, HEADER_SIZE + slot * self._stride)[7]
         self._publish(_events.RENEWED, revision, lease, (acquired, expires))
         buf, offset = self._buf, HEADER_SIZE + slot * self._stride
         buf[offset] = TOMBSTONE
