@@ -17,7 +17,7 @@ from multiprocessing import get_context
 from multiprocessing.connection import Connection
 from typing import Any
 
-from orbitive import Fleet, OrbitError
+from orbitive import Fleet
 
 from . import _wake
 from ._contenders import FLEET_CAPACITY, need
@@ -111,7 +111,7 @@ def _owner(pools: _Pools, sock: socket.socket) -> None:
     while True:
         try:
             execution = pools.session.accept_session(pool, sock)
-        except (OrbitError, OSError):
+        except pools.session.SessionClosed:
             break  # the client closed its end
         payload = sock.recv(len(PAYLOAD), socket.MSG_WAITALL)
         execution.complete()  # before the reply: the borrower reserves again at once

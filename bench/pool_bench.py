@@ -18,11 +18,11 @@ from multiprocessing.connection import Connection
 from orbitive import Fleet
 from orbitive.cli import main as orbit
 from orbitive.pool import Key, LocalFirst, LocalReuse, Pool, ResourceId
-from orbitive.pool.session import accept_session, open_session
+from orbitive.pool.session import SessionClosed, accept_session, open_session
 
 KEY = Key.digest(b"bench")
 CAPACITY = 10
-PAYLOAD = bytes(128)
+PAYLOAD = bytes(range(128))
 CONTEXT = multiprocessing.get_context("spawn")
 
 
@@ -56,7 +56,7 @@ def _owner(fleet_name: str, path: str, ready: Connection) -> None:
             while True:
                 try:
                     execution = accept_session(pool, conn)
-                except Exception:  # the borrower closed: done
+                except SessionClosed:  # the borrower hung up: done
                     break
                 with execution:  # the work is done once the reply is computed
                     reply = conn.recv(len(PAYLOAD), socket.MSG_WAITALL)
@@ -78,7 +78,8 @@ def remote_reuse(fleet_name: str, path: str, count: int = 30_000) -> None:
             begin = time.perf_counter_ns()
             lease = pool.reserve(rid)
             open_session(lease, sock, PAYLOAD)
-            sock.recv(len(PAYLOAD), socket.MSG_WAITALL)
+            if sock.recv(len(PAYLOAD), socket.MSG_WAITALL) != PAYLOAD:
+                raise RuntimeError("the owner stopped echoing")
             latencies.append(time.perf_counter_ns() - begin)
         elapsed = time.perf_counter() - started
         sock.close()

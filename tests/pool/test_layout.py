@@ -13,7 +13,7 @@ from orbitive import Fleet, InvalidCapacity
 from orbitive._errors import LayoutMismatch, MalformedError
 from orbitive._region import SHM_DIR, object_name
 from orbitive.pool import POOL_KIND, Key, Pool
-from orbitive.pool._layout import HEADER_SIZE, Layout, check_capacity
+from orbitive.pool._layout import HEADER_SIZE, RES_HOT, RES_LEASE, Layout, check_capacity
 
 from .conftest import CAPACITY
 
@@ -37,6 +37,14 @@ def test_every_corrupt_header_byte_is_refused_with_layout_mismatch(fleet_name: s
         _flip(path, offset)  # restore
     with Fleet.join(fleet_name, CAPACITY) as fleet, Pool(fleet) as pool:
         assert len(pool.candidates(Key(1))) == 1  # the restored table is intact
+
+
+def test_the_lease_steps_read_the_resource_fields_where_the_slot_has_them() -> None:
+    fields = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)  # RES_HOT order, state .. epoch
+    slot = RES_HOT.pack(*fields)
+    state, node, generation, life, _, _, capacity, index, active, fence, _, epoch = fields
+    expected = (state, node, generation, life, capacity, index, active, fence, epoch)
+    assert RES_LEASE.unpack_from(slot) == expected
 
 
 def test_another_geometry_or_fleet_capacity_is_refused(fleet_name: str) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,6 +70,14 @@ def test_frame_codec_round_trips_and_has_a_fixed_size(pool: Pool) -> None:
     frame = encode_frame(lease)
     assert len(frame) == FRAME_SIZE == 48
     assert decode_frame(frame) == lease
+
+
+def test_a_checksummed_frame_naming_no_resource_is_refused_every_time() -> None:
+    body = struct.pack("<4sBBHQQQQ4x", b"PSES", 1, 247, 0, 247 << 56 | 3, 1, 1, 1)  # generation 0
+    frame = body + struct.pack("<I", zlib.crc32(body))
+    for _ in range(2):  # a refusal is not remembered as an id
+        with pytest.raises(MalformedError, match="names no resource"):
+            decode_frame(frame)
 
 
 @pytest.mark.parametrize(

@@ -179,13 +179,13 @@ class KeyTable:
 
     def key_changed(self, index: int) -> None:
         """Bump the key's version, wake its waiters, ring interested nodes. In a section."""
-        offset = self.key_offset(index)
-        fleet_capacity = self.fleet_capacity
-        bump(self.buf, offset + KEY_CHANGES, offset + KEY_PARKED, fleet_capacity)
+        buf, capacity = self.buf, self.fleet_capacity
+        offset = self.key_base + index * self.key_stride  # key_offset, on every completion
+        bump(buf, offset + KEY_CHANGES, offset + KEY_PARKED, capacity)
         interest = offset + self.key_interest
-        if self.buf[interest : interest + fleet_capacity] != self.zero_nodes:
-            self.buf[interest : interest + fleet_capacity] = self.zero_nodes
-            bump(self.buf, self.bell, self.bell + BELL_PARKED, fleet_capacity)
+        if buf[interest : interest + capacity] != self.zero_nodes:
+            buf[interest : interest + capacity] = self.zero_nodes
+            bump(buf, self.bell, self.bell + BELL_PARKED, capacity)
 
     def budget(self, index: int) -> tuple[int, int]:
         """(live, creating) of a key: its member bits and the sum of its claims."""

@@ -124,6 +124,8 @@ KEY_PARKED: Final = 64
 RES_HOT: Final = struct.Struct("<BxHIQQQIIIxxxxQQQ")
 RES_BODY: Final = struct.Struct("<HIQQQIIIxxxxQQQ")  # RES_HOT from offset 2 (no state)
 RES_BODY_AT: Final = 2
+#: RES_HOT without key_lo, key_hi and last_reserve_ms: what the lease steps check.
+RES_LEASE: Final = struct.Struct("<BxHIQ16xIIIxxxxQ8xQ")
 RES_OWNER: Final = struct.Struct("<HIQ")  # owner_node, generation, incarnation at offset 2
 RES_KEY_INDEX: Final = 36
 RES_ACTIVE: Final = 40

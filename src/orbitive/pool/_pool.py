@@ -297,8 +297,12 @@ class Pool:
         """
         if type(lease) is not Lease or type(lease.fence) is not int or lease.fence <= 0:
             check_lease(lease)  # raises the precise error
+        return self._accept(lease.id, lease.fence)
+
+    def _accept(self, rid: ResourceId, fence: int) -> Execution:
+        """:meth:`accept` of a fence >= 1; the session codec decodes a frame straight to it."""
         table = self._t()
-        return Execution(table, lease.id, lease.fence, table.accept(lease.id, lease.fence))
+        return Execution(table, rid, fence, table.accept(rid, fence))
 
     # -- resources --------------------------------------------------------------------
 

@@ -59,6 +59,7 @@ from ._layout import (
     RES_FENCES,
     RES_HOT,
     RES_KEY_INDEX,
+    RES_LEASE,
     RES_OWNER,
     RES_SINCE,
     RESOURCE_SIZE,
@@ -238,20 +239,22 @@ class Table(KeyTable):
         buf = self.buf
         self.enter()
         try:
-            hot = RES_HOT.unpack_from(buf, offset)
+            state, node, generation, _, capacity, _, active, last, epoch = RES_LEASE.unpack_from(
+                buf, offset
+            )
             if (
-                hot[0] != LIVE
-                or hot[2] != rid.generation
-                or hot[11] != rid.epoch
-                or (hot[1] != rid.node)
+                state != LIVE
+                or generation != rid.generation
+                or epoch != rid.epoch
+                or node != rid.node
             ):
-                raise self._refusal(rid, hot, owner=False)
+                raise self._refusal(rid, RES_HOT.unpack_from(buf, offset), owner=False)
             fences = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES)
             free = fences.count(0)
-            if PENDING - free + hot[8] >= hot[6] or not free:
+            if PENDING - free + active >= capacity or not free:
                 raise BusyError(f"resource {rid} has no free unit", node=rid.node, key=rid)
             entry = fences.index(0) * 8
-            fence: int = hot[9] + 1
+            fence: int = last + 1
             now = wall_ms()
             U64_PAIR.pack_into(buf, offset + RES_FENCE, fence, now)
             U64.pack_into(buf, offset + RES_SINCE + entry, now)
@@ -272,24 +275,29 @@ class Table(KeyTable):
         buf = self.buf
         self.enter()
         try:
-            hot = RES_HOT.unpack_from(buf, offset)
+            state, node, generation, life, _, _, active, _, epoch = RES_LEASE.unpack_from(
+                buf, offset
+            )
             if (
-                hot[0] != LIVE
-                or hot[2] != rid.generation
-                or hot[11] != rid.epoch
-                or (hot[1] != self.node or hot[3] != self.incarnation or rid.node != self.node)
+                state != LIVE
+                or generation != rid.generation
+                or epoch != rid.epoch
+                or node != self.node
+                or life != self.incarnation
+                or rid.node != node
             ):
-                raise self._refusal(rid, hot, owner=True)
-            fences = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES)
-            if fence not in fences:
+                raise self._refusal(rid, RES_HOT.unpack_from(buf, offset), owner=True)
+            try:
+                entry = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES).index(fence) * 8
+            except ValueError:
                 raise NotReservedError(
                     f"fence {fence} of resource {rid} is not pending "
                     "(accepted already, aged out or cancelled)",
                     node=rid.node,
                     key=rid,
-                )
-            U64.pack_into(buf, offset + RES_FENCES + fences.index(fence) * 8, 0)
-            U32.pack_into(buf, offset + RES_ACTIVE, hot[8] + 1)
+                ) from None
+            U64.pack_into(buf, offset + RES_FENCES + entry, 0)
+            U32.pack_into(buf, offset + RES_ACTIVE, active + 1)
         finally:
             self._release()
             if self.deferred:
@@ -301,11 +309,18 @@ class Table(KeyTable):
         buf = self.buf
         self.enter()
         try:
-            hot = RES_HOT.unpack_from(buf, offset)
-            if hot[2] == generation and hot[11] == epoch and LIVE <= hot[0] <= DRAINING and hot[8]:
-                U32.pack_into(buf, offset + RES_ACTIVE, hot[8] - 1)
-                if hot[7] < self.key_capacity:
-                    self.key_changed(hot[7])
+            state, _, now_generation, _, _, index, active, _, now_epoch = RES_LEASE.unpack_from(
+                buf, offset
+            )
+            if (
+                now_generation == generation
+                and now_epoch == epoch
+                and LIVE <= state <= DRAINING
+                and active
+            ):
+                U32.pack_into(buf, offset + RES_ACTIVE, active - 1)
+                if index < self.key_capacity:
+                    self.key_changed(index)
         finally:
             self._release()
             if self.deferred:

@@ -34,6 +34,7 @@ only when the owner completes its :class:`~orbitive.pool.Execution`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import struct
 import zlib
@@ -65,6 +66,10 @@ _CHECKSUM: Final = struct.Struct("<I")
 _ZERO4: Final = bytes(4)
 #: Bytes of one lease frame.
 FRAME_SIZE: Final = FRAME.size
+#: ``ResourceId.from_raw`` remembered: an owner sees the same few resources in
+#: frame after frame, and building a checked, frozen id costs more than the rest
+#: of a decode. A bad id raises and is not remembered.
+_resource_id: Final = functools.lru_cache(maxsize=1024)(ResourceId.from_raw)
 
 
 def encode_frame(lease: Lease) -> bytes:
@@ -92,6 +97,11 @@ def decode_frame(data: bytes) -> Lease:
     Raises:
         MalformedError: anything but a well-formed frame.
     """
+    return Lease(*_decode(data))
+
+
+def _decode(data: bytes) -> tuple[ResourceId, int, int, int]:
+    """(id, fence, holder node, holder incarnation) of a frame, checked as decode_frame."""
     if len(data) != FRAME_SIZE:
         raise MalformedError(f"a session offered {len(data)} of {FRAME_SIZE} lease bytes")
     magic, version, kind, holder, raw, fence, life, epoch, checksum = FRAME.unpack(data)
@@ -102,22 +112,17 @@ def decode_frame(data: bytes) -> Lease:
     if raw >> 56 != kind or not fence or not life:
         raise MalformedError("pool session frame is inconsistent (kind, fence or incarnation)")
     try:
-        rid = ResourceId.from_raw(raw, epoch)
+        rid: ResourceId = _resource_id(raw, epoch)
     except MalformedError as error:
         raise MalformedError(f"pool session frame names no resource: {error}") from None
-    return Lease(rid, fence, holder, life)
+    return rid, fence, holder, life
 
 
 def _accept(pool: Pool, data: bytes) -> Execution:
     if not data:
         raise SessionClosed("the peer closed the session before sending a lease frame")
-    lease = decode_frame(data)
-    if lease.id.kind != pool.kind:
-        raise MalformedError(
-            f"a session frame for pool kind {lease.id.kind} reached pool kind {pool.kind}",
-            kind=pool.kind,
-        )
-    return pool.accept(lease)
+    rid, fence, _, _ = _decode(data)
+    return pool._accept(rid, fence)  # an id of another pool kind is MalformedError there
 
 
 def open_session(lease: Lease, sock: socket.socket, data: bytes = b"") -> None:
