@@ -72,7 +72,6 @@ _pack_slot = SLOT.pack_into
 _unpack_counters = COUNTERS.unpack_from
 _pack_counters = COUNTERS.pack_into
 _U64: Final = struct.Struct("<Q")
-_LOCK_ID_OFFSET: Final = 16
 _REVISION_OFFSET: Final = 24
 _EXPIRES_OFFSET: Final = 40
 _REVISION_MAX: Final = (1 << 64) - 1
@@ -541,17 +540,20 @@ class LockTable:
             fields = self._read_live(slot, now)
         if fields is None or not self._holds_key(HEADER_SIZE + slot * self._stride, fields, key):
             slot = self._probe(key, now)
-        if slot < 0:
-            return -1
-        lock_id = _U64.unpack_from(self._buf, HEADER_SIZE + slot * self._stride + _LOCK_ID_OFFSET)
-        if lock_id[0] != lease.lock_id or not self._owner_is(slot, key, lease.owner):
-            return -1
-        return slot
+        return slot if slot >= 0 and self._owner_is(slot, key, lease.owner, lease.lock_id) else -1
 
-    def _owner_is(self, slot: int, key: LockKey, owner: LockOwner) -> bool:
-        start = HEADER_SIZE + slot * self._stride + SLOT_HEADER_SIZE + len(key.ident)
-        fields = _unpack_slot(self._buf, HEADER_SIZE + slot * self._stride)
-        return fields[3] == len(owner.value) and self._buf[start : start + fields[3]] == owner.value
+    def _owner_is(
+        self, slot: int, key: LockKey, owner: LockOwner, lock_id: int | None = None
+    ) -> bool:
+        """Whether the entry of ``key`` in ``slot`` stores ``owner`` (and ``lock_id``, if given)."""
+        offset = HEADER_SIZE + slot * self._stride
+        fields = _unpack_slot(self._buf, offset)
+        start = offset + SLOT_HEADER_SIZE + len(key.ident)
+        return (
+            (lock_id is None or fields[5] == lock_id)
+            and fields[3] == len(owner.value)
+            and self._buf[start : start + fields[3]] == owner.value
+        )
 
     def _lease_at(self, slot: int) -> LockLease:
         offset = HEADER_SIZE + slot * self._stride
