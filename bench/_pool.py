@@ -9,6 +9,7 @@ owns none (remote reuse: the lease travels to the owner over a socketpair).
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -25,6 +26,7 @@ from ._contention import record, run_round
 from ._measure import Result, Settings, Skip, Unit, calibrated_us
 from ._wake import latency
 from ._workspace import Prepared, Session, Workspace
+from .placement import PLACEMENTS, placed
 from .readiness_wake import remove_fleet_files
 
 SECTION = "pool"
@@ -103,10 +105,11 @@ class _Pools:
 PAYLOAD = bytes(range(128))
 
 
-def _owner(pools: _Pools, sock: socket.socket) -> None:
+def _owner(pools: _Pools, sock: socket.socket, borrower: socket.socket) -> None:
     """A forked resource owner: accept each session frame, complete, echo its payload."""
+    borrower.close()  # the fork's copy: the borrower's close must reach us as an EOF
     fleet, pool = pools.join()
-    pool.register(pools.key, 1)
+    rid = pool.register(pools.key, 1)
     sock.sendall(b"r")
     while True:
         try:
@@ -116,15 +119,21 @@ def _owner(pools: _Pools, sock: socket.socket) -> None:
         payload = sock.recv(len(PAYLOAD), socket.MSG_WAITALL)
         execution.complete()  # before the reply: the borrower reserves again at once
         sock.sendall(payload)
+    pool.unregister(rid)  # the next placement's borrower finds one candidate
     pool.close()
     fleet.close()
     os._exit(0)
 
 
-def remote_reuse(pools: _Pools, settings: Settings) -> list[float]:
+def remote_reuse(pools: _Pools, settings: Settings, one_cpu: bool) -> list[float]:
     """Round trips per second: reserve, lease frame + 128 B, owner accepts, echoes, completes."""
+    with placed(one_cpu):
+        return _remote_reuse(pools, settings)
+
+
+def _remote_reuse(pools: _Pools, settings: Settings) -> list[float]:
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    owner = get_context("fork").Process(target=_owner, args=(pools, theirs), daemon=True)
+    owner = get_context("fork").Process(target=_owner, args=(pools, theirs, mine), daemon=True)
     owner.start()
     theirs.close()
     fleet, pool = pools.join()
@@ -147,8 +156,9 @@ def remote_reuse(pools: _Pools, settings: Settings) -> list[float]:
     return [1e6 / sample for sample in samples]
 
 
-def _echo(sock: socket.socket) -> None:
+def _echo(sock: socket.socket, borrower: socket.socket) -> None:
     """A forked peer that answers every frame-sized request with its payload."""
+    borrower.close()  # as in _owner
     request = len(PAYLOAD) + pool_frame_size()
     while data := sock.recv(request, socket.MSG_WAITALL):
         sock.sendall(data[-len(PAYLOAD) :])
@@ -162,13 +172,18 @@ def pool_frame_size() -> int:
     return int(FRAME_SIZE)
 
 
-def socket_floor(settings: Settings) -> list[float]:
+def socket_floor(settings: Settings, one_cpu: bool) -> list[float]:
     """Round trips per second of the same bytes over the same socketpair, no pool at all.
 
-    The floor for remote reuse: two processes, one wake-up each way.
+    The floor for remote reuse: two processes, one wake-up each way, placed alike.
     """
+    with placed(one_cpu):
+        return _socket_floor(settings)
+
+
+def _socket_floor(settings: Settings) -> list[float]:
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    peer = get_context("fork").Process(target=_echo, args=(theirs,), daemon=True)
+    peer = get_context("fork").Process(target=_echo, args=(theirs, mine), daemon=True)
     peer.start()
     theirs.close()
     request = bytes(pool_frame_size()) + PAYLOAD
@@ -245,25 +260,29 @@ def pool_results(ws: Workspace, settings: Settings) -> list[Result]:
         "us",
         ("acquire + release", "1 process, 1 key"),
     )
-    remote = _row(
-        SECTION, "remote reuse, Unix socket, 128 B", "ops/s", ("contention", "2 processes, 1 key")
-    )
     crowd = _row(SECTION, "acquire, 8 processes", "ops/s", ("contention", "8 processes, 1 key"))
-    floor = _row(
-        SECTION, "remote reuse, Unix socket, 128 B", "ops/s", ("contention", "2 processes, 1 key")
-    )
-    floor.name = "socketpair ping-pong, no pool (floor)"
     group = "completion -> woken wait_capacity"
     wake = _row(_wake.SECTION, group, "us", (_wake.SECTION, _wake.GROUP))
+    remote = {one_cpu: _remote_rows(suffix) for suffix, one_cpu in PLACEMENTS.items()}
     try:
         _fill(local, lambda: _local(pools, settings))
-        _fill(remote, lambda: remote_reuse(pools, settings))
-        _fill(floor, lambda: socket_floor(settings))
+        for one_cpu, (reuse, floor) in remote.items():
+            _fill(reuse, functools.partial(remote_reuse, pools, settings, one_cpu))
+            _fill(floor, functools.partial(socket_floor, settings, one_cpu))
         _fill(crowd, lambda: _crowd(pools, settings, crowd))
         _fill(wake, lambda: _wake_p50s(pools, settings, wake))
     finally:
         pools.close()
-    return [local, remote, floor, crowd, wake]
+    return [local, *(row for pair in remote.values() for row in pair), crowd, wake]
+
+
+def _remote_rows(suffix: str) -> tuple[Result, Result]:
+    """The remote-reuse row of one placement, and its socketpair floor."""
+    group = f"remote reuse, Unix socket, 128 B{suffix}"
+    reuse = _row(SECTION, group, "ops/s", ("contention", "2 processes, 1 key"))
+    floor = _row(SECTION, group, "ops/s", ("contention", "2 processes, 1 key"))
+    floor.name = "socketpair ping-pong, no pool (floor)"
+    return reuse, floor
 
 
 def _row(section: str, group: str, unit: Unit, compare: tuple[str, str]) -> Result:

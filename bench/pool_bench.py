@@ -20,6 +20,11 @@ from orbitive.cli import main as orbit
 from orbitive.pool import Key, LocalFirst, LocalReuse, Pool, ResourceId
 from orbitive.pool.session import SessionClosed, accept_session, open_session
 
+try:
+    from bench.placement import placed
+except ModuleNotFoundError:  # run as a script: bench/ is on sys.path, not its parent
+    from placement import placed  # type: ignore[import-not-found,no-redef]
+
 KEY = Key.digest(b"bench")
 CAPACITY = 10
 PAYLOAD = bytes(range(128))
@@ -52,6 +57,8 @@ def _owner(fleet_name: str, path: str, ready: Connection) -> None:
         listener.listen(1)
         ready.send(rid)
         conn, _ = listener.accept()
+        listener.close()
+        os.unlink(path)  # connected: the next run binds the same path
         with conn:
             while True:
                 try:
@@ -61,13 +68,24 @@ def _owner(fleet_name: str, path: str, ready: Connection) -> None:
                 with execution:  # the work is done once the reply is computed
                     reply = conn.recv(len(PAYLOAD), socket.MSG_WAITALL)
                 conn.sendall(reply)
+        pool.unregister(rid)
 
 
-def remote_reuse(fleet_name: str, path: str, count: int = 30_000) -> None:
-    """Round trips/s: reserve, session frame + 128 B, owner accepts, echoes, completes."""
+def remote_reuse(fleet_name: str, path: str, one_cpu: bool, count: int = 30_000) -> None:
+    """Round trips/s: reserve, session frame + 128 B, owner accepts, echoes, completes.
+
+    ``one_cpu``: both processes on one CPU (see ``placement.py``).
+    """
+    with placed(one_cpu):
+        _remote_reuse(fleet_name, path, count, ", one CPU" if one_cpu else "")
+
+
+def _remote_reuse(fleet_name: str, path: str, count: int, label: str) -> None:
     parent, child = CONTEXT.Pipe()
     owner = CONTEXT.Process(target=_owner, args=(fleet_name, path, child))
     owner.start()
+    if not parent.poll(60):
+        raise RuntimeError("the owner process did not start")
     rid: ResourceId = parent.recv()
     with Fleet.join(fleet_name, CAPACITY) as fleet, Pool(fleet) as pool:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -88,7 +106,8 @@ def remote_reuse(fleet_name: str, path: str, count: int = 30_000) -> None:
     print(
         f"remote reuse (session)  {count / elapsed:9,.0f} round trips/s, p50 "
         f"{latencies[len(latencies) // 2] / 1000:.1f} us, p99 "
-        f"{latencies[len(latencies) * 99 // 100] / 1000:.1f} us (128 B; target >= 20,000/s)"
+        f"{latencies[len(latencies) * 99 // 100] / 1000:.1f} us (128 B{label}; "
+        "target >= 20,000/s)"
     )
 
 
@@ -168,7 +187,8 @@ def main() -> int:
     path = f"/tmp/orbit-bench-{os.getpid()}.sock"
     try:
         local_cycle(names[0])
-        remote_reuse(names[1], path)
+        remote_reuse(names[1], path, one_cpu=False)
+        remote_reuse(names[1], path, one_cpu=True)
         acquire_contended(names[2])
         wake_latency(names[3])
     finally:
