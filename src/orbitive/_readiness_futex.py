@@ -178,7 +178,8 @@ def bump(buf: mmap.mmap, word_offset: int, parked_offset: int, capacity: int) ->
         parked_offset: byte offset of ``capacity`` parked bytes, one per node.
         capacity: the fleet capacity.
     """
-    _U32.pack_into(buf, word_offset, (_U32.unpack_from(buf, word_offset)[0] + 1) & 0xFFFFFFFF)
+    word = (_U32.unpack_from(buf, word_offset)[0] + 1) & 0xFFFFFFFF
+    buf[word_offset : word_offset + 4] = _U32.pack(word)  # pack_into would store 0 first
     if buf[parked_offset : parked_offset + capacity].count(0) != capacity:
         wake_word(buf, word_offset)
 

@@ -85,7 +85,8 @@ def bump(buf: mmap.mmap, word_offset: int, parked_offset: int, capacity: int) ->
     The parked bytes are not consulted: nobody here sleeps in the kernel.
     """
     del parked_offset, capacity
-    _U32.pack_into(buf, word_offset, (_U32.unpack_from(buf, word_offset)[0] + 1) & 0xFFFFFFFF)
+    word = (_U32.unpack_from(buf, word_offset)[0] + 1) & 0xFFFFFFFF
+    buf[word_offset : word_offset + 4] = _U32.pack(word)  # pack_into would store 0 first
 
 
 def driver_wait(

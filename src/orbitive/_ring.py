@@ -32,10 +32,18 @@ Layout (little-endian; version :data:`RING_VERSION`)::
 Seqlock protocol. Writer: ``seq := 2c+1``, write the fields and payload,
 ``seq := 2c+2``, then ``head := c+1``. Reader: read seq, copy, re-read seq; a
 mismatch or odd value is a torn frame and is never returned. A writer killed
-mid-frame leaves an odd seq and an unmoved head, so nothing torn is readable
-and the next writer of that lane reuses the counter. (Stores from one Python
-thread reach the mapping in program order on x86-64 TSO; the readers' double
-check covers the rest.)
+mid-frame leaves an odd (or zero) seq and an unmoved head, so nothing torn is
+readable and the next writer of that lane reuses the counter. (Stores from one
+Python thread reach the mapping in program order on x86-64 TSO; the readers'
+double check covers the rest.)
+
+``struct.pack_into`` zeroes its whole target before it writes the fields
+(CPython's ``s_pack_internal`` starts with a ``memset``). The frame header may
+pass through zero (seq 0 reads as "being written"); the head must not: a reader
+would see the lane go back to 0, and a writer SIGKILLed between the two steps
+would leave the lane's head at 0 for good, hiding every frame in it. So the head
+(and the commit seq) are stored by slice assignment of packed bytes, one
+``memcpy`` with no zero pass.
 """
 
 from __future__ import annotations
@@ -63,7 +71,7 @@ _U64: Final = struct.Struct("<Q")
 _COUNTER_LIMIT: Final = 1 << 62  # 2c + 2 must fit a u64
 _SLOT: Final = struct.Struct("<QQQIB")  # seq, counter, ver, payload_len, frame_kind
 _unpack_u64 = _U64.unpack_from
-_pack_u64 = _U64.pack_into
+_u64_bytes = _U64.pack  # stored by slice assignment, never pack_into (module docstring)
 
 
 def _round_up(value: int, unit: int) -> int:
@@ -227,8 +235,8 @@ class Ring:
         )
         start = slot + self._body_offset
         buf[start : start + size] = body
-        _pack_u64(buf, slot, 2 * counter + 2)
-        _pack_u64(buf, head_at, counter + 1)
+        buf[slot : slot + 8] = _u64_bytes(2 * counter + 2)
+        buf[head_at : head_at + 8] = _u64_bytes(counter + 1)
         bump(buf, _GENERATION_OFFSET, HEADER_SIZE, self._lanes)
         return counter
 
