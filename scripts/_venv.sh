@@ -16,8 +16,10 @@ if [ ! -f "$STAMP" ] || [ -n "$(find pyproject.toml setup.py src -name '*.c' -ne
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
     touch "$STAMP"
 fi
-if ! .venv/bin/python -c "import orbitive.lock._fastpath" 2>/dev/null; then
-    echo "warning: the lock table's C steps (src/orbitive/lock/_fastpath.c) were not built;" \
-        "the Python steps run instead, about twice as slowly (a C compiler and the" \
-        "Python headers are needed)" >&2
-fi
+for table in lock pool; do
+    if ! .venv/bin/python -c "import orbitive.$table._fastpath" 2>/dev/null; then
+        echo "warning: the $table table's C steps (src/orbitive/$table/_fastpath.c) were not" \
+            "built; the Python steps run instead, more slowly (a C compiler and the Python" \
+            "headers are needed)" >&2
+    fi
+done

@@ -10,7 +10,6 @@ transitions read from the rings must be equal.
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 import time
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from orbitive.lock import (
 )
 from orbitive.lock._layout import HEADER_SIZE
 
+from .._capabilities import require_c_steps
 from .._fleets import new_fleet_name, remove_fleet_files
 
 LAYOUT = LockLayout(
@@ -54,10 +54,7 @@ def pair() -> Iterator[tuple[LockTable, LockTable]]:
 
 
 def test_the_c_steps_are_built_and_used(pair: tuple[LockTable, LockTable]) -> None:
-    fast, _ = pair
-    if fast._steps is None and not os.environ.get("CI"):
-        pytest.skip("no C compiler at install: the Python steps run (CI requires the C ones)")
-    assert fast._steps is not None, "orbitive.lock._fastpath was not compiled"
+    require_c_steps(pair[0]._steps, "orbitive.lock._fastpath")
 
 
 def state_without_times(table: LockTable) -> list[bytes]:

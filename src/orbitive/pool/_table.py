@@ -18,6 +18,12 @@ creating = sum of claims):
 
 Values read from shared memory are checked before use: a slot is used only if
 its state, node, generation and epoch match the id that names it.
+
+The three hot steps, reserve, accept and complete, also exist in C
+(``_fastpath.c``, built when a compiler is present): the same checks and the
+same writes in the same order. The caller keeps the critical section, the
+clock, the errors and the key's change; the Python steps here are the
+reference, and they run whenever the C module is missing.
 """
 
 from __future__ import annotations
@@ -40,6 +46,11 @@ from .._fleet import Fleet
 from .._readiness import bump
 from .._region import Region
 from ._keys import M64, KeyTable
+
+try:
+    from ._fastpath import Steps
+except ImportError:  # not built (no C compiler): the Python steps are used
+    Steps = None  # type: ignore[assignment, misc]
 from ._layout import (
     BELL_PARKED,
     CLOSED,
@@ -74,6 +85,13 @@ from ._values import Candidate, Key, ResourceId
 
 _ZERO_PENDING: Final = bytes(2 * 8 * PENDING)
 
+#: Outcomes of the C steps (``_fastpath.c``); all but DONE leave the slot untouched.
+_DONE: Final = 0
+_REFUSED: Final = -1  # not that registration (or not ours): the ``_refusal`` error
+_BUSY: Final = -2
+_NOT_PENDING: Final = -3
+_DECLINED: Final = -4  # a counter is at its limit (or no C steps): the Python step decides
+
 #: A snapshot row: (slot offset, node, slot, generation, epoch, incarnation,
 #: state, capacity, reserved, active, last_reserve_ms).
 Row = tuple[int, int, int, int, int, int, int, int, int, int, int]
@@ -81,6 +99,11 @@ Row = tuple[int, int, int, int, int, int, int, int, int, int, int]
 
 class Table(KeyTable):
     """The resource steps of one pool table (see :class:`KeyTable` for the rest)."""
+
+    def __init__(self, region: Region, layout: Layout) -> None:
+        super().__init__(region, layout)
+        #: The C steps over this mapping, or None: the Python steps run.
+        self._steps = None if Steps is None else Steps(self.buf, self.res_base, layout.size)
 
     def locate(self, rid: ResourceId) -> int:
         """Offset of the slot ``rid`` names.
@@ -116,6 +139,27 @@ class Table(KeyTable):
         if owner and hot[3] != self.incarnation:
             return self._not_owner(rid, hot)
         return DrainingError(f"resource {rid} is draining", node=rid.node, key=rid)
+
+    def _failure(
+        self, outcome: int, rid: ResourceId, offset: int, *, owner: bool, fence: int = 0
+    ) -> OrbitError:
+        """The error for a C step's REFUSED, BUSY or NOT_PENDING outcome."""
+        if outcome == _BUSY:
+            return self._busy(rid)
+        if outcome == _NOT_PENDING:
+            return self._not_reserved(rid, fence)
+        return self._refusal(rid, RES_HOT.unpack_from(self.buf, offset), owner=owner)
+
+    def _busy(self, rid: ResourceId) -> BusyError:
+        return BusyError(f"resource {rid} has no free unit", node=rid.node, key=rid)
+
+    def _not_reserved(self, rid: ResourceId, fence: int) -> NotReservedError:
+        return NotReservedError(
+            f"fence {fence} of resource {rid} is not pending "
+            "(accepted already, aged out or cancelled)",
+            node=rid.node,
+            key=rid,
+        )
 
     def _not_owner(self, rid: ResourceId, hot: tuple[int, ...]) -> NotOwnerError:
         return NotOwnerError(
@@ -236,33 +280,41 @@ class Table(KeyTable):
             StaleError, DrainingError, BusyError.
         """
         offset = self.locate(rid)
-        buf = self.buf
         self.enter()
         try:
-            state, node, generation, _, capacity, _, active, last, epoch = RES_LEASE.unpack_from(
-                buf, offset
+            steps = self._steps
+            fence = (
+                _DECLINED
+                if steps is None
+                else steps.reserve(offset, rid.node, rid.generation, rid.epoch, wall_ms())
             )
-            if (
-                state != LIVE
-                or generation != rid.generation
-                or epoch != rid.epoch
-                or node != rid.node
-            ):
-                raise self._refusal(rid, RES_HOT.unpack_from(buf, offset), owner=False)
-            fences = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES)
-            free = fences.count(0)
-            if PENDING - free + active >= capacity or not free:
-                raise BusyError(f"resource {rid} has no free unit", node=rid.node, key=rid)
-            entry = fences.index(0) * 8
-            fence: int = last + 1
-            now = wall_ms()
-            U64_PAIR.pack_into(buf, offset + RES_FENCE, fence, now)
-            U64.pack_into(buf, offset + RES_SINCE + entry, now)
-            U64.pack_into(buf, offset + RES_FENCES + entry, fence)  # commit
+            if fence < 0:  # an outcome
+                if fence != _DECLINED:
+                    raise self._failure(fence, rid, offset, owner=False)
+                fence = self._reserve_step(rid, offset)
         finally:
             self._release()
             if self.deferred:
                 self._run_deferred()
+        return fence
+
+    def _reserve_step(self, rid: ResourceId, offset: int) -> int:
+        buf = self.buf
+        state, node, generation, _, capacity, _, active, last, epoch = RES_LEASE.unpack_from(
+            buf, offset
+        )
+        if state != LIVE or generation != rid.generation or epoch != rid.epoch or node != rid.node:
+            raise self._refusal(rid, RES_HOT.unpack_from(buf, offset), owner=False)
+        fences = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES)
+        free = fences.count(0)
+        if PENDING - free + active >= capacity or not free:
+            raise self._busy(rid)
+        entry = fences.index(0) * 8
+        fence: int = last + 1
+        now = wall_ms()
+        U64_PAIR.pack_into(buf, offset + RES_FENCE, fence, now)
+        U64.pack_into(buf, offset + RES_SINCE + entry, now)
+        U64.pack_into(buf, offset + RES_FENCES + entry, fence)  # commit
         return fence
 
     def accept(self, rid: ResourceId, fence: int) -> int:
@@ -272,59 +324,76 @@ class Table(KeyTable):
             StaleError, NotOwnerError, DrainingError, NotReservedError.
         """
         offset = self.locate(rid)
-        buf = self.buf
         self.enter()
         try:
-            state, node, generation, life, _, _, active, _, epoch = RES_LEASE.unpack_from(
-                buf, offset
+            steps = self._steps
+            outcome = (
+                _DECLINED
+                if steps is None
+                else steps.accept(
+                    offset, rid.node, rid.generation, rid.epoch, self.node, self.incarnation, fence
+                )
             )
-            if (
-                state != LIVE
-                or generation != rid.generation
-                or epoch != rid.epoch
-                or node != self.node
-                or life != self.incarnation
-                or rid.node != node
-            ):
-                raise self._refusal(rid, RES_HOT.unpack_from(buf, offset), owner=True)
-            try:
-                entry = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES).index(fence) * 8
-            except ValueError:
-                raise NotReservedError(
-                    f"fence {fence} of resource {rid} is not pending "
-                    "(accepted already, aged out or cancelled)",
-                    node=rid.node,
-                    key=rid,
-                ) from None
-            U64.pack_into(buf, offset + RES_FENCES + entry, 0)
-            U32.pack_into(buf, offset + RES_ACTIVE, active + 1)
+            if outcome != _DONE:
+                if outcome != _DECLINED:
+                    raise self._failure(outcome, rid, offset, owner=True, fence=fence)
+                self._accept_step(rid, offset, fence)
         finally:
             self._release()
             if self.deferred:
                 self._run_deferred()
         return offset
 
+    def _accept_step(self, rid: ResourceId, offset: int, fence: int) -> None:
+        buf = self.buf
+        state, node, generation, life, _, _, active, _, epoch = RES_LEASE.unpack_from(buf, offset)
+        if (
+            state != LIVE
+            or generation != rid.generation
+            or epoch != rid.epoch
+            or node != self.node
+            or life != self.incarnation
+            or rid.node != node
+        ):
+            raise self._refusal(rid, RES_HOT.unpack_from(buf, offset), owner=True)
+        try:
+            entry = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES).index(fence) * 8
+        except ValueError:
+            raise self._not_reserved(rid, fence) from None
+        U64.pack_into(buf, offset + RES_FENCES + entry, 0)
+        U32.pack_into(buf, offset + RES_ACTIVE, active + 1)
+
     def complete(self, offset: int, generation: int, epoch: int) -> None:
         """Return one active unit of the slot at ``offset`` if it is still that resource."""
-        buf = self.buf
         self.enter()
         try:
-            state, _, now_generation, _, _, index, active, _, now_epoch = RES_LEASE.unpack_from(
-                buf, offset
-            )
-            if (
-                now_generation == generation
-                and now_epoch == epoch
-                and LIVE <= state <= DRAINING
-                and active
-            ):
-                U32.pack_into(buf, offset + RES_ACTIVE, active - 1)
-                if index < self.key_capacity:
-                    self.key_changed(index)
+            steps = self._steps
+            if steps is None:
+                index = self._complete_step(offset, generation, epoch)
+            else:
+                index = steps.complete(offset, generation, epoch)
+            if 0 <= index < self.key_capacity:
+                self.key_changed(index)
         finally:
             self._release()
             if self.deferred:
                 self._run_deferred()
+
+    def _complete_step(self, offset: int, generation: int, epoch: int) -> int:
+        """Return the unit; the key index stored in the slot, or -1 when nothing changed."""
+        buf = self.buf
+        state, _, now_generation, _, _, index, active, _, now_epoch = RES_LEASE.unpack_from(
+            buf, offset
+        )
+        if (
+            now_generation == generation
+            and now_epoch == epoch
+            and LIVE <= state <= DRAINING
+            and active
+        ):
+            U32.pack_into(buf, offset + RES_ACTIVE, active - 1)
+            return int(index)
+        return -1
 
     def cancel(self, rid: ResourceId, fence: int, holder: tuple[int, int]) -> None:
         """The holder takes its own pending ``fence`` back (before delivery).
