@@ -179,7 +179,7 @@ def bump(buf: mmap.mmap, word_offset: int, parked_offset: int, capacity: int) ->
         capacity: the fleet capacity.
     """
     word = (_U32.unpack_from(buf, word_offset)[0] + 1) & 0xFFFFFFFF
-    buf[word_offset : word_offset + 4] = _U32.pack(word)  # pack_into would store 0 first
+    buf[word_offset : word_offset + 4] = _U32.pack(word)  # as _region.store
     if buf[parked_offset : parked_offset + capacity].count(0) != capacity:
         wake_word(buf, word_offset)
 

@@ -32,6 +32,7 @@ import fcntl
 import mmap
 import os
 import stat
+import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -49,6 +50,18 @@ _USE_SHM_DIR: Final = SHM_DIR.is_dir()
 HEADER_PROBE: Final = 16
 Init = Callable[[mmap.mmap], None]
 Validate = Callable[[mmap.mmap], None]
+
+
+def store(buf: mmap.mmap, offset: int, layout: struct.Struct, *values: object) -> None:
+    """Write ``values`` packed by ``layout`` at ``offset`` of a mapping, in one copy.
+
+    Every store into shared memory goes through here (or a slice assignment like
+    it), never ``layout.pack_into``: CPython's ``pack_into`` zeroes its whole
+    target before it writes the fields, so a process killed between the two
+    leaves zeros behind (a fence counter back at 0, a slot state read as EMPTY,
+    a ring head hiding its frames), and a lock-free reader can see them.
+    """
+    buf[offset : offset + layout.size] = layout.pack(*values)
 
 
 def object_name(fleet: str, kind: int) -> str:

@@ -32,18 +32,15 @@ Layout (little-endian; version :data:`RING_VERSION`)::
 Seqlock protocol. Writer: ``seq := 2c+1``, write the fields and payload,
 ``seq := 2c+2``, then ``head := c+1``. Reader: read seq, copy, re-read seq; a
 mismatch or odd value is a torn frame and is never returned. A writer killed
-mid-frame leaves an odd (or zero) seq and an unmoved head, so nothing torn is
+mid-frame leaves an odd seq and an unmoved head, so nothing torn is
 readable and the next writer of that lane reuses the counter. (Stores from one
 Python thread reach the mapping in program order on x86-64 TSO; the readers'
 double check covers the rest.)
 
-``struct.pack_into`` zeroes its whole target before it writes the fields
-(CPython's ``s_pack_internal`` starts with a ``memset``). The frame header may
-pass through zero (seq 0 reads as "being written"); the head must not: a reader
-would see the lane go back to 0, and a writer SIGKILLed between the two steps
-would leave the lane's head at 0 for good, hiding every frame in it. So the head
-(and the commit seq) are stored by slice assignment of packed bytes, one
-``memcpy`` with no zero pass.
+Every store is one copy of packed bytes (:func:`~orbitive._region.store`), never
+``struct.pack_into``, which zeroes its target first: a writer SIGKILLed between
+the two steps would leave the lane's head at 0 for good, hiding every frame in
+it, and a reader would see the lane go back to 0.
 """
 
 from __future__ import annotations
@@ -56,7 +53,7 @@ from typing import Final
 from ._errors import InvalidLayout, LayoutMismatch
 from ._fleet import Fleet
 from ._readiness import Readiness, bump, wake_word
-from ._region import Region, object_name, object_size, read_prefix
+from ._region import Region, object_name, object_size, read_prefix, store
 
 RING_MAGIC: Final = 0x4F524254
 RING_VERSION: Final = 1
@@ -71,7 +68,7 @@ _U64: Final = struct.Struct("<Q")
 _COUNTER_LIMIT: Final = 1 << 62  # 2c + 2 must fit a u64
 _SLOT: Final = struct.Struct("<QQQIB")  # seq, counter, ver, payload_len, frame_kind
 _unpack_u64 = _U64.unpack_from
-_u64_bytes = _U64.pack  # stored by slice assignment, never pack_into (module docstring)
+_u64_bytes = _U64.pack  # stored by slice assignment (module docstring)
 
 
 def _round_up(value: int, unit: int) -> int:
@@ -195,7 +192,7 @@ class Ring:
 
     def _init(self, buf: mmap.mmap) -> None:
         g = self.geometry
-        _HEADER.pack_into(buf, 0, *g.header())
+        store(buf, 0, _HEADER, *g.header())
         buf[_KIND_OFFSET] = g.kind
 
     def _validate(self, buf: mmap.mmap) -> None:
@@ -230,8 +227,16 @@ class Ring:
             raise self.corrupt_head(node)
         slot = self._lane_base[node] + (counter & self._index_mask) * self._stride
         size = len(body)
-        self._frame.pack_into(
-            buf, slot, 2 * counter + 1, counter, ver, self._head_size + size, frame_kind, *fields
+        store(
+            buf,
+            slot,
+            self._frame,
+            2 * counter + 1,
+            counter,
+            ver,
+            self._head_size + size,
+            frame_kind,
+            *fields,
         )
         start = slot + self._body_offset
         buf[start : start + size] = body

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Final, final
 
 from .._errors import InvalidLayout, LayoutMismatch
+from .._region import store
 from .._ring import RingGeometry
 
 STATE_MAGIC: Final = 0x4F4C5354
@@ -175,7 +176,7 @@ class LockLayout:
 
     def init_state(self, buf: mmap.mmap) -> None:
         """Write the header of a new (zeroed) state object."""
-        HEADER.pack_into(buf, 0, *self.header())
+        store(buf, 0, HEADER, *self.header())
 
     def validate_state(self, buf: mmap.mmap) -> None:
         """Check every header field of an existing state object.

@@ -37,6 +37,7 @@ from .._errors import (
 )
 from .._fleet import Fleet
 from .._readiness import Readiness
+from .._region import store
 from .._ring import Ring
 from . import _events
 
@@ -68,9 +69,7 @@ from ._types import (
 )
 
 _unpack_slot = SLOT.unpack_from
-_pack_slot = SLOT.pack_into
 _unpack_counters = COUNTERS.unpack_from
-_pack_counters = COUNTERS.pack_into
 _U64: Final = struct.Struct("<Q")
 _REVISION_OFFSET: Final = 24
 _EXPIRES_OFFSET: Final = 40
@@ -581,7 +580,7 @@ class LockTable:
         revision += 1
         if token > TOKEN_MASK or revision > _REVISION_MAX:
             raise self._exhausted(token, revision)
-        _pack_counters(self._buf, COUNTERS_OFFSET, token, revision)
+        store(self._buf, COUNTERS_OFFSET, COUNTERS, token, revision)
         return token, revision
 
     def _insert(
@@ -605,9 +604,10 @@ class LockTable:
         buf[offset] = TOMBSTONE
         if crash_hook is not None:
             crash_hook("tombstoned")
-        _pack_slot(
+        store(
             buf,
             offset,
+            SLOT,
             TOMBSTONE,
             ns_len,
             label_len,
@@ -652,8 +652,8 @@ class LockTable:
         buf[offset] = TOMBSTONE
         if crash_hook is not None:
             crash_hook("tombstoned")
-        _U64.pack_into(buf, offset + _REVISION_OFFSET, revision)
-        _U64.pack_into(buf, offset + _EXPIRES_OFFSET, expires)
+        store(buf, offset + _REVISION_OFFSET, _U64, revision)
+        store(buf, offset + _EXPIRES_OFFSET, _U64, expires)
         buf[offset] = OCCUPIED
         return LockLease(
             lease.key,

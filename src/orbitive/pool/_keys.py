@@ -21,7 +21,7 @@ from typing import Final
 from .. import _fork
 from .._errors import CreationBudgetError, KeyFullError, LayoutMismatch, MalformedError, OrbitError
 from .._readiness import bump
-from .._region import Region
+from .._region import Region, store
 from ._layout import (
     BELL_PARKED,
     EPOCH_OFFSET,
@@ -153,7 +153,7 @@ class KeyTable:
             if state == 0:
                 if not install:
                     return -1
-                U64_PAIR.pack_into(self.buf, offset + KEY_LOHI, lo, hi)
+                store(self.buf, offset + KEY_LOHI, U64_PAIR, lo, hi)
                 self.buf[offset] = 1  # commit
                 return index
             if state != 1:
@@ -229,7 +229,7 @@ class KeyTable:
             if previous != incarnation:
                 for index in self._forget_node(node, claims=previous != 0):
                     self.key_changed(index)
-                U64.pack_into(self.buf, doorbell, incarnation)
+                store(self.buf, doorbell, U64, incarnation)
         finally:
             self.leave()
         self.node, self.incarnation = node, incarnation
@@ -243,7 +243,7 @@ class KeyTable:
             self.buf[offset + self.key_interest + node] = 0
             at = offset + self.key_claims + 4 * node
             if claims and U32.unpack_from(self.buf, at)[0]:
-                U32.pack_into(self.buf, at, 0)
+                store(self.buf, at, U32, 0)
                 changed.append(index)
         self.buf[self.bell + BELL_PARKED + node] = 0
         return changed
@@ -271,7 +271,7 @@ class KeyTable:
                     key=key,
                 )
             at = self.key_offset(index) + self.key_claims + 4 * self.node
-            U32.pack_into(self.buf, at, U32.unpack_from(self.buf, at)[0] + 1)
+            store(self.buf, at, U32, U32.unpack_from(self.buf, at)[0] + 1)
             epoch = self.epoch()
         finally:
             self.leave()
@@ -287,7 +287,7 @@ class KeyTable:
             claims = U32.unpack_from(self.buf, at)[0]
             same = state == 1 and lo == key.value & M64 and hi == key.value >> 64
             if same and claims and self.epoch() == epoch:
-                U32.pack_into(self.buf, at, claims - 1)
+                store(self.buf, at, U32, claims - 1)
                 self.key_changed(index)
         finally:
             self.leave()

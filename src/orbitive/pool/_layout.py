@@ -79,6 +79,7 @@ from typing import Final
 
 from .._clock import wall_ms
 from .._errors import LayoutMismatch, MalformedError
+from .._region import store
 
 #: The default SHM kind of the pool table.
 POOL_KIND: Final = 247
@@ -313,4 +314,4 @@ def write_header(buf: mmap.mmap, layout: Layout, epoch: int) -> None:
     """Write the whole header, checksum last."""
     packed = HEADER.pack(*layout.header_fields(epoch), 0)[:HEADER_CHECKED]
     buf[:HEADER_CHECKED] = packed
-    U32.pack_into(buf, HEADER_CHECKED, zlib.crc32(packed))
+    store(buf, HEADER_CHECKED, U32, zlib.crc32(packed))

@@ -44,7 +44,7 @@ from .._errors import (
 )
 from .._fleet import Fleet
 from .._readiness import bump
-from .._region import Region
+from .._region import Region, store
 from ._keys import M64, KeyTable
 
 try:
@@ -209,8 +209,8 @@ class Table(KeyTable):
             offset = self.res_base + global_index * RESOURCE_SIZE
             epoch = self.epoch()
             self.buf[offset + RES_FENCES : offset + RESOURCE_SIZE] = _ZERO_PENDING
-            RES_BODY.pack_into(
-                self.buf, offset + RES_BODY_AT, self.node, generation, self.incarnation,
+            store(
+                self.buf, offset + RES_BODY_AT, RES_BODY, self.node, generation, self.incarnation,
                 key.value & M64, key.value >> 64, capacity, index, active, 0, wall_ms(), epoch,
             )  # fmt: skip
             self.buf[offset] = LIVE  # commit the slot, then publish it under the key
@@ -312,9 +312,9 @@ class Table(KeyTable):
         entry = fences.index(0) * 8
         fence: int = last + 1
         now = wall_ms()
-        U64_PAIR.pack_into(buf, offset + RES_FENCE, fence, now)
-        U64.pack_into(buf, offset + RES_SINCE + entry, now)
-        U64.pack_into(buf, offset + RES_FENCES + entry, fence)  # commit
+        store(buf, offset + RES_FENCE, U64_PAIR, fence, now)
+        store(buf, offset + RES_SINCE + entry, U64, now)
+        store(buf, offset + RES_FENCES + entry, U64, fence)  # commit
         return fence
 
     def accept(self, rid: ResourceId, fence: int) -> int:
@@ -360,8 +360,8 @@ class Table(KeyTable):
             entry = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES).index(fence) * 8
         except ValueError:
             raise self._not_reserved(rid, fence) from None
-        U64.pack_into(buf, offset + RES_FENCES + entry, 0)
-        U32.pack_into(buf, offset + RES_ACTIVE, active + 1)
+        store(buf, offset + RES_FENCES + entry, U64, 0)
+        store(buf, offset + RES_ACTIVE, U32, active + 1)
 
     def complete(self, offset: int, generation: int, epoch: int) -> None:
         """Return one active unit of the slot at ``offset`` if it is still that resource."""
@@ -391,7 +391,7 @@ class Table(KeyTable):
             and LIVE <= state <= DRAINING
             and active
         ):
-            U32.pack_into(buf, offset + RES_ACTIVE, active - 1)
+            store(buf, offset + RES_ACTIVE, U32, active - 1)
             return int(index)
         return -1
 
@@ -414,7 +414,7 @@ class Table(KeyTable):
             fences = PENDING_WORDS.unpack_from(self.buf, offset + RES_FENCES)
             if fence <= 0 or fence not in fences:
                 raise NotReservedError(f"fence {fence} of resource {rid} is not pending", key=rid)
-            U64.pack_into(self.buf, offset + RES_FENCES + fences.index(fence) * 8, 0)
+            store(self.buf, offset + RES_FENCES + fences.index(fence) * 8, U64, 0)
             if hot[7] < self.key_capacity:
                 self.key_changed(hot[7])
         finally:
@@ -443,9 +443,9 @@ class Table(KeyTable):
             aged = 0
             for entry, fence in enumerate(fences):
                 if fence and now - since[entry] > grace_ms:
-                    U64.pack_into(buf, offset + RES_FENCES + entry * 8, 0)
+                    store(buf, offset + RES_FENCES + entry * 8, U64, 0)
                     aged += 1
-            U32.pack_into(buf, offset + RES_ACTIVE, active)
+            store(buf, offset + RES_ACTIVE, U32, active)
             if (aged + hot[8] > active) and hot[7] < self.key_capacity:
                 self.key_changed(hot[7])
         finally:
@@ -545,7 +545,7 @@ class Table(KeyTable):
                         closed += 1
             if self.doorbell(node) == incarnation:
                 changed.update(self._forget_node(node, claims=True))
-                U64.pack_into(self.buf, self.layout.doorbells + 8 * node, 0)
+                store(self.buf, self.layout.doorbells + 8 * node, U64, 0)
             for index in sorted(changed):
                 self.key_changed(index)
         finally:
