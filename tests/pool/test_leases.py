@@ -166,6 +166,26 @@ def test_reconcile_sets_the_owners_active_count(pool: Pool) -> None:
     assert pool.candidates(KEY)[0].active == 0  # never below zero
 
 
+def test_reconcile_refuses_an_active_count_that_pending_reservations_would_overfill(
+    pool: Pool,
+) -> None:
+    rid = pool.register(KEY, 1)
+    lease = pool.reserve(rid)
+    with pytest.raises(MalformedError, match="pending"):
+        pool.reconcile(rid, 1, grace=60.0)  # 1 active + 1 pending > capacity 1
+    (candidate,) = pool.candidates(KEY)
+    assert (candidate.reserved, candidate.active) == (1, 0)  # nothing changed
+    execution = pool.accept(lease)
+    assert pool.candidates(KEY)[0].active == 1
+    execution.complete()
+    lease = pool.reserve(rid)
+    time.sleep(0.01)
+    assert pool.reconcile(rid, 1, grace=0.0) == 1  # aged out first: room for the count
+    assert (pool.candidates(KEY)[0].reserved, pool.candidates(KEY)[0].active) == (0, 1)
+    with pytest.raises(NotReservedError):
+        pool.accept(lease)
+
+
 def test_execution_context_manager_and_double_complete(pool: Pool) -> None:
     rid = pool.register(KEY, 1)
     with pool.accept(pool.reserve(rid)) as execution:

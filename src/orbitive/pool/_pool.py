@@ -365,7 +365,9 @@ class Pool:
             How many reservations were aged out.
 
         Raises:
-            MalformedError: bad arguments, or ``active`` above the capacity.
+            MalformedError: bad arguments, or ``active`` plus the reservations
+                still pending after aging would exceed the capacity (reserve's
+                rule, reserved + active <= capacity; nothing changes).
             StaleError, NotOwnerError.
         """
         active = check_units(active, "active", 0)

@@ -426,31 +426,33 @@ class Table(KeyTable):
         Returns the number of reservations aged out.
 
         Raises:
-            StaleError, NotOwnerError, MalformedError (active > capacity).
+            StaleError, NotOwnerError, MalformedError (``active`` plus the
+            reservations still pending would exceed the capacity; nothing changes).
         """
         offset = self.locate(rid)
         buf = self.buf
         self.enter()
         try:
             hot = self._owned(rid, offset)
-            if active > hot[6]:
-                raise MalformedError(
-                    f"active {active} exceeds resource {rid}'s capacity {hot[6]}", key=rid
-                )
             fences = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES)
             since = PENDING_WORDS.unpack_from(buf, offset + RES_SINCE)
             now = wall_ms()
-            aged = 0
-            for entry, fence in enumerate(fences):
-                if fence and now - since[entry] > grace_ms:
-                    store(buf, offset + RES_FENCES + entry * 8, U64, 0)
-                    aged += 1
+            aged = [e for e, fence in enumerate(fences) if fence and now - since[e] > grace_ms]
+            pending = PENDING - fences.count(0) - len(aged)
+            if active + pending > hot[6]:
+                raise MalformedError(
+                    f"active {active} and {pending} pending reservations exceed resource "
+                    f"{rid}'s capacity {hot[6]} (a shorter grace ages more of them out)",
+                    key=rid,
+                )
+            for entry in aged:
+                store(buf, offset + RES_FENCES + entry * 8, U64, 0)
             store(buf, offset + RES_ACTIVE, U32, active)
-            if (aged + hot[8] > active) and hot[7] < self.key_capacity:
+            if (len(aged) + hot[8] > active) and hot[7] < self.key_capacity:
                 self.key_changed(hot[7])
         finally:
             self.leave()
-        return aged
+        return len(aged)
 
     # -- snapshots --------------------------------------------------------------------
 
