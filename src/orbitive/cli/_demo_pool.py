@@ -321,13 +321,11 @@ def run_pool_demo(workers: int, seconds: float) -> int:
             args = (name, workers + 1, echo.server_address, max_live, directory, seconds, stop, out)
             processes = [context.Process(target=_worker, args=args) for _ in range(workers)]
             sampler = _Sampler(pool)
-            started = time.monotonic()
             for process in processes:
                 process.start()
             try:
                 results = [out.get(timeout=seconds + 120.0) for _ in processes]
             finally:
-                elapsed = time.monotonic() - started
                 sampler.stop()
                 stop.set()
                 for process in processes:
@@ -335,7 +333,7 @@ def run_pool_demo(workers: int, seconds: float) -> int:
             pool.unlink()
         echo.shutdown()
     remove_stopped_fleet_files(name)
-    return _summarise(name, workers, seconds, max_live, results, sampler, echo.max_open, elapsed)
+    return _summarise(name, workers, seconds, max_live, results, sampler, echo.max_open)
 
 
 def _summarise(
@@ -346,7 +344,6 @@ def _summarise(
     results: list[tuple[dict[str, int], int, int]],
     sampler: _Sampler,
     server_max: int,
-    elapsed: float,
 ) -> int:
     plans: Counter[str] = Counter()
     for counts, _, _ in results:
@@ -358,7 +355,7 @@ def _summarise(
     print(f"  max_live (host-wide)      {max_live}")
     for kind in kinds:
         print(f"  plans {kind:<19} {plans[kind]:>9,}")
-    print(f"  echo round trips          {echoed:>9,}  ({echoed / max(elapsed, 1e-9):,.0f}/s)")
+    print(f"  echo round trips          {echoed:>9,}  ({echoed / seconds:,.0f}/s)")
     print(f"  errors                    {errors:>9,}")
     print(f"  highest live seen         {sampler.highest:>9,}  ({sampler.samples:,} samples)")
     print(f"  server's most open conns  {server_max:>9,}")
