@@ -1,4 +1,4 @@
-"""``orbit demo`` (the keyed-lease scenario): a verdict, a summary, and nothing left behind."""
+"""``orbit demo`` (keyed leases, the pool): a verdict, a summary, and nothing left behind."""
 
 from __future__ import annotations
 
@@ -22,6 +22,35 @@ def test_lock_demo_reports_a_clean_verdict_and_leaves_no_files(
     acquisitions = int(re.search(r"acquisitions\s+([\d,]+)", out).group(1).replace(",", ""))  # type: ignore[union-attr]
     assert acquisitions > 0
     assert fleet_files(f"demo-{os.getpid()}") == []
+
+
+def _figure(out: str, pattern: str) -> int:
+    found = re.search(pattern, out)
+    assert found is not None, f"{pattern!r} not in the summary:\n{out}"
+    return int(found.group(1).replace(",", ""))
+
+
+def test_pool_demo_reuses_over_sessions_and_never_exceeds_max_live(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["demo", "--scenario", "pool", "--workers", "4", "--seconds", "1.5"]) == 0
+    out = capsys.readouterr().out
+    max_live = _figure(out, r"max_live \(host-wide\)\s+([\d,]+)")
+    assert max_live == 2  # workers // 2
+    plans = {kind: _figure(out, rf"plans {kind}\s+([\d,]+)") for kind in ("Create", "LocalReuse")}
+    remote = _figure(out, r"plans RemoteReuse\s+([\d,]+)")
+    assert remote > 0  # leases carried to the owning worker over Unix-socket sessions
+    assert plans["Create"] >= 1 and plans["LocalReuse"] > 0
+    assert _figure(out, r"\(([\d,]+) samples\)") > 0
+    assert 1 <= _figure(out, r"highest live seen\s+([\d,]+)") <= max_live
+    assert _figure(out, r"server's most open conns\s+([\d,]+)") <= max_live
+    assert _figure(out, r"errors\s+([\d,]+)") == 0
+    # Every LocalReuse and Create echoes once; the rest were served by the owner
+    # of a remote connection over a session.
+    served_remotely = _figure(out, r"echo round trips\s+([\d,]+)") - sum(plans.values())
+    assert 0 < served_remotely <= remote
+    assert "verdict: OK" in out
+    assert fleet_files(f"pool-demo-{os.getpid()}") == []
 
 
 def test_overlapping_tenures_and_backward_tokens_are_breaches() -> None:

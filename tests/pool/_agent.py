@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -18,7 +19,8 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from orbitive import Fleet
-from orbitive.pool import CreationPermit, Execution, Key, Lease, Pool, ResourceId
+from orbitive._readiness import BACKEND
+from orbitive.pool import POOL_KIND, CreationPermit, Execution, Key, Lease, Pool, ResourceId
 
 Context = ForkContext | SpawnContext
 Handles = dict[int, Execution | CreationPermit]
@@ -58,6 +60,21 @@ def _wait(pool: Pool, handles: Handles, key: Key, since: int, timeout: float | N
     return version, time.monotonic() - started
 
 
+def _wait_cpu(pool: Pool, handles: Handles, key: Key, since: int, timeout: float) -> Any:
+    """Like ``wait``, plus the CPU seconds the waiting thread and the process spent."""
+    thread_before = time.thread_time()
+    usage_before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.monotonic()
+    version = pool.wait_capacity(key, since, timeout)
+    elapsed = time.monotonic() - started
+    thread_cpu = time.thread_time() - thread_before
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    process_cpu = (usage.ru_utime - usage_before.ru_utime) + (
+        usage.ru_stime - usage_before.ru_stime
+    )
+    return version, elapsed, thread_cpu, process_cpu
+
+
 def _hold(pool: Pool, handles: Handles, seconds: float) -> None:
     time.sleep(seconds)
 
@@ -66,24 +83,39 @@ OPS: dict[str, Callable[..., Any]] = {
     "register": lambda pool, handles, key, cap: pool.register(key, cap),
     "register_active": _register_active,
     "reserve": lambda pool, handles, rid: pool.reserve(rid),
+    "cancel": lambda pool, handles, lease: pool.cancel_reservation(lease),
     "accept": _accept,
     "complete": _complete,
     "drop": _drop,
     "claim": _claim,
     "unregister": lambda pool, handles, rid: pool.unregister(rid),
+    "drain": lambda pool, handles, rid: pool.drain(rid),
     "candidates": lambda pool, handles, key: pool.candidates(key),
     "budget": lambda pool, handles, key: pool.budget(key),
     "version": lambda pool, handles, key: pool.version(key),
     "acquire": lambda pool, handles, key, limits: pool.acquire(key, limits),
     "wait": _wait,
+    "wait_cpu": _wait_cpu,
+    "backend": lambda pool, handles: BACKEND.NAME,
     "hold": _hold,
     "identity": lambda pool, handles: (pool.node, pool.incarnation, os.getpid()),
 }
 
 
-def serve(conn: Connection, fleet_name: str, capacity: int) -> None:
-    """The child's loop: one command per message until None or EOF."""
-    with Fleet.join(fleet_name, capacity) as fleet, Pool(fleet) as pool:
+def serve(conn: Connection, fleet_name: str, capacity: int, options: dict[str, int]) -> None:
+    """The child's loop: one command per message until None or EOF.
+
+    ``options`` are keyword arguments of ``Pool`` (kind, key_capacity, lane_capacity).
+    """
+    with (
+        Fleet.join(fleet_name, capacity) as fleet,
+        Pool(
+            fleet,
+            kind=options.get("kind", POOL_KIND),
+            key_capacity=options.get("key_capacity"),
+            lane_capacity=options.get("lane_capacity"),
+        ) as pool,
+    ):
         handles: Handles = {}
         conn.send(("ok", (fleet.node, fleet.incarnation, os.getpid())))
         while True:
@@ -101,12 +133,12 @@ def serve(conn: Connection, fleet_name: str, capacity: int) -> None:
 
 
 class Agent:
-    """The test process's end of one member process."""
+    """The test process's end of one member process (``options``: Pool keyword arguments)."""
 
-    def __init__(self, context: Context, fleet_name: str, capacity: int) -> None:
+    def __init__(self, context: Context, fleet_name: str, capacity: int, **options: int) -> None:
         self.conn, child = context.Pipe()
         self.process: BaseProcess = context.Process(
-            target=serve, args=(child, fleet_name, capacity), daemon=True
+            target=serve, args=(child, fleet_name, capacity, options), daemon=True
         )
         self.process.start()
         child.close()

@@ -58,12 +58,15 @@ def context(request: pytest.FixtureRequest) -> Context:
 
 
 @pytest.fixture
-def agents(context: Context, fleet_name: str) -> Iterator[Callable[[], Agent]]:
-    """A factory of member processes of ``fleet_name``; all reaped afterwards."""
+def agents(context: Context, fleet_name: str) -> Iterator[Callable[..., Agent]]:
+    """A factory of member processes of ``fleet_name``; all reaped afterwards.
+
+    Keyword arguments go to the member's ``Pool`` (kind, key_capacity, lane_capacity).
+    """
     started: list[Agent] = []
 
-    def start() -> Agent:
-        agent = Agent(context, fleet_name, CAPACITY)
+    def start(**options: int) -> Agent:
+        agent = Agent(context, fleet_name, CAPACITY, **options)
         started.append(agent)
         return agent
 

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from orbitive._errors import NodeOutsideFleet
-from orbitive.pool import Create, Key, Limits, Pool, Wait
+from orbitive._errors import MalformedError, NodeOutsideFleet, StaleError
+from orbitive.pool import Create, Incarnation, Key, Limits, Pool, Wait
 
 from ._agent import Agent, rid_of
 
@@ -58,6 +58,25 @@ def test_node_dead_for_another_incarnation_leaves_resources_intact(
     assert shm_pool.budget(KEY) == (0, 0)
     with pytest.raises(NodeOutsideFleet):
         shm_pool.node_dead(10_000, 1)
+
+
+def test_node_dead_takes_an_incarnation_object_as_well_as_an_int(
+    shm_pool: Pool, agents: Callable[[], Agent]
+) -> None:
+    member = agents()
+    rid = rid_of(member.call("register", KEY, 1))
+    member.call("claim", KEY, 5)
+    assert shm_pool.node_dead(member.node, Incarnation(member.incarnation + 1)) == 0
+    assert shm_pool.budget(KEY) == (1, 1)  # another life: untouched
+    for bad in (True, "1", 1.0, None, member.incarnation.to_bytes(8, "little")):
+        with pytest.raises(MalformedError):
+            shm_pool.node_dead(member.node, bad)  # type: ignore[arg-type]  # refused at run time
+    assert shm_pool.budget(KEY) == (1, 1)
+    assert shm_pool.node_dead(member.node, Incarnation(member.incarnation)) == 1
+    assert shm_pool.budget(KEY) == (0, 0)  # its resource closed, its claim returned
+    with pytest.raises(StaleError):
+        member.call("reserve", rid)  # the member itself sees the resource gone
+    assert shm_pool.node_dead(member.node, Incarnation(member.incarnation)) == 0  # once
 
 
 def test_death_watch_reports_a_killed_member_without_a_supervisor(

@@ -15,6 +15,8 @@ from orbitive._region import SHM_DIR, object_name
 from orbitive.pool import POOL_KIND, Key, Pool
 from orbitive.pool._layout import HEADER_SIZE, RES_HOT, RES_LEASE, Layout, check_capacity
 
+from .._processes import Processes
+from ._geometry import geometry_after_environment_change
 from .conftest import CAPACITY
 
 
@@ -96,3 +98,15 @@ def test_geometry_comes_from_the_environment_and_bad_values_are_refused(fleet_na
     assert "LayoutMismatch" in clash.stderr
     bad = _run(code, ORBIT_POOL_KEY_CAPACITY="100")
     assert "MalformedError" in bad.stderr and "ORBIT_POOL_KEY_CAPACITY" in bad.stderr
+
+
+def test_geometry_variables_are_read_once_per_process_later_changes_ignored(
+    fleet_name: str,
+) -> None:
+    with Processes("spawn") as processes:  # a fresh interpreter: no geometry cached yet
+        child = processes.start(geometry_after_environment_change, fleet_name, CAPACITY)
+        cached_before, seen, final = child.recv()
+        assert child.wait() == 0
+    assert cached_before is None
+    assert seen == [(64, 32)] * 3  # the values at the first Pool, for every later kind too
+    assert final == (64, 32)

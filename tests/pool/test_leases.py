@@ -17,7 +17,7 @@ from orbitive._errors import (
     NotReservedError,
     StaleError,
 )
-from orbitive.pool import Key, Pool
+from orbitive.pool import Key, Lease, Pool
 
 from ._agent import Agent, rid_of
 
@@ -95,6 +95,115 @@ def test_reused_slot_makes_old_id_and_lease_stale(fleet: Fleet) -> None:
             call()
     assert pool.reserve(new).fence == 1
     pool.close()
+
+
+def test_capacity_three_across_processes_fourth_busy_drain_refuses_unregister_stales(
+    shm_pool: Pool, agents: Callable[..., Agent]
+) -> None:
+    owner = agents()
+    borrowers = [agents() for _ in range(4)]
+    rid = rid_of(owner.call("register", KEY, 3))
+    for borrower in borrowers:
+        borrower.send("reserve", rid)  # all four in flight at once
+    leases: dict[Agent, Lease] = {}
+    busy: list[Agent] = []
+    for borrower in borrowers:
+        try:
+            leases[borrower] = borrower.reply()
+        except BusyError:
+            busy.append(borrower)
+    assert (len(leases), len(busy)) == (3, 1)
+    assert sorted(lease.fence for lease in leases.values()) == [1, 2, 3]
+    for borrower, lease in leases.items():
+        assert (lease.holder_node, lease.holder_incarnation) == (
+            borrower.node,
+            borrower.incarnation,
+        )
+    [candidate] = shm_pool.candidates(KEY)
+    assert (candidate.reserved, candidate.active, candidate.free) == (3, 0, 0)
+    first, second, third = leases.values()
+    handle = owner.call("accept", first)
+    with pytest.raises(BusyError):
+        busy[0].call("reserve", rid)  # accepted units are not free either
+    owner.call("drain", rid)
+    with pytest.raises(DrainingError):
+        busy[0].call("reserve", rid)
+    with pytest.raises(DrainingError):
+        owner.call("accept", second)
+    [candidate] = shm_pool.candidates(KEY)
+    assert (candidate.state, candidate.reserved, candidate.active) == ("draining", 2, 1)
+    owner.call("complete", handle)  # a running execution finishes normally
+    assert shm_pool.candidates(KEY)[0].active == 0
+    owner.call("unregister", rid)
+    assert shm_pool.candidates(KEY) == []
+    holder = next(b for b, lease in leases.items() if lease == third)
+    stale_calls: list[Callable[[], object]] = [
+        lambda: owner.call("accept", third),
+        lambda: holder.call("cancel", third),
+        lambda: busy[0].call("reserve", rid),
+        lambda: owner.call("unregister", rid),
+    ]
+    for call in stale_calls:
+        with pytest.raises(StaleError):
+            call()
+
+
+def test_reused_slot_across_processes_makes_old_id_and_lease_stale(
+    agents: Callable[..., Agent],
+) -> None:
+    owner = agents(kind=201, lane_capacity=1)  # one slot: the next register reuses it
+    borrower = agents(kind=201, lane_capacity=1)
+    old = rid_of(owner.call("register", KEY, 1))
+    lease = borrower.call("reserve", old)
+    owner.call("unregister", old)
+    new = rid_of(owner.call("register", KEY, 1))
+    assert (new.node, new.slot) == (old.node, old.slot)
+    assert new.generation == old.generation + 1
+    stale_calls: list[Callable[[], object]] = [
+        lambda: borrower.call("reserve", old),
+        lambda: borrower.call("cancel", lease),
+        lambda: owner.call("accept", lease),
+        lambda: owner.call("unregister", old),
+    ]
+    for call in stale_calls:
+        with pytest.raises(StaleError):
+            call()
+    [candidate] = borrower.call("candidates", KEY)
+    assert (candidate.id, candidate.reserved, candidate.active) == (new, 0, 0)
+    fresh = borrower.call("reserve", new)
+    assert fresh.fence == 1  # the new resource's own fences
+    owner.call("complete", owner.call("accept", fresh))
+    assert borrower.call("candidates", KEY)[0].free == 1
+
+
+def test_sixteen_pending_reservations_per_resource_then_busy_until_one_is_accepted(
+    shm_pool: Pool, agents: Callable[..., Agent]
+) -> None:
+    owner, other = agents(), agents()
+    rid = rid_of(owner.call("register", KEY, 100))
+    leases = [shm_pool.reserve(rid) for _ in range(8)]
+    leases += [other.call("reserve", rid) for _ in range(8)]
+    assert [lease.fence for lease in leases] == list(range(1, 17))
+    [candidate] = shm_pool.candidates(KEY)
+    assert (candidate.capacity, candidate.reserved, candidate.active) == (100, 16, 0)
+    busy_calls: list[Callable[[], object]] = [
+        lambda: shm_pool.reserve(rid),
+        lambda: other.call("reserve", rid),
+    ]
+    for call in busy_calls:
+        with pytest.raises(BusyError):
+            call()  # every pending entry is taken, though 84 units are unused
+    handle = owner.call("accept", leases[0])
+    assert shm_pool.reserve(rid).fence == 17  # the accepted entry is free again
+    with pytest.raises(BusyError):
+        other.call("reserve", rid)
+    [candidate] = shm_pool.candidates(KEY)
+    assert (candidate.reserved, candidate.active) == (16, 1)
+    owner.call("complete", handle)
+    with pytest.raises(BusyError):
+        shm_pool.reserve(rid)  # a completion frees a unit, not a pending entry
+    shm_pool.cancel_reservation(leases[1])
+    assert other.call("reserve", rid).fence == 18
 
 
 def test_completion_after_slot_reuse_returns_nothing_to_the_new_resource(fleet: Fleet) -> None:

@@ -8,6 +8,10 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
+
+from orbitive import Fleet
+from orbitive._readiness import BACKEND
 from orbitive.pool import Key, Pool
 
 from ._agent import Agent
@@ -33,7 +37,25 @@ def test_bounded_wait_times_out_near_its_bound(shm_pool: Pool, agents: Callable[
     since = shm_pool.version(KEY)
     version, elapsed = agents().call("wait", KEY, since, 0.3)
     assert version is None
-    assert 0.25 <= elapsed < 3.0
+    assert 0.28 <= elapsed < 1.5
+
+
+@pytest.mark.skipif(
+    BACKEND.NAME != "futex", reason="needs the futex backend (the pipe backend polls)"
+)
+def test_a_one_second_wait_with_nothing_happening_uses_little_cpu(
+    shm_pool: Pool, agents: Callable[..., Agent]
+) -> None:
+    waiter = agents()
+    assert waiter.call("backend") == "futex"
+    since = shm_pool.version(KEY)
+    version, elapsed, thread_cpu, process_cpu = waiter.call("wait_cpu", KEY, since, 1.0)
+    assert version is None
+    assert 0.98 <= elapsed < 2.0
+    # Parked in the kernel: about 0.5 ms of CPU. Polling with backoff to a few ms
+    # (the pipe backend) costs about 35 ms per second, so these bounds tell them apart.
+    assert thread_cpu < 0.02
+    assert process_cpu < 0.05
 
 
 def test_wait_returns_at_once_when_the_version_already_moved(pool: Pool) -> None:
@@ -103,3 +125,43 @@ def test_descriptor_turns_readable_after_a_watched_key_changes(pool: Pool) -> No
     assert pool.version(KEY) != since
     pool.register(KEY, 1)  # interest is one-shot: no bell until watched again
     assert select.select([fd], [], [], 0.2)[0] == []
+
+
+def _drivers(threads: set[threading.Thread]) -> list[threading.Thread]:
+    return [t for t in threads if t.name.startswith("orbit-pool-") and t.name.endswith("-driver")]
+
+
+def test_poll_capacity_from_many_tasks_and_loops_uses_one_driver_thread(fleet: Fleet) -> None:
+    keys = [Key(100 + n) for n in range(4)]
+    before = set(threading.enumerate())
+    with Pool(fleet) as pool, Pool(fleet) as second:
+        since = {key: pool.version(key) for key in keys}
+        assert _drivers(set(threading.enumerate()) - before) == []  # started on first poll
+        elsewhere: list[int | None] = []
+
+        def other_loop() -> None:
+            elsewhere.append(asyncio.run(second.poll_capacity(keys[0], since[keys[0]], 10.0)))
+
+        async def main() -> tuple[list[threading.Thread], list[int | None]]:
+            tasks = [
+                asyncio.create_task(handle.poll_capacity(key, since[key], timeout=10.0))
+                for key in keys
+                for handle in (pool, second)
+                for _ in range(2)
+            ]
+            thread = threading.Thread(target=other_loop)
+            thread.start()
+            await asyncio.sleep(0.2)
+            assert not any(task.done() for task in tasks)
+            drivers = _drivers(set(threading.enumerate()) - before)
+            for key in keys:
+                pool.register(key, 1)
+            woken = await asyncio.wait_for(asyncio.gather(*tasks), 10.0)
+            await asyncio.to_thread(thread.join, 10.0)
+            return drivers, woken
+
+        drivers, woken = asyncio.run(main())
+        assert [driver.name for driver in drivers] == [f"orbit-pool-{pool.node}-driver"]
+        assert woken == [since[key] + 1 for key in keys for _ in range(4)]
+        assert elsewhere == [since[keys[0]] + 1]
+    assert not drivers[0].is_alive()  # the last handle's close stopped it

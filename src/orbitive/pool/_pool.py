@@ -496,24 +496,35 @@ class Pool:
 
     # -- deaths -----------------------------------------------------------------------
 
-    def node_dead(self, node: int, incarnation: int) -> int:
+    def node_dead(self, node: int, incarnation: int | Incarnation) -> int:
         """Report a confirmed death: close every resource that life of ``node`` owned.
 
         The node's creation claims are returned too when its doorbell shows that
         incarnation. Another incarnation of the node is untouched. Leases the
         dead process held on others' resources are those owners' to complete.
 
+        Args:
+            node: the dead process's node, an int in ``0 .. fleet capacity - 1``.
+            incarnation: its life: an int in ``1 .. 2**64 - 1`` (as
+                ``fleet.incarnation`` or ``Pool.incarnation`` give it) or an
+                :class:`Incarnation` (as passed to ``Pool(fleet, incarnation)``).
+
         Returns:
             The number of resources closed.
 
         Raises:
-            NodeOutsideFleet: node out of range. MalformedError: bad incarnation.
+            NodeOutsideFleet: node out of range. MalformedError: ``incarnation``
+                is neither such an int (bools refused) nor an Incarnation.
         """
         table = self._t()
         if type(node) is not int or not 0 <= node < table.fleet_capacity:
             raise NodeOutsideFleet(f"node must be in 0..{table.fleet_capacity - 1}, got {node!r}")
-        if type(incarnation) is not int or not 1 <= incarnation <= U64_MAX:
-            raise MalformedError(f"incarnation must be an int in 1..{U64_MAX}, got {incarnation!r}")
+        if type(incarnation) is Incarnation:
+            incarnation = incarnation.value
+        elif type(incarnation) is not int or not 1 <= incarnation <= U64_MAX:
+            raise MalformedError(
+                f"incarnation must be an int in 1..{U64_MAX} or an Incarnation, got {incarnation!r}"
+            )
         return table.node_dead(node, incarnation)
 
     def reap_dead(self) -> list[tuple[int, int]]:

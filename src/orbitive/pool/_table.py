@@ -13,8 +13,10 @@ creating = sum of claims):
 * register: body, then ``state = LIVE``, then the key's member bit;
 * close (unregister, node_dead): member bit cleared, then ``state = CLOSED``;
 * reserve: the fence counter, then the entry's time, then its fence (commit);
-* accept: the pending fence cleared, then ``active + 1`` (a kill between
-  loses a unit: the table may under-admit until reconcile, never over-admit).
+* accept: the pending fence cleared, then ``active + 1``. For a moment the
+  unit is counted neither reserved nor active, so an owner killed between the
+  two frees a unit of its (now dead) resource: a reserve may take it, though
+  nobody serves it, until ``node_dead`` closes the resource.
 
 Values read from shared memory are checked before use: a slot is used only if
 its state, node, generation and epoch match the id that names it.
