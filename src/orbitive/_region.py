@@ -48,6 +48,9 @@ _USE_SHM_DIR: Final = SHM_DIR.is_dir()
 #: Leading bytes that are never all zero in an initialised object (every layout
 #: starts with a non-zero magic); all zero under the flock means the creator died.
 HEADER_PROBE: Final = 16
+#: Seconds ``close`` waits for another thread's critical section before it closes
+#: anyway (a step takes microseconds; a longer wait is a section stuck in ``flock``).
+CLOSE_WAIT: Final = 1.0
 Init = Callable[[mmap.mmap], None]
 Validate = Callable[[mmap.mmap], None]
 
@@ -172,6 +175,7 @@ class Region:
         self.shared = shared
         self._lock_fd = -1
         self._mutex = threading.Lock()
+        self._holder = 0  # thread ident inside the critical section, 0 when none
         self._closed = False
 
     # -- construction ------------------------------------------------------------
@@ -284,25 +288,34 @@ class Region:
         if self._closed:
             self._mutex.release()
             raise FleetError(f"shm object {self.name!r} is closed")
+        self._holder = threading.get_ident()
         if self.shared:
             try:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             except BaseException:
+                self._holder = 0
                 self._mutex.release()
                 if self._closed:
                     raise FleetError(f"shm object {self.name!r} is closed") from None
                 raise
 
     def release(self) -> None:
-        """Leave the critical section entered by :meth:`acquire`."""
-        if self.shared:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-        self._mutex.release()
+        """Leave the critical section entered by :meth:`acquire`.
+
+        After a forced :meth:`close` the descriptor is gone, and so is its lock.
+        """
+        self._holder = 0
+        try:
+            if self.shared and self._lock_fd >= 0:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        finally:
+            self._mutex.release()
 
     # -- lifecycle -----------------------------------------------------------------
 
     def _after_fork_in_child(self) -> None:
         self._mutex = threading.Lock()
+        self._holder = 0
         if self._lock_fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)  # closing our copy never unlocks the parent's
@@ -312,10 +325,25 @@ class Region:
                     self._lock_fd = open_checked(lock_path(self.fleet, self.kind), create=True)
 
     def close(self) -> None:
-        """Unmap and close descriptors; never unlinks. Idempotent."""
+        """Unmap and close descriptors; never unlinks. Idempotent.
+
+        Waits for a critical section another thread is in (up to
+        :data:`CLOSE_WAIT` seconds), so that step finishes under its locks; later
+        :meth:`acquire` calls raise :class:`FleetError`. Called from inside this
+        thread's own section (a signal handler), it closes at once, and the
+        interrupted step ends with the mapping's ``ValueError``.
+        """
         if self._closed:
             return
         self._closed = True
+        waited = self._holder != threading.get_ident() and self._mutex.acquire(timeout=CLOSE_WAIT)
+        try:
+            self._close_now()
+        finally:
+            if waited:
+                self._mutex.release()
+
+    def _close_now(self) -> None:
         if self._lock_fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)

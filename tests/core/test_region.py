@@ -5,12 +5,15 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import threading
+import time
 
 import pytest
 
 from orbitive import Fleet
 from orbitive._access import open_checked
-from orbitive._region import Region, lock_path
+from orbitive._errors import FleetError
+from orbitive._region import CLOSE_WAIT, Region, lock_path
 from orbitive.lock import LayoutMismatch, LockKey, LockLayout, LockTable
 
 from .._capabilities import NEEDS_SHM_DIR
@@ -123,3 +126,42 @@ def test_a_table_built_after_unlink_uses_the_new_object(fleet_name: str) -> None
             second.close()
             second.unlink()
             first.close()
+
+
+def _open(fleet_name: str) -> Region:
+    return Region.open_shared(fleet_name, KIND, mmap.PAGESIZE, lambda buf: None, no_check)
+
+
+def test_close_waits_for_a_critical_section_another_thread_is_in(fleet_name: str) -> None:
+    region = _open(fleet_name)
+    try:
+        region.acquire()
+        closer = threading.Thread(target=region.close)
+        closer.start()
+        closer.join(0.2)
+        assert closer.is_alive(), "close must wait for the step in progress"
+        region.buf[0:4] = b"done"  # the step finishes on a live mapping, under its flock
+        region.release()
+        closer.join(5.0)
+        assert not closer.is_alive()
+        with pytest.raises(FleetError, match="closed"):
+            region.acquire()
+    finally:
+        region.unlink()
+        region.close()
+
+
+def test_close_inside_this_threads_own_section_closes_at_once(fleet_name: str) -> None:
+    region = _open(fleet_name)
+    try:
+        region.acquire()
+        started = time.monotonic()
+        region.close()  # as a signal handler interrupting a step would
+        assert time.monotonic() - started < CLOSE_WAIT / 2
+        with pytest.raises(ValueError):
+            region.buf[0:4] = b"late"  # the interrupted step ends on the closed mapping
+        region.release()  # no descriptor left to unlock; the mutex is free again
+        with pytest.raises(FleetError, match="closed"):
+            region.acquire()
+    finally:
+        region.unlink()
