@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 from orbitive.pool import Candidate, Key, Pool
 
 from ._admission import borrower, owner
 from ._agent import Context
+from ._sampler import Sampler
 from .conftest import CAPACITY
 
 KEY = Key.digest(b"tcp://127.0.0.1:6379")
@@ -17,32 +17,23 @@ BORROWERS = 6
 ATTEMPTS = 200
 
 
-class Sampler:
-    """Samples ``pool.candidates(KEY)`` in a thread of the test process until stopped."""
+class LoadSampler(Sampler):
+    """Samples ``pool.candidates(KEY)``: reserved + active of every resource."""
 
     def __init__(self, pool: Pool) -> None:
-        self.pool = pool
-        self.samples = self.highest = 0
+        self.highest = 0
         self.breaches: list[Candidate] = []
         self.shapes: set[int] = set()  # how many candidates each sample held
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        super().__init__(pool, 0.0002)
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.0002):
-            candidates = self.pool.candidates(KEY)
-            self.shapes.add(len(candidates))
-            for candidate in candidates:
-                load = candidate.reserved + candidate.active
-                self.highest = max(self.highest, load)
-                if load > candidate.capacity:
-                    self.breaches.append(candidate)
-            self.samples += 1
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10.0)
+    def sample(self) -> None:
+        candidates = self.pool.candidates(KEY)
+        self.shapes.add(len(candidates))
+        for candidate in candidates:
+            load = candidate.reserved + candidate.active
+            self.highest = max(self.highest, load)
+            if load > candidate.capacity:
+                self.breaches.append(candidate)
 
 
 def test_six_borrower_processes_never_over_admit_a_resource_of_three_units(
@@ -56,7 +47,7 @@ def test_six_borrower_processes_never_over_admit_a_resource_of_three_units(
         daemon=True,
     )
     processes = [owner_process]
-    sampler: Sampler | None = None
+    sampler: LoadSampler | None = None
     try:
         owner_process.start()
         kind, rid = owner_out.get(timeout=120.0)
@@ -73,7 +64,7 @@ def test_six_borrower_processes_never_over_admit_a_resource_of_three_units(
             process.start()
         joined = [out.get(timeout=120.0) for _ in range(BORROWERS)]
         assert [kind for kind, _ in joined] == ["joined"] * BORROWERS
-        sampler = Sampler(shm_pool)
+        sampler = LoadSampler(shm_pool)
         start.set()  # every borrower is mapped and waiting: go
         results = [out.get(timeout=120.0) for _ in range(BORROWERS)]
         sampler.stop()

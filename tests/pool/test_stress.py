@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 from orbitive.pool import Key, Pool
 
 from ._agent import Context
+from ._sampler import Sampler
 from ._stress import stress_worker
 from .conftest import CAPACITY
 
@@ -18,26 +17,16 @@ MAX_LIVE = 12
 CYCLES = 200
 
 
-class Sampler:
-    """Samples the key's budget from the test process until stopped."""
+class LiveSampler(Sampler):
+    """Samples the key's budget: the highest live count seen."""
 
     def __init__(self, pool: Pool) -> None:
-        self.pool = pool
-        self.max_live = self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self.max_live = 0
+        super().__init__(pool, 0.0005)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            live, _ = self.pool.budget(KEY)
-            self.max_live = max(self.max_live, live)
-            self.samples += 1
-            time.sleep(0.0005)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10.0)
+    def sample(self) -> None:
+        live, _ = self.pool.budget(KEY)
+        self.max_live = max(self.max_live, live)
 
 
 def test_eight_workers_max_live_twelve_one_killed_mid_lease_nothing_lost(
@@ -65,7 +54,7 @@ def test_eight_workers_max_live_twelve_one_killed_mid_lease_nothing_lost(
         )
         for index in range(WORKERS)
     ]
-    sampler = Sampler(shm_pool)
+    sampler = LiveSampler(shm_pool)
     try:
         for worker in workers:
             worker.start()

@@ -1,0 +1,32 @@
+"""A thread of the test process that reads the pool table until stopped."""
+
+from __future__ import annotations
+
+import threading
+
+from orbitive.pool import Pool
+
+
+class Sampler:
+    """Calls :meth:`sample` every ``interval`` seconds in a thread; subclasses record."""
+
+    def __init__(self, pool: Pool, interval: float) -> None:
+        self.pool = pool
+        self.samples = 0
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def sample(self) -> None:
+        """Read the table once (one sample)."""
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.sample()
+            self.samples += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10.0)
