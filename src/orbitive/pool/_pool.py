@@ -377,8 +377,16 @@ class Pool:
     def claim_create(self, key: Key, max_live: int) -> CreationPermit:
         """Claim budget to create a resource for ``key``.
 
-        Live + creating resources for the key never exceed ``max_live``, across
-        every process of the fleet.
+        A claim succeeds only while live + creating resources for the key are
+        below ``max_live``, across every process of the fleet, so live resources
+        never exceed it. Register the new resource before finishing the permit:
+        in between it counts as live and as creating (the reference design's
+        conservative overlap), so the sum may read ``max_live + 1`` for that
+        moment while every new claim is refused.
+
+        Returns:
+            The :class:`CreationPermit`; ``finish()`` it (or leave its ``with``
+            block, or drop it) to return the claim.
 
         Raises:
             MalformedError, KeyFullError.
