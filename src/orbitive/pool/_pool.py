@@ -549,17 +549,20 @@ class Pool:
     ) -> DeathWatch:
         """Start a thread that calls :meth:`reap_dead` every ``interval`` seconds.
 
+        The thread keeps watching when ``on_death`` raises or a scan fails; see
+        :class:`DeathWatch` for where such exceptions go.
+
         Args:
-            interval: seconds between scans (> 0).
+            interval: seconds between scans (> 0 and <= ``threading.TIMEOUT_MAX``).
             on_death: called with (node, incarnation) for each life reported.
 
         Returns:
             The running :class:`DeathWatch`; close it (or use ``with``) to stop.
+
+        Raises:
+            MalformedError: ``interval`` out of range, or ``on_death`` not callable.
         """
-        seconds = check_seconds(interval, "interval")
-        if seconds <= 0:
-            raise MalformedError(f"interval must be > 0 seconds, got {interval!r}")
-        return DeathWatch(self.reap_dead, seconds, on_death)
+        return DeathWatch(self.reap_dead, interval, on_death)
 
     # -- lifecycle --------------------------------------------------------------------
 
