@@ -49,8 +49,8 @@ def check_interval(interval: object) -> float:
     """Return ``interval`` as float seconds if a thread can wait that long between scans.
 
     Raises:
-        MalformedError: not seconds as :func:`check_seconds` takes them, not above
-            zero, or above ``threading.TIMEOUT_MAX``.
+        MalformedError: not seconds as :func:`check_seconds` takes them (at most
+            1e9), not above zero, or above ``threading.TIMEOUT_MAX``.
     """
     seconds = check_seconds(interval, "interval")
     if not 0 < seconds <= threading.TIMEOUT_MAX:
@@ -75,7 +75,7 @@ class DeathWatch:
 
     Args:
         reap: one scan; returns the (node, incarnation) lives it reported.
-        interval: seconds between scans, > 0 and <= ``threading.TIMEOUT_MAX``.
+        interval: seconds between scans, > 0 and <= 1e9 (and <= ``threading.TIMEOUT_MAX``).
         on_death: called with (node, incarnation) for each life reported, or None.
 
     Raises:

@@ -361,11 +361,17 @@ class Pool:
         clock, never a caller's) are removed; ``active`` replaces the table's
         count of accepted units.
 
+        Args:
+            rid: a resource this process owns.
+            active: accepted units in use now, an int in ``0 .. 2**32 - 1``.
+            grace: seconds, an int or float in ``0 .. 1e9``.
+
         Returns:
             How many reservations were aged out.
 
         Raises:
-            MalformedError: bad arguments, or ``active`` plus the reservations
+            MalformedError: bad arguments (``grace`` above 1e9 seconds too), or
+                ``active`` plus the reservations
                 still pending after aging would exceed the capacity (reserve's
                 rule, reserved + active <= capacity; nothing changes).
             StaleError, NotOwnerError.
@@ -451,13 +457,15 @@ class Pool:
         Args:
             key: the key to watch.
             since: the version the caller last saw.
-            timeout: seconds to wait at most; None waits for ever.
+            timeout: seconds to wait at most, an int or float in ``0 .. 1e9``
+                (about 31.7 years); None waits for ever.
 
         Returns:
             The new version, or None when ``timeout`` passed first.
 
         Raises:
-            MalformedError: bad arguments. KeyFullError: cannot install the key.
+            MalformedError: bad arguments (a timeout above 1e9 seconds too).
+            KeyFullError: cannot install the key.
         """
         since = check_units(since, "since", 0)
         seconds = None if timeout is None else check_seconds(timeout, "timeout")
@@ -553,7 +561,8 @@ class Pool:
         :class:`DeathWatch` for where such exceptions go.
 
         Args:
-            interval: seconds between scans (> 0 and <= ``threading.TIMEOUT_MAX``).
+            interval: seconds between scans, > 0 and <= 1e9 (and <=
+                ``threading.TIMEOUT_MAX``, smaller on some platforms).
             on_death: called with (node, incarnation) for each life reported.
 
         Returns:
