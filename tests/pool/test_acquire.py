@@ -241,6 +241,19 @@ def test_a_policy_answer_that_is_not_a_decision_is_refused(pool: Pool) -> None:
     assert pool.budget(KEY) == (0, 0)
 
 
+class _DecideIsNoMethod:
+    decide = 5
+
+
+@pytest.mark.parametrize("policy", [None, 1, "LocalFirst", LocalFirst, _DecideIsNoMethod()])
+def test_a_policy_without_a_decide_method_is_refused_before_anything(
+    pool: Pool, policy: object
+) -> None:
+    with pytest.raises(MalformedError, match="policy"):
+        pool.acquire(KEY, Limits(), policy)  # type: ignore[arg-type]  # refused at run time
+    assert pool.budget(KEY) == (0, 0)
+
+
 def test_every_plan_kind_from_acquire_works_with_match(
     shm_pool: Pool, agents: Callable[..., Agent]
 ) -> None:

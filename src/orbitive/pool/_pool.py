@@ -195,7 +195,8 @@ class Pool:
             when the rounds run out) or ``Reject(reason)``.
 
         Raises:
-            MalformedError: bad arguments, or the policy returned no Decision.
+            MalformedError: bad arguments (a policy that is a class, or has no
+                callable ``decide``, too), or the policy returned no Decision.
             KeyFullError: the key table has no room for this key.
 
         Seed 003: "acquire runs the loop for one request ... and hands back a
@@ -211,6 +212,10 @@ class Pool:
         check_key(key)
         if type(limits) is not Limits:
             raise MalformedError(f"limits must be Limits, got {type(limits).__name__}")
+        if isinstance(policy, type) or not callable(getattr(policy, "decide", None)):
+            raise MalformedError(
+                f"policy must be an object with a decide method, got {policy!r:.60}"
+            )
         version = 0
         for _ in range(limits.attempts):
             candidates, live, creating, version = self._snapshot(key, install=True)
