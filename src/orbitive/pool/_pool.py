@@ -267,6 +267,8 @@ class Pool:
             StaleError: the resource was closed or its slot reused.
             DrainingError: the resource is draining.
             BusyError: no free unit, or all 16 pending entries are taken.
+            LayoutMismatch: the slot's fence counter is at 2**64 - 1, which only
+                damaged memory holds; nothing is written.
         """
         table = self._table
         if self._fork != _fork.generation or self._closed:
@@ -299,6 +301,8 @@ class Pool:
             DrainingError: the resource is draining.
             NotReservedError: the fence is not pending (a second accept, or the
                 owner aged it out, or the holder cancelled it).
+            LayoutMismatch: the slot's active count is at 2**32 - 1, which only
+                damaged memory holds; the fence stays pending.
         """
         if type(lease) is not Lease or type(lease.fence) is not int or lease.fence <= 0:
             check_lease(lease)  # raises the precise error

@@ -19,7 +19,10 @@ creating = sum of claims):
   nobody serves it, until ``node_dead`` closes the resource.
 
 Values read from shared memory are checked before use: a slot is used only if
-its state, node, generation and epoch match the id that names it.
+its state, node, generation and epoch match the id that names it, and a step
+that would push a counter past its field (a fence counter at 2**64 - 1, an
+active count at 2**32 - 1: only damaged memory holds those) raises
+``LayoutMismatch`` before it writes anything.
 
 The three hot steps, reserve, accept and complete, also exist in C
 (``_fastpath.c``, built when a compiler is present): the same checks and the
@@ -38,6 +41,7 @@ from .._errors import (
     BusyError,
     DrainingError,
     LaneFullError,
+    LayoutMismatch,
     MalformedError,
     NotOwnerError,
     NotReservedError,
@@ -83,7 +87,7 @@ from ._layout import (
     new_epoch,
     write_header,
 )
-from ._values import Candidate, Key, ResourceId
+from ._values import U32_MAX, U64_MAX, Candidate, Key, ResourceId
 
 _ZERO_PENDING: Final = bytes(2 * 8 * PENDING)
 
@@ -161,6 +165,16 @@ class Table(KeyTable):
             "(accepted already, aged out or cancelled)",
             node=rid.node,
             key=rid,
+        )
+
+    def _spent(self, rid: ResourceId, counter: str, value: int) -> LayoutMismatch:
+        """The error for a counter of a slot at its limit (a damaged slot; nothing is written)."""
+        return LayoutMismatch(
+            f"resource {rid}'s {counter} is {value}, the most it can hold: the slot is "
+            "damaged and was left as it is",
+            node=rid.node,
+            key=rid,
+            kind=self.kind,
         )
 
     def _not_owner(self, rid: ResourceId, hot: tuple[int, ...]) -> NotOwnerError:
@@ -280,6 +294,7 @@ class Table(KeyTable):
 
         Raises:
             StaleError, DrainingError, BusyError.
+            LayoutMismatch: the slot's fence counter is spent (damaged; unchanged).
         """
         offset = self.locate(rid)
         self.enter()
@@ -311,6 +326,8 @@ class Table(KeyTable):
         free = fences.count(0)
         if PENDING - free + active >= capacity or not free:
             raise self._busy(rid)
+        if last >= U64_MAX:  # the C step declines here
+            raise self._spent(rid, "fence counter", last)
         entry = fences.index(0) * 8
         fence: int = last + 1
         now = wall_ms()
@@ -324,6 +341,7 @@ class Table(KeyTable):
 
         Raises:
             StaleError, NotOwnerError, DrainingError, NotReservedError.
+            LayoutMismatch: the slot's active count is full (damaged; unchanged).
         """
         offset = self.locate(rid)
         self.enter()
@@ -362,6 +380,8 @@ class Table(KeyTable):
             entry = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES).index(fence) * 8
         except ValueError:
             raise self._not_reserved(rid, fence) from None
+        if active >= U32_MAX:  # the C step declines here
+            raise self._spent(rid, "active count", active)
         store(buf, offset + RES_FENCES + entry, U64, 0)
         store(buf, offset + RES_ACTIVE, U32, active + 1)
 
