@@ -234,6 +234,11 @@ class Layout:
         return self.key_claims + _round(4 * self.fleet_capacity, 8)
 
     @property
+    def member_mask(self) -> int:
+        """The bits of a member bitmap that name a resource slot (one per slot)."""
+        return (1 << self.fleet_capacity * self.lane_capacity) - 1
+
+    @property
     def member_bytes(self) -> int:
         """Bytes of one key's member bitmap."""
         return _round((self.fleet_capacity * self.lane_capacity + 7) // 8, 8)

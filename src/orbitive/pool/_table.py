@@ -485,12 +485,7 @@ class Table(KeyTable):
             index = self.find_key(key, install)
             if index < 0:
                 return None
-            offset = self.key_offset(index)
-            members_at = offset + self.key_members
-            members = int.from_bytes(
-                self.buf[members_at : members_at + self.member_bytes], "little"
-            )
-            rows = self._rows(members, key)
+            rows = self._rows(self.members(index), key)
             live, creating = self.budget(index)
             version = self.changes(index)
         finally:
