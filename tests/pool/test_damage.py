@@ -6,8 +6,13 @@ process of the fleet would land.
 
 from __future__ import annotations
 
+import pytest
+
 from orbitive import Fleet
 from orbitive.pool import Key, LocalReuse, Pool
+from orbitive.pool._layout import RES_BODY_AT
+
+RES_INCARNATION = 8  # the owner's incarnation in a resource slot
 
 KEY = Key.digest(b"postgres://db/0")
 
@@ -29,3 +34,19 @@ def test_member_bits_past_the_last_slot_are_ignored(fleet: Fleet) -> None:
         plan = pool.acquire(KEY)
         assert isinstance(plan, LocalReuse) and plan.lease.id == rid
         pool.cancel_reservation(plan.lease)
+
+
+@pytest.mark.parametrize("owner", [1, 10, 0xFFFF])  # another node's, past the fleet, the last
+def test_a_slot_owned_outside_its_lane_is_skipped_and_other_deaths_still_reported(
+    pool: Pool, owner: int
+) -> None:
+    """Such a slot cannot be judged; before, reap_dead raised on every scan."""
+    damaged, previous = pool.register(KEY, 1), pool.register(KEY, 1)
+    table = pool._table
+    life = pool.incarnation ^ 0x5A5A  # a previous life of this node: over
+    _poke(pool, table.locate(previous) + RES_INCARNATION, life.to_bytes(8, "little"))
+    _poke(pool, table.locate(damaged) + RES_BODY_AT, owner.to_bytes(2, "little"))
+    assert pool.owners() == [(pool.node, life)]
+    assert pool.reap_dead() == [(pool.node, life)]
+    assert pool.reap_dead() == []
+    assert [candidate.id for candidate in pool.candidates(KEY)] == []

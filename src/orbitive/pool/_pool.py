@@ -419,7 +419,10 @@ class Pool:
         return live, creating
 
     def owners(self) -> list[tuple[int, int]]:
-        """Sorted distinct (node, incarnation) owning live or draining resources."""
+        """Sorted distinct (node, incarnation) owning live or draining resources.
+
+        A damaged slot, whose owner node is not its lane's, counts for nobody.
+        """
         return sorted((node, life) for node, lives in self._t().lives().items() for life in lives)
 
     def version(self, key: Key) -> int:
@@ -548,7 +551,9 @@ class Pool:
         """Find members that died (their node lock is free, or a newer life holds the
         node) and report each with :meth:`node_dead`.
 
-        A process killed with SIGKILL counts: the kernel frees its node lock.
+        A process killed with SIGKILL counts: the kernel frees its node lock. A
+        slot whose owner node is not the node of its lane (damaged memory) names
+        no life and is skipped; the others are still judged.
 
         Returns:
             The (node, incarnation) lives reported.

@@ -525,7 +525,10 @@ class Table(KeyTable):
         return rows
 
     def lives(self) -> dict[int, set[int]]:
-        """Per node, the incarnations that own live or draining resources."""
+        """Per node, the incarnations that own live or draining resources.
+
+        A slot whose owner node is not its lane's (damage) names no life: skipped.
+        """
         self.enter()
         try:
             states = self.buf[self.res_base : self.layout.size : RESOURCE_SIZE]
@@ -534,7 +537,8 @@ class Table(KeyTable):
                 if LIVE <= state <= DRAINING:
                     offset = self.res_base + global_index * RESOURCE_SIZE
                     node, _, incarnation = RES_OWNER.unpack_from(self.buf, offset + RES_BODY_AT)
-                    lives.setdefault(node, set()).add(incarnation)
+                    if node == global_index // self.lane_capacity:
+                        lives.setdefault(node, set()).add(incarnation)
         finally:
             self.leave()
         return lives
