@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 
 from orbitive import Fleet
+from orbitive._errors import LayoutMismatch, StaleError
 from orbitive.pool import Key, LocalReuse, Pool
-from orbitive.pool._layout import RES_BODY_AT
+from orbitive.pool._layout import EPOCH_MAX, EPOCH_OFFSET, RES_BODY_AT
 
 RES_INCARNATION = 8  # the owner's incarnation in a resource slot
 
@@ -50,3 +51,33 @@ def test_a_slot_owned_outside_its_lane_is_skipped_and_other_deaths_still_reporte
     assert pool.reap_dead() == [(pool.node, life)]
     assert pool.reap_dead() == []
     assert [candidate.id for candidate in pool.candidates(KEY)] == []
+
+
+def _set_epoch(pool: Pool, epoch: int) -> None:
+    _poke(pool, EPOCH_OFFSET, epoch.to_bytes(8, "little"))
+
+
+def test_register_refuses_a_table_of_epoch_zero_before_writing(pool: Pool) -> None:
+    _set_epoch(pool, 0)
+    before = bytes(pool._table.buf)
+    with pytest.raises(LayoutMismatch, match="epoch 0"):
+        pool.register(KEY, 1)
+    with pytest.raises(LayoutMismatch, match="epoch 0"):
+        pool.register_active(KEY, 1)
+    assert bytes(pool._table.buf) == before  # no orphan slot, member bit or key
+    assert pool.reset_all() > 0
+    assert pool.candidates(KEY) == [] and pool.register(KEY, 1).epoch == pool.epoch
+
+
+def test_reset_all_mends_the_largest_epoch(pool: Pool) -> None:
+    rid = pool.register(KEY, 1)
+    _set_epoch(pool, EPOCH_MAX)
+    stale = pool.register(KEY, 1)
+    assert (stale.epoch, rid.epoch) == (EPOCH_MAX, rid.epoch)
+    epoch = pool.reset_all()
+    assert 0 < epoch < EPOCH_MAX and pool.epoch == epoch
+    assert pool.reset_all() > epoch  # larger again from there
+    for old in (rid, stale):
+        with pytest.raises(StaleError):
+            pool.reserve(old)
+    assert pool.register(KEY, 1).epoch == pool.epoch

@@ -124,6 +124,21 @@ class KeyTable:
         value: int = U64.unpack_from(self.buf, EPOCH_OFFSET)[0]
         return value
 
+    def checked_epoch(self) -> int:
+        """The table epoch, for an id to carry.
+
+        Raises:
+            LayoutMismatch: the header's epoch is 0 (damage; ``reset_all`` mends it).
+        """
+        epoch = self.epoch()
+        if not epoch:
+            raise LayoutMismatch(
+                f"pool table (kind {self.kind}) has epoch 0, which no id can carry; "
+                "reset_all starts a new epoch",
+                kind=self.kind,
+            )
+        return epoch
+
     # -- keys ---------------------------------------------------------------------
 
     def find_key(self, key: Key, install: bool) -> int:

@@ -329,6 +329,8 @@ class Pool:
             MalformedError: capacity not an int in 1..2**32-1.
             KeyFullError: no room for a new key this epoch.
             LaneFullError: this node's lane has no free slot.
+            LayoutMismatch: the table's epoch is 0 (damaged memory; nothing is
+                written, and ``reset_all`` mends it).
         """
         check_key(key)
         return self._t().register(key, check_units(capacity, "capacity", 1), 0)
@@ -593,10 +595,13 @@ class Pool:
         """Empty the table and start a new, strictly larger epoch (quiescent boot only).
 
         Every key and resource is removed, waiters are woken, and every id and
-        lease of the old epoch becomes stale.
+        lease of the old epoch becomes stale. It also mends a damaged epoch: from
+        0, and from ``2**64 - 1``, after which no larger epoch exists, the new
+        epoch is taken from the wall clock (different, so the old ids are stale
+        all the same, but smaller).
 
         Returns:
-            The new epoch.
+            The new epoch, an int in ``1 .. 2**64 - 1``.
         """
         return self._t().reset_all()
 

@@ -216,14 +216,15 @@ class Table(KeyTable):
 
         Raises:
             KeyFullError, LaneFullError.
+            LayoutMismatch: the header's epoch is 0 (nothing is written).
         """
         self.enter()
         try:
+            epoch = self.checked_epoch()
             index = self.find_key(key, True)
             slot, generation = self._allocate()
             global_index = self.node * self.lane_capacity + slot
             offset = self.res_base + global_index * RESOURCE_SIZE
-            epoch = self.epoch()
             self.buf[offset + RES_FENCES : offset + RESOURCE_SIZE] = _ZERO_PENDING
             store(
                 self.buf, offset + RES_BODY_AT, RES_BODY, self.node, generation, self.incarnation,
