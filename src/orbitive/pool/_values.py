@@ -13,6 +13,7 @@ from typing import Final, Literal, final
 
 from .._clock import TTL_MAX_S
 from .._errors import MalformedError
+from ._layout import PENDING
 
 U64_MAX: Final = (1 << 64) - 1
 #: Longest duration a pool verb takes, in seconds (about 31.7 years, as a lock's ttl).
@@ -169,6 +170,12 @@ State = Literal["live", "draining"]
 class Candidate:
     """A snapshot of one resource registered under a key (not a lease).
 
+    ``free`` is what a reservation can still take: the units neither reserved
+    nor active, and at most the free entries of the resource's 16 pending
+    reservations (``PENDING``): with 16 reservations pending, ``reserve``
+    answers ``BusyError`` whatever the capacity, and ``free`` is 0. The
+    shipped policies choose only resources with ``free > 0``.
+
     Attributes:
         id: the resource.
         owner_node: node of the owning process.
@@ -194,8 +201,8 @@ class Candidate:
 
     @property
     def free(self) -> int:
-        """``capacity - reserved - active``, never below zero."""
-        return max(self.capacity - self.reserved - self.active, 0)
+        """``min(capacity - reserved - active, 16 - reserved)``, never below zero."""
+        return max(min(self.capacity - self.reserved - self.active, PENDING - self.reserved), 0)
 
 
 # -- argument checks shared by the public verbs ----------------------------------
