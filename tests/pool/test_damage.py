@@ -11,9 +11,11 @@ import pytest
 from orbitive import Fleet
 from orbitive._errors import LayoutMismatch, StaleError
 from orbitive.pool import Key, LocalReuse, Pool
-from orbitive.pool._layout import EPOCH_MAX, EPOCH_OFFSET, RES_BODY_AT
+from orbitive.pool._layout import EPOCH_MAX, EPOCH_OFFSET, GENERATION_MAX, RES_BODY_AT
 
-RES_INCARNATION = 8  # the owner's incarnation in a resource slot
+RES_GENERATION = 4  # the registration's generation in a resource slot
+RES_INCARNATION = 8  # the owner's incarnation
+RES_EPOCH = 64  # the table epoch at registration
 
 KEY = Key.digest(b"postgres://db/0")
 
@@ -81,3 +83,18 @@ def test_reset_all_mends_the_largest_epoch(pool: Pool) -> None:
         with pytest.raises(StaleError):
             pool.reserve(old)
     assert pool.register(KEY, 1).epoch == pool.epoch
+
+
+@pytest.mark.parametrize(
+    ("at", "value"),
+    [(RES_GENERATION, 0), (RES_GENERATION, GENERATION_MAX + 1), (RES_EPOCH, 0)],
+    ids=["generation-0", "generation-past-24-bits", "epoch-0"],
+)
+def test_a_slot_no_id_can_name_is_no_candidate(pool: Pool, at: int, value: int) -> None:
+    damaged, intact = pool.register(KEY, 1), pool.register(KEY, 1)
+    size = 4 if at == RES_GENERATION else 8
+    _poke(pool, pool._table.locate(damaged) + at, value.to_bytes(size, "little"))
+    assert [candidate.id for candidate in pool.candidates(KEY)] == [intact]
+    plan = pool.acquire(KEY)
+    assert isinstance(plan, LocalReuse) and plan.lease.id == intact
+    pool.cancel_reservation(plan.lease)

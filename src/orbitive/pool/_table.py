@@ -517,7 +517,14 @@ class Table(KeyTable):
             node, slot = divmod(low.bit_length() - 1, self.lane_capacity)
             offset = self.res_base + (node * self.lane_capacity + slot) * RESOURCE_SIZE
             hot = RES_HOT.unpack_from(self.buf, offset)
-            if LIVE <= hot[0] <= DRAINING and hot[1] == node and hot[4] == lo and hot[5] == hi:
+            if (
+                LIVE <= hot[0] <= DRAINING
+                and hot[1] == node
+                and hot[4] == lo
+                and hot[5] == hi
+                and 1 <= hot[2] <= GENERATION_MAX
+                and hot[11]
+            ):  # else a slot no id can name (damage): skipped, as in the statistics
                 free = PENDING_WORDS.unpack_from(self.buf, offset + RES_FENCES).count(0)
                 rows.append(
                     (offset, node, slot, hot[2], hot[11], hot[3], hot[0], hot[6],
