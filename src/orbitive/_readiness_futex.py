@@ -67,6 +67,8 @@ _FUTEX_WAIT: Final = 0
 _FUTEX_WAKE: Final = 1  # no FUTEX_PRIVATE_FLAG (128): waiters in other processes must wake
 _WAKE_ALL: Final = 2**31 - 1
 _U32: Final = struct.Struct("<I")
+#: Longest timeout one futex wait takes, in seconds (about 272 years); longer is this.
+LONGEST_S: Final = 1 << 33
 #: SYS_futex by machine, for 64-bit Linux processes only (i386 and arm32 differ).
 _SYS_FUTEX_BY_MACHINE: Final = {"x86_64": 202, "aarch64": 98}
 
@@ -90,10 +92,13 @@ if _syscall is not None:  # syscall(SYS_futex, uaddr, op, val, timeout, uaddr2, 
 
 
 def _timespec(timeout: float | None) -> _Timespec | None:
+    """The relative timespec of ``timeout`` seconds; longer than :data:`LONGEST_S` is that."""
     if timeout is None or (math.isinf(timeout) and timeout > 0):
         return None
     if not timeout > 0:  # negative, zero or NaN: a non-blocking look
         return _Timespec(0, 0)
+    if timeout >= LONGEST_S:  # tv_sec is a C long: a larger int would wrap, or be EINVAL
+        return _Timespec(LONGEST_S, 0)
     seconds = math.floor(timeout)
     return _Timespec(seconds, min(int((timeout - seconds) * 1e9), 999_999_999))
 
@@ -123,7 +128,8 @@ def wait_word(buf: mmap.mmap, offset: int, expected: int, timeout: float | None)
         buf: a writable mapping (shared, or anonymous and shared by fork).
         offset: byte offset of a 4-byte aligned little-endian u32.
         expected: the value last seen; the thread sleeps only while it is current.
-        timeout: relative seconds (float); None waits without a bound.
+        timeout: relative seconds (float); None waits without a bound, and
+            more than :data:`LONGEST_S` waits that long.
 
     Returns:
         True if the word may have changed (wake, EAGAIN, EINTR; spurious wake-ups

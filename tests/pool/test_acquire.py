@@ -241,6 +241,33 @@ def test_a_policy_answer_that_is_not_a_decision_is_refused(pool: Pool) -> None:
     assert pool.budget(KEY) == (0, 0)
 
 
+@pytest.mark.parametrize("policy", [LocalFirst(), LocalOnly()])
+def test_a_resource_with_every_pending_entry_taken_is_not_free(pool: Pool, policy: Policy) -> None:
+    """16 reservations pending make reserve Busy whatever the capacity: the policy looks on."""
+    crowded, roomy = pool.register(KEY, 100), pool.register(KEY, 100)
+    pool.reconcile(roomy, 50, grace=60.0)  # more loaded than the crowded one
+    leases = [pool.reserve(crowded) for _ in range(16)]
+    free = {c.id: (c.reserved, c.free) for c in pool.candidates(KEY)}
+    assert free == {crowded: (16, 0), roomy: (0, 16)}
+    plan = pool.acquire(KEY, Limits(max_live=2, attempts=1), policy)
+    assert isinstance(plan, LocalReuse) and plan.lease.id == roomy
+    for lease in [*leases, plan.lease]:
+        pool.cancel_reservation(lease)
+
+
+class _DecideIsNoMethod:
+    decide = 5
+
+
+@pytest.mark.parametrize("policy", [None, 1, "LocalFirst", LocalFirst, _DecideIsNoMethod()])
+def test_a_policy_without_a_decide_method_is_refused_before_anything(
+    pool: Pool, policy: object
+) -> None:
+    with pytest.raises(MalformedError, match="policy"):
+        pool.acquire(KEY, Limits(), policy)  # type: ignore[arg-type]  # refused at run time
+    assert pool.budget(KEY) == (0, 0)
+
+
 def test_every_plan_kind_from_acquire_works_with_match(
     shm_pool: Pool, agents: Callable[..., Agent]
 ) -> None:

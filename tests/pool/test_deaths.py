@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from collections.abc import Callable
 
 import pytest
 
 from orbitive._errors import MalformedError, NodeOutsideFleet, StaleError
-from orbitive.pool import Create, Incarnation, Key, Limits, Pool, Wait
+from orbitive.pool import Create, DeathWatch, Incarnation, Key, Limits, Pool, Wait
 
 from ._agent import Agent, rid_of
 
@@ -92,6 +94,78 @@ def test_death_watch_reports_a_killed_member_without_a_supervisor(
             time.sleep(0.02)
     assert seen == [(member.node, member.incarnation)] == watch.reported
     assert shm_pool.candidates(KEY) == []
+
+
+def _until(done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10.0
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def hooked(monkeypatch: pytest.MonkeyPatch) -> list[BaseException | None]:
+    """What reaches ``threading.excepthook`` during the test (instead of stderr)."""
+    seen: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_value))
+    return seen
+
+
+def test_death_watch_keeps_reporting_after_on_death_raises(
+    shm_pool: Pool, agents: Callable[[], Agent], hooked: list[BaseException | None]
+) -> None:
+    first, second = agents(), agents()
+    for member in (first, second):
+        member.call("register", KEY, 1)
+
+    def on_death(node: int, incarnation: int) -> None:
+        raise KeyError(node)
+
+    with shm_pool.watch_deaths(interval=0.05, on_death=on_death) as watch:
+        _kill(first)
+        _until(lambda: len(watch.reported) == 1)
+        _kill(second)
+        _until(lambda: len(watch.reported) == 2)
+    assert watch.reported == [(first.node, first.incarnation), (second.node, second.incarnation)]
+    assert [type(error) for error in hooked] == [KeyError, KeyError] and watch.failures == 2
+    assert shm_pool.candidates(KEY) == []
+
+
+def test_death_watch_outlives_a_failing_scan_and_calls_every_life(
+    hooked: list[BaseException | None],
+) -> None:
+    scans: list[object] = [RuntimeError("scan"), [(1, 11), (2, 22)], [(3, 33)]]
+
+    def reap() -> list[tuple[int, int]]:
+        step = scans.pop(0) if scans else []
+        if isinstance(step, Exception):
+            raise step
+        assert isinstance(step, list)
+        return step
+
+    called: list[tuple[int, int]] = []
+
+    def on_death(node: int, incarnation: int) -> None:
+        called.append((node, incarnation))
+        if node == 1:
+            raise ValueError("a bug in the callback")
+
+    with DeathWatch(reap, 0.01, on_death) as watch:
+        _until(lambda: len(called) == 3)
+    assert called == watch.reported == [(1, 11), (2, 22), (3, 33)]
+    assert [type(error) for error in hooked] == [RuntimeError, ValueError]
+
+
+@pytest.mark.parametrize(
+    "interval", [0, -1.0, math.nan, math.inf, 1e300, threading.TIMEOUT_MAX * 2, True, "1"]
+)
+def test_watch_deaths_refuses_an_interval_it_cannot_wait(pool: Pool, interval: object) -> None:
+    with pytest.raises(MalformedError, match="interval"):
+        pool.watch_deaths(interval)  # type: ignore[arg-type]  # refused at run time
+
+
+def test_watch_deaths_refuses_an_on_death_that_is_not_callable(pool: Pool) -> None:
+    with pytest.raises(MalformedError, match="on_death"):
+        pool.watch_deaths(1.0, 5)  # type: ignore[arg-type]  # refused at run time
 
 
 def test_a_new_life_on_a_dead_nodes_lane_takes_back_its_claims(

@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import struct
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 import pytest
 
 from orbitive import Fleet
-from orbitive._errors import BusyError, NotOwnerError, NotReservedError, OrbitError
+from orbitive._errors import (
+    BusyError,
+    LayoutMismatch,
+    NotOwnerError,
+    NotReservedError,
+    OrbitError,
+)
 from orbitive.pool import _table as table_module
 from orbitive.pool._layout import (
     RES_ACTIVE,
@@ -167,7 +172,7 @@ class Op:
             if self.name in TEST_STEPS:
                 return TEST_STEPS[self.name](table, *self.args)
             return getattr(table, self.name)(*self.args)
-        except (OrbitError, struct.error) as error:
+        except OrbitError as error:
             return type(error), str(error)
 
 
@@ -250,7 +255,14 @@ def test_a_resource_holds_sixteen_pending_reservations_at_most(pair: tuple[Table
     assert fences[16] == (BusyError, f"resource {rid} has no free unit")
 
 
-def test_at_a_counter_limit_the_python_step_decides(pair: tuple[Table, Table]) -> None:
+def _slot(table: Table, rid: ResourceId) -> bytes:
+    offset = table.locate(rid)
+    return table.buf[offset : offset + RESOURCE_SIZE]
+
+
+def test_at_a_counter_limit_the_python_step_refuses_and_writes_nothing(
+    pair: tuple[Table, Table],
+) -> None:
     """The C steps decline at a counter's limit; the Python step raises (alike on both)."""
     rid = run_both(pair, Op("register", (KEYS[0], 3, 0)))
     assert isinstance(rid, ResourceId)
@@ -258,11 +270,17 @@ def test_at_a_counter_limit_the_python_step_decides(pair: tuple[Table, Table]) -
     assert run_both(pair, Op("reserve", (rid,))) == (1 << 64) - 1  # the last fence
     refused = run_both(pair, Op("accept", (rid, -1)))  # -1 is not that fence, nor any
     assert isinstance(refused, tuple) and refused[0] is NotReservedError
+    before = _slot(pair[1], rid)
     spent = run_both(pair, Op("reserve", (rid,)))  # no fence after the last one
-    assert isinstance(spent, tuple) and spent[0] is struct.error
+    assert isinstance(spent, tuple) and spent[0] is LayoutMismatch and "fence" in spent[1]
+    assert _slot(pair[1], rid) == before
     run_both(pair, Op("damage", (rid, RES_ACTIVE, 4, (1 << 32) - 1)))
+    before = _slot(pair[1], rid)
     full = run_both(pair, Op("accept", (rid, (1 << 64) - 1)))  # no room for one more unit
-    assert isinstance(full, tuple) and full[0] is struct.error
+    assert isinstance(full, tuple) and full[0] is LayoutMismatch and "active" in full[1]
+    assert _slot(pair[1], rid) == before  # the fence is still pending
+    run_both(pair, Op("damage", (rid, RES_ACTIVE, 4, 0)))
+    assert run_both(pair, Op("accept", (rid, (1 << 64) - 1))) == pair[0].locate(rid)
 
 
 def test_ints_out_of_range_equal_no_field(pair: tuple[Table, Table]) -> None:

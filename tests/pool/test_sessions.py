@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
 import socket
 import struct
@@ -70,6 +71,27 @@ def test_frame_codec_round_trips_and_has_a_fixed_size(pool: Pool) -> None:
     frame = encode_frame(lease)
     assert len(frame) == FRAME_SIZE == 48
     assert decode_frame(frame) == lease
+
+
+def test_decode_frame_takes_any_bytes_like_frame(pool: Pool) -> None:
+    lease = pool.reserve(pool.register(KEY, 1))
+    frame = encode_frame(lease)
+    words = array.array("I", frame)  # 12 items of 4 bytes: a memoryview of another format
+    for data in (bytearray(frame), memoryview(frame), memoryview(words), memoryview(frame)[::1]):
+        assert decode_frame(data) == lease
+
+
+@pytest.mark.parametrize("data", [None, 48, 4.8, "x" * 48, [0] * 48])
+def test_decode_frame_refuses_anything_not_bytes_like(data: object) -> None:
+    with pytest.raises(MalformedError):
+        decode_frame(data)  # type: ignore[arg-type]  # refused at run time
+
+
+def test_decode_frame_refuses_a_released_memoryview(pool: Pool) -> None:
+    view = memoryview(encode_frame(pool.reserve(pool.register(KEY, 1))))
+    view.release()
+    with pytest.raises(MalformedError):
+        decode_frame(view)
 
 
 def test_a_checksummed_frame_naming_no_resource_is_refused_every_time() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import select
 import threading
 import time
@@ -11,6 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from orbitive import Fleet
+from orbitive._errors import MalformedError
 from orbitive._readiness import BACKEND
 from orbitive.pool import Key, Pool
 
@@ -62,6 +64,20 @@ def test_wait_returns_at_once_when_the_version_already_moved(pool: Pool) -> None
     since = pool.version(KEY)
     pool.register(KEY, 1)
     assert pool.wait_capacity(KEY, since, timeout=5.0) == since + 1
+
+
+@pytest.mark.parametrize("seconds", [1e9 + 1, 1e19, 2**63, 2**2000, 1e306, math.inf])
+def test_seconds_past_the_maximum_are_malformed_for_every_verb(pool: Pool, seconds: float) -> None:
+    """Never an OSError from the kernel, an overflow, or a timeout wrapped to another."""
+    rid = pool.register(KEY, 1)
+    version = pool.version(KEY)
+    with pytest.raises(MalformedError, match="timeout"):
+        pool.wait_capacity(KEY, version, seconds)
+    with pytest.raises(MalformedError, match="timeout"):
+        asyncio.run(pool.poll_capacity(KEY, version, seconds))
+    with pytest.raises(MalformedError, match="grace"):
+        pool.reconcile(rid, 0, seconds)
+    assert pool.reconcile(rid, 0, 1e9) == 0  # the maximum itself is taken
 
 
 def test_threads_of_one_process_wake_on_completion(pool: Pool) -> None:

@@ -49,6 +49,21 @@ def test_wait_word_returns_true_at_once_when_the_word_differs(
     assert time.monotonic() - start < BOUND
 
 
+@pytest.mark.parametrize("timeout", [1e9, 2.0**33, 1e19, 2**63, 2**64, 1e300])
+def test_wait_word_takes_a_timeout_of_any_size(
+    backend: Backend, buf: mmap.mmap, timeout: float
+) -> None:
+    assert backend.wait_word(buf, WORD, 7, timeout) is True  # the word differs: at once
+
+
+@pytest.mark.parametrize("timeout", [2.0**33, 1e19, 2**63, 2**64 + 5e9, 1e300])
+def test_futex_timeouts_past_the_longest_are_the_longest(timeout: float) -> None:
+    """Never wrapped by the C long of tv_sec to another (shorter, or negative) timeout."""
+    timespec = _readiness_futex._timespec(timeout)
+    assert timespec is not None
+    assert (timespec.tv_sec, timespec.tv_nsec) == (_readiness_futex.LONGEST_S, 0)
+
+
 def test_wait_word_with_zero_timeout_is_a_look(backend: Backend, buf: mmap.mmap) -> None:
     assert backend.wait_word(buf, WORD, 0, 0.0) is False
     assert backend.wait_word(buf, WORD, 1, 0.0) is True

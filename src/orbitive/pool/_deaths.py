@@ -16,13 +16,15 @@ Facts this relies on:
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Callable
 from typing import final
 
-from .._errors import OrbitError
+from .._errors import MalformedError, OrbitError
 from .._fleet import Fleet
 from ._table import Table
+from ._values import check_seconds
 
 
 def find_dead(table: Table, fleet: Fleet) -> list[tuple[int, int]]:
@@ -43,12 +45,41 @@ def find_dead(table: Table, fleet: Fleet) -> list[tuple[int, int]]:
     return dead
 
 
+def check_interval(interval: object) -> float:
+    """Return ``interval`` as float seconds if a thread can wait that long between scans.
+
+    Raises:
+        MalformedError: not seconds as :func:`check_seconds` takes them (at most
+            1e9), not above zero, or above ``threading.TIMEOUT_MAX``.
+    """
+    seconds = check_seconds(interval, "interval")
+    if not 0 < seconds <= threading.TIMEOUT_MAX:
+        raise MalformedError(
+            f"interval must be > 0 and <= {threading.TIMEOUT_MAX:g} seconds, got {interval!r}"
+        )
+    return seconds
+
+
 @final
 class DeathWatch:
     """A daemon thread that reports dead members every ``interval`` seconds.
 
     Build it with ``Pool.watch_deaths``. ``reported`` lists every life reported
     so far; ``close()`` (or leaving the ``with`` block) stops the thread.
+
+    The thread outlives failures: an exception raised by ``on_death`` (for one
+    life; the others are still called) or a scan failing with anything but an
+    :class:`~orbitive.OrbitError` or ``OSError`` (those are skipped quietly
+    until the next scan) is handed to :func:`threading.excepthook`, which prints
+    it by default, and the watch goes on. ``failures`` counts them.
+
+    Args:
+        reap: one scan; returns the (node, incarnation) lives it reported.
+        interval: seconds between scans, > 0 and <= 1e9 (and <= ``threading.TIMEOUT_MAX``).
+        on_death: called with (node, incarnation) for each life reported, or None.
+
+    Raises:
+        MalformedError: ``interval`` out of range, or ``on_death`` not callable.
     """
 
     def __init__(
@@ -57,8 +88,11 @@ class DeathWatch:
         interval: float,
         on_death: Callable[[int, int], None] | None,
     ) -> None:
-        self.interval = interval
+        if on_death is not None and not callable(on_death):
+            raise MalformedError(f"on_death must be callable or None, got {on_death!r:.60}")
+        self.interval = check_interval(interval)
         self.reported: list[tuple[int, int]] = []
+        self.failures = 0
         self._reap = reap
         self._on_death = on_death
         self._stop = threading.Event()
@@ -67,11 +101,31 @@ class DeathWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            with contextlib.suppress(OrbitError, OSError):
-                for node, life in self._reap():
-                    self.reported.append((node, life))
-                    if self._on_death is not None:
-                        self._on_death(node, life)
+            try:
+                dead = self._reap()
+            except (OrbitError, OSError):
+                continue  # a table or fleet that cannot be read now: try the next scan
+            except Exception:  # reported below; the watch must go on
+                self._report()
+                continue
+            for node, life in dead:
+                self.reported.append((node, life))
+                self._tell(node, life)
+
+    def _tell(self, node: int, life: int) -> None:
+        if self._on_death is None:
+            return
+        try:
+            self._on_death(node, life)
+        except Exception:  # the caller's bug must not end the watch
+            self._report()
+
+    def _report(self) -> None:
+        """Hand the exception being handled to ``threading.excepthook``."""
+        self.failures += 1
+        kind, error, trace = sys.exc_info()
+        with contextlib.suppress(Exception):  # a failing hook must not end the watch either
+            threading.excepthook(threading.ExceptHookArgs([kind, error, trace, self._thread]))
 
     def close(self) -> None:
         """Stop the thread and wait for it. Idempotent."""

@@ -63,6 +63,7 @@ class KeyTable:
         self.key_claims = layout.key_claims
         self.key_members = layout.key_members
         self.member_bytes = layout.member_bytes
+        self.member_mask = layout.member_mask
         self.bell = layout.bell
         self.zero_nodes = bytes(layout.fleet_capacity)
         self.claims_struct = struct.Struct(f"<{layout.fleet_capacity}I")
@@ -122,6 +123,21 @@ class KeyTable:
         """The table epoch in the header."""
         value: int = U64.unpack_from(self.buf, EPOCH_OFFSET)[0]
         return value
+
+    def checked_epoch(self) -> int:
+        """The table epoch, for an id to carry.
+
+        Raises:
+            LayoutMismatch: the header's epoch is 0 (damage; ``reset_all`` mends it).
+        """
+        epoch = self.epoch()
+        if not epoch:
+            raise LayoutMismatch(
+                f"pool table (kind {self.kind}) has epoch 0, which no id can carry; "
+                "reset_all starts a new epoch",
+                kind=self.kind,
+            )
+        return epoch
 
     # -- keys ---------------------------------------------------------------------
 
@@ -187,14 +203,16 @@ class KeyTable:
             buf[interest : interest + capacity] = self.zero_nodes
             bump(buf, self.bell, self.bell + BELL_PARKED, capacity)
 
+    def members(self, index: int) -> int:
+        """The key's member bitmap; bits past the last resource slot (damage) are dropped."""
+        at = self.key_offset(index) + self.key_members
+        bits = int.from_bytes(self.buf[at : at + self.member_bytes], "little")
+        return bits & self.member_mask
+
     def budget(self, index: int) -> tuple[int, int]:
         """(live, creating) of a key: its member bits and the sum of its claims."""
-        offset = self.key_offset(index)
-        members = offset + self.key_members
-        live = int.from_bytes(self.buf[members : members + self.member_bytes], "little")
-        return live.bit_count(), sum(
-            self.claims_struct.unpack_from(self.buf, offset + self.key_claims)
-        )
+        claims = self.claims_struct.unpack_from(self.buf, self.key_offset(index) + self.key_claims)
+        return self.members(index).bit_count(), sum(claims)
 
     def _set_member(self, index: int, global_index: int, present: bool) -> None:
         at = self.key_offset(index) + self.key_members + (global_index >> 3)

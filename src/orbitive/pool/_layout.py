@@ -94,6 +94,8 @@ PENDING: Final = 16
 CAPACITY_MAX: Final = 65536
 #: Generations are 24-bit; a slot that reaches the last one is exhausted.
 GENERATION_MAX: Final = (1 << 24) - 1
+#: The largest epoch (a u64).
+EPOCH_MAX: Final = (1 << 64) - 1
 DEFAULT_KEY_CAPACITY: Final = 256
 DEFAULT_LANE_CAPACITY: Final = 256
 ENV_KEY_CAPACITY: Final = "ORBIT_POOL_KEY_CAPACITY"
@@ -190,8 +192,14 @@ def env_geometry() -> tuple[int, int]:
 
 
 def new_epoch(previous: int) -> int:
-    """A fresh epoch: wall ms in the high bits, random low bits, above ``previous``."""
-    return max((wall_ms() << 20) | random.getrandbits(20), previous + 1)
+    """A fresh epoch: wall ms in the high bits, random low bits, above ``previous``.
+
+    Above unless ``previous`` is :data:`EPOCH_MAX`, which only a damaged header
+    holds (wall-clock epochs reach it in the year 2527): then the wall-clock
+    epoch, which differs from it all the same.
+    """
+    fresh = (wall_ms() << 20) | random.getrandbits(20)
+    return fresh if previous >= EPOCH_MAX else max(fresh, previous + 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +240,11 @@ class Layout:
     def key_members(self) -> int:
         """Offset of the member bitmap inside a key slot."""
         return self.key_claims + _round(4 * self.fleet_capacity, 8)
+
+    @property
+    def member_mask(self) -> int:
+        """The bits of a member bitmap that name a resource slot (one per slot)."""
+        return (1 << self.fleet_capacity * self.lane_capacity) - 1
 
     @property
     def member_bytes(self) -> int:

@@ -195,7 +195,8 @@ class Pool:
             when the rounds run out) or ``Reject(reason)``.
 
         Raises:
-            MalformedError: bad arguments, or the policy returned no Decision.
+            MalformedError: bad arguments (a policy that is a class, or has no
+                callable ``decide``, too), or the policy returned no Decision.
             KeyFullError: the key table has no room for this key.
 
         Seed 003: "acquire runs the loop for one request ... and hands back a
@@ -211,6 +212,10 @@ class Pool:
         check_key(key)
         if type(limits) is not Limits:
             raise MalformedError(f"limits must be Limits, got {type(limits).__name__}")
+        if isinstance(policy, type) or not callable(getattr(policy, "decide", None)):
+            raise MalformedError(
+                f"policy must be an object with a decide method, got {policy!r:.60}"
+            )
         version = 0
         for _ in range(limits.attempts):
             candidates, live, creating, version = self._snapshot(key, install=True)
@@ -262,6 +267,8 @@ class Pool:
             StaleError: the resource was closed or its slot reused.
             DrainingError: the resource is draining.
             BusyError: no free unit, or all 16 pending entries are taken.
+            LayoutMismatch: the slot's fence counter is at 2**64 - 1, which only
+                damaged memory holds; nothing is written.
         """
         table = self._table
         if self._fork != _fork.generation or self._closed:
@@ -294,6 +301,8 @@ class Pool:
             DrainingError: the resource is draining.
             NotReservedError: the fence is not pending (a second accept, or the
                 owner aged it out, or the holder cancelled it).
+            LayoutMismatch: the slot's active count is at 2**32 - 1, which only
+                damaged memory holds; the fence stays pending.
         """
         if type(lease) is not Lease or type(lease.fence) is not int or lease.fence <= 0:
             check_lease(lease)  # raises the precise error
@@ -320,6 +329,8 @@ class Pool:
             MalformedError: capacity not an int in 1..2**32-1.
             KeyFullError: no room for a new key this epoch.
             LaneFullError: this node's lane has no free slot.
+            LayoutMismatch: the table's epoch is 0 (damaged memory; nothing is
+                written, and ``reset_all`` mends it).
         """
         check_key(key)
         return self._t().register(key, check_units(capacity, "capacity", 1), 0)
@@ -361,11 +372,17 @@ class Pool:
         clock, never a caller's) are removed; ``active`` replaces the table's
         count of accepted units.
 
+        Args:
+            rid: a resource this process owns.
+            active: accepted units in use now, an int in ``0 .. 2**32 - 1``.
+            grace: seconds, an int or float in ``0 .. 1e9``.
+
         Returns:
             How many reservations were aged out.
 
         Raises:
-            MalformedError: bad arguments, or ``active`` plus the reservations
+            MalformedError: bad arguments (``grace`` above 1e9 seconds too), or
+                ``active`` plus the reservations
                 still pending after aging would exceed the capacity (reserve's
                 rule, reserved + active <= capacity; nothing changes).
             StaleError, NotOwnerError.
@@ -412,7 +429,10 @@ class Pool:
         return live, creating
 
     def owners(self) -> list[tuple[int, int]]:
-        """Sorted distinct (node, incarnation) owning live or draining resources."""
+        """Sorted distinct (node, incarnation) owning live or draining resources.
+
+        A damaged slot, whose owner node is not its lane's, counts for nobody.
+        """
         return sorted((node, life) for node, lives in self._t().lives().items() for life in lives)
 
     def version(self, key: Key) -> int:
@@ -459,13 +479,15 @@ class Pool:
         Args:
             key: the key to watch.
             since: the version the caller last saw.
-            timeout: seconds to wait at most; None waits for ever.
+            timeout: seconds to wait at most, an int or float in ``0 .. 1e9``
+                (about 31.7 years); None waits for ever.
 
         Returns:
             The new version, or None when ``timeout`` passed first.
 
         Raises:
-            MalformedError: bad arguments. KeyFullError: cannot install the key.
+            MalformedError: bad arguments (a timeout above 1e9 seconds too).
+            KeyFullError: cannot install the key.
         """
         since = check_units(since, "since", 0)
         seconds = None if timeout is None else check_seconds(timeout, "timeout")
@@ -539,7 +561,9 @@ class Pool:
         """Find members that died (their node lock is free, or a newer life holds the
         node) and report each with :meth:`node_dead`.
 
-        A process killed with SIGKILL counts: the kernel frees its node lock.
+        A process killed with SIGKILL counts: the kernel frees its node lock. A
+        slot whose owner node is not the node of its lane (damaged memory) names
+        no life and is skipped; the others are still judged.
 
         Returns:
             The (node, incarnation) lives reported.
@@ -557,17 +581,21 @@ class Pool:
     ) -> DeathWatch:
         """Start a thread that calls :meth:`reap_dead` every ``interval`` seconds.
 
+        The thread keeps watching when ``on_death`` raises or a scan fails; see
+        :class:`DeathWatch` for where such exceptions go.
+
         Args:
-            interval: seconds between scans (> 0).
+            interval: seconds between scans, > 0 and <= 1e9 (and <=
+                ``threading.TIMEOUT_MAX``, smaller on some platforms).
             on_death: called with (node, incarnation) for each life reported.
 
         Returns:
             The running :class:`DeathWatch`; close it (or use ``with``) to stop.
+
+        Raises:
+            MalformedError: ``interval`` out of range, or ``on_death`` not callable.
         """
-        seconds = check_seconds(interval, "interval")
-        if seconds <= 0:
-            raise MalformedError(f"interval must be > 0 seconds, got {interval!r}")
-        return DeathWatch(self.reap_dead, seconds, on_death)
+        return DeathWatch(self.reap_dead, interval, on_death)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -575,10 +603,13 @@ class Pool:
         """Empty the table and start a new, strictly larger epoch (quiescent boot only).
 
         Every key and resource is removed, waiters are woken, and every id and
-        lease of the old epoch becomes stale.
+        lease of the old epoch becomes stale. It also mends a damaged epoch: from
+        0, and from ``2**64 - 1``, after which no larger epoch exists, the new
+        epoch is taken from the wall clock (different, so the old ids are stale
+        all the same, but smaller).
 
         Returns:
-            The new epoch.
+            The new epoch, an int in ``1 .. 2**64 - 1``.
         """
         return self._t().reset_all()
 

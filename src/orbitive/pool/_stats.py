@@ -98,6 +98,7 @@ class PoolStatistics:
 
 def _keys(buf: mmap.mmap, layout: Layout) -> list[KeyStatistics]:
     claims_struct = struct.Struct(f"<{layout.fleet_capacity}I")
+    mask = layout.member_mask  # bits past the slots are damage
     rows = []
     for index in range(layout.key_capacity):
         offset = layout.key_offset(index)
@@ -106,7 +107,8 @@ def _keys(buf: mmap.mmap, layout: Layout) -> list[KeyStatistics]:
             continue
         claims = claims_struct.unpack_from(buf, offset + layout.key_claims)
         members = offset + layout.key_members
-        live = int.from_bytes(buf[members : members + layout.member_bytes], "little").bit_count()
+        bits = int.from_bytes(buf[members : members + layout.member_bytes], "little")
+        live = (bits & mask).bit_count()
         parked = buf[offset + KEY_PARKED : offset + KEY_PARKED + layout.fleet_capacity]
         rows.append(
             KeyStatistics(

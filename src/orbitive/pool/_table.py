@@ -19,7 +19,10 @@ creating = sum of claims):
   nobody serves it, until ``node_dead`` closes the resource.
 
 Values read from shared memory are checked before use: a slot is used only if
-its state, node, generation and epoch match the id that names it.
+its state, node, generation and epoch match the id that names it, and a step
+that would push a counter past its field (a fence counter at 2**64 - 1, an
+active count at 2**32 - 1: only damaged memory holds those) raises
+``LayoutMismatch`` before it writes anything.
 
 The three hot steps, reserve, accept and complete, also exist in C
 (``_fastpath.c``, built when a compiler is present): the same checks and the
@@ -38,6 +41,7 @@ from .._errors import (
     BusyError,
     DrainingError,
     LaneFullError,
+    LayoutMismatch,
     MalformedError,
     NotOwnerError,
     NotReservedError,
@@ -83,7 +87,7 @@ from ._layout import (
     new_epoch,
     write_header,
 )
-from ._values import Candidate, Key, ResourceId
+from ._values import U32_MAX, U64_MAX, Candidate, Key, ResourceId
 
 _ZERO_PENDING: Final = bytes(2 * 8 * PENDING)
 
@@ -163,6 +167,16 @@ class Table(KeyTable):
             key=rid,
         )
 
+    def _spent(self, rid: ResourceId, counter: str, value: int) -> LayoutMismatch:
+        """The error for a counter of a slot at its limit (a damaged slot; nothing is written)."""
+        return LayoutMismatch(
+            f"resource {rid}'s {counter} is {value}, the most it can hold: the slot is "
+            "damaged and was left as it is",
+            node=rid.node,
+            key=rid,
+            kind=self.kind,
+        )
+
     def _not_owner(self, rid: ResourceId, hot: tuple[int, ...]) -> NotOwnerError:
         return NotOwnerError(
             f"resource {rid} belongs to node {rid.node} incarnation {hot[3]}, "
@@ -202,14 +216,15 @@ class Table(KeyTable):
 
         Raises:
             KeyFullError, LaneFullError.
+            LayoutMismatch: the header's epoch is 0 (nothing is written).
         """
         self.enter()
         try:
+            epoch = self.checked_epoch()
             index = self.find_key(key, True)
             slot, generation = self._allocate()
             global_index = self.node * self.lane_capacity + slot
             offset = self.res_base + global_index * RESOURCE_SIZE
-            epoch = self.epoch()
             self.buf[offset + RES_FENCES : offset + RESOURCE_SIZE] = _ZERO_PENDING
             store(
                 self.buf, offset + RES_BODY_AT, RES_BODY, self.node, generation, self.incarnation,
@@ -280,6 +295,7 @@ class Table(KeyTable):
 
         Raises:
             StaleError, DrainingError, BusyError.
+            LayoutMismatch: the slot's fence counter is spent (damaged; unchanged).
         """
         offset = self.locate(rid)
         self.enter()
@@ -311,6 +327,8 @@ class Table(KeyTable):
         free = fences.count(0)
         if PENDING - free + active >= capacity or not free:
             raise self._busy(rid)
+        if last >= U64_MAX:  # the C step declines here
+            raise self._spent(rid, "fence counter", last)
         entry = fences.index(0) * 8
         fence: int = last + 1
         now = wall_ms()
@@ -324,6 +342,7 @@ class Table(KeyTable):
 
         Raises:
             StaleError, NotOwnerError, DrainingError, NotReservedError.
+            LayoutMismatch: the slot's active count is full (damaged; unchanged).
         """
         offset = self.locate(rid)
         self.enter()
@@ -362,6 +381,8 @@ class Table(KeyTable):
             entry = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES).index(fence) * 8
         except ValueError:
             raise self._not_reserved(rid, fence) from None
+        if active >= U32_MAX:  # the C step declines here
+            raise self._spent(rid, "active count", active)
         store(buf, offset + RES_FENCES + entry, U64, 0)
         store(buf, offset + RES_ACTIVE, U32, active + 1)
 
@@ -465,12 +486,7 @@ class Table(KeyTable):
             index = self.find_key(key, install)
             if index < 0:
                 return None
-            offset = self.key_offset(index)
-            members_at = offset + self.key_members
-            members = int.from_bytes(
-                self.buf[members_at : members_at + self.member_bytes], "little"
-            )
-            rows = self._rows(members, key)
+            rows = self._rows(self.members(index), key)
             live, creating = self.budget(index)
             version = self.changes(index)
         finally:
@@ -501,7 +517,14 @@ class Table(KeyTable):
             node, slot = divmod(low.bit_length() - 1, self.lane_capacity)
             offset = self.res_base + (node * self.lane_capacity + slot) * RESOURCE_SIZE
             hot = RES_HOT.unpack_from(self.buf, offset)
-            if LIVE <= hot[0] <= DRAINING and hot[1] == node and hot[4] == lo and hot[5] == hi:
+            if (
+                LIVE <= hot[0] <= DRAINING
+                and hot[1] == node
+                and hot[4] == lo
+                and hot[5] == hi
+                and 1 <= hot[2] <= GENERATION_MAX
+                and hot[11]
+            ):  # else a slot no id can name (damage): skipped, as in the statistics
                 free = PENDING_WORDS.unpack_from(self.buf, offset + RES_FENCES).count(0)
                 rows.append(
                     (offset, node, slot, hot[2], hot[11], hot[3], hot[0], hot[6],
@@ -510,7 +533,10 @@ class Table(KeyTable):
         return rows
 
     def lives(self) -> dict[int, set[int]]:
-        """Per node, the incarnations that own live or draining resources."""
+        """Per node, the incarnations that own live or draining resources.
+
+        A slot whose owner node is not its lane's (damage) names no life: skipped.
+        """
         self.enter()
         try:
             states = self.buf[self.res_base : self.layout.size : RESOURCE_SIZE]
@@ -519,7 +545,8 @@ class Table(KeyTable):
                 if LIVE <= state <= DRAINING:
                     offset = self.res_base + global_index * RESOURCE_SIZE
                     node, _, incarnation = RES_OWNER.unpack_from(self.buf, offset + RES_BODY_AT)
-                    lives.setdefault(node, set()).add(incarnation)
+                    if node == global_index // self.lane_capacity:
+                        lives.setdefault(node, set()).add(incarnation)
         finally:
             self.leave()
         return lives

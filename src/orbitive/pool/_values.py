@@ -11,9 +11,13 @@ import math
 from dataclasses import dataclass
 from typing import Final, Literal, final
 
+from .._clock import TTL_MAX_S
 from .._errors import MalformedError
+from ._layout import PENDING
 
 U64_MAX: Final = (1 << 64) - 1
+#: Longest duration a pool verb takes, in seconds (about 31.7 years, as a lock's ttl).
+SECONDS_MAX: Final = TTL_MAX_S
 U32_MAX: Final = (1 << 32) - 1
 _U128_MAX: Final = (1 << 128) - 1
 
@@ -166,6 +170,12 @@ State = Literal["live", "draining"]
 class Candidate:
     """A snapshot of one resource registered under a key (not a lease).
 
+    ``free`` is what a reservation can still take: the units neither reserved
+    nor active, and at most the free entries of the resource's 16 pending
+    reservations (``PENDING``): with 16 reservations pending, ``reserve``
+    answers ``BusyError`` whatever the capacity, and ``free`` is 0. The
+    shipped policies choose only resources with ``free > 0``.
+
     Attributes:
         id: the resource.
         owner_node: node of the owning process.
@@ -191,8 +201,8 @@ class Candidate:
 
     @property
     def free(self) -> int:
-        """``capacity - reserved - active``, never below zero."""
-        return max(self.capacity - self.reserved - self.active, 0)
+        """``min(capacity - reserved - active, 16 - reserved)``, never below zero."""
+        return max(min(self.capacity - self.reserved - self.active, PENDING - self.reserved), 0)
 
 
 # -- argument checks shared by the public verbs ----------------------------------
@@ -222,10 +232,17 @@ def check_lease(lease: object) -> Lease:
 
 
 def check_seconds(value: object, what: str) -> float:
-    """Return finite seconds >= 0 as a float (bools refused), else raise MalformedError."""
+    """Return ``value`` as float seconds if it is an int or float in 0..:data:`SECONDS_MAX`.
+
+    Raises:
+        MalformedError: anything else (bools, NaN, infinities, negative or longer).
+    """
     if type(value) is not int and type(value) is not float:
-        raise MalformedError(f"{what} must be seconds (int or float), got {value!r}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise MalformedError(f"{what} must be finite seconds >= 0, got {value!r}")
+        raise MalformedError(f"{what} must be seconds (int or float), got {value!r:.60}")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past the float range
+        seconds = math.inf
+    if not 0 <= seconds <= SECONDS_MAX:  # also false for NaN
+        raise MalformedError(f"{what} must be seconds in 0..{SECONDS_MAX:g}, got {value!r:.60}")
     return seconds

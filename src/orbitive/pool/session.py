@@ -91,17 +91,37 @@ def encode_frame(lease: Lease) -> bytes:
     return body + _CHECKSUM.pack(zlib.crc32(body))
 
 
-def decode_frame(data: bytes) -> Lease:
-    """The lease in a 48-byte frame; checks size, magic, version, reserved and checksum.
+def decode_frame(data: bytes | bytearray | memoryview) -> Lease:
+    """The lease in a 48-byte frame; checks type, size, magic, version, reserved and checksum.
+
+    Args:
+        data: the frame, a bytes-like object (bytes, bytearray or memoryview)
+            of :data:`FRAME_SIZE` bytes.
+
+    Returns:
+        The :class:`~orbitive.pool.Lease` it carries.
 
     Raises:
-        MalformedError: anything but a well-formed frame.
+        MalformedError: anything but a well-formed frame, a str or None included.
     """
     return Lease(*_decode(data))
 
 
-def _decode(data: bytes) -> tuple[ResourceId, int, int, int]:
+def _frame_bytes(data: object) -> bytes:
+    """``data`` as bytes if it is bytes-like, else MalformedError."""
+    if type(data) is bytes:
+        return data
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        try:
+            return memoryview(data).tobytes()
+        except ValueError as error:  # a released memoryview
+            raise MalformedError(f"a session frame cannot be read: {error}") from None
+    raise MalformedError(f"a session frame must be bytes-like, got {type(data).__name__}")
+
+
+def _decode(data: object) -> tuple[ResourceId, int, int, int]:
     """(id, fence, holder node, holder incarnation) of a frame, checked as decode_frame."""
+    data = _frame_bytes(data)
     if len(data) != FRAME_SIZE:
         raise MalformedError(f"a session offered {len(data)} of {FRAME_SIZE} lease bytes")
     magic, version, kind, holder, raw, fence, life, epoch, checksum = FRAME.unpack(data)
