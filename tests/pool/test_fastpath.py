@@ -279,7 +279,11 @@ def test_at_a_counter_limit_the_python_step_refuses_and_writes_nothing(
     full = run_both(pair, Op("accept", (rid, (1 << 64) - 1)))  # no room for one more unit
     assert isinstance(full, tuple) and full[0] is LayoutMismatch and "active" in full[1]
     assert _slot(pair[1], rid) == before  # the fence is still pending
-    run_both(pair, Op("damage", (rid, RES_ACTIVE, 4, 0)))
+    run_both(pair, Op("damage", (rid, RES_ACTIVE, 4, 3)))  # capacity 3 in use, yet a fence
+    full = run_both(pair, Op("accept", (rid, (1 << 64) - 1)))
+    assert isinstance(full, tuple) and full[0] is LayoutMismatch and "of capacity 3" in full[1]
+    assert _slot(pair[1], rid) == before[:40] + bytes([3, 0, 0, 0]) + before[44:]
+    run_both(pair, Op("damage", (rid, RES_ACTIVE, 4, 2)))
     assert run_both(pair, Op("accept", (rid, (1 << 64) - 1))) == pair[0].locate(rid)
 
 

@@ -200,8 +200,8 @@ static int accept(uint8_t *p, const uint64_t *v, int misfit)
     if (entry < 0)
         return NOT_PENDING;
     uint32_t active = ld32(p + ACTIVE_AT);
-    if (active == UINT32_MAX) /* no room for one more: the Python step decides */
-        return DECLINED;
+    if (active >= ld32(p + CAPACITY_AT)) /* a pending fence had a free unit: damaged, the */
+        return DECLINED;                  /* Python step refuses by name */
     st64(p + FENCES_AT + 8 * entry, 0);
     fence();
     st32(p + ACTIVE_AT, active + 1);
@@ -212,7 +212,8 @@ PyDoc_STRVAR(accept_doc,
 "accept(offset, node, generation, epoch, my_node, my_incarnation, fence, /) -> int\n\n"
 "Table.accept's step inside the critical section: DONE (the pending fence is an\n"
 "active unit now), REFUSED (not that LIVE registration, or not ours),\n"
-"NOT_PENDING or DECLINED (the active count is full; the Python step decides).");
+"NOT_PENDING or DECLINED (the active count already fills the capacity: a damaged\n"
+"slot, which the Python step refuses).");
 
 static PyObject *Steps_accept(Steps *t, PyObject *const *args, Py_ssize_t nargs)
 {

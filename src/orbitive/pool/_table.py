@@ -87,7 +87,7 @@ from ._layout import (
     new_epoch,
     write_header,
 )
-from ._values import U32_MAX, U64_MAX, Candidate, Key, ResourceId
+from ._values import U64_MAX, Candidate, Key, ResourceId
 
 _ZERO_PENDING: Final = bytes(2 * 8 * PENDING)
 
@@ -167,11 +167,10 @@ class Table(KeyTable):
             key=rid,
         )
 
-    def _spent(self, rid: ResourceId, counter: str, value: int) -> LayoutMismatch:
-        """The error for a counter of a slot at its limit (a damaged slot; nothing is written)."""
+    def _damaged(self, rid: ResourceId, what: str) -> LayoutMismatch:
+        """The error for a slot whose counters cannot be right (nothing is written)."""
         return LayoutMismatch(
-            f"resource {rid}'s {counter} is {value}, the most it can hold: the slot is "
-            "damaged and was left as it is",
+            f"resource {rid}'s {what}: the slot is damaged and was left as it is",
             node=rid.node,
             key=rid,
             kind=self.kind,
@@ -328,7 +327,7 @@ class Table(KeyTable):
         if PENDING - free + active >= capacity or not free:
             raise self._busy(rid)
         if last >= U64_MAX:  # the C step declines here
-            raise self._spent(rid, "fence counter", last)
+            raise self._damaged(rid, f"fence counter is {last}, the most it can hold")
         entry = fences.index(0) * 8
         fence: int = last + 1
         now = wall_ms()
@@ -367,7 +366,9 @@ class Table(KeyTable):
 
     def _accept_step(self, rid: ResourceId, offset: int, fence: int) -> None:
         buf = self.buf
-        state, node, generation, life, _, _, active, _, epoch = RES_LEASE.unpack_from(buf, offset)
+        state, node, generation, life, capacity, _, active, _, epoch = RES_LEASE.unpack_from(
+            buf, offset
+        )
         if (
             state != LIVE
             or generation != rid.generation
@@ -381,8 +382,8 @@ class Table(KeyTable):
             entry = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES).index(fence) * 8
         except ValueError:
             raise self._not_reserved(rid, fence) from None
-        if active >= U32_MAX:  # the C step declines here
-            raise self._spent(rid, "active count", active)
+        if active >= capacity:  # a pending fence means a free unit; the C step declines here
+            raise self._damaged(rid, f"active count is {active} of capacity {capacity}")
         store(buf, offset + RES_FENCES + entry, U64, 0)
         store(buf, offset + RES_ACTIVE, U32, active + 1)
 
