@@ -26,7 +26,13 @@ from orbitive.lock import (
     LockTable,
     Occupied,
 )
-from orbitive.lock._layout import HEADER_SIZE, OCCUPIED, TOMBSTONE
+from orbitive.lock._layout import (
+    HEADER_SIZE,
+    MAX_PROBE_OFFSET,
+    OCCUPIED,
+    STATE_VERSION,
+    TOMBSTONE,
+)
 
 from .._fleets import shm_path
 
@@ -37,8 +43,9 @@ LAYOUT = LockLayout(
 KEYS = [LockKey("tests.corrupt", f"key-{n}") for n in range(12)]
 HOLDER = LockOwner(b"holder")
 INTRUDER = LockOwner(b"intruder")
-#: Header bytes whose change attach must notice (all but the two counters at 24..40).
-VALIDATED_HEADER = [*range(0, 24), *range(40, HEADER_SIZE)]
+#: Header bytes whose change attach must notice (all but max_probe at 20..24 and the
+#: two counters at 24..40).
+VALIDATED_HEADER = [*range(0, 20), *range(40, HEADER_SIZE)]
 
 
 @dataclass
@@ -210,6 +217,22 @@ def test_random_counters_give_only_named_errors_and_one_holder(scene: Scene) -> 
             scene.table.try_acquire(LockKey("tests.corrupt", "new"), INTRUDER, 1.0)
 
 
+def test_a_max_probe_above_the_true_bound_only_lengthens_probes(scene: Scene) -> None:
+    """Up to 2**32 - 1: read as capacity - 1 (walk the whole table), never used to address."""
+    rng = random.Random("max-probe")
+    for value in [LAYOUT.capacity - 1, LAYOUT.capacity, 1 << 31, (1 << 32) - 1] + [
+        rng.randrange(1 << 32) for _ in range(20)
+    ]:
+        held = scene.fill()
+        true_bound = scene.table.statistics().max_probe
+        scene.write(MAX_PROBE_OFFSET, max(value, true_bound).to_bytes(4, "little"))
+        assert scene.table.statistics().max_probe == min(
+            max(value, true_bound), LAYOUT.capacity - 1
+        )
+        check_one_holder_each(scene.table, held, -1)
+        assert scene.table.current(LockKey("tests.corrupt", "absent")) is None
+
+
 def test_random_bytes_over_the_ring_never_break_poll_or_state(
     scene: Scene, fleet_name: str
 ) -> None:
@@ -244,3 +267,14 @@ def test_corrupt_table_errors_are_orbit_errors(scene: Scene, fleet_name: str) ->
     with pytest.raises(OrbitError) as caught:
         attach(fleet_name)
     assert caught.value.kind == LAYOUT.state_kind
+
+
+def test_a_version_1_state_object_gives_layout_mismatch(scene: Scene, fleet_name: str) -> None:
+    """Version 1 had no probe bound (bytes 20..24 reserved): the versions refuse each other."""
+    original = scene.read(4, 2)
+    assert original == STATE_VERSION.to_bytes(2, "little") == (2).to_bytes(2, "little")
+    scene.write(4, (1).to_bytes(2, "little"))
+    with pytest.raises(LayoutMismatch, match="header"):
+        attach(fleet_name)
+    scene.write(4, original)
+    attach(fleet_name)

@@ -201,7 +201,8 @@ def cmd_locks(args: argparse.Namespace) -> int:
         )
     print(
         f"{stats.occupied_count} live of {stats.capacity} slots, "
-        f"{stats.tombstone_count} tombstones, last token {stats.last_fencing_token}, "
+        f"{stats.tombstone_count} tombstones, probe bound {stats.max_probe}, "
+        f"last token {stats.last_fencing_token}, "
         f"revision {stats.last_state_revision}"
     )
     return 0

@@ -2,9 +2,11 @@
  *
  * Steps.acquire is try_acquire's probe-and-insert and Steps.release is
  * release's find-and-remove, byte for byte what _table.py does: linear probing
- * with lazy reclaim of expired entries, counters advanced first, one transition
+ * bounded by the header's max_probe, with lazy reclaim of expired entries,
+ * counters advanced first, one transition
  * frame published to this node's ring lane (seqlock) with the readiness word
- * bumped, then the slot tombstoned, rewritten and made OCCUPIED last. The
+ * bumped, then max_probe raised if the entry lies further from its home, then
+ * the slot tombstoned, rewritten and made OCCUPIED last. The
  * caller holds the critical section (process mutex + flock), reads the clock,
  * validates its arguments and raises the errors; the Python code in _table.py
  * is the reference and the fallback when this module is not built.
@@ -23,7 +25,7 @@
 
 /* Layouts: docs/format.md, lock/_layout.py, lock/_events.py and _ring.py. */
 enum { EMPTY = 0, OCCUPIED = 1, TOMBSTONE = 2 };
-enum { STATE_HEADER = 64, SLOT_HEADER = 48, TOKEN_AT = 24, REVISION_AT = 32 };
+enum { STATE_HEADER = 64, SLOT_HEADER = 48, MAX_PROBE_AT = 20, TOKEN_AT = 24, REVISION_AT = 32 };
 enum { RING_HEADER = 64, LANE_HEAD = 64, FRAME_HEADER = 32, EVENT_HEADER = 35 };
 enum { GENERATION_AT = 24, ACQUIRED = 1, RELEASED = 3 };
 #define EVENT_MAGIC UINT32_C(0x4F4C434B)
@@ -55,6 +57,7 @@ typedef struct {
 } Entry;
 
 static inline uint64_t ld64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline uint32_t ld32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline uint16_t ld16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline void st64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 static inline void st32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
@@ -106,12 +109,38 @@ static void tombstone(const Steps *t, uint8_t *s, Py_ssize_t slot)
     }
 }
 
-/* _probe: the slot of the key's live entry, else ~insertion_slot (~capacity: none). */
+/* _bound: the stored max_probe, read as at most capacity - 1. */
+static Py_ssize_t bound(const Steps *t, const uint8_t *s)
+{
+    uint32_t stored = ld32(s + MAX_PROBE_AT);
+    return stored < (uint64_t)(t->capacity - 1) ? (Py_ssize_t)stored : t->capacity - 1;
+}
+
+/* _free_after: the first slot of count from slot on holding no live entry, else capacity. */
+static Py_ssize_t free_after(const Steps *t, uint8_t *s, Py_ssize_t slot, Py_ssize_t count,
+                             uint64_t now)
+{
+    Py_ssize_t mask = t->capacity - 1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint8_t *p = slot_at(t, s, slot);
+        if (p[0] != OCCUPIED)
+            return slot;
+        if (!live(t, p, now)) {
+            tombstone(t, s, slot);
+            return slot;
+        }
+        slot = (slot + 1) & mask;
+    }
+    return t->capacity;
+}
+
+/* _probe: the slot of the key's live entry, else ~insertion_slot (~capacity: none).
+ * Stops at EMPTY or after max_probe + 1 slots. */
 static Py_ssize_t probe(const Steps *t, uint8_t *s, const Entry *e)
 {
     Py_ssize_t mask = t->capacity - 1, slot = (Py_ssize_t)(e->digest & (uint64_t)mask);
-    Py_ssize_t insert_at = t->capacity;
-    for (Py_ssize_t i = 0; i < t->capacity; i++) {
+    Py_ssize_t insert_at = t->capacity, limit = bound(t, s);
+    for (Py_ssize_t i = 0; i <= limit; i++) {
         uint8_t *p = slot_at(t, s, slot);
         if (p[0] == EMPTY && empty_head(p))
             return ~(insert_at < t->capacity ? insert_at : slot);
@@ -128,7 +157,7 @@ static Py_ssize_t probe(const Steps *t, uint8_t *s, const Entry *e)
             insert_at = slot;
         slot = (slot + 1) & mask;
     }
-    return ~insert_at;
+    return ~(insert_at < t->capacity ? insert_at : free_after(t, s, slot, mask - limit, e->now));
 }
 
 /* Ring.publish plus bump: one lock-event frame in the node's lane. *wake: a driver is parked. */
@@ -177,10 +206,16 @@ static int publish(const Steps *t, uint8_t *r, const Entry *e, uint8_t kind, uin
     return DONE;
 }
 
-/* The insert half of _insert: TOMBSTONE, rewrite, OCCUPIED last. */
+/* The insert half of _insert: max_probe raised, then TOMBSTONE, rewrite, OCCUPIED last. */
 static void write_slot(const Steps *t, uint8_t *s, Py_ssize_t slot, const Entry *e,
                        uint64_t revision)
 {
+    uint64_t mask = (uint64_t)(t->capacity - 1);
+    Py_ssize_t displacement = (Py_ssize_t)(((uint64_t)slot - e->digest) & mask);
+    if (displacement > bound(t, s)) {
+        st32(s + MAX_PROBE_AT, (uint32_t)displacement);
+        fence();
+    }
     uint8_t *p = slot_at(t, s, slot);
     p[0] = TOMBSTONE;
     fence();

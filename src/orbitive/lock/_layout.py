@@ -11,7 +11,7 @@ State object ``orbit-{fleet}-{state_kind}-{uid}`` (little-endian; version
         8    4 capacity       slots, a power of two
        12    4 slot_size      round_up(48 + payload_max, 64)
        16    4 payload_max    namespace + label + owner bytes per slot
-       20    4 reserved       zero
+       20    4 max_probe      largest displacement ever written (probe bound)
        24    8 last_token     last fencing token issued (first acquisition gets 1)
        32    8 last_revision  last state_revision issued
        40   24 reserved       zero
@@ -28,7 +28,11 @@ State object ``orbit-{fleet}-{state_kind}-{uid}`` (little-endian; version
        40    8 expires_at_ms  CLOCK_MONOTONIC milliseconds
        48    .. payload       namespace | label | owner, zero padded
 
-Open addressing with linear probing from ``key_digest & (capacity - 1)``.
+Open addressing with linear probing from ``key_digest & (capacity - 1)``. Every
+probe stops at EMPTY or after ``max_probe + 1`` slots: ``max_probe`` is raised to an
+entry's displacement ``(slot - home) & (capacity - 1)`` before the entry is written
+(it only grows until a reset), and a value above ``capacity - 1`` reads as
+``capacity - 1``.
 Invariant (crash safety, seed 000 "tombstone before rewrite"): a slot is set
 TOMBSTONE before any of its bytes change and OCCUPIED only after all of them
 are written, all inside the critical section (process mutex + flock).
@@ -47,7 +51,7 @@ from .._region import store
 from .._ring import RingGeometry
 
 STATE_MAGIC: Final = 0x4F4C5354
-STATE_VERSION: Final = 1
+STATE_VERSION: Final = 2
 HEADER_SIZE: Final = 64
 SLOT_HEADER_SIZE: Final = 48
 EMPTY: Final = 0
@@ -60,6 +64,9 @@ EVENT_HEADER_SIZE: Final = 35
 HEADER: Final = struct.Struct("<IHHIII")  # magic .. payload_max (20 bytes)
 COUNTERS: Final = struct.Struct("<QQ")  # last_token, last_revision
 COUNTERS_OFFSET: Final = 24
+#: u32 probe bound: the largest displacement of any entry written since creation or reset.
+MAX_PROBE_OFFSET: Final = 20
+MAX_PROBE: Final = struct.Struct("<I")
 #: state, reserved, namespace_len, label_len, owner_len, digest, lock_id,
 #: state_revision, acquired_at_ms, expires_at_ms
 SLOT: Final = struct.Struct("<BxHHHQQQQQ")
@@ -181,6 +188,8 @@ class LockLayout:
     def validate_state(self, buf: mmap.mmap) -> None:
         """Check every header field of an existing state object.
 
+        ``max_probe`` (bytes 20..24) changes at run time and is not compared.
+
         Raises:
             LayoutMismatch: any field differs, or a reserved byte is not zero.
         """
@@ -190,7 +199,7 @@ class LockLayout:
                 f"lock state kind {self.state_kind}: header {found} differs from {self.header()}",
                 kind=self.state_kind,
             )
-        if any(buf[20:24]) or any(buf[40:HEADER_SIZE]):
+        if any(buf[40:HEADER_SIZE]):
             raise LayoutMismatch(
                 f"lock state kind {self.state_kind}: reserved header bytes are not zero",
                 kind=self.state_kind,

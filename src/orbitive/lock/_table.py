@@ -50,6 +50,8 @@ from ._layout import (
     COUNTERS_OFFSET,
     EMPTY,
     HEADER_SIZE,
+    MAX_PROBE,
+    MAX_PROBE_OFFSET,
     OCCUPIED,
     SLOT,
     SLOT_HEADER_SIZE,
@@ -70,6 +72,7 @@ from ._types import (
 
 _unpack_slot = SLOT.unpack_from
 _unpack_counters = COUNTERS.unpack_from
+_unpack_max_probe = MAX_PROBE.unpack_from
 _U64: Final = struct.Struct("<Q")
 _REVISION_OFFSET: Final = 24
 _EXPIRES_OFFSET: Final = 40
@@ -92,7 +95,8 @@ _EXHAUSTED: Final = 3
 _ABSENT: Final = 5
 
 #: Test-only hook, called with a point name inside the critical section
-#: ("tombstoned": after the slot went TOMBSTONE, before it is rewritten).
+#: ("bound_raised": after max_probe was raised for an insert, before its slot changes;
+#: "tombstoned": after the slot went TOMBSTONE, before it is rewritten).
 crash_hook: Callable[[str], None] | None = None
 
 
@@ -105,6 +109,7 @@ class LockTableStatistics:
     occupied_count: int
     expired_count: int
     tombstone_count: int
+    max_probe: int
     last_fencing_token: int
     last_state_revision: int
     ring_heads: tuple[int, ...]
@@ -498,14 +503,18 @@ class LockTable:
     def _probe(self, key: LockKey, now: int) -> int:
         """Slot of ``key``'s live entry, else ``~insertion_slot`` (``~capacity``: none).
 
-        Linear probing from the key digest; stops at EMPTY. Expired or invalid
-        OCCUPIED slots met on the way are tombstoned (lazy reclaim); any other
-        slot (TOMBSTONE, or damaged bytes) is reusable and the chain goes on.
+        Linear probing from the key digest; stops at EMPTY or after the probe
+        bound (``max_probe + 1`` slots: no entry lies further from its home).
+        Expired or invalid OCCUPIED slots met on the way are tombstoned (lazy
+        reclaim); any other slot (TOMBSTONE, or damaged bytes) is reusable and
+        the chain goes on. With no reusable slot within the bound, the insertion
+        slot is the first one past it (:meth:`_free_after`).
         """
         buf, mask, stride = self._buf, self._mask, self._stride
         slot = key.digest & mask
         insert_at = mask + 1
-        for _ in range(mask + 1):
+        bound = self._bound()
+        for _ in range(bound + 1):
             offset = HEADER_SIZE + slot * stride
             state = buf[offset]
             if state == EMPTY and buf[offset : offset + 8] == _EMPTY_HEAD:
@@ -521,7 +530,40 @@ class LockTable:
             if insert_at > mask:
                 insert_at = slot
             slot = (slot + 1) & mask
-        return ~insert_at
+        return ~(insert_at if insert_at <= mask else self._free_after(slot, mask - bound, now))
+
+    def _bound(self) -> int:
+        """The stored ``max_probe``, read as at most ``capacity - 1`` (never trusted further)."""
+        stored: int = _unpack_max_probe(self._buf, MAX_PROBE_OFFSET)[0]
+        return min(stored, self._mask)
+
+    def _free_after(self, slot: int, count: int, now: int) -> int:
+        """The first reusable slot of the ``count`` from ``slot`` on, else ``capacity``.
+
+        Past the probe bound no entry of the key can lie, so every slot that
+        holds no live entry is reusable (an expired one is tombstoned first).
+        """
+        buf, mask, stride = self._buf, self._mask, self._stride
+        for _ in range(count):
+            if buf[HEADER_SIZE + slot * stride] != OCCUPIED:
+                return slot
+            if self._read_live(slot, now) is None:
+                self._tombstone(slot)
+                return slot
+            slot = (slot + 1) & mask
+        return mask + 1
+
+    def _raise_bound(self, slot: int, key: LockKey) -> None:
+        """Store ``slot``'s displacement from ``key``'s home as ``max_probe`` if it is larger.
+
+        Done before the entry is written: a process killed after it leaves a
+        bound that is merely larger than needed.
+        """
+        displacement = (slot - key.digest) & self._mask
+        if displacement > self._bound():
+            store(self._buf, MAX_PROBE_OFFSET, MAX_PROBE, displacement)
+            if crash_hook is not None:
+                crash_hook("bound_raised")
 
     def _find_tenure(self, lease: LockLease, now: int) -> int:
         """Slot holding exactly ``lease``'s tenure (key, lock id and owner), or -1.
@@ -600,6 +642,7 @@ class LockTable:
             (_EVENT_MAGIC, _EVENT_VERSION, ns_len, label_len, owner_len, lock_id, now, expires),
             body,
         )
+        self._raise_bound(slot, key)
         buf, offset = self._buf, HEADER_SIZE + slot * self._stride
         buf[offset] = TOMBSTONE
         if crash_hook is not None:
@@ -736,6 +779,7 @@ class LockTable:
         """Clear the state table and the transition ring (quiescent owner boot only)."""
         self._state.acquire()
         try:
+            self._buf[MAX_PROBE_OFFSET : MAX_PROBE_OFFSET + MAX_PROBE.size] = bytes(MAX_PROBE.size)
             self._buf[COUNTERS_OFFSET : COUNTERS_OFFSET + COUNTERS.size] = bytes(COUNTERS.size)
             self._buf[HEADER_SIZE:] = bytes(len(self._buf) - HEADER_SIZE)
             self._ring.reset()
@@ -754,7 +798,7 @@ class LockTable:
         self._closed = True
 
     def statistics(self) -> LockTableStatistics:
-        """Counts of occupied, expired and tombstoned slots plus the counters."""
+        """Counts of occupied, expired and tombstoned slots, the probe bound and the counters."""
         now = monotonic_ns() // 1_000_000
         occupied = expired = tombstones = 0
         for slot in range(self._mask + 1):
@@ -772,6 +816,7 @@ class LockTable:
             occupied,
             expired,
             tombstones,
+            self._bound(),
             token,
             revision,
             tuple(self._ring.heads()),
