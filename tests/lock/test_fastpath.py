@@ -3,8 +3,11 @@
 Two tables of one small layout (eight slots, twelve keys: long probe chains,
 tombstones and reclaimed runs) get the same random operations; one runs
 try_acquire and release in C, the other in Python. After every operation the
-results, the state bytes (all but each slot's two timestamps) and the
-transitions read from the rings must be equal.
+results, the state bytes (the header with max_probe, and all but each slot's
+two timestamps) and the transitions read from the rings must be equal. A
+second layout (sixteen slots, forty-eight keys whose homes are four adjacent
+slots) churns near full, so max_probe grows, probes stop at it and inserts
+walk past it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from orbitive.lock import (
     Occupied,
     StateFull,
 )
-from orbitive.lock._layout import HEADER_SIZE
+from orbitive.lock._layout import HEADER_SIZE, MAX_PROBE_OFFSET
 
 from .._capabilities import require_c_steps
 from .._fleets import new_fleet_name, remove_fleet_files
@@ -36,16 +39,20 @@ LAYOUT = LockLayout(
     state_kind=140, event_kind=141, capacity=8, payload_max=48, ring_capacity=64, frame_bytes=96
 )
 KEYS = [LockKey("tests.fast", f"key-{n}") for n in range(12)]
+CHURN = dataclasses.replace(LAYOUT, capacity=16)
+#: Keys whose home slots in CHURN are 0..3: chains run far past their homes.
+COLLIDING = [
+    key for key in (LockKey("tests.fast", f"churn-{n}") for n in range(1000)) if key.digest & 15 < 4
+][:48]
 OWNERS = [LockOwner(b"alice"), LockOwner(b"bob")]
 #: Slot bytes 32..48 hold acquired_at and expires_at, which differ by a clock tick.
 TIMES = slice(32, 48)
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[LockTable, LockTable]]:
+def tables(layout: LockLayout) -> Iterator[tuple[LockTable, LockTable]]:
     names = [new_fleet_name(), new_fleet_name()]
     fleets = [Fleet.join(name, 2) for name in names]
-    fast, slow = (LockTable(fleet, LAYOUT) for fleet in fleets)
+    fast, slow = (LockTable(fleet, layout) for fleet in fleets)
     slow._steps = None  # the Python reference
     yield fast, slow
     for fleet, name in zip(fleets, names, strict=True):
@@ -53,13 +60,23 @@ def pair() -> Iterator[tuple[LockTable, LockTable]]:
         remove_fleet_files(name)
 
 
+@pytest.fixture
+def pair() -> Iterator[tuple[LockTable, LockTable]]:
+    yield from tables(LAYOUT)
+
+
+@pytest.fixture
+def churn_pair() -> Iterator[tuple[LockTable, LockTable]]:
+    yield from tables(CHURN)
+
+
 def test_the_c_steps_are_built_and_used(pair: tuple[LockTable, LockTable]) -> None:
     require_c_steps(pair[0]._steps, "orbitive.lock._fastpath")
 
 
 def state_without_times(table: LockTable) -> list[bytes]:
-    buf, stride = table._buf, LAYOUT.slot_size
-    slots = [bytes(buf[HEADER_SIZE + n * stride :][:stride]) for n in range(8)]
+    buf, stride = table._buf, table.layout.slot_size
+    slots = [bytes(buf[HEADER_SIZE + n * stride :][:stride]) for n in range(table.layout.capacity)]
     return [bytes(buf[:HEADER_SIZE])] + [s[: TIMES.start] + s[TIMES.stop :] for s in slots]
 
 
@@ -86,14 +103,14 @@ class Op:
     index: int = 0  # of an earlier lease, for release and renew
 
     @classmethod
-    def draw(cls, rng: random.Random, leases: int) -> Op:
+    def draw(cls, rng: random.Random, leases: int, keys: list[LockKey] = KEYS) -> Op:
         kind = rng.choice(["acquire"] * 5 + ["release"] * 3 + ["renew", "force"])
         if kind in ("release", "renew") and leases:
             return cls(kind, index=rng.randrange(leases))
         if kind == "force":
-            return cls(kind, rng.choice(KEYS))
+            return cls(kind, rng.choice(keys))
         ttl = rng.choice([60.0, 60.0, 0.001])
-        return cls("acquire", rng.choice(KEYS), rng.choice(OWNERS), ttl)
+        return cls("acquire", rng.choice(keys), rng.choice(OWNERS), ttl)
 
     def run(self, table: LockTable, leases: list[LockLease]) -> object:
         if self.kind == "release":
@@ -111,21 +128,57 @@ class Op:
         return result
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_c_and_python_steps_leave_the_same_table(
-    pair: tuple[LockTable, LockTable], seed: int
-) -> None:
+def run_both(
+    pair: tuple[LockTable, LockTable], seed: int, keys: list[LockKey], steps: int
+) -> list[object]:
+    """Run the same random operations on both tables, comparing after each; the results."""
     rng = random.Random(seed)
     fast, slow = pair
     fast_leases: list[LockLease] = []
     slow_leases: list[LockLease] = []
-    for _ in range(400):
-        op = Op.draw(rng, len(fast_leases))
-        assert shape(op.run(fast, fast_leases)) == shape(op.run(slow, slow_leases)), op
+    results = []
+    for _ in range(steps):
+        op = Op.draw(rng, len(fast_leases), keys)
+        result = shape(op.run(fast, fast_leases))
+        assert result == shape(op.run(slow, slow_leases)), op
+        results.append(result)
         if op.ttl < 1.0:
             time.sleep(0.004)  # a 1 ms tenure is over for both tables before the next step
         assert state_without_times(fast) == state_without_times(slow)
         assert without_times(fast) == without_times(slow)
+    return results
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_c_and_python_steps_leave_the_same_table(
+    pair: tuple[LockTable, LockTable], seed: int
+) -> None:
+    run_both(pair, seed, KEYS, 400)
+
+
+def test_the_churn_keys_collide() -> None:
+    assert len(COLLIDING) == 48
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_c_and_python_steps_agree_on_the_probe_bound_under_churn_near_full(
+    churn_pair: tuple[LockTable, LockTable], seed: int
+) -> None:
+    slow = churn_pair[1]
+    walked_past: list[int] = []
+    free_after = slow._free_after
+
+    def recording(slot: int, count: int, now: int) -> int:
+        walked_past.append(free_after(slot, count, now))
+        return walked_past[-1]
+
+    slow._free_after = recording  # type: ignore[method-assign]
+    results = run_both(churn_pair, seed, COLLIDING, 500)
+    assert StateFull in results  # the table was full at times
+    assert any(slot < CHURN.capacity for slot in walked_past)  # inserts went past the bound
+    fast = churn_pair[0]
+    bound = int.from_bytes(fast._buf[MAX_PROBE_OFFSET : MAX_PROBE_OFFSET + 4], "little")
+    assert 4 < bound < CHURN.capacity  # entries sat past the homes' run, the bound followed
 
 
 def test_release_of_a_lease_with_impossible_fields_is_false(table: LockTable) -> None:
