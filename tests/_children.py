@@ -171,9 +171,12 @@ def race_round(table: LockTable, barrier: Barrier, owner: bytes, round_: int) ->
 def stop_in_critical_section(channel: Channel, name: str, capacity: int, operation: str) -> None:
     """Acquire or renew KEY, stopping (SIGSTOP) after its slot went TOMBSTONE.
 
+    Operation "raise-bound" acquires KEY and stops after max_probe was raised for
+    it, before its slot changed (the test makes KEY's home slot taken first).
     Sends ``("held", lease)`` first for "renew", then ``"stopped"`` from inside the
     table's critical section (the flock is held); the test SIGKILLs it there.
     """
+    stop_at = "bound_raised" if operation == "raise-bound" else "tombstoned"
     table = LockTable(Fleet.join(name, capacity))
     lease = None
     if operation == "renew":
@@ -183,7 +186,7 @@ def stop_in_critical_section(channel: Channel, name: str, capacity: int, operati
         channel.send(("held", lease))
 
     def hook(point: str) -> None:
-        if point == "tombstoned":
+        if point == stop_at:
             channel.send("stopped")
             os.kill(os.getpid(), signal.SIGSTOP)
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from orbitive import Fleet, FleetError
-from orbitive.lock import Acquired, LockLease, LockOwner, LockTable, Occupied
+from orbitive.lock import Acquired, LockKey, LockLease, LockOwner, LockTable, Occupied
 
 from .._children import KEY, Server, serve, start_server, stop_in_critical_section
 from .._processes import Processes
@@ -60,6 +60,32 @@ def test_process_killed_between_tombstone_and_commit_blocks_nobody_and_leaves_ke
     assert taken.lease.fencing_token > (original.fencing_token if original else 0)
     statistics = shared_table.statistics()
     assert statistics.occupied_count == 1
+
+
+def test_process_killed_after_raising_the_probe_bound_leaves_the_key_absent(
+    processes: Processes, shared_table: LockTable, fleet_name: str
+) -> None:
+    mask = shared_table.layout.capacity - 1
+    neighbour = next(
+        key
+        for key in (LockKey("tests.children", f"n-{n}") for n in range(100_000))
+        if key.digest & mask == KEY.digest & mask
+    )  # holds KEY's home slot, so KEY lands one slot further and raises max_probe
+    held = shared_table.try_acquire(neighbour, SURVIVOR, 60.0)
+    assert isinstance(held, Acquired)
+    assert shared_table.statistics().max_probe == 0
+    victim = processes.start(stop_in_critical_section, fleet_name, 4, "raise-bound")
+    assert victim.recv() == "stopped"
+    assert victim.kill() == -signal.SIGKILL
+
+    # The bound stays raised; the entry was never written, so the key is absent.
+    assert shared_table.statistics().max_probe == 1
+    assert shared_table.current(KEY) is None
+    taken = shared_table.try_acquire(KEY, SURVIVOR, 30.0)
+    assert isinstance(taken, Acquired)
+    assert taken.lease.slot == (KEY.digest + 1) & mask
+    assert set(shared_table.leases()) == {held.lease, taken.lease}
+    assert shared_table.statistics().max_probe == 1
 
 
 def test_a_process_stopped_in_the_critical_section_holds_others_until_killed(
