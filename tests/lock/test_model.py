@@ -223,6 +223,14 @@ class LockTableModel(RuleBasedStateMachine):
         assert statistics.last_fencing_token == self.token
         assert statistics.last_state_revision == self.revision
 
+    @invariant()
+    def every_entry_lies_within_the_probe_bound(self) -> None:
+        bound = self.table.statistics().max_probe
+        mask = self.table.layout.capacity - 1
+        assert bound <= mask
+        for lease in self.table.leases():
+            assert (lease.slot - lease.key.digest) & mask <= bound, (lease, bound)
+
 
 class SharedLockTableModel(LockTableModel):
     """The same model over a joined (SHM) fleet."""
