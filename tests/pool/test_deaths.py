@@ -96,6 +96,18 @@ def test_death_watch_reports_a_killed_member_without_a_supervisor(
     assert shm_pool.candidates(KEY) == []
 
 
+def test_death_watch_scans_at_once_not_after_its_first_interval(
+    shm_pool: Pool, agents: Callable[[], Agent]
+) -> None:
+    member = agents()
+    member.call("register", KEY, 2)
+    _kill(member)  # dead before the watch starts
+    with shm_pool.watch_deaths(interval=3600.0) as watch:
+        _until(lambda: bool(watch.reported))
+    assert watch.reported == [(member.node, member.incarnation)]
+    assert shm_pool.candidates(KEY) == []
+
+
 def _until(done: Callable[[], bool]) -> None:
     deadline = time.monotonic() + 10.0
     while not done() and time.monotonic() < deadline:

@@ -62,7 +62,7 @@ def check_interval(interval: object) -> float:
 
 @final
 class DeathWatch:
-    """A daemon thread that reports dead members every ``interval`` seconds.
+    """A daemon thread that reports dead members at once, then every ``interval`` seconds.
 
     Build it with ``Pool.watch_deaths``. ``reported`` lists every life reported
     so far; ``close()`` (or leaving the ``with`` block) stops the thread.
@@ -100,17 +100,21 @@ class DeathWatch:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                dead = self._reap()
-            except (OrbitError, OSError):
-                continue  # a table or fleet that cannot be read now: try the next scan
-            except Exception:  # reported below; the watch must go on
-                self._report()
-                continue
-            for node, life in dead:
-                self.reported.append((node, life))
-                self._tell(node, life)
+        while not self._stop.is_set():  # the first scan at once, then one per interval
+            self._scan()
+            self._stop.wait(self.interval)
+
+    def _scan(self) -> None:
+        try:
+            dead = self._reap()
+        except (OrbitError, OSError):
+            return  # a table or fleet that cannot be read now: try the next scan
+        except Exception:  # reported below; the watch must go on
+            self._report()
+            return
+        for node, life in dead:
+            self.reported.append((node, life))
+            self._tell(node, life)
 
     def _tell(self, node: int, life: int) -> None:
         if self._on_death is None:

@@ -579,7 +579,7 @@ class Pool:
         interval: float = 1.0,
         on_death: Callable[[int, int], None] | None = None,
     ) -> DeathWatch:
-        """Start a thread that calls :meth:`reap_dead` every ``interval`` seconds.
+        """Start a thread that calls :meth:`reap_dead` at once, then every ``interval`` seconds.
 
         The thread keeps watching when ``on_death`` raises or a scan fails; see
         :class:`DeathWatch` for where such exceptions go.
