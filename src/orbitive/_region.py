@@ -175,7 +175,9 @@ class Region:
         self.shared = shared
         self._lock_fd = -1
         self._mutex = threading.Lock()
-        self._holder = 0  # thread ident inside the critical section, 0 when none
+        #: ``inside`` is True in a thread from just before it takes the mutex to just
+        #: after it lets go: a close() that finds it set runs inside that section.
+        self._thread = threading.local()
         self._closed = False
 
     # -- construction ------------------------------------------------------------
@@ -284,38 +286,41 @@ class Region:
         Raises:
             FleetError: the region is closed (its mapping is gone).
         """
+        self._thread.inside = True
         self._mutex.acquire()
-        if self._closed:
-            self._mutex.release()
-            raise FleetError(f"shm object {self.name!r} is closed")
-        self._holder = threading.get_ident()
-        if self.shared:
-            try:
+        try:
+            if self._closed:
+                raise FleetError(f"shm object {self.name!r} is closed")
+            if self.shared:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-            except BaseException:
-                self._holder = 0
-                self._mutex.release()
-                if self._closed:
-                    raise FleetError(f"shm object {self.name!r} is closed") from None
-                raise
+                if self._closed:  # closed while this thread waited for the flock
+                    raise FleetError(f"shm object {self.name!r} is closed")
+        except BaseException as error:
+            self._leave()
+            if self._closed and not isinstance(error, FleetError):
+                raise FleetError(f"shm object {self.name!r} is closed") from None
+            raise
 
     def release(self) -> None:
         """Leave the critical section entered by :meth:`acquire`.
 
         After a forced :meth:`close` the descriptor is gone, and so is its lock.
         """
-        self._holder = 0
         try:
             if self.shared and self._lock_fd >= 0:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         finally:
-            self._mutex.release()
+            self._leave()
+
+    def _leave(self) -> None:
+        self._mutex.release()
+        self._thread.inside = False
 
     # -- lifecycle -----------------------------------------------------------------
 
     def _after_fork_in_child(self) -> None:
         self._mutex = threading.Lock()
-        self._holder = 0
+        self._thread = threading.local()
         if self._lock_fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)  # closing our copy never unlocks the parent's
@@ -336,7 +341,8 @@ class Region:
         if self._closed:
             return
         self._closed = True
-        waited = self._holder != threading.get_ident() and self._mutex.acquire(timeout=CLOSE_WAIT)
+        inside = getattr(self._thread, "inside", False)
+        waited = not inside and self._mutex.acquire(timeout=CLOSE_WAIT)
         try:
             self._close_now()
         finally:

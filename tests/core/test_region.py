@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import mmap
 import os
+import signal
 import threading
 import time
 
@@ -164,4 +166,57 @@ def test_close_inside_this_threads_own_section_closes_at_once(fleet_name: str) -
         with pytest.raises(FleetError, match="closed"):
             region.acquire()
     finally:
+        region.unlink()
+
+
+def test_a_thread_waiting_for_the_flock_when_close_gives_up_gets_fleet_error(
+    fleet_name: str,
+) -> None:
+    region = _open(fleet_name)
+    holder = open_checked(lock_path(fleet_name, KIND), create=True)  # another description
+    outcome: list[BaseException] = []
+
+    def enter() -> None:
+        try:
+            region.acquire()
+        except BaseException as error:  # recorded for the assertion
+            outcome.append(error)
+
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        waiter = threading.Thread(target=enter)
+        waiter.start()
+        time.sleep(0.1)  # the waiter holds the mutex, blocked in flock
+        region.close()  # gives up after CLOSE_WAIT and closes anyway
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        waiter.join(5.0)
+        assert len(outcome) == 1 and isinstance(outcome[0], FleetError), outcome
+    finally:
+        os.close(holder)
+        region.unlink()
+
+
+def test_close_from_a_signal_handler_never_waits_for_its_own_thread(fleet_name: str) -> None:
+    region = _open(fleet_name)
+    waits: list[float] = []
+
+    def handler(signum: int, frame: object) -> None:
+        started = time.monotonic()
+        region.close()
+        waits.append(time.monotonic() - started)
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.003)
+        deadline = time.monotonic() + 10.0
+        with contextlib.suppress(FleetError, ValueError):  # the close lands mid-loop
+            while time.monotonic() < deadline:
+                region.acquire()
+                region.release()
+        assert len(waits) == 1 and waits[0] < CLOSE_WAIT / 2
+        with pytest.raises(FleetError, match="closed"):
+            region.acquire()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
         region.unlink()
