@@ -381,6 +381,29 @@ def test_store_context_manager_closes(store_url: str) -> None:
     assert "closed" in repr(store)
 
 
+def test_closing_the_store_ends_a_waiting_lock_call_with_closed(store_url: str) -> None:
+    store = open_store(store_url)
+    holder = held(store, "wanted")
+    outcome: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            store.lock("wanted", "waiter", ttl=1.0, timeout=10.0)
+        except BaseException as error:  # recorded for the assertion
+            outcome.append(error)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.2)  # the waiter is in its wait loop
+    store.close()
+    waiter.join(15.0)
+    assert not waiter.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], StoreError), outcome
+    assert outcome[0].kind is ErrorKind.CLOSED
+    with open_store(store_url) as again:
+        assert again.force_release(holder.name)
+
+
 def test_store_refuses_pickling(store: Store) -> None:
     with pytest.raises(TypeError, match="open_store"):
         pickle.dumps(store)

@@ -57,12 +57,21 @@ class ShmEngine(Engine[LockLease]):
         # Building a key hashes the name: each name's key (and owner) is built once.
         self._keys = _Cache(_key)
         self._owners = _Cache(LockOwner)
+        self._closed = False
+
+    def _failure(self, error: Exception) -> Exception:
+        """What a failed table call raises: ``StoreError(CLOSED)`` once this engine
+        is closed (its mapping is gone: FleetError, or the mmap's ValueError), a
+        table refusal as ``StoreError(DATABASE)``, anything else as it is."""
+        if self._closed:
+            return StoreError(f"shm store {self._fleet.name!r} is closed", kind=ErrorKind.CLOSED)
+        return _store_error(error) if isinstance(error, OrbitError) else error
 
     def acquire(self, name: str, owner: str, ttl: float) -> LockLease | Busy:
         try:
             result = self._table.try_acquire(self._keys[name], self._owners[owner], ttl)
-        except OrbitError as error:
-            raise _store_error(error) from error
+        except (OrbitError, ValueError) as error:
+            raise self._failure(error) from error
         if type(result) is Acquired:
             return result.lease  # the lease is the grant: it carries the lock id
         return Busy(_info(result.lease))
@@ -70,33 +79,52 @@ class ShmEngine(Engine[LockLease]):
     def renew(self, name: str, owner: str, grant: LockLease, ttl: float) -> LockLease | None:
         try:
             return self._table.renew(grant, ttl)
-        except OrbitError as error:
-            raise _store_error(error) from error
+        except (OrbitError, ValueError) as error:
+            raise self._failure(error) from error
 
     def release(self, name: str, owner: str, grant: LockLease) -> bool:
-        return self._table.release(grant)
+        try:
+            return self._table.release(grant)
+        except (OrbitError, ValueError) as error:
+            raise self._failure(error) from error
 
     def inspect(self, name: str) -> LockInfo | None:
-        lease = self._table.current(self._keys[name])
+        try:
+            lease = self._table.current(self._keys[name])
+        except (OrbitError, ValueError) as error:
+            raise self._failure(error) from error
         return None if lease is None else _info(lease)
 
     def locks(self) -> list[LockInfo]:
-        leases = self._table.leases()
+        try:
+            leases = self._table.leases()
+        except (OrbitError, ValueError) as error:
+            raise self._failure(error) from error
         infos = [_info(lease) for lease in leases if lease.key.namespace == _NAMESPACE_BYTES]
         return sorted(infos, key=lambda info: info.name)
 
     def force_release(self, name: str) -> bool:
-        return self._table.force_release(self._keys[name])
+        try:
+            return self._table.force_release(self._keys[name])
+        except (OrbitError, ValueError) as error:
+            raise self._failure(error) from error
 
     def arm(self) -> None:
-        self._table.drain()
+        try:
+            self._table.drain()
+        except (OrbitError, ValueError) as error:
+            raise self._failure(error) from error
 
     def wait(self, delay: float) -> None:
         poller = select.poll()  # one per call: a poll object is not shared across threads
-        poller.register(self._table.fileno(), select.POLLIN)
+        try:
+            poller.register(self._table.fileno(), select.POLLIN)
+        except (OrbitError, ValueError) as error:
+            raise self._failure(error) from error
         poller.poll(max(delay, 0.0) * 1000.0)
 
     def close(self) -> None:
+        self._closed = True
         self._table.close()
         self._fleet.close()
 
