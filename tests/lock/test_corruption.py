@@ -2,6 +2,9 @@
 
 Never an IndexError or struct.error, never a key with two holders. The bytes are
 written through the SHM object's file, as a stray writer in another process would.
+Well-formed lies are out of scope (README, Security): eight zero bytes over a
+live slot read as EMPTY, a lowered ``max_probe`` ends probes early, and either
+can hide keys further along the chain.
 """
 
 from __future__ import annotations
