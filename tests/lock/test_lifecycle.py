@@ -102,6 +102,7 @@ def test_a_table_whose_fleet_closed_raises_fleet_error(make_fleet: MakeFleet) ->
         lambda: table.try_acquire(KEY, OWNER, 1.0),
         lambda: table.current(KEY),
         table.leases,
+        table.statistics,
         lambda: table.renew(held.lease, 1.0),
         lambda: table.release(held.lease),
         lambda: table.release_owned(KEY, OWNER),

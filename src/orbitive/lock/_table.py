@@ -798,8 +798,16 @@ class LockTable:
         self._closed = True
 
     def statistics(self) -> LockTableStatistics:
-        """Counts of occupied, expired and tombstoned slots, the probe bound and the counters."""
-        now = monotonic_ns() // 1_000_000
+        """Counts of occupied, expired and tombstoned slots, the probe bound and the counters.
+
+        Read in one critical section, so the counts agree with each other.
+
+        Raises:
+            FleetError: the fleet was closed.
+        """
+        return self._locked(self._statistics_step, None, None, 0)
+
+    def _statistics_step(self, _: None, __: None, ___: int, now: int) -> LockTableStatistics:
         occupied = expired = tombstones = 0
         for slot in range(self._mask + 1):
             state = self._buf[HEADER_SIZE + slot * self._stride]
