@@ -68,7 +68,6 @@ _U64: Final = struct.Struct("<Q")
 _COUNTER_LIMIT: Final = 1 << 62  # 2c + 2 must fit a u64
 _SLOT: Final = struct.Struct("<QQQIB")  # seq, counter, ver, payload_len, frame_kind
 _unpack_u64 = _U64.unpack_from
-_u64_bytes = _U64.pack  # stored by slice assignment (module docstring)
 
 
 def _round_up(value: int, unit: int) -> int:
@@ -240,8 +239,8 @@ class Ring:
         )
         start = slot + self._body_offset
         buf[start : start + size] = body
-        buf[slot : slot + 8] = _u64_bytes(2 * counter + 2)
-        buf[head_at : head_at + 8] = _u64_bytes(counter + 1)
+        store(buf, slot, _U64, 2 * counter + 2)
+        store(buf, head_at, _U64, counter + 1)
         bump(buf, _GENERATION_OFFSET, HEADER_SIZE, self._lanes)
         return counter
 

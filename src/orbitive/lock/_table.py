@@ -40,11 +40,6 @@ from .._readiness import Readiness
 from .._region import store
 from .._ring import Ring
 from . import _events
-
-try:
-    from ._fastpath import Steps
-except ImportError:  # not built (no C compiler): the Python steps are used
-    Steps = None  # type: ignore[assignment, misc]
 from ._layout import (
     COUNTERS,
     COUNTERS_OFFSET,
@@ -69,6 +64,11 @@ from ._types import (
     LockPoll,
     Occupied,
 )
+
+try:
+    from ._fastpath import Steps
+except ImportError:  # not built (no C compiler): the Python steps are used
+    Steps = None  # type: ignore[assignment, misc]
 
 _unpack_slot = SLOT.unpack_from
 _unpack_counters = COUNTERS.unpack_from

@@ -52,11 +52,6 @@ from .._fleet import Fleet
 from .._readiness import bump
 from .._region import Region, store
 from ._keys import M64, KeyTable
-
-try:
-    from ._fastpath import Steps
-except ImportError:  # not built (no C compiler): the Python steps are used
-    Steps = None  # type: ignore[assignment, misc]
 from ._layout import (
     BELL_PARKED,
     CLOSED,
@@ -89,11 +84,15 @@ from ._layout import (
 )
 from ._values import U64_MAX, Candidate, Key, ResourceId
 
+try:
+    from ._fastpath import Steps
+except ImportError:  # not built (no C compiler): the Python steps are used
+    Steps = None  # type: ignore[assignment, misc]
+
 _ZERO_PENDING: Final = bytes(2 * 8 * PENDING)
 
 #: Outcomes of the C steps (``_fastpath.c``); all but DONE leave the slot untouched.
-_DONE: Final = 0
-_REFUSED: Final = -1  # not that registration (or not ours): the ``_refusal`` error
+_DONE: Final = 0  # REFUSED (-1), not that registration or not ours: ``_refusal``
 _BUSY: Final = -2
 _NOT_PENDING: Final = -3
 _DECLINED: Final = -4  # a counter is at its limit (or no C steps): the Python step decides
