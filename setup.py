@@ -4,7 +4,13 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("orbitive.lock._fastpath", ["src/orbitive/lock/_fastpath.c"], optional=True),
+        Extension("orbitive._robust_c", ["src/orbitive/_robust.c"], optional=True),
+        Extension(
+            "orbitive.lock._fastpath",
+            ["src/orbitive/lock/_fastpath.c"],
+            include_dirs=["src/orbitive"],
+            optional=True,
+        ),
         Extension("orbitive.pool._fastpath", ["src/orbitive/pool/_fastpath.c"], optional=True),
     ]
 )

@@ -97,7 +97,7 @@ def lock_table(ws: Workspace, keys: int) -> Prepared:
         table.unlink()
         table.close()
         fleet.close()
-        remove_fleet_files(name, FLEET_CAPACITY)
+        remove_fleet_files(name)
 
     return Prepared(open_session, cleanup)
 
@@ -135,7 +135,7 @@ def store_shm(ws: Workspace, keys: int) -> Prepared:
     def cleanup() -> None:
         with contextlib.suppress(OrbitError), Fleet.join(name, 64) as fleet:
             LockTable(fleet).unlink()
-        remove_fleet_files(name, 64)
+        remove_fleet_files(name)
 
     return _store(ws, keys, f"shm://{name}", cleanup)
 

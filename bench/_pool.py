@@ -98,7 +98,7 @@ class _Pools:
         self._pool.unlink()
         self._pool.close()
         self._fleet.close()
-        remove_fleet_files(self.name, FLEET_CAPACITY)
+        remove_fleet_files(self.name)
 
 
 #: The remote-reuse payload, each way (issue 4: a 128-byte payload).

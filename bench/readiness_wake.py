@@ -26,9 +26,9 @@ import timeit
 from multiprocessing.connection import Connection
 
 from orbitive import Fleet
-from orbitive._fleet import membership_path, node_path
+from orbitive._fleet import members_name
 from orbitive._readiness import BACKENDS, Backend, Readiness
-from orbitive._region import Region
+from orbitive._region import Region, unlink_object
 
 KIND = 202
 SIZE = 4096
@@ -130,14 +130,12 @@ def remove_region(fleet: Fleet, region: Region) -> None:
     """Unlink the region, close the fleet and remove its lock files."""
     region.unlink()
     fleet.close()
-    remove_fleet_files(fleet.name, fleet.capacity)
+    remove_fleet_files(fleet.name)
 
 
-def remove_fleet_files(name: str, capacity: int) -> None:
-    """Remove the membership and node lock files of fleet ``name``."""
-    membership_path(name).unlink(missing_ok=True)
-    for node in range(capacity):
-        node_path(name, node).unlink(missing_ok=True)
+def remove_fleet_files(name: str) -> None:
+    """Remove the membership object of fleet ``name``."""
+    unlink_object(members_name(name))
 
 
 def usable_backends() -> tuple[list[Backend], dict[str, str]]:

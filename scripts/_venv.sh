@@ -11,7 +11,7 @@ fi
 # Reinstall only when the build inputs (pyproject.toml, setup.py, the C sources)
 # changed since this group was last installed; the install compiles the C steps.
 STAMP=".venv/.orbitive-installed-${EXTRAS:-core}"
-if [ ! -f "$STAMP" ] || [ -n "$(find pyproject.toml setup.py src -name '*.c' -newer "$STAMP" -o -name '*.toml' -newer "$STAMP" -o -name setup.py -newer "$STAMP")" ]; then
+if [ ! -f "$STAMP" ] || [ -n "$(find pyproject.toml setup.py src \( -name '*.c' -o -name '*.h' \) -newer "$STAMP" -o -name '*.toml' -newer "$STAMP" -o -name setup.py -newer "$STAMP")" ]; then
     echo "installing orbitive${EXTRAS:+[$EXTRAS]} into .venv..." >&2
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
     touch "$STAMP"

@@ -7,8 +7,6 @@ import secrets
 from pathlib import Path
 
 from orbitive import Fleet
-from orbitive._access import lock_dir
-from orbitive._errors import OrbitError
 from orbitive._region import SHM_DIR, object_name
 from orbitive.lock import LockLayout, LockTable
 
@@ -24,15 +22,12 @@ def shm_path(name: str, kind: int) -> Path:
 
 
 def fleet_files(name: str) -> list[Path]:
-    """Every SHM object and lock file of fleet ``name`` that exists now."""
-    found = list(SHM_DIR.glob(f"orbit-{name}-*"))
-    with contextlib.suppress(OrbitError, OSError):
-        found += lock_dir().glob(f"orbit-{name}-*")
-    return found
+    """Every SHM object of fleet ``name`` (its membership object too) that exists now."""
+    return list(SHM_DIR.glob(f"orbit-{name}-*"))
 
 
 def remove_fleet_files(name: str) -> None:
-    """Unlink every SHM object and lock file of fleet ``name``."""
+    """Unlink every SHM object of fleet ``name``."""
     for path in fleet_files(name):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()

@@ -1,4 +1,4 @@
-"""Ownership and permission checks for lock files, the lock directory and SHM objects.
+"""Ownership and permission checks for SHM objects, their folder and other state files.
 
 Facts this module relies on:
 
@@ -6,21 +6,21 @@ Facts this module relies on:
   a symlink, so a planted link is refused rather than followed.
 * ``fstat`` on the descriptor we opened describes exactly the object we will use;
   checking it (not the path) leaves no window for a swap between check and use.
-* A directory checked with ``lstat`` that is a real directory owned by us with no
-  group/other bits cannot have entries planted in it by another (non-root) user.
+* In a sticky directory (``/dev/shm``, mode 1777) only an entry's owner (or root)
+  can rename or remove it, so our objects cannot be swapped by another user; an
+  object name another user took first is refused (its owner is not us).
 * Objects are created 0600 and never chmod'ed or chown'ed afterwards; an existing
   object with wider bits or another owner is refused, never "repaired".
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
 from pathlib import Path
 
-from ._errors import AccessDenied
+from ._errors import AccessDenied, FleetError
 
 _OPEN_FLAGS = os.O_RDWR | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 
@@ -30,33 +30,39 @@ def euid() -> int:
     return os.geteuid()
 
 
-def lock_dir() -> Path:
-    """Return the per-user lock directory, creating it 0700 when missing.
+def check_shm_dir(path: Path) -> None:
+    """Refuse a shared-memory folder where another user could rename or plant our objects.
 
-    ``$XDG_RUNTIME_DIR/orbit-{uid}`` when that variable is an absolute path, else
-    ``/tmp/orbit-{uid}``.
+    It must be a real directory owned by root or by us; one that others may write
+    must be sticky (as ``/dev/shm`` is: mode 1777), so only an entry's owner can
+    rename or remove it.
 
     Raises:
-        AccessDenied: the path is a symlink, not a directory, owned by another
-            user, or grants any group/other permission bit.
+        AccessDenied: a symlink, not a directory, another owner, or writable by
+            others without the sticky bit.
+        FleetError: there is no such folder (shared fleets need Linux's ``/dev/shm``).
     """
-    base = os.environ.get("XDG_RUNTIME_DIR", "")
-    root = Path(base) if base.startswith("/") else Path("/tmp")
-    path = root / f"orbit-{euid()}"
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o700)
-    check_dir(path)
-    return path
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise FleetError(f"shared fleets need {str(path)!r} (Linux POSIX shared memory)") from None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise AccessDenied(f"{str(path)!r} is not a directory; refusing it")
+    if info.st_uid not in (0, euid()):
+        raise AccessDenied(f"{str(path)!r} is owned by uid {info.st_uid}; refusing it")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+        mode = stat.S_IMODE(info.st_mode)
+        raise AccessDenied(f"{str(path)!r} has mode {mode:04o}: writable by others, not sticky")
 
 
 def check_dir(path: Path) -> None:
-    """Refuse a lock directory we do not exclusively own (see :func:`lock_dir`)."""
+    """Refuse a state directory (the SQLite default's) that we do not exclusively own."""
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode):
-        raise AccessDenied(f"lock directory {str(path)!r} is a symlink; refusing it")
+        raise AccessDenied(f"state directory {str(path)!r} is a symlink; refusing it")
     if not stat.S_ISDIR(info.st_mode):
-        raise AccessDenied(f"lock directory {str(path)!r} is not a directory")
-    _check_owner_mode(info, f"lock directory {str(path)!r}")
+        raise AccessDenied(f"state directory {str(path)!r} is not a directory")
+    _check_owner_mode(info, f"state directory {str(path)!r}")
 
 
 def check_fd(fd: int, what: str) -> os.stat_result:
@@ -102,6 +108,8 @@ def open_checked(path: Path | str, *, create: bool, exclusive: bool = False) -> 
     except OSError as error:
         if error.errno == errno.ELOOP:
             raise AccessDenied(f"{str(path)!r} is a symlink; refusing it") from None
+        if error.errno in (errno.EACCES, errno.EPERM):
+            raise AccessDenied(f"{str(path)!r} is not ours to open ({error.strerror})") from None
         raise
     try:
         check_fd(fd, repr(str(path)))

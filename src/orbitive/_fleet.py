@@ -1,41 +1,55 @@
 """Fleet membership: a name, a capacity, this process's node and incarnation.
 
-A node claimed by :meth:`Fleet.join` is held by ``flock(LOCK_EX)`` on a per-node
-lock file for the life of the process. The kernel drops it the moment the
-process dies, however it dies, so "cannot take the node lock" means exactly
-"a live process holds that node". The descriptor is close-on-exec (an exec'd
-program never inherits it) and a forked child closes its inherited copy without
-unlocking (see ``_fork``), then claims a node of its own on first use.
+Membership is anchored in one SHM object per fleet, ``orbit-{name}-members-{uid}``
+(docs/format.md, "Membership object"), so that every process that maps the
+fleet's objects agrees on it, whatever its environment:
 
-Members also hold ``flock(LOCK_SH)`` on the fleet membership file; ``orbit clear``
-takes it ``LOCK_EX | LOCK_NB`` and so refuses while any member is alive.
+* its header records the fleet's capacity, written before the object gets its
+  name (see ``_region.open_or_create``), so every joiner checks the same value;
+* a node is claimed by a Linux open-file-description lock (``F_OFD_SETLK``) on
+  byte ``node`` of that object, held for the life of the process. The kernel
+  drops it the moment the process dies, however it dies, so "cannot take the
+  node lock" means exactly "a live process holds that node". The descriptor is
+  close-on-exec and a forked child closes its inherited copy without unlocking
+  (see ``_fork``), then claims a node of its own on first use;
+* members also hold ``flock(LOCK_SH)`` on it; ``orbit clear`` takes it
+  ``LOCK_EX | LOCK_NB`` and so refuses while any member is alive.
 
-``incarnation`` is unique per (node, process life): the previous value is kept in
-the node's lock file and the new one is ``max(previous + 1, time.time_ns())``,
-written while the node lock is held.
+``incarnation`` is unique per (node, process life): the previous value is kept
+in the node's word of the membership object and the new one is
+``max(previous + 1, time.time_ns())``, written while the node lock is held.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import itertools
 import os
 import re
 import struct
 import time
-from pathlib import Path
 from typing import Final
 
 from . import _fork
-from ._access import euid, lock_dir, open_checked
-from ._errors import FleetError, InvalidCapacity, InvalidName, NodeOutsideFleet
-from ._region import Init, Region, Validate
+from ._access import euid
+from ._errors import FleetError, InvalidCapacity, InvalidName, LayoutMismatch, NodeOutsideFleet
+from ._region import SHM_DIR, Init, Region, Validate, open_object, open_or_create
 
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,32}")
 #: Largest fleet capacity (node ids are 16-bit in every layout).
 CAPACITY_MAX: Final = 4096
 _U64: Final = struct.Struct("<Q")
+#: Membership object header: magic, version, reserved, capacity; incarnations from 64.
+MEMBERS: Final = struct.Struct("<IHHI")
+MEMBERS_MAGIC: Final = 0x424D524F  # "ORMB"
+MEMBERS_VERSION: Final = 1
+INCARNATIONS_AT: Final = 64
+#: ``struct flock`` of 64-bit Linux: type, whence, start, length, pid (0 for OFD locks).
+_FLOCK: Final = struct.Struct("=hh4xqqi4x")
+_OFD_SETLK: Final = getattr(fcntl, "F_OFD_SETLK", 37)
+_OFD_GETLK: Final = getattr(fcntl, "F_OFD_GETLK", 36)
 _local_incarnations = itertools.count(1)
 
 
@@ -58,30 +72,73 @@ def _check_capacity(capacity: object) -> int:
     return capacity
 
 
-def _agree_capacity(fd: int, name: str, capacity: int) -> None:
-    """Record the fleet's capacity in its membership file, or check it against the record.
+def members_name(name: str) -> str:
+    """The fleet's membership object name (no leading slash)."""
+    return f"orbit-{name}-members-{euid()}"
 
-    The first member writes it; every later one must ask for the same. A POSIX
-    record lock (``lockf``, separate from the members' ``flock``) serialises the
-    read-and-write; ``orbit clear --all`` removes the file and so the record.
+
+def _members_bytes(capacity: int) -> int:
+    return INCARNATIONS_AT + 8 * capacity
+
+
+def _read_capacity(fd: int, name: str) -> int:
+    """The capacity a membership object records.
+
+    Raises:
+        LayoutMismatch: the object is not a membership object of this version.
+    """
+    raw = os.pread(fd, MEMBERS.size, 0)
+    magic, version, _, capacity = MEMBERS.unpack(raw.ljust(MEMBERS.size, b"\0"))
+    if magic != MEMBERS_MAGIC or version != MEMBERS_VERSION or not 1 <= capacity <= CAPACITY_MAX:
+        raise LayoutMismatch(f"fleet {name!r}: {members_name(name)!r} is no membership object")
+    if os.fstat(fd).st_size < _members_bytes(capacity):
+        raise LayoutMismatch(f"fleet {name!r}: {members_name(name)!r} is truncated")
+    return int(capacity)
+
+
+def open_members(name: str, capacity: int) -> int:
+    """Open (or create) the membership object and check the capacity it records.
 
     Raises:
         InvalidCapacity: the fleet already has another capacity.
+        LayoutMismatch, AccessDenied: as for ``_region.open_or_create``.
     """
-    fcntl.lockf(fd, fcntl.LOCK_EX)
+
+    def init(fd: int) -> None:
+        os.pwrite(fd, MEMBERS.pack(MEMBERS_MAGIC, MEMBERS_VERSION, 0, capacity), 0)
+
+    fd, _ = open_or_create(members_name(name), _members_bytes(capacity), init)
     try:
-        raw = os.pread(fd, 8, 0)
-        recorded = _U64.unpack(raw)[0] if len(raw) == 8 else 0
-        if recorded == 0:
-            os.pwrite(fd, _U64.pack(capacity), 0)
-        elif recorded != capacity:
+        recorded = _read_capacity(fd, name)
+        if recorded != capacity:
             raise InvalidCapacity(
-                f"fleet {name!r} has capacity {recorded}; joining with {capacity} would "
-                "give its members different lane counts",
+                f"fleet {name!r} has capacity {recorded}; joining with {capacity} would give "
+                f"its members different lane counts (join with capacity={recorded}, or stop "
+                "every member and run `orbit clear --all --yes` to change it)",
                 fleet=name,
             )
-    finally:
-        fcntl.lockf(fd, fcntl.LOCK_UN)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _ofd_lock(fd: int, node: int, kind: int) -> bool:
+    """Take (or with F_UNLCK drop) the OFD write lock on byte ``node``; False if held elsewhere."""
+    try:
+        fcntl.fcntl(fd, _OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, node, 1, 0))
+    except OSError as error:
+        if error.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _ofd_held(fd: int, node: int) -> bool:
+    """Whether another open file description holds byte ``node``'s lock."""
+    query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, node, 1, 0)
+    held: int = _FLOCK.unpack(fcntl.fcntl(fd, _OFD_GETLK, query))[0]
+    return held != fcntl.F_UNLCK
 
 
 def _check_node(node: object, capacity: int) -> int:
@@ -90,22 +147,14 @@ def _check_node(node: object, capacity: int) -> int:
     return node
 
 
-def membership_path(name: str) -> Path:
-    """The fleet membership file: LOCK_SH by members, LOCK_EX by ``orbit clear``."""
-    return lock_dir() / f"orbit-{name}-{euid()}.fleet"
-
-
-def node_path(name: str, node: int) -> Path:
-    """The per-node lock file whose exclusive flock is the node claim."""
-    return lock_dir() / f"orbit-{name}-{euid()}.node{node}.lock"
-
-
-def _try_lock(fd: int, operation: int) -> bool:
+def _same_object(fd: int, name: str) -> bool:
+    """Whether ``name`` still names the object open as ``fd`` (``orbit clear`` may have won)."""
     try:
-        fcntl.flock(fd, operation | fcntl.LOCK_NB)
-    except BlockingIOError:
+        named = os.stat(SHM_DIR / name, follow_symlinks=False)
+    except FileNotFoundError:
         return False
-    return True
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 class Fleet:
@@ -126,7 +175,6 @@ class Fleet:
         self._node = -1
         self._explicit_node = False
         self._incarnation = 0
-        self._node_fd = -1
         self._member_fd = -1
         self._regions: dict[int, Region] = {}
         self._closed = False
@@ -165,9 +213,7 @@ class Fleet:
             _check_node(node, fleet.capacity)
             fleet._explicit_node = True
         try:
-            fleet._member_fd = open_checked(membership_path(name), create=True)
-            fcntl.flock(fleet._member_fd, fcntl.LOCK_SH)
-            _agree_capacity(fleet._member_fd, name, fleet.capacity)
+            fleet._enter()
             fleet._claim(node)
         except BaseException:
             fleet.close()
@@ -202,16 +248,24 @@ class Fleet:
         """
         return cls(check_fleet_name(name), _check_capacity(capacity), shared=True)
 
+    def _enter(self) -> None:
+        """Open the membership object and hold it shared, as a member."""
+        while True:
+            fd = open_members(self.name, self.capacity)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if _same_object(fd, members_name(self.name)):
+                self._member_fd = fd
+                return
+            os.close(fd)  # cleared while we waited: join the fleet that now has the name
+
     def _claim(self, node: int | None) -> None:
+        fd = self._member_fd
         candidates = [node] if node is not None else range(self.capacity)
         for candidate in candidates:
-            fd = open_checked(node_path(self.name, candidate), create=True)
-            if _try_lock(fd, fcntl.LOCK_EX):
-                self._node_fd = fd
+            if _ofd_lock(fd, candidate, fcntl.F_WRLCK):
                 self._node = candidate
-                self._incarnation = self._next_incarnation(fd)
+                self._incarnation = self._next_incarnation(fd, candidate)
                 return
-            os.close(fd)
         if node is not None:
             raise FleetError(
                 f"fleet {self.name!r} node {node} is held by a live process",
@@ -219,16 +273,20 @@ class Fleet:
                 node=node,
             )
         raise FleetError(
-            f"fleet {self.name!r}: all {self.capacity} nodes are held by live processes",
+            f"fleet {self.name!r}: all {self.capacity} nodes are held by live processes "
+            "(each live process that joins takes one: join in workers, not in a preloading "
+            "master; a larger capacity needs every member stopped and "
+            "`orbit clear --all --yes`)",
             fleet=self.name,
         )
 
     @staticmethod
-    def _next_incarnation(fd: int) -> int:
-        raw = os.pread(fd, 8, 0)
+    def _next_incarnation(fd: int, node: int) -> int:
+        at = INCARNATIONS_AT + 8 * node
+        raw = os.pread(fd, 8, at)
         previous = _U64.unpack(raw)[0] if len(raw) == 8 else 0
         value = max(previous + 1, time.time_ns())
-        os.pwrite(fd, _U64.pack(value), 0)
+        os.pwrite(fd, _U64.pack(value), at)
         return value
 
     # -- properties --------------------------------------------------------------------
@@ -263,17 +321,16 @@ class Fleet:
         _check_node(node, self.capacity)
         if self._closed:
             raise FleetError(f"fleet {self.name!r} is closed", fleet=self.name)
-        if not self.shared:
+        if not self.shared or node == self._node:
             return node == self._node
-        try:
-            fd = open_checked(node_path(self.name, node), create=False)
+        if self._member_fd >= 0:
+            return _ofd_held(self._member_fd, node)
+        try:  # an observer: look without becoming a member
+            fd = open_object(members_name(self.name), create=False)
         except FileNotFoundError:
             return False
         try:
-            if _try_lock(fd, fcntl.LOCK_EX):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                return False
-            return True
+            return _ofd_held(fd, node)
         finally:
             os.close(fd)
 
@@ -302,11 +359,10 @@ class Fleet:
 
     def _after_fork_in_child(self) -> None:
         # Close inherited copies: the parent's locks stay the parent's.
-        for fd in (self._node_fd, self._member_fd):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._node_fd = self._member_fd = -1
+        if self._member_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._member_fd)
+        self._member_fd = -1
 
     def _rejoin_in_child(self) -> None:
         self._fork_generation = _fork.generation
@@ -321,8 +377,7 @@ class Fleet:
                 node=self._node,
             )
         try:
-            self._member_fd = open_checked(membership_path(self.name), create=True)
-            fcntl.flock(self._member_fd, fcntl.LOCK_SH)
+            self._enter()
             self._claim(None)
         except BaseException:
             self.close()  # the inherited node is the parent's: no node is left to use
@@ -334,11 +389,10 @@ class Fleet:
         for region in self._regions.values():
             region.close()
         self._regions.clear()
-        for fd in (self._node_fd, self._member_fd):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._node_fd = self._member_fd = -1
+        if self._member_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._member_fd)
+        self._member_fd = -1
 
     def __enter__(self) -> Fleet:
         return self

@@ -6,31 +6,29 @@ Facts this module relies on:
   path ourselves so that ``O_NOFOLLOW`` and ``O_EXCL`` apply and no
   ``multiprocessing.resource_tracker`` is involved. (The tracker unlinks segments
   when the process that *attached* exits, the trap this module exists to avoid:
-  a process that only attaches never unlinks.) Elsewhere CPython's
-  ``_posixshmem.shm_open`` is used.
-* ``flock`` locks belong to an open file description and the kernel drops them
-  when the last descriptor of it closes, however the process died. A forked
-  child shares its parent's descriptions, so every region reopens its lock file
-  in the child (see ``_fork``) instead of flocking an inherited descriptor.
-* A new tmpfs object reads as zeros after ``ftruncate``. Creation and header
-  initialisation happen while the kind's lock file is held exclusively, so a
-  peer never attaches to a half-initialised header; any failure after creating
-  the object unlinks it again. A creator killed between ``open`` and the header
-  write leaves an empty or all-zero object; the next opener, holding the same
-  flock, knows nobody else is initialising it and initialises it.
+  a process that only attaches never unlinks.)
+* ``link(2)`` of a new name fails with ``EEXIST`` when the name exists. A new
+  object is therefore created under a temporary name, sized, fully initialised
+  (header and section block) and only then linked to its real name: a peer never
+  attaches to a half-written header, and no lock file is needed to create one.
+  A creator killed before the link leaves only its temporary name, which no peer
+  opens (``orbit clear`` removes it).
+* Each object carries its own critical section in its section block (see
+  ``_section``), so every process that maps the object is excluded, whatever
+  its environment.
 
-Invariant: every mutation of a region's bytes by the lock table happens between
+Invariant: every mutation of a region's bytes by a table happens between
 ``acquire()`` and ``release()``: the process mutex (threads) and then the
-``flock`` (processes).
+object's section (processes).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import mmap
 import os
+import secrets
 import stat
 import struct
 import threading
@@ -39,15 +37,21 @@ from pathlib import Path
 from typing import Final
 
 from . import _fork
-from ._access import check_fd, euid, lock_dir, open_checked
-from ._errors import AccessDenied, FleetError, LayoutMismatch
+from ._access import check_shm_dir, euid, open_checked
+from ._errors import FleetError, LayoutMismatch
+from ._section import (
+    SECTION_BYTES,
+    Section,
+    attach_section,
+    block_offset,
+    chosen_mechanism,
+    create_section,
+    object_bytes,
+)
 
 SHM_DIR: Final = Path("/dev/shm")
-_USE_SHM_DIR: Final = SHM_DIR.is_dir()
-
-#: Leading bytes that are never all zero in an initialised object (every layout
-#: starts with a non-zero magic); all zero under the flock means the creator died.
-HEADER_PROBE: Final = 16
+#: Marks the temporary name of an object being created (``orbit clear`` removes leftovers).
+CREATING: Final = ".creating-"
 #: Seconds ``close`` waits for another thread's critical section before it closes
 #: anyway (a step takes microseconds; a longer wait is a section stuck in ``flock``).
 CLOSE_WAIT: Final = 1.0
@@ -72,36 +76,79 @@ def object_name(fleet: str, kind: int) -> str:
     return f"orbit-{fleet}-{kind}-{euid()}"
 
 
-def lock_path(fleet: str, kind: int) -> Path:
-    """The companion lock file whose ``flock`` serialises that object."""
-    return lock_dir() / f"{object_name(fleet, kind)}.lock"
+def _path(name: str) -> Path:
+    return SHM_DIR / name
 
 
-def _open_object(name: str, *, create: bool) -> int:
-    """Open an SHM object read/write; ``create`` means create-exclusive."""
-    if _USE_SHM_DIR:
-        return open_checked(SHM_DIR / name, create=create, exclusive=create)
-    import _posixshmem  # type: ignore[import-not-found]  # noqa: PLC0415 - no /dev/shm here
+def open_object(name: str, *, create: bool) -> int:
+    """Open an SHM object read/write (``create``: create-exclusive), checked as ours.
 
-    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-    fd: int = _posixshmem.shm_open("/" + name, flags, mode=0o600)
+    Raises:
+        AccessDenied: a symlink, another owner (even with mode 0600), a wider mode,
+            or ``/dev/shm`` itself is not a directory only its owner can plant in.
+        FleetError: this system has no ``/dev/shm``.
+    """
+    check_shm_dir(SHM_DIR)
+    return open_checked(_path(name), create=create, exclusive=create)
+
+
+def open_or_create(name: str, size: int, init: Callable[[int], None]) -> tuple[int, bool]:
+    """Open the object ``name``, or create it: sized and initialised before it has its name.
+
+    Args:
+        name: the object's name in ``/dev/shm``.
+        size: bytes of a new object.
+        init: writes a new object's contents through its descriptor.
+
+    Returns:
+        ``(descriptor, created)``; the caller owns the descriptor.
+
+    Raises:
+        AccessDenied: as for :func:`open_object`. FleetError: no space for it.
+    """
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            return open_object(name, create=False), False
+        temporary = f"{name}{CREATING}{os.getpid()}-{secrets.token_hex(4)}"
+        fd = open_object(temporary, create=True)
+        try:
+            _allocate(fd, name, size)
+            init(fd)
+            os.link(_path(temporary), _path(name))
+        except FileExistsError:
+            os.close(fd)  # another creator won: attach to its object
+            continue
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            unlink_object(temporary)
+        return fd, True
+
+
+def _allocate(fd: int, name: str, size: int) -> None:
+    """Size a new object, reserving its pages.
+
+    A sparse tmpfs object that later finds ``/dev/shm`` full kills the writer
+    with SIGBUS; ``posix_fallocate`` refuses up front instead.
+
+    Raises:
+        FleetError: not enough space for the object.
+    """
     try:
-        check_fd(fd, f"shm object {name!r}")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+            raise
+        raise FleetError(
+            f"shm object {name!r}: no space for {size:,} bytes ({error.strerror})"
+        ) from error
 
 
 def unlink_object(name: str) -> bool:
     """Remove an SHM object name; True if it existed. Mappings stay valid."""
     try:
-        if _USE_SHM_DIR:
-            os.unlink(SHM_DIR / name)
-        else:
-            import _posixshmem  # noqa: PLC0415 - only where /dev/shm is missing
-
-            _posixshmem.shm_unlink("/" + name)
+        os.unlink(_path(name))
     except FileNotFoundError:
         return False
     return True
@@ -110,11 +157,8 @@ def unlink_object(name: str) -> bool:
 def listed_objects() -> list[tuple[str, int, int]]:
     """(fleet, kind, bytes) of every orbit SHM object of this user, sorted.
 
-    Lists ``/dev/shm``; where there is none, objects cannot be listed and the
-    result is empty. Entries that are not our regular files are skipped.
+    Entries that are not our regular files, and objects still being created, are skipped.
     """
-    if not _USE_SHM_DIR:
-        return []
     suffix = f"-{euid()}"
     found = []
     for entry in os.scandir(SHM_DIR):
@@ -128,10 +172,20 @@ def listed_objects() -> list[tuple[str, int, int]]:
     return sorted(found)
 
 
+def leftover_creations(fleet: str) -> list[str]:
+    """Temporary names of a fleet's objects whose creators died before linking them."""
+    prefix = f"orbit-{fleet}-"
+    return [
+        entry.name
+        for entry in os.scandir(SHM_DIR)
+        if entry.name.startswith(prefix) and CREATING in entry.name
+    ]
+
+
 def object_size(name: str) -> int | None:
     """Size in bytes of an existing object we own, or None when absent."""
     try:
-        fd = _open_object(name, create=False)
+        fd = open_object(name, create=False)
     except FileNotFoundError:
         return None
     try:
@@ -142,12 +196,32 @@ def object_size(name: str) -> int | None:
 
 def read_prefix(name: str, size: int) -> bytes:
     """The first ``size`` bytes of an existing object we own (zero-padded if shorter)."""
-    fd = _open_object(name, create=False)
+    fd = open_object(name, create=False)
     try:
         data = os.pread(fd, size, 0)
     finally:
         os.close(fd)
     return data.ljust(size, b"\0")
+
+
+def map_section(fd: int, size: int, what: str) -> tuple[mmap.mmap, Section]:
+    """Map the section block of an existing object whose layout is ``size`` bytes.
+
+    Raises:
+        LayoutMismatch: the object is not exactly that layout plus its block, or the
+            block is not one this process can use.
+    """
+    actual = os.fstat(fd).st_size
+    if actual != object_bytes(size):
+        raise LayoutMismatch(
+            f"{what} has {actual} bytes; its layout and section block need {object_bytes(size)}"
+        )
+    block = mmap.mmap(fd, SECTION_BYTES, mmap.MAP_SHARED, offset=block_offset(size))
+    try:
+        return block, attach_section(block, fd, what)
+    except BaseException:
+        block.close()
+        raise
 
 
 class Region:
@@ -162,6 +236,8 @@ class Region:
     name: str
     size: int
     buf: mmap.mmap
+    #: The section block's own mapping (shared regions only).
+    block: mmap.mmap
     created: bool
 
     def __init__(self, fleet: str, kind: int, size: int, *, shared: bool) -> None:
@@ -173,7 +249,7 @@ class Region:
         self.created = False
         self.unlinked = False
         self.shared = shared
-        self._lock_fd = -1
+        self.section: Section | None = None
         self._mutex = threading.Lock()
         #: ``inside`` is True in a thread from just before it takes the mutex to just
         #: after it lets go: a close() that finds it set runs inside that section.
@@ -186,28 +262,42 @@ class Region:
     def open_shared(
         cls, fleet: str, kind: int, size: int, init: Init, validate: Validate
     ) -> Region:
-        """Create or attach ``orbit-{fleet}-{kind}-{uid}``, under the kind's flock.
+        """Create or attach ``orbit-{fleet}-{kind}-{uid}``.
+
+        A new object is initialised (``init``, then its section block) before it
+        gets its name, so every peer sees a whole header.
 
         Args:
             fleet: validated fleet name.
             kind: SHM kind number, 0..255.
-            size: bytes the layout needs.
+            size: bytes the layout needs (the object adds its section block).
             init: writes the header into a new, zeroed mapping.
             validate: raises :class:`LayoutMismatch` when an existing mapping's
                 header differs from the expected layout.
 
         Raises:
             AccessDenied: foreign owner, wider mode or symlink (object untouched).
-            LayoutMismatch: the existing object is too small or its header differs.
+            LayoutMismatch: the existing object has another size, header or section.
+            FleetError: no space in ``/dev/shm`` for a new object.
         """
         region = cls(fleet, kind, size, shared=True)
+        mechanism = chosen_mechanism()
+
+        def create(fd: int) -> None:
+            region.buf = region._map_layout(fd)
+            init(region.buf)
+            region.block = region._map_block(fd)
+            region.section = create_section(region.block, fd, mechanism)
+
         try:
-            region._lock_fd = open_checked(lock_path(fleet, kind), create=True)
-            fcntl.flock(region._lock_fd, fcntl.LOCK_EX)
+            fd, region.created = open_or_create(region.name, object_bytes(size), create)
             try:
-                region._map(init, validate)
+                if not region.created:
+                    region.block, region.section = map_section(fd, size, repr(region.name))
+                    region.buf = region._map_layout(fd)
+                    validate(region.buf)
             finally:
-                fcntl.flock(region._lock_fd, fcntl.LOCK_UN)
+                os.close(fd)
         except BaseException:
             region.close()
             raise
@@ -218,70 +308,22 @@ class Region:
     def open_private(cls, fleet: str, kind: int, size: int, init: Init) -> Region:
         """Process-private anonymous memory with the same interface (``Fleet.local``)."""
         region = cls(fleet, kind, size, shared=False)
-        # MAP_PRIVATE: a forked child gets a copy, not memory shared without a flock.
+        # MAP_PRIVATE: a forked child gets a copy, not memory shared without a section.
         region.buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
         region.created = True
         init(region.buf)
         return region
 
-    def _map(self, init: Init, validate: Validate) -> None:
-        try:
-            fd = _open_object(self.name, create=True)
-            self.created = True
-        except FileExistsError:
-            fd = _open_object(self.name, create=False)
-        try:
-            actual = os.fstat(fd).st_size
-            if self.created or actual == 0:  # actual == 0: a creator died before sizing it
-                self._allocate(fd)
-                actual = self.size
-                self.created = True
-            if actual < self.size:
-                raise LayoutMismatch(
-                    f"shm object {self.name!r} has {actual} bytes; the layout needs {self.size}",
-                    fleet=self.fleet,
-                    kind=self.kind,
-                )
-            self.buf = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            if not self.created and not any(self.buf[:HEADER_PROBE]):
-                self.created = True  # a creator died before writing the header
-            if self.created:
-                init(self.buf)
-            else:
-                validate(self.buf)
-        except BaseException:
-            if self.created:
-                unlink_object(self.name)
-            raise
-        finally:
-            os.close(fd)
+    def _map_layout(self, fd: int) -> mmap.mmap:
+        return mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
-    def _allocate(self, fd: int) -> None:
-        """Size the new object, reserving its pages where the system can.
-
-        A sparse tmpfs object that later finds ``/dev/shm`` full kills the
-        writer with SIGBUS; ``posix_fallocate`` refuses up front instead.
-
-        Raises:
-            FleetError: not enough space for the object.
-        """
-        try:
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(fd, 0, self.size)
-            else:
-                os.ftruncate(fd, self.size)
-        except OSError as error:
-            if error.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
-                raise
-            raise FleetError(
-                f"shm object {self.name!r}: no space for {self.size:,} bytes ({error.strerror})",
-                fleet=self.fleet,
-            ) from error
+    def _map_block(self, fd: int) -> mmap.mmap:
+        return mmap.mmap(fd, SECTION_BYTES, mmap.MAP_SHARED, offset=block_offset(self.size))
 
     # -- critical section ----------------------------------------------------------
 
     def acquire(self) -> None:
-        """Enter the critical section: process mutex, then the kind's ``flock``.
+        """Enter the critical section: process mutex, then the object's section.
 
         Raises:
             FleetError: the region is closed (its mapping is gone).
@@ -291,9 +333,10 @@ class Region:
         try:
             if self._closed:
                 raise FleetError(f"shm object {self.name!r} is closed")
-            if self.shared:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-                if self._closed:  # closed while this thread waited for the flock
+            if self.section is not None:
+                self.section.acquire()
+                if self._closed:  # closed while this thread waited for the section
+                    self.section.release()
                     raise FleetError(f"shm object {self.name!r} is closed")
         except BaseException as error:
             self._leave()
@@ -304,11 +347,12 @@ class Region:
     def release(self) -> None:
         """Leave the critical section entered by :meth:`acquire`.
 
-        After a forced :meth:`close` the descriptor is gone, and so is its lock.
+        After a forced :meth:`close` of a flock section the descriptor is gone, and
+        so is its lock.
         """
         try:
-            if self.shared and self._lock_fd >= 0:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            if self.section is not None:
+                self.section.release()
         finally:
             self._leave()
 
@@ -321,22 +365,18 @@ class Region:
     def _after_fork_in_child(self) -> None:
         self._mutex = threading.Lock()
         self._thread = threading.local()
-        if self._lock_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._lock_fd)  # closing our copy never unlocks the parent's
-            self._lock_fd = -1
-            if not self._closed:
-                with contextlib.suppress(OSError, AccessDenied):
-                    self._lock_fd = open_checked(lock_path(self.fleet, self.kind), create=True)
+        if self.section is not None and not self._closed:
+            self.section.after_fork_in_child()
 
     def close(self) -> None:
-        """Unmap and close descriptors; never unlinks. Idempotent.
+        """Unmap the layout and close descriptors; never unlinks. Idempotent.
 
         Waits for a critical section another thread is in (up to
         :data:`CLOSE_WAIT` seconds), so that step finishes under its locks; later
         :meth:`acquire` calls raise :class:`FleetError`. Called from inside this
         thread's own section (a signal handler), it closes at once, and the
-        interrupted step ends with the mapping's ``ValueError``.
+        interrupted step ends with the mapping's ``ValueError``. The section block
+        stays mapped while its section object lives (a thread may wait on it).
         """
         if self._closed:
             return
@@ -350,22 +390,18 @@ class Region:
                 self._mutex.release()
 
     def _close_now(self) -> None:
-        if self._lock_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._lock_fd)
-            self._lock_fd = -1
+        if self.section is not None:
+            self.section.close()
         buf = getattr(self, "buf", None)
         if buf is not None:
             with contextlib.suppress(BufferError, ValueError):
                 buf.close()
 
     def unlink(self) -> None:
-        """Remove the object's name and its lock file; existing mappings stay valid."""
+        """Remove the object's name; existing mappings stay valid."""
         self.unlinked = True
         if self.shared:
             unlink_object(self.name)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(lock_path(self.fleet, self.kind))
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("shared" if self.shared else "private")

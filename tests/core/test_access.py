@@ -9,28 +9,22 @@ from pathlib import Path
 import pytest
 
 from orbitive import Fleet
-from orbitive._access import lock_dir
-from orbitive._fleet import membership_path, node_path
-from orbitive._region import lock_path
+from orbitive._access import check_shm_dir
+from orbitive._fleet import members_name
+from orbitive._region import SHM_DIR
+from orbitive._errors import FleetError
 from orbitive.lock import AccessDenied, LockLayout, LockTable
 
-from .._capabilities import NEEDS_ROOT, NEEDS_SHM_DIR
+from .._capabilities import NEEDS_ROOT
 from .._fleets import shm_path
+from .._processes import Channel, Processes
 
 LAYOUT = LockLayout()
+OTHER_UID = 4242
 
 
 def mode(path: Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
-
-
-@pytest.fixture
-def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private XDG_RUNTIME_DIR for this test, so the lock directory is made fresh."""
-    base = tmp_path / "runtime"
-    base.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
-    return base
 
 
 def planted(path: Path, data: bytes, file_mode: int) -> tuple[bytes, int]:
@@ -40,40 +34,24 @@ def planted(path: Path, data: bytes, file_mode: int) -> tuple[bytes, int]:
     return data, file_mode
 
 
-@NEEDS_SHM_DIR
-def test_objects_and_lock_files_are_0600_in_a_0700_lock_directory(
-    runtime_dir: Path, fleet_name: str
-) -> None:
+def test_objects_are_0600_and_ours_and_nothing_lives_outside_dev_shm(fleet_name: str) -> None:
     with Fleet.join(fleet_name, 2) as fleet:
         table = LockTable(fleet)
-        directory = lock_dir()
-        assert directory == runtime_dir / f"orbit-{os.geteuid()}"
-        assert mode(directory) == 0o700
-        for path in (
-            shm_path(fleet_name, LAYOUT.state_kind),
-            shm_path(fleet_name, LAYOUT.event_kind),
-            lock_path(fleet_name, LAYOUT.state_kind),
-            lock_path(fleet_name, LAYOUT.event_kind),
-            node_path(fleet_name, fleet.node),
-            membership_path(fleet_name),
-        ):
+        paths = sorted(SHM_DIR.glob(f"orbit-{fleet_name}-*"))
+        assert paths == sorted(
+            [
+                shm_path(fleet_name, LAYOUT.state_kind),
+                shm_path(fleet_name, LAYOUT.event_kind),
+                SHM_DIR / members_name(fleet_name),
+            ]
+        )
+        for path in paths:
             assert mode(path) == 0o600, path
             assert os.lstat(path).st_uid == os.geteuid()
         table.close()
         table.unlink()
 
 
-def test_lock_directory_defaults_to_tmp_without_an_absolute_runtime_dir(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    for value in ("", "relative/dir"):
-        monkeypatch.setenv("XDG_RUNTIME_DIR", value)
-        assert lock_dir() == Path("/tmp") / f"orbit-{os.geteuid()}"
-    monkeypatch.delenv("XDG_RUNTIME_DIR")
-    assert lock_dir().parent == Path("/tmp")
-
-
-@NEEDS_SHM_DIR
 @pytest.mark.parametrize("file_mode", [0o644, 0o640, 0o606, 0o610])
 def test_preexisting_object_with_a_wider_mode_is_access_denied_and_untouched(
     fleet_name: str, file_mode: int
@@ -87,57 +65,14 @@ def test_preexisting_object_with_a_wider_mode_is_access_denied_and_untouched(
     assert (path.read_bytes(), mode(path)) == (data, file_mode)
 
 
-@pytest.mark.parametrize("file_mode", [0o644, 0o620])
-def test_preexisting_lock_file_with_a_wider_mode_is_access_denied_and_untouched(
-    runtime_dir: Path, fleet_name: str, file_mode: int
-) -> None:
-    del runtime_dir
-    path = lock_path(fleet_name, LAYOUT.state_kind)
-    data, _ = planted(path, b"", file_mode)
-    with Fleet.join(fleet_name, 2) as fleet, pytest.raises(AccessDenied):
-        LockTable(fleet)
-    assert (path.read_bytes(), mode(path)) == (data, file_mode)
-    node_file = node_path(fleet_name, 0)
-    planted(node_file, b"", 0o644)
-    with pytest.raises(AccessDenied):
-        Fleet.join(fleet_name, 2, node=0)
-    assert mode(node_file) == 0o644
-
-
-def test_symlinked_lock_directory_is_access_denied_and_untouched(
-    runtime_dir: Path, fleet_name: str
-) -> None:
-    real = runtime_dir / "elsewhere"
-    real.mkdir(mode=0o700)
-    link = runtime_dir / f"orbit-{os.geteuid()}"
-    link.symlink_to(real)
-    with pytest.raises(AccessDenied, match="symlink"):
-        Fleet.join(fleet_name, 2)
-    assert link.is_symlink() and os.readlink(link) == str(real)
-    assert list(real.iterdir()) == []
-    assert mode(real) == 0o700
-
-
-@pytest.mark.parametrize("dir_mode", [0o755, 0o711, 0o770])
-def test_lock_directory_with_a_wider_mode_is_access_denied_and_untouched(
-    runtime_dir: Path, fleet_name: str, dir_mode: int
-) -> None:
-    directory = runtime_dir / f"orbit-{os.geteuid()}"
-    directory.mkdir()
-    directory.chmod(dir_mode)
+def test_a_membership_object_with_a_wider_mode_is_access_denied(fleet_name: str) -> None:
+    path = SHM_DIR / members_name(fleet_name)
+    planted(path, b"", 0o644)
     with pytest.raises(AccessDenied):
         Fleet.join(fleet_name, 2)
-    assert mode(directory) == dir_mode
-    assert list(directory.iterdir()) == []
+    assert mode(path) == 0o644
 
 
-def test_lock_directory_that_is_a_file_is_access_denied(runtime_dir: Path, fleet_name: str) -> None:
-    planted(runtime_dir / f"orbit-{os.geteuid()}", b"", 0o600)
-    with pytest.raises(AccessDenied, match="not a directory"):
-        Fleet.join(fleet_name, 2)
-
-
-@NEEDS_SHM_DIR
 def test_symlinked_object_is_access_denied_and_its_target_untouched(
     tmp_path: Path, fleet_name: str
 ) -> None:
@@ -151,36 +86,89 @@ def test_symlinked_object_is_access_denied_and_its_target_untouched(
     assert link.is_symlink()
 
 
-def test_symlinked_lock_file_is_access_denied(
-    runtime_dir: Path, tmp_path: Path, fleet_name: str
-) -> None:
-    del runtime_dir
+def test_symlinked_membership_object_is_access_denied(tmp_path: Path, fleet_name: str) -> None:
     target = tmp_path / "target"
     planted(target, b"", 0o600)
-    membership_path(fleet_name).symlink_to(target)
+    (SHM_DIR / members_name(fleet_name)).symlink_to(target)
     with pytest.raises(AccessDenied, match="symlink"):
         Fleet.join(fleet_name, 2)
+    assert target.read_bytes() == b""
 
 
 @NEEDS_ROOT
-@NEEDS_SHM_DIR
 def test_object_owned_by_another_user_is_access_denied_and_untouched(fleet_name: str) -> None:
     path = shm_path(fleet_name, LAYOUT.state_kind)
     data, _ = planted(path, b"\1" * 128, 0o600)
-    os.chown(path, 4242, 4242)
+    os.chown(path, OTHER_UID, OTHER_UID)
     with Fleet.join(fleet_name, 2) as fleet, pytest.raises(AccessDenied, match="4242"):
         LockTable(fleet)
     assert path.read_bytes() == data
-    assert os.lstat(path).st_uid == 4242
+    assert os.lstat(path).st_uid == OTHER_UID
+
+
+def join_as(channel: Channel, uid: int, fleet_name: str) -> None:
+    """In a child: become ``uid`` and join; sends the error's class name, or 'joined'."""
+    os.setgid(uid)
+    os.setuid(uid)
+    try:
+        Fleet.join(fleet_name, 2).close()
+    except Exception as error:  # noqa: BLE001 - the class is the answer
+        channel.send(type(error).__name__)
+        return
+    channel.send("joined")
 
 
 @NEEDS_ROOT
-def test_lock_directory_owned_by_another_user_is_access_denied(
-    runtime_dir: Path, fleet_name: str
+def test_a_0600_object_of_another_user_under_our_name_is_access_denied(
+    processes: Processes, fleet_name: str
 ) -> None:
-    directory = runtime_dir / f"orbit-{os.geteuid()}"
-    directory.mkdir(mode=0o700)
-    os.chown(directory, 4242, 4242)
+    # The joiner runs as OTHER_UID; the object under its name belongs to OTHER_UID + 1,
+    # so opening it fails with EACCES (not our uid check): still AccessDenied.
+    path = SHM_DIR / f"orbit-{fleet_name}-members-{OTHER_UID}"
+    planted(path, b"\0" * 128, 0o600)
+    os.chown(path, OTHER_UID + 1, OTHER_UID + 1)
+    try:
+        assert processes.start(join_as, OTHER_UID, fleet_name).recv() == "AccessDenied"
+        assert os.lstat(path).st_uid == OTHER_UID + 1
+    finally:
+        path.unlink()
+
+
+@pytest.mark.parametrize(
+    ("dir_mode", "refused"),
+    [(0o1777, False), (0o700, False), (0o755, False), (0o777, True), (0o773, True)],
+)
+def test_a_shared_memory_folder_others_may_write_must_be_sticky(
+    tmp_path: Path, dir_mode: int, refused: bool
+) -> None:
+    folder = tmp_path / "shm"
+    folder.mkdir()
+    folder.chmod(dir_mode)
+    if refused:
+        with pytest.raises(AccessDenied, match="sticky"):
+            check_shm_dir(folder)
+    else:
+        check_shm_dir(folder)
+
+
+def test_a_symlinked_or_missing_shared_memory_folder_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(AccessDenied, match="not a directory"):
+        check_shm_dir(tmp_path / "link")
+    with pytest.raises(FleetError, match="shared memory"):
+        check_shm_dir(tmp_path / "missing")
+
+
+@NEEDS_ROOT
+def test_a_shared_memory_folder_of_another_user_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "shm"
+    folder.mkdir(mode=0o1777)
+    os.chown(folder, OTHER_UID, OTHER_UID)
     with pytest.raises(AccessDenied, match="4242"):
-        Fleet.join(fleet_name, 2)
-    assert list(directory.iterdir()) == []
+        check_shm_dir(folder)
+
+
+def test_the_real_shared_memory_folder_passes() -> None:
+    check_shm_dir(SHM_DIR)

@@ -13,7 +13,8 @@ import pytest
 
 from orbitive import Fleet
 from orbitive._errors import FleetError, InvalidCapacity, InvalidName, NodeOutsideFleet
-from orbitive._fleet import node_path
+from orbitive._fleet import members_name
+from orbitive._region import SHM_DIR
 from orbitive.lock import Acquired, LockKey, LockTable
 
 from .._children import report_node, sleep_forever, start_server, try_twice_in_child
@@ -91,7 +92,8 @@ def test_incarnation_differs_for_every_life_of_a_node(
 def test_is_alive_is_false_for_a_node_never_claimed(fleet_name: str) -> None:
     with Fleet.join(fleet_name, 4) as fleet:
         assert not fleet.is_alive(3)
-        assert not node_path(fleet_name, 3).exists()
+    with Fleet.observe(fleet_name, 4) as observer:
+        assert not observer.is_alive(3)
 
 
 def test_local_fleet_claims_nothing_and_reports_only_its_own_node(fleet_name: str) -> None:
@@ -196,7 +198,7 @@ def test_forked_child_of_a_full_fleet_keeps_failing_and_never_uses_the_parents_n
 def test_an_execd_program_does_not_inherit_the_node_lock(fleet_name: str) -> None:
     fleet = Fleet.join(fleet_name, 2)
     node = fleet.node
-    lock_file = node_path(fleet_name, node)
+    lock_file = SHM_DIR / members_name(fleet_name)
     program = [sys.executable, "-c", "import time; time.sleep(60)"]
     with exec_program(program, close_fds=False) as child:
         fds = Path(f"/proc/{child.pid}/fd")

@@ -1,9 +1,8 @@
-"""SHM regions: creation under the kind's flock, cleanup of failed creation, unlink and close."""
+"""SHM regions: creation under a temporary name, cleanup of failed creation, unlink and close."""
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import mmap
 import os
 import signal
@@ -15,13 +14,13 @@ import pytest
 from orbitive import Fleet
 from orbitive._access import open_checked
 from orbitive._errors import FleetError
-from orbitive._region import CLOSE_WAIT, Region, lock_path
+from orbitive._fleet import members_name
+from orbitive._region import CLOSE_WAIT, Region, leftover_creations, object_name, read_prefix
 from orbitive.lock import LayoutMismatch, LockKey, LockLayout, LockTable
 
 from .._capabilities import NEEDS_SHM_DIR
-from .._children import Server, serve
 from .._fleets import fleet_files, shm_path
-from .._processes import Processes
+from .._processes import Channel, Processes
 
 KIND = 150
 
@@ -39,28 +38,43 @@ def no_check(buf: mmap.mmap) -> None:
     del buf
 
 
-def test_attach_waits_while_another_process_holds_the_kinds_flock(
+def slow_create(channel: Channel, fleet_name: str) -> None:
+    """In a child: create the object with an init that pauses half-way."""
+
+    def init(buf: mmap.mmap) -> None:
+        buf[0:4] = b"half"
+        channel.send("half")
+        time.sleep(0.5)
+        buf[4:8] = b"done"
+
+    region = Region.open_shared(fleet_name, KIND, 4096, init, no_check)
+    channel.send(region.created)
+    channel.recv()
+
+
+def test_a_new_object_gets_its_name_only_once_it_is_initialised(
     processes: Processes, fleet_name: str
 ) -> None:
-    fd = open_checked(lock_path(fleet_name, LockLayout().state_kind), create=True)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # as a creator does while it writes the header
-        child = processes.start(serve, fleet_name, 4, None, None)
-        with pytest.raises(TimeoutError):
-            child.recv(timeout=0.3)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        server = Server(child)
-        assert server.table("leases") == []
-        assert server.stop() == 0
-    finally:
-        os.close(fd)
+    child = processes.start(slow_create, fleet_name)
+    assert child.recv() == "half"
+    assert not shm_path(fleet_name, KIND).exists(), "a half-written object has no name yet"
+    assert leftover_creations(fleet_name), "it is written under a temporary name"
+    assert child.recv() is True
+    assert read_prefix(object_name(fleet_name, KIND), 8) == b"halfdone"
+    assert leftover_creations(fleet_name) == []
+    region = Region.open_shared(fleet_name, KIND, 4096, failing_init, no_check)
+    assert not region.created and region.buf[0:8] == b"halfdone"
+    child.send("stop")
+    assert child.wait() == 0
+    region.close()
+    region.unlink()
 
 
 @NEEDS_SHM_DIR
 def test_a_failed_initialisation_unlinks_the_new_object(fleet_name: str) -> None:
     with pytest.raises(InitFailed):
         Region.open_shared(fleet_name, KIND, 4096, failing_init, no_check)
-    assert not shm_path(fleet_name, KIND).exists()
+    assert fleet_files(fleet_name) == []
     region = Region.open_shared(fleet_name, KIND, 4096, lambda buf: None, no_check)
     assert region.created
     assert region.buf[0:4] == b"\0\0\0\0"
@@ -80,38 +94,39 @@ def test_an_existing_object_too_small_is_layout_mismatch_and_untouched(fleet_nam
 
 
 @NEEDS_SHM_DIR
-def test_table_unlink_removes_objects_and_lock_files_but_not_fleet_files(fleet_name: str) -> None:
+def test_table_unlink_removes_its_objects_but_not_the_membership_object(fleet_name: str) -> None:
     with Fleet.join(fleet_name, 2) as fleet:
         table = LockTable(fleet)
         layout = table.layout
         table.unlink()
-        remaining = {path.name for path in fleet_files(fleet_name)}
         for kind in (layout.state_kind, layout.event_kind):
             assert not shm_path(fleet_name, kind).exists()
-            assert lock_path(fleet_name, kind).name not in remaining
-        assert remaining, "the fleet's own node and membership files stay"
+        assert [path.name for path in fleet_files(fleet_name)] == [members_name(fleet_name)]
         assert table.current(LockKey("tests.region", "after-unlink")) is None  # still mapped
         table.close()
 
 
-@NEEDS_SHM_DIR
-@pytest.mark.parametrize("size", [0, LockLayout().state_size], ids=["empty", "zeroed"])
-def test_object_left_by_a_creator_killed_before_its_header_is_initialised_again(
-    fleet_name: str, size: int
+def killed_in_init(channel: Channel, fleet_name: str) -> None:
+    """In a child: start creating the object, then die before it is linked."""
+
+    def init(buf: mmap.mmap) -> None:
+        del buf
+        os._exit(3)
+
+    del channel
+    Region.open_shared(fleet_name, KIND, 4096, init, no_check)
+
+
+def test_a_creator_killed_before_the_link_leaves_only_a_temporary_name(
+    processes: Processes, fleet_name: str
 ) -> None:
-    layout = LockLayout()
-    fd = os.open(shm_path(fleet_name, layout.state_kind), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    os.ftruncate(fd, size)
-    os.close(fd)
-    with Fleet.join(fleet_name, 2) as fleet:
-        table = LockTable(fleet, layout)
-        try:
-            assert table.leases() == []
-            assert table.current(LockKey("ns", "a")) is None
-            assert shm_path(fleet_name, layout.state_kind).stat().st_size == layout.state_size
-        finally:
-            table.close()
-            table.unlink()
+    assert processes.start(killed_in_init, fleet_name).wait() == 3
+    assert not shm_path(fleet_name, KIND).exists()
+    assert len(leftover_creations(fleet_name)) == 1
+    region = Region.open_shared(fleet_name, KIND, 4096, lambda buf: None, no_check)
+    assert region.created
+    region.close()
+    region.unlink()
 
 
 def test_a_table_built_after_unlink_uses_the_new_object(fleet_name: str) -> None:
@@ -169,11 +184,21 @@ def test_close_inside_this_threads_own_section_closes_at_once(fleet_name: str) -
         region.unlink()
 
 
-def test_a_thread_waiting_for_the_flock_when_close_gives_up_gets_fleet_error(
-    fleet_name: str,
+def hold_section(channel: Channel, fleet_name: str) -> None:
+    """In a child: hold the region's section until told to let go."""
+    region = _open(fleet_name)
+    region.acquire()
+    channel.send("held")
+    channel.recv()
+    region.release()
+    channel.send("released")
+
+
+def test_a_thread_waiting_for_the_section_when_close_gives_up_gets_fleet_error(
+    processes: Processes, fleet_name: str
 ) -> None:
     region = _open(fleet_name)
-    holder = open_checked(lock_path(fleet_name, KIND), create=True)  # another description
+    holder = processes.start(hold_section, fleet_name)
     outcome: list[BaseException] = []
 
     def enter() -> None:
@@ -183,16 +208,16 @@ def test_a_thread_waiting_for_the_flock_when_close_gives_up_gets_fleet_error(
             outcome.append(error)
 
     try:
-        fcntl.flock(holder, fcntl.LOCK_EX)
+        assert holder.recv() == "held"
         waiter = threading.Thread(target=enter)
         waiter.start()
-        time.sleep(0.1)  # the waiter holds the mutex, blocked in flock
+        time.sleep(0.1)  # the waiter holds the mutex, blocked on the other process's section
         region.close()  # gives up after CLOSE_WAIT and closes anyway
-        fcntl.flock(holder, fcntl.LOCK_UN)
+        holder.send("go")
+        assert holder.recv() == "released"
         waiter.join(5.0)
         assert len(outcome) == 1 and isinstance(outcome[0], FleetError), outcome
     finally:
-        os.close(holder)
         region.unlink()
 
 

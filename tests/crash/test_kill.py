@@ -93,12 +93,12 @@ def test_a_process_stopped_in_the_critical_section_holds_others_until_killed(
 ) -> None:
     victim = processes.start(stop_in_critical_section, fleet_name, 4, "acquire")
     assert victim.recv() == "stopped"
-    waiting = processes.start(serve, fleet_name, 4, None, None)
+    waiter = Server(processes.start(serve, fleet_name, 4, None, None))  # attaching never waits
+    waiter.child.send(("table", "current", (KEY,)))
     with pytest.raises(TimeoutError):
-        waiting.recv(timeout=0.3)  # attaching waits on the flock the victim holds
+        waiter.child.recv(timeout=0.3)  # the lookup waits on the section the victim holds
     os.kill(victim.pid, signal.SIGKILL)
-    waiter = Server(waiting)
-    assert waiter.table("current", KEY) is None
+    assert waiter.child.recv() == ("ok", None)  # the kernel handed the section on; KEY absent
     assert waiter.stop() == 0
 
 

@@ -11,9 +11,9 @@ from multiprocessing.process import BaseProcess
 import pytest
 
 from orbitive import Fleet
-from orbitive._fleet import membership_path, node_path
+from orbitive._fleet import members_name
 from orbitive._readiness import BACKENDS, Backend
-from orbitive._region import Region
+from orbitive._region import Region, unlink_object
 
 from ._shared import CAPACITY, open_region, unique_fleet_name
 
@@ -65,9 +65,7 @@ def shm() -> Iterator[Shm]:
     finally:
         region.unlink()
         fleet.close()
-        membership_path(name).unlink(missing_ok=True)
-        for node in range(CAPACITY):
-            node_path(name, node).unlink(missing_ok=True)
+        unlink_object(members_name(name))
 
 
 Start = Callable[..., BaseProcess]

@@ -11,10 +11,16 @@ import sys
 import time
 from collections.abc import Iterator
 
-from .._access import lock_dir, open_checked
 from .._errors import FleetError, InvalidName
-from .._fleet import Fleet, check_fleet_name, membership_path
-from .._region import listed_objects, lock_path, object_name, object_size, unlink_object
+from .._fleet import Fleet, check_fleet_name, members_name
+from .._region import (
+    leftover_creations,
+    listed_objects,
+    object_name,
+    object_size,
+    open_object,
+    unlink_object,
+)
 from .._ring import lane_count_of
 from ..lock import LockEvent, LockKey, LockLayout, LockTable
 
@@ -111,7 +117,7 @@ def _list_fleets() -> int:
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
-    """Unlink objects only while no member holds the fleet membership lock."""
+    """Unlink objects only while no member holds the fleet's membership object."""
     if args.all and not args.yes:
         print("orbit clear: --all needs --yes", file=sys.stderr)
         return 2
@@ -119,17 +125,25 @@ def cmd_clear(args: argparse.Namespace) -> int:
         removed = 0
         for kind in _kinds(args):
             removed += unlink_object(object_name(args.fleet, kind))
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(lock_path(args.fleet, kind))
+        for name in leftover_creations(args.fleet):
+            unlink_object(name)
         if args.all:
-            _remove_fleet_files(args.fleet)
+            unlink_object(members_name(args.fleet))
     print(f"removed {removed} object(s) of fleet {args.fleet!r}")
     return 0
 
 
 @contextlib.contextmanager
 def _exclusive_membership(fleet: str) -> Iterator[None]:
-    fd = open_checked(membership_path(fleet), create=True)
+    """Hold the membership object exclusively: no member is alive, from any environment.
+
+    With no membership object no process has joined since the last ``clear --all``.
+    """
+    try:
+        fd = open_object(members_name(fleet), create=False)
+    except FileNotFoundError:
+        yield
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -142,22 +156,15 @@ def _exclusive_membership(fleet: str) -> Iterator[None]:
         os.close(fd)
 
 
-def _remove_fleet_files(fleet: str) -> None:
-    prefix = f"orbit-{fleet}-{os.geteuid()}."
-    for path in lock_dir().iterdir():
-        if path.name.startswith(prefix) and not path.is_symlink():
-            path.unlink(missing_ok=True)
-
-
 def remove_stopped_fleet_files(fleet: str) -> bool:
-    """Remove a fleet's membership and node lock files once no member is alive.
+    """Remove a fleet's membership object once no member is alive.
 
     Returns:
         True when removed; False when a member is still alive (nothing touched).
     """
     try:
         with _exclusive_membership(fleet):
-            _remove_fleet_files(fleet)
+            unlink_object(members_name(fleet))
     except FleetError:
         return False
     return True

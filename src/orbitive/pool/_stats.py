@@ -6,18 +6,15 @@ it on an attach-only, read-only mapping; :func:`inspect` is that attach.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import mmap
 import os
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import final
 
 from .._access import open_checked
 from .._errors import LayoutMismatch
-from .._region import SHM_DIR, lock_path, object_name
+from .._region import SHM_DIR, map_section, object_name
 from ._layout import (
     DRAINING,
     EPOCH_OFFSET,
@@ -206,21 +203,12 @@ def inspect(fleet: str, kind: int) -> PoolStatistics | None:
             if layout.size > size:
                 raise LayoutMismatch(f"pool table {object_name(fleet, kind)!r} is truncated")
             layout.validate(buf)
-            with _shared_lock(fleet, kind):
+            _, section = map_section(fd, layout.size, repr(object_name(fleet, kind)))
+            section.acquire()
+            try:
                 return collect(buf, layout, fleet)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def _shared_lock(fleet: str, kind: int) -> Iterator[None]:
-    try:
-        fd = open_checked(lock_path(fleet, kind), create=False)
-    except FileNotFoundError:
-        yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        yield
+            finally:
+                section.release()
+                section.close()
     finally:
         os.close(fd)

@@ -1,0 +1,145 @@
+/* orbitive._robust_c: the C twin of _robust.py's RobustMutex (see _robust.h).
+ *
+ * RobustMutex(block) wraps the mutex in one region's section block (a writable
+ * mapping of SECTION_BYTES bytes, kept exported while the object lives, so the
+ * memory stays mapped under a thread that waits for the lock).
+ */
+#define PY_SSIZE_T_CLEAN
+#include "_robust.h"
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;
+    uint8_t *block;
+} RobustMutex;
+
+static int RobustMutex_init(RobustMutex *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"block", NULL};
+    PyObject *block;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O", names, &block))
+        return -1;
+    if (self->block != NULL) {
+        PyErr_SetString(PyExc_TypeError, "RobustMutex is initialised already");
+        return -1;
+    }
+    if (PyObject_GetBuffer(block, &self->view, PyBUF_WRITABLE) < 0)
+        return -1;
+    if (self->view.len < SECTION_BYTES) {
+        PyBuffer_Release(&self->view);
+        PyErr_SetString(PyExc_ValueError, "a section block is smaller than its layout");
+        return -1;
+    }
+    self->block = self->view.buf;
+    return 0;
+}
+
+static int ready(const RobustMutex *self)
+{
+    if (self->block == NULL) {
+        PyErr_SetString(PyExc_ValueError, "RobustMutex is not initialised");
+        return 0;
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(create_doc, "create() -> None: initialise a new mutex (process-shared, robust).");
+
+static PyObject *RobustMutex_create(RobustMutex *self, PyObject *unused)
+{
+    pthread_mutexattr_t attr;
+    int rc;
+    if (!ready(self))
+        return NULL;
+    if ((rc = pthread_mutexattr_init(&attr)) == 0) {
+        if ((rc = pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED)) == 0 &&
+            (rc = pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST)) == 0)
+            rc = pthread_mutex_init((pthread_mutex_t *)(self->block + SECTION_MUTEX_AT), &attr);
+        pthread_mutexattr_destroy(&attr);
+    }
+    if (rc != 0) {
+        robust_error(rc);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(acquire_doc, "acquire() -> None: lock, waiting without the GIL; repairs EOWNERDEAD.");
+
+static PyObject *RobustMutex_acquire(RobustMutex *self, PyObject *unused)
+{
+    if (!ready(self))
+        return NULL;
+    int rc = robust_lock(self->block);
+    if (rc != 0) {
+        robust_error(rc);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(release_doc, "release() -> None: unlock.");
+
+static PyObject *RobustMutex_release(RobustMutex *self, PyObject *unused)
+{
+    if (!ready(self))
+        return NULL;
+    int rc = robust_unlock(self->block);
+    if (rc != 0) {
+        robust_error(rc);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static void RobustMutex_dealloc(RobustMutex *self)
+{
+    if (self->block != NULL)
+        PyBuffer_Release(&self->view);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef RobustMutex_methods[] = {
+    {"create", (PyCFunction)RobustMutex_create, METH_NOARGS, create_doc},
+    {"acquire", (PyCFunction)RobustMutex_acquire, METH_NOARGS, acquire_doc},
+    {"release", (PyCFunction)RobustMutex_release, METH_NOARGS, release_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject RobustMutexType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "orbitive._robust_c.RobustMutex",
+    .tp_doc = PyDoc_STR("The robust process-shared mutex of one section block."),
+    .tp_basicsize = sizeof(RobustMutex),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)RobustMutex_init,
+    .tp_dealloc = (destructor)RobustMutex_dealloc,
+    .tp_methods = RobustMutex_methods,
+};
+
+static struct PyModuleDef robust_module = {
+    PyModuleDef_HEAD_INIT, "orbitive._robust_c",
+    PyDoc_STR("The section's robust mutex in C (see _robust.py)."), -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__robust_c(void)
+{
+    if (PyType_Ready(&RobustMutexType) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&robust_module);
+    if (module == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(module, "RobustMutex", (PyObject *)&RobustMutexType) < 0 ||
+        PyModule_AddIntConstant(module, "MUTEX_BYTES", (long)sizeof(pthread_mutex_t)) < 0 ||
+#ifdef __GLIBC__
+        PyModule_AddIntConstant(module, "GLIBC", 1) < 0
+#else
+        PyModule_AddIntConstant(module, "GLIBC", 0) < 0
+#endif
+    ) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

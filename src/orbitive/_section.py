@@ -1,0 +1,202 @@
+"""The critical section of a shared region, anchored in the region's own object.
+
+Every SHM object ends with a *section block* (one page, see docs/format.md): a
+magic, the mechanism every peer must use, the C library's mutex size, a count
+of recoveries, and (for the robust mutex) the ``pthread_mutex_t`` itself.
+Because the lock lives in the object, any two processes that map the object
+exclude each other, whatever their environment (``XDG_RUNTIME_DIR``,
+``TMPDIR``, working folder): there is no lock file to disagree about.
+
+Two mechanisms, both released by the kernel when their holder dies (seed 000,
+"Crash-safe"), measured side by side in ``bench/section_bench.py``:
+
+* :data:`ROBUST_MUTEX` (the default): a ``PTHREAD_PROCESS_SHARED`` +
+  ``PTHREAD_MUTEX_ROBUST`` mutex in the block. Uncontended it costs no system
+  call; a dead holder's mutex locks with ``EOWNERDEAD`` and is repaired (each
+  table step is crash-safe by its write order, so marking it consistent is the
+  whole repair). Through the C module or, without it, ctypes on glibc.
+* :data:`FLOCK`: ``flock`` on the object's own descriptor (two system calls a
+  section); for C libraries whose mutex layout is unknown. ``ORBIT_SECTION=flock``
+  chooses it when an object is created.
+
+The mechanism is recorded when the object is created; a peer that cannot use
+the recorded one refuses with :class:`LayoutMismatch` instead of silently not
+excluding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import struct
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from . import _robust
+from ._errors import LayoutMismatch
+from ._robust import SECTION_BYTES as SECTION_BYTES
+
+try:
+    from . import _robust_c
+except ImportError:  # not built (no C compiler): ctypes on glibc, or flock
+    _robust_c = None  # type: ignore[assignment, unused-ignore]
+
+#: Section block: magic, version, mechanism, C library, mutex bytes (then at 16
+#: the u64 recovery count and at 64 the mutex, see ``_robust``).
+BLOCK: Final = struct.Struct("<IHBBI")
+BLOCK_MAGIC: Final = 0x4353524F  # "ORSC"
+BLOCK_VERSION: Final = 1
+ROBUST_MUTEX: Final = 1
+FLOCK: Final = 2
+MECHANISMS: Final = {"mutex": ROBUST_MUTEX, "flock": FLOCK}
+_PAGE: Final = mmap.ALLOCATIONGRANULARITY
+
+
+def block_offset(size: int) -> int:
+    """Where the section block of an object whose layout needs ``size`` bytes starts."""
+    return -(-size // _PAGE) * _PAGE
+
+
+def object_bytes(size: int) -> int:
+    """The whole object: the layout, padding to a page, the section block."""
+    return block_offset(size) + SECTION_BYTES
+
+
+class Mutex(Protocol):
+    """Either twin of the robust mutex (``_robust_c.RobustMutex``, ``_robust.RobustMutex``)."""
+
+    def create(self) -> None: ...
+    def acquire(self) -> None: ...
+    def release(self) -> None: ...
+
+
+def _mutex_type() -> Callable[[mmap.mmap], Mutex] | None:
+    """The robust mutex implementation this process can use, C first."""
+    if _robust_c is not None and _robust_c.GLIBC:
+        return _robust_c.RobustMutex
+    return _robust.RobustMutex if _robust.GLIBC else None
+
+
+def _mutex_bytes() -> int:
+    return int(_robust_c.MUTEX_BYTES) if _robust_c is not None else _robust.MUTEX_BYTES
+
+
+def chosen_mechanism() -> int:
+    """The mechanism a new object records: ``ORBIT_SECTION`` if set, else the mutex if usable.
+
+    Raises:
+        LayoutMismatch: ``ORBIT_SECTION`` names no mechanism, or one this process cannot use.
+    """
+    wanted = os.environ.get("ORBIT_SECTION", "")
+    if wanted and wanted not in MECHANISMS:
+        raise LayoutMismatch(f"ORBIT_SECTION must be one of {sorted(MECHANISMS)}, got {wanted!r}")
+    usable = _mutex_type() is not None
+    if wanted == "mutex" and not usable:
+        raise LayoutMismatch("ORBIT_SECTION=mutex: this process has no glibc robust mutex")
+    return MECHANISMS[wanted] if wanted else (ROBUST_MUTEX if usable else FLOCK)
+
+
+class Section(Protocol):
+    """One region's cross-process lock (threads are excluded by the region's own mutex)."""
+
+    mechanism: int
+
+    def acquire(self) -> None: ...
+    def release(self) -> None: ...
+    def after_fork_in_child(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class MutexSection:
+    """The robust mutex in the block; nothing to redo after fork, nothing to close."""
+
+    mechanism = ROBUST_MUTEX
+
+    def __init__(self, block: mmap.mmap, *, create: bool) -> None:
+        mutex_type = _mutex_type()
+        assert mutex_type is not None
+        self.mutex: Mutex = mutex_type(block)
+        if create:
+            self.mutex.create()
+        self.acquire = self.mutex.acquire
+        self.release = self.mutex.release
+
+    def after_fork_in_child(self) -> None:
+        """The mutex is owned by a thread, not an open file: a child simply locks it."""
+
+    def close(self) -> None:
+        """The block stays mapped while any thread may still wait on the mutex."""
+
+
+class FlockSection:
+    """``flock`` on the object's own descriptor (kept open for the region's life)."""
+
+    mechanism = FLOCK
+
+    def __init__(self, fd: int) -> None:
+        self.fd = os.dup(fd)
+        os.set_inheritable(self.fd, False)
+
+    def acquire(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def after_fork_in_child(self) -> None:
+        """Open the same object anew: a flock through the inherited description is the parent's."""
+        if self.fd < 0:
+            return
+        old, self.fd = self.fd, -1
+        with contextlib.suppress(OSError):
+            self.fd = os.open(f"/proc/self/fd/{old}", os.O_RDWR | os.O_CLOEXEC)
+        with contextlib.suppress(OSError):
+            os.close(old)  # closing our copy never unlocks the parent's
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+
+
+def create_section(block: mmap.mmap, fd: int, mechanism: int) -> Section:
+    """Write a new object's section block and return its section."""
+    block[: BLOCK.size] = BLOCK.pack(
+        BLOCK_MAGIC, BLOCK_VERSION, mechanism, _robust.GLIBC, _mutex_bytes()
+    )
+    if mechanism == ROBUST_MUTEX:
+        return MutexSection(block, create=True)
+    return FlockSection(fd)
+
+
+def attach_section(block: mmap.mmap, fd: int, what: str) -> Section:
+    """Validate an existing object's section block and return its section.
+
+    Raises:
+        LayoutMismatch: bad magic or version, an unknown mechanism, or a robust mutex
+            of another C library or size than this process's (or none usable here).
+    """
+    magic, version, mechanism, glibc, mutex_bytes = BLOCK.unpack(block[: BLOCK.size])
+    if magic != BLOCK_MAGIC or version != BLOCK_VERSION:
+        raise LayoutMismatch(f"{what}: no section block (magic {magic:#x}, version {version})")
+    if mechanism == FLOCK:
+        return FlockSection(fd)
+    if mechanism != ROBUST_MUTEX:
+        raise LayoutMismatch(f"{what}: unknown section mechanism {mechanism}")
+    if _mutex_type() is None or not glibc or mutex_bytes != _mutex_bytes():
+        raise LayoutMismatch(
+            f"{what}: its section is a robust mutex of {mutex_bytes} bytes "
+            f"({'glibc' if glibc else 'another C library'}), which this process cannot lock; "
+            "every peer of a fleet must use the same C library"
+        )
+    return MutexSection(block, create=False)
+
+
+def recoveries(block: mmap.mmap) -> int:
+    """How many times a peer found the mutex's holder dead and repaired it."""
+    at = _robust.SECTION_RECOVERIES_AT
+    return int.from_bytes(block[at : at + 8], "little")
