@@ -39,8 +39,8 @@ from typing import Final
 from . import _fork
 from ._access import check_shm_dir, euid, open_checked
 from ._errors import FleetError, LayoutMismatch
+from ._robust import SECTION_BYTES
 from ._section import (
-    SECTION_BYTES,
     Section,
     attach_section,
     block_offset,

@@ -36,7 +36,7 @@ from typing import Final, Protocol
 
 from . import _robust
 from ._errors import LayoutMismatch
-from ._robust import SECTION_BYTES as SECTION_BYTES
+from ._robust import SECTION_BYTES
 
 try:
     from . import _robust_c

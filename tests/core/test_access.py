@@ -10,9 +10,9 @@ import pytest
 
 from orbitive import Fleet
 from orbitive._access import check_shm_dir
+from orbitive._errors import FleetError
 from orbitive._fleet import members_name
 from orbitive._region import SHM_DIR
-from orbitive._errors import FleetError
 from orbitive.lock import AccessDenied, LockLayout, LockTable
 
 from .._capabilities import NEEDS_ROOT
@@ -112,7 +112,7 @@ def join_as(channel: Channel, uid: int, fleet_name: str) -> None:
     os.setuid(uid)
     try:
         Fleet.join(fleet_name, 2).close()
-    except Exception as error:  # noqa: BLE001 - the class is the answer
+    except Exception as error:
         channel.send(type(error).__name__)
         return
     channel.send("joined")
