@@ -1,0 +1,226 @@
+"""The section block: robust mutex twins (C and ctypes), recovery from dead holders,
+the flock mechanism, refusals of blocks a process cannot use, and fork."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from orbitive import Fleet, _robust, _section
+from orbitive._errors import LayoutMismatch
+from orbitive._region import Region
+from orbitive._section import BLOCK, FLOCK, ROBUST_MUTEX, recoveries
+from orbitive.lock import Acquired, LockOwner, LockTable
+
+from .._children import KEY, stop_in_critical_section
+from .._processes import Channel, Processes
+
+KIND = 151
+SIZE = mmap.PAGESIZE
+
+TWINS = ["c", "ctypes"]
+
+
+def no_check(buf: mmap.mmap) -> None:
+    del buf
+
+
+def open_region(fleet_name: str) -> Region:
+    return Region.open_shared(fleet_name, KIND, SIZE, lambda buf: None, no_check)
+
+
+def use_twin(twin: str) -> None:
+    """Make this process lock sections with the C module or with ctypes."""
+    if twin == "ctypes":
+        vars(_section)["_robust_c"] = None
+
+
+@pytest.fixture(params=["mutex", "flock"])
+def mechanism(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Objects created in this test record this mechanism (children inherit it)."""
+    monkeypatch.setenv("ORBIT_SECTION", request.param)
+    yield request.param
+
+
+def hold_and_die(channel: Channel, fleet_name: str, twin: str) -> None:
+    """Lock the region's section, say so, then die holding it."""
+    use_twin(twin)
+    region = open_region(fleet_name)
+    region.acquire()
+    channel.send("held")
+    time.sleep(60)
+
+
+def test_every_mechanism_is_handed_on_when_its_holder_is_killed(
+    processes: Processes, fleet_name: str, mechanism: str
+) -> None:
+    region = open_region(fleet_name)
+    assert region.section is not None
+    assert region.section.mechanism == {"mutex": ROBUST_MUTEX, "flock": FLOCK}[mechanism]
+    holder = processes.start(hold_and_die, fleet_name, "c")
+    assert holder.recv() == "held"
+    blocked = threading.Event()
+
+    def enter() -> None:
+        region.acquire()
+        blocked.set()
+        region.release()
+
+    waiter = threading.Thread(target=enter)
+    waiter.start()
+    assert not blocked.wait(0.3), "the section is held by the other process"
+    assert holder.kill() == -signal.SIGKILL
+    assert blocked.wait(10.0)
+    waiter.join()
+    expected = 1 if mechanism == "mutex" else 0  # EOWNERDEAD was seen and repaired
+    assert recoveries(region.block) == expected
+    region.close()
+    region.unlink()
+
+
+@pytest.mark.parametrize(("holder_twin", "waiter_twin"), [("c", "ctypes"), ("ctypes", "c")])
+def test_the_twins_exclude_each_other_and_repair_each_others_dead_holders(
+    processes: Processes, fleet_name: str, holder_twin: str, waiter_twin: str
+) -> None:
+    region = open_region(fleet_name)
+    holder = processes.start(hold_and_die, fleet_name, holder_twin)
+    assert holder.recv() == "held"
+    result = processes.start(lock_once, fleet_name, waiter_twin)
+    with pytest.raises(TimeoutError):
+        result.recv(timeout=0.3)
+    assert holder.kill() == -signal.SIGKILL
+    assert result.recv() == ("locked", 1)
+    region.acquire()  # and it is a normal, consistent mutex again
+    region.release()
+    region.close()
+    region.unlink()
+
+
+def lock_once(channel: Channel, fleet_name: str, twin: str) -> None:
+    use_twin(twin)
+    region = open_region(fleet_name)
+    region.acquire()
+    region.release()
+    channel.send(("locked", recoveries(region.block)))
+
+
+def acquire_and_stop_in_repair(channel: Channel, fleet_name: str) -> None:
+    """Lock a section whose holder died, and stop between EOWNERDEAD and the repair."""
+    use_twin("ctypes")
+
+    def stop() -> None:
+        channel.send("repairing")
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    _robust.recovery_hook = stop
+    table = LockTable(Fleet.join(fleet_name, 4))
+    table.try_acquire(KEY, LockOwner(b"repairer"), 60.0)
+
+
+def test_a_second_holder_killed_during_the_repair_blocks_nobody(
+    processes: Processes, fleet_name: str
+) -> None:
+    table = LockTable(Fleet.join(fleet_name, 4))
+    victim = processes.start(stop_in_critical_section, fleet_name, 4, "acquire")
+    assert victim.recv() == "stopped"  # inside its step, slot tombstoned
+    assert victim.kill() == -signal.SIGKILL
+    repairer = processes.start(acquire_and_stop_in_repair, fleet_name)
+    assert repairer.recv() == "repairing"
+    assert repairer.kill() == -signal.SIGKILL
+    assert table.leases() == []  # the mutex was repaired here, and the table is consistent
+    assert isinstance(table.try_acquire(KEY, LockOwner(b"survivor"), 30.0), Acquired)
+    assert recoveries(table._state.block) == 1
+    table.unlink()
+
+
+def test_an_unknown_mechanism_or_a_foreign_mutex_is_layout_mismatch(fleet_name: str) -> None:
+    region = open_region(fleet_name)
+    original = region.block[: BLOCK.size]
+    magic, version, _, glibc, size = BLOCK.unpack(original)
+    for damaged in (
+        BLOCK.pack(magic, version, 9, glibc, size),
+        BLOCK.pack(magic, version, ROBUST_MUTEX, glibc, size + 8),
+        BLOCK.pack(magic, version, ROBUST_MUTEX, 0, size),
+        BLOCK.pack(magic ^ 1, version, ROBUST_MUTEX, glibc, size),
+        BLOCK.pack(magic, version + 1, ROBUST_MUTEX, glibc, size),
+    ):
+        region.block[: BLOCK.size] = damaged
+        with pytest.raises(LayoutMismatch):
+            open_region(fleet_name)
+    region.block[: BLOCK.size] = original
+    open_region(fleet_name).close()
+    region.close()
+    region.unlink()
+
+
+def test_a_process_that_cannot_lock_the_recorded_mutex_refuses(
+    fleet_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    region = open_region(fleet_name)
+    monkeypatch.setattr(_section, "_mutex_type", lambda: None)
+    with pytest.raises(LayoutMismatch, match="cannot lock"):
+        open_region(fleet_name)
+    monkeypatch.setenv("ORBIT_SECTION", "mutex")
+    with pytest.raises(LayoutMismatch, match="ORBIT_SECTION=mutex"):
+        open_region(fleet_name + "x")
+    region.close()
+    region.unlink()
+
+
+def test_a_bad_orbit_section_value_is_refused(
+    fleet_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORBIT_SECTION", "spinlock")
+    with pytest.raises(LayoutMismatch, match="ORBIT_SECTION"):
+        open_region(fleet_name)
+
+
+def test_peers_follow_the_recorded_mechanism(
+    fleet_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORBIT_SECTION", "flock")
+    creator = open_region(fleet_name)
+    monkeypatch.delenv("ORBIT_SECTION")
+    peer = open_region(fleet_name)
+    assert peer.section is not None and peer.section.mechanism == FLOCK
+    creator.close()
+    peer.close()
+    peer.unlink()
+
+
+def fork_while_a_thread_is_inside(channel: Channel, fleet_name: str) -> None:
+    """Fork while another thread holds the table's section; the child's first call completes."""
+    table = LockTable(Fleet.join(fleet_name, 4))
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        table._state.acquire()
+        inside.set()
+        leave.wait(10.0)
+        table._state.release()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert inside.wait(10.0)
+    pid = os.fork()
+    if pid == 0:
+        result = table.try_acquire(KEY, LockOwner(b"child"), 30.0)
+        os._exit(0 if isinstance(result, Acquired) else 1)
+    time.sleep(0.2)
+    leave.set()
+    holder.join()
+    _, status = os.waitpid(pid, 0)
+    channel.send(os.waitstatus_to_exitcode(status))
+
+
+def test_a_fork_while_another_thread_is_inside_a_section_never_deadlocks(
+    processes: Processes, fleet_name: str, mechanism: str
+) -> None:
+    del mechanism
+    assert processes.start(fork_while_a_thread_is_inside, fleet_name).recv(timeout=30) == 0
