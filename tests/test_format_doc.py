@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orbitive import _ring
+from orbitive import _fleet, _ring, _robust, _section
 from orbitive.lock import LockLayout, _events, _layout
 
 from ._format_doc import section
@@ -40,3 +40,15 @@ def test_event_payload_section_matches_event_constants() -> None:
     )
     assert f"`0x{_events.EVENT_MAGIC:08X}`" in text
     assert _events.EVENT_HEADER.size == _layout.EVENT_HEADER_SIZE
+
+
+def test_section_block_and_membership_sections_match_their_constants() -> None:
+    text = section(f"## Section block — version {_section.BLOCK_VERSION}")
+    assert f"`0x{_section.BLOCK_MAGIC:08X}`" in text
+    assert f"{_section.ROBUST_MUTEX} robust mutex, {_section.FLOCK} `flock`" in text
+    assert f"| {_robust.SECTION_RECOVERIES_AT} | 8 | recoveries |" in text
+    assert f"| {_robust.SECTION_MUTEX_AT} | mutex_bytes | mutex |" in text
+    assert f"plus {_robust.SECTION_BYTES}" in text
+    members = section(f"## Membership object — version {_fleet.MEMBERS_VERSION}")
+    assert f"`0x{_fleet.MEMBERS_MAGIC:08X}`" in members
+    assert f"`{_fleet.INCARNATIONS_AT} + 8 × capacity`" in members
