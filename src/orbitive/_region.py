@@ -47,6 +47,7 @@ from ._section import (
     chosen_mechanism,
     create_section,
     object_bytes,
+    private_section,
 )
 
 SHM_DIR: Final = Path("/dev/shm")
@@ -255,6 +256,7 @@ class Region:
         #: after it lets go: a close() that finds it set runs inside that section.
         self._thread = threading.local()
         self._closed = False
+        self._close_hooks: list[Callable[[], None]] = []
 
     # -- construction ------------------------------------------------------------
 
@@ -312,6 +314,9 @@ class Region:
         region.buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
         region.created = True
         init(region.buf)
+        region.block = mmap.mmap(-1, SECTION_BYTES, flags=mmap.MAP_PRIVATE)
+        region.section = private_section(region.block)
+        _fork.register(region)
         return region
 
     def _map_layout(self, fd: int) -> mmap.mmap:
@@ -334,7 +339,10 @@ class Region:
             if self._closed:
                 raise FleetError(f"shm object {self.name!r} is closed")
             if self.section is not None:
-                self.section.acquire()
+                try:
+                    self.section.acquire()
+                except OSError as error:
+                    raise FleetError(f"shm object {self.name!r}: {error}") from error
                 if self._closed:  # closed while this thread waited for the section
                     self.section.release()
                     raise FleetError(f"shm object {self.name!r} is closed")
@@ -359,6 +367,10 @@ class Region:
     def _leave(self) -> None:
         self._mutex.release()
         self._thread.inside = False
+
+    def on_close(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` when the region closes, before its mapping goes (the C operations)."""
+        self._close_hooks.append(hook)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -390,6 +402,8 @@ class Region:
                 self._mutex.release()
 
     def _close_now(self) -> None:
+        for hook in self._close_hooks:
+            hook()
         if self.section is not None:
             self.section.close()
         buf = getattr(self, "buf", None)

@@ -110,21 +110,29 @@ class Section(Protocol):
 
 
 class MutexSection:
-    """The robust mutex in the block; nothing to redo after fork, nothing to close."""
+    """The robust mutex in the block; nothing to close.
+
+    A shared block's mutex is owned by a thread, not an open file, so a forked
+    child simply locks it (waiting for a parent's thread if it must). A private
+    block (``Fleet.local``) is the child's own copy, made anew after a fork: a
+    copy locked by a parent's thread would never be unlocked in the child.
+    """
 
     mechanism = ROBUST_MUTEX
 
-    def __init__(self, block: mmap.mmap, *, create: bool) -> None:
+    def __init__(self, block: mmap.mmap, *, create: bool, private: bool = False) -> None:
         mutex_type = _mutex_type()
         assert mutex_type is not None
         self.mutex: Mutex = mutex_type(block)
+        self.private = private
         if create:
             self.mutex.create()
         self.acquire = self.mutex.acquire
         self.release = self.mutex.release
 
     def after_fork_in_child(self) -> None:
-        """The mutex is owned by a thread, not an open file: a child simply locks it."""
+        if self.private:
+            self.mutex.create()
 
     def close(self) -> None:
         """The block stays mapped while any thread may still wait on the mutex."""
@@ -163,14 +171,29 @@ class FlockSection:
             self.fd = -1
 
 
-def create_section(block: mmap.mmap, fd: int, mechanism: int) -> Section:
-    """Write a new object's section block and return its section."""
+def _write_block(block: mmap.mmap, mechanism: int) -> None:
     block[: BLOCK.size] = BLOCK.pack(
         BLOCK_MAGIC, BLOCK_VERSION, mechanism, _robust.GLIBC, _mutex_bytes()
     )
+
+
+def create_section(block: mmap.mmap, fd: int, mechanism: int) -> Section:
+    """Write a new object's section block and return its section."""
+    _write_block(block, mechanism)
     if mechanism == ROBUST_MUTEX:
         return MutexSection(block, create=True)
     return FlockSection(fd)
+
+
+def private_section(block: mmap.mmap) -> Section | None:
+    """The section of process-private memory: a robust mutex where one can be locked.
+
+    Without one the region's process mutex alone guards it (no other process maps it).
+    """
+    if _mutex_type() is None:
+        return None
+    _write_block(block, ROBUST_MUTEX)
+    return MutexSection(block, create=True, private=True)
 
 
 def attach_section(block: mmap.mmap, fd: int, what: str) -> Section:

@@ -13,13 +13,14 @@ walk past it.
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import random
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from orbitive import Fleet
+from orbitive import Fleet, _fork
 from orbitive.lock import (
     Acquired,
     LockKey,
@@ -31,6 +32,7 @@ from orbitive.lock import (
     StateFull,
 )
 from orbitive.lock._layout import HEADER_SIZE, MAX_PROBE_OFFSET
+from orbitive.lock._table import _TYPES
 
 from .._capabilities import require_c_steps
 from .._fleets import new_fleet_name, remove_fleet_files
@@ -217,11 +219,19 @@ def test_an_owner_of_a_bytes_subclass_works_on_both_steps(
         assert table.release(result.lease) is True
 
 
-def test_steps_that_failed_to_initialise_refuse_to_run() -> None:
+def test_steps_that_failed_to_initialise_refuse_to_run(table: LockTable) -> None:
     from orbitive.lock._fastpath import Steps  # noqa: PLC0415 - only where it was built
 
     steps = Steps.__new__(Steps)
+    block = mmap.mmap(-1, 4096)
+    geometry = (3, 64, 16, 1, 128, 192, 8, 128, 64, 0, 0)
     with pytest.raises(ValueError, match="geometry"):
-        steps.__init__(b"", b"", 3, 64, 16, 1, 128, 192, 8, 128, 64)  # type: ignore[misc]
-    with pytest.raises(ValueError):  # never a read through the null mappings
-        steps.acquire(1, b"ns-key", 2, b"owner", 0, 1, 2, 0)
+        steps.__init__(b"", b"", block, *geometry, print, _TYPES, _fork)  # type: ignore[misc]
+    valid = (8, 128, 64, 1, 128, 192, 8, 160, 100, 0, 0)
+    for types in ((int,) * 5, (int, int, tuple, int, int)):
+        with pytest.raises(TypeError, match="tuple type|instance slot"):
+            steps.__init__(b"", b"", block, *valid, print, types, _fork)  # type: ignore[misc]
+    key, owner = LockKey("tests.fast", "never"), LockOwner(b"owner")
+    # Never a read through the null mappings: every operation declines to Python.
+    assert steps.try_acquire(key, owner, 1.0) is NotImplemented
+    assert steps.release(table.try_acquire(key, owner, 1.0).lease) is NotImplemented

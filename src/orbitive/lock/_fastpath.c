@@ -1,23 +1,28 @@
-/* orbitive.lock._fastpath: the lock table's two hot critical-section steps in C.
+/* orbitive.lock._fastpath: the lock table's hot operations, each one C call.
  *
- * Steps.acquire is try_acquire's probe-and-insert and Steps.release is
- * release's find-and-remove, byte for byte what _table.py does: linear probing
- * bounded by the header's max_probe, with lazy reclaim of expired entries,
- * counters advanced first, one transition
- * frame published to this node's ring lane (seqlock) with the readiness word
- * bumped, then max_probe raised if the entry lies further from its home, then
- * the slot tombstoned, rewritten and made OCCUPIED last. The
- * caller holds the critical section (process mutex + flock), reads the clock,
- * validates its arguments and raises the errors; the Python code in _table.py
- * is the reference and the fallback when this module is not built.
+ * Steps.try_acquire, Steps.release and Steps.renew are LockTable's public
+ * operations of the same names on their common path: argument checks, the
+ * clock, the section (the object's robust mutex, _robust.h), the table step
+ * and the result objects. The step is byte for byte what _table.py does:
+ * linear probing bounded by the header's max_probe, with lazy reclaim of
+ * expired entries, counters advanced first, one transition frame published to
+ * this node's ring lane (seqlock) with the readiness word bumped, then
+ * max_probe raised if the entry lies further from its home, then the slot
+ * tombstoned, rewritten and made OCCUPIED last.
+ *
+ * Anything off that path (other argument types, an error to raise, a fork, a
+ * closed table) returns NotImplemented before or after the step, and
+ * _table.py's Python operation, the reference, runs instead; it also runs
+ * when this module is not built.
  *
  * Every length and offset read from shared memory is checked before use, and
  * the geometry is checked against the buffers' sizes on every call.
  */
 #define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <string.h>
+#include "_robust.h"
+#include <math.h>
+#include <structmember.h>
+#include <time.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the SHM layouts are little-endian; the pure-Python table is used instead"
@@ -27,21 +32,35 @@
 enum { EMPTY = 0, OCCUPIED = 1, TOMBSTONE = 2 };
 enum { STATE_HEADER = 64, SLOT_HEADER = 48, MAX_PROBE_AT = 20, TOKEN_AT = 24, REVISION_AT = 32 };
 enum { RING_HEADER = 64, LANE_HEAD = 64, FRAME_HEADER = 32, EVENT_HEADER = 35 };
-enum { GENERATION_AT = 24, ACQUIRED = 1, RELEASED = 3 };
+enum { GENERATION_AT = 24, ACQUIRED = 1, RENEWED = 2, RELEASED = 3 };
 #define EVENT_MAGIC UINT32_C(0x4F4C434B)
 #define EVENT_VERSION 1
 #define TOKEN_MASK ((UINT64_C(1) << 40) - 1)
 #define COUNTER_LIMIT (UINT64_C(1) << 62)
+#define TTL_MAX_S 1e9 /* _clock.TTL_MAX_S */
 
-/* Step outcomes, mirrored in _table.py. */
+/* Step outcomes. */
 enum { DONE = 0, BUSY = 1, FULL = 2, EXHAUSTED = 3, CORRUPT = 4, ABSENT = 5 };
+
+/* The value types of _types.py, and where their slots live in an instance. */
+typedef struct {
+    PyTypeObject *key, *owner, *lease, *acquired, *occupied;
+    Py_ssize_t digest_at, ident_at, namespace_at, value_at, acquired_lease_at, occupied_lease_at;
+} Types;
 
 typedef struct {
     PyObject_HEAD
     PyObject *state; /* the state table's mmap */
     PyObject *ring;  /* the transition ring's mmap */
+    Py_buffer block; /* the state object's section block, held for life */
+    PyObject *wake;  /* Ring.wake: called when a driver is parked */
+    PyObject *fork_dict, *generation; /* _fork's globals, and its generation at creation */
+    Types types;
     Py_ssize_t capacity, stride, payload_max;
     Py_ssize_t lanes, heads_at, slots_at, ring_capacity, ring_stride, frame_bytes;
+    Py_ssize_t node;
+    uint64_t id_base;
+    int closed, ready;
 } Steps;
 
 typedef struct {
@@ -54,6 +73,7 @@ typedef struct {
     uint64_t digest, now, expires, lock_id;
     const uint8_t *ident, *owner;
     Py_ssize_t ident_len, ns_len, owner_len, node;
+    PyObject *key, *owner_obj; /* borrowed: the caller's LockKey and LockOwner */
 } Entry;
 
 static inline uint64_t ld64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
@@ -234,14 +254,10 @@ static void write_slot(const Steps *t, uint8_t *s, Py_ssize_t slot, const Entry 
     p[0] = OCCUPIED;
 }
 
-/* -- buffers and arguments ------------------------------------------------------- */
+/* -- buffers ----------------------------------------------------------------------- */
 
 static int maps_get(const Steps *t, Maps *m)
 {
-    if (t->state == NULL || t->ring == NULL) {
-        PyErr_SetString(PyExc_ValueError, "Steps is not initialised");
-        return -1;
-    }
     if (PyObject_GetBuffer(t->state, &m->sb, PyBUF_WRITABLE) < 0)
         return -1;
     if (PyObject_GetBuffer(t->ring, &m->rb, PyBUF_WRITABLE) < 0) {
@@ -266,65 +282,208 @@ static void maps_release(Maps *m)
     PyBuffer_Release(&m->rb);
 }
 
-static int as_u64(PyObject *o, uint64_t *out)
+/* -- arguments: anything unusual declines to the Python operation ------------------------ */
+
+#define DECLINE() Py_NewRef(Py_NotImplemented)
+
+static PyObject *generation_name; /* "generation", interned at import */
+
+static inline PyObject *slot_of(PyObject *obj, Py_ssize_t at)
 {
-    *out = PyLong_AsUnsignedLongLong(o);
-    return *out == (uint64_t)-1 && PyErr_Occurred() ? -1 : 0;
+    return *(PyObject **)((char *)obj + at);
 }
 
-static int as_index(PyObject *o, Py_ssize_t *out)
+/* The table may run here: built, open, and in the process that built it. */
+static int usable(const Steps *t)
 {
-    *out = PyLong_AsSsize_t(o);
-    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+    if (!t->ready || t->closed)
+        return 0;
+    PyObject *now = PyDict_GetItemWithError(t->fork_dict, generation_name);
+    return now == t->generation;
 }
 
-/* (digest, ident, ns_len, owner, node, now, ...): the six arguments every step starts with. */
-static int parse_entry(const Steps *t, PyObject *const *args, Py_ssize_t nargs, Entry *e)
+/* ttl seconds (an exact float or int, finite, 0 < ttl <= TTL_MAX_S) as _clock.ttl_ms does. */
+static int ttl_ms(PyObject *o, uint64_t *ms)
 {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "a step takes 8 arguments");
-        return -1;
+    double ttl;
+    if (PyFloat_CheckExact(o)) {
+        ttl = PyFloat_AS_DOUBLE(o);
+    } else if (PyLong_CheckExact(o)) {
+        ttl = PyLong_AsDouble(o);
+        if (ttl == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+    } else {
+        return 0;
     }
-    if (!PyBytes_Check(args[1]) || !PyBytes_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "ident and owner must be bytes");
-        return -1;
-    }
-    e->ident = (const uint8_t *)PyBytes_AS_STRING(args[1]);
-    e->ident_len = PyBytes_GET_SIZE(args[1]);
-    e->owner = (const uint8_t *)PyBytes_AS_STRING(args[3]);
-    e->owner_len = PyBytes_GET_SIZE(args[3]);
-    if (as_u64(args[0], &e->digest) < 0 || as_index(args[2], &e->ns_len) < 0 ||
-        as_index(args[4], &e->node) < 0 || as_u64(args[5], &e->now) < 0)
-        return -1;
-    if (e->ns_len < 1 || e->ns_len >= e->ident_len || e->owner_len < 1 ||
-        e->ident_len + e->owner_len > t->payload_max || e->node < 0 || e->node >= t->lanes) {
-        PyErr_SetString(PyExc_ValueError, "entry or node out of range");
-        return -1;
-    }
-    return 0;
+    if (!(ttl > 0.0 && ttl <= TTL_MAX_S))
+        return 0;
+    double whole = ceil(ttl * 1000.0 - 1e-6);
+    *ms = whole < 1.0 ? 1 : (uint64_t)whole;
+    return 1;
 }
 
-/* -- the steps ---------------------------------------------------------------------- */
+/* monotonic_ns() // 1_000_000 */
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
 
-PyDoc_STRVAR(acquire_doc,
-"acquire(digest, ident, ns_len, owner, node, now, expires, id_base)\n"
-"-> (outcome, slot, lock_id, revision, wake)\n\n"
-"try_acquire's step inside the critical section. outcome: DONE (inserted at\n"
-"slot), BUSY (slot holds the key's live entry), FULL, EXHAUSTED or CORRUPT.");
+/* The caller's key and owner (a LockKey and a LockOwner) into e; 0 to decline. */
+static int parse_entry(const Steps *t, PyObject *key, PyObject *owner, Entry *e)
+{
+    const Types *y = &t->types;
+    if (!Py_IS_TYPE(key, y->key) || !Py_IS_TYPE(owner, y->owner))
+        return 0;
+    PyObject *digest = slot_of(key, y->digest_at), *ident = slot_of(key, y->ident_at);
+    PyObject *ns = slot_of(key, y->namespace_at), *value = slot_of(owner, y->value_at);
+    if (digest == NULL || ident == NULL || ns == NULL || value == NULL || !PyLong_Check(digest) ||
+        !PyBytes_Check(ident) || !PyBytes_Check(ns) || !PyBytes_Check(value))
+        return 0;
+    e->digest = PyLong_AsUnsignedLongLong(digest);
+    if (e->digest == (uint64_t)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    e->ident = (const uint8_t *)PyBytes_AS_STRING(ident);
+    e->ident_len = PyBytes_GET_SIZE(ident);
+    e->ns_len = PyBytes_GET_SIZE(ns);
+    e->owner = (const uint8_t *)PyBytes_AS_STRING(value);
+    e->owner_len = PyBytes_GET_SIZE(value);
+    e->node = t->node;
+    e->key = key;
+    e->owner_obj = owner;
+    return e->ns_len >= 1 && e->ns_len < e->ident_len && e->owner_len >= 1 &&
+           e->ident_len + e->owner_len <= t->payload_max;
+}
 
-static PyObject *Steps_acquire(Steps *t, PyObject *const *args, Py_ssize_t nargs)
+/* A LockLease's key, owner, lock id and slot hint into e; 0 to decline. */
+static int parse_lease(const Steps *t, PyObject *lease, Entry *e, Py_ssize_t *hint)
+{
+    if (!Py_IS_TYPE(lease, t->types.lease) || PyTuple_GET_SIZE(lease) != 7 ||
+        !parse_entry(t, PyTuple_GET_ITEM(lease, 0), PyTuple_GET_ITEM(lease, 1), e))
+        return 0;
+    PyObject *lock_id = PyTuple_GET_ITEM(lease, 2), *slot = PyTuple_GET_ITEM(lease, 6);
+    if (!PyLong_CheckExact(lock_id) || !PyLong_CheckExact(slot))
+        return 0;
+    e->lock_id = PyLong_AsUnsignedLongLong(lock_id);
+    *hint = PyLong_AsSsize_t(slot);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+/* -- results --------------------------------------------------------------------------- */
+
+/* LockLease(key, owner, lock_id, revision, acquired / 1000, expires / 1000, slot). */
+static PyObject *new_lease(const Steps *t, PyObject *key, PyObject *owner, uint64_t lock_id,
+                           uint64_t revision, uint64_t acquired, uint64_t expires, Py_ssize_t slot)
+{
+    PyObject *lease = t->types.lease->tp_alloc(t->types.lease, 7);
+    if (lease == NULL)
+        return NULL;
+    PyObject *items[7] = {
+        Py_NewRef(key),
+        Py_NewRef(owner),
+        PyLong_FromUnsignedLongLong(lock_id),
+        PyLong_FromUnsignedLongLong(revision),
+        PyFloat_FromDouble((double)acquired / 1000.0),
+        PyFloat_FromDouble((double)expires / 1000.0),
+        PyLong_FromSsize_t(slot),
+    };
+    for (int i = 0; i < 7; i++) {
+        if (items[i] == NULL) {
+            for (int j = 0; j < 7; j++)
+                Py_XDECREF(items[j]);
+            Py_DECREF(lease);
+            return NULL;
+        }
+    }
+    for (int i = 0; i < 7; i++)
+        PyTuple_SET_ITEM(lease, i, items[i]);
+    return lease;
+}
+
+/* An instance of a one-slot value type (Acquired, Occupied, LockOwner) holding value. */
+static PyObject *new_boxed(PyTypeObject *type, Py_ssize_t at, PyObject *value)
+{
+    if (value == NULL)
+        return NULL;
+    PyObject *box = type->tp_alloc(type, 0);
+    if (box == NULL) {
+        Py_DECREF(value);
+        return NULL;
+    }
+    *(PyObject **)((char *)box + at) = value;
+    return box;
+}
+
+/* -- the operations ---------------------------------------------------------------- */
+
+/* Lock the section, or decline (0) with nothing held. */
+static int enter(Steps *t, Maps *m)
+{
+    if (maps_get(t, m) < 0) {
+        PyErr_Clear(); /* a closed mapping: the Python operation says why */
+        return 0;
+    }
+    if (robust_lock(t->block.buf) != 0) {
+        maps_release(m);
+        return 0;
+    }
+    if (t->closed) { /* closed while this thread waited for the section */
+        robust_unlock(t->block.buf);
+        maps_release(m);
+        return 0;
+    }
+    return 1;
+}
+
+/* Wake parked drivers (inside the section, as Ring.publish does), then leave it. */
+static int leave(Steps *t, Maps *m, int wake)
+{
+    int failed = 0;
+    if (wake) {
+        PyObject *done = PyObject_CallNoArgs(t->wake);
+        failed = done == NULL ? -1 : 0;
+        Py_XDECREF(done);
+    }
+    robust_unlock(t->block.buf);
+    maps_release(m);
+    return failed;
+}
+
+PyDoc_STRVAR(try_acquire_doc,
+"try_acquire(key, owner, ttl) -> Acquired | Occupied | NotImplemented\n\n"
+"LockTable.try_acquire in one call; NotImplemented: run the Python operation.");
+
+static PyObject *Steps_try_acquire(Steps *t, PyObject *const *args, Py_ssize_t nargs)
 {
     Entry e;
-    uint64_t id_base;
     Maps m;
-    int outcome = DONE, wake = 0;
-    uint64_t revision = 0;
-    if (parse_entry(t, args, nargs, &e) < 0 || as_u64(args[6], &e.expires) < 0 ||
-        as_u64(args[7], &id_base) < 0 || maps_get(t, &m) < 0)
-        return NULL;
+    uint64_t ms, revision = 0, id_base = t->id_base, busy[4] = {0};
+    PyObject *holder = NULL;
+    int outcome, wake = 0;
+    if (nargs != 3 || !usable(t) || !parse_entry(t, args[0], args[1], &e) || !ttl_ms(args[2], &ms))
+        return DECLINE();
+    if (!enter(t, &m))
+        return DECLINE();
+    e.now = now_ms();
+    e.expires = e.now + ms;
     Py_ssize_t slot = probe(t, m.s, &e);
     if (slot >= 0) {
+        const uint8_t *p = slot_at(t, m.s, slot);
         outcome = BUSY;
+        busy[0] = ld64(p + 16);
+        busy[1] = ld64(p + 24);
+        busy[2] = ld64(p + 32);
+        busy[3] = ld64(p + 40);
+        holder = PyBytes_FromStringAndSize((const char *)p + SLOT_HEADER + e.ident_len, ld16(p + 6));
     } else if ((slot = ~slot) >= t->capacity) {
         outcome = FULL;
     } else {
@@ -341,9 +500,24 @@ static PyObject *Steps_acquire(Steps *t, PyObject *const *args, Py_ssize_t nargs
                 write_slot(t, m.s, slot, &e, revision);
         }
     }
-    maps_release(&m);
-    return Py_BuildValue("(inKKi)", outcome, slot, outcome == DONE ? e.lock_id : 0,
-                         (unsigned long long)revision, wake);
+    if (leave(t, &m, wake) < 0) {
+        Py_XDECREF(holder);
+        return NULL;
+    }
+    const Types *y = &t->types;
+    if (outcome == DONE)
+        return new_boxed(y->acquired, y->acquired_lease_at,
+                         new_lease(t, e.key, e.owner_obj, e.lock_id, revision, e.now, e.expires, slot));
+    if (outcome != BUSY)
+        return DECLINE(); /* the Python operation raises StateFull, IdExhausted or LayoutMismatch */
+    if (holder == NULL)
+        return NULL;
+    PyObject *owner = new_boxed(y->owner, y->value_at, holder);
+    if (owner == NULL)
+        return NULL;
+    PyObject *lease = new_lease(t, e.key, owner, busy[0], busy[1], busy[2], busy[3], slot);
+    Py_DECREF(owner);
+    return new_boxed(y->occupied, y->occupied_lease_at, lease);
 }
 
 /* The live entry at p is e's tenure: its lock id and its stored owner. */
@@ -366,28 +540,18 @@ static Py_ssize_t find_tenure(const Steps *t, uint8_t *s, const Entry *e, Py_ssi
 }
 
 PyDoc_STRVAR(release_doc,
-"release(digest, ident, ns_len, owner, node, now, lock_id, slot) -> (outcome, wake)\n\n"
-"release's step inside the critical section. outcome: DONE (released),\n"
-"ABSENT (that tenure is gone), EXHAUSTED or CORRUPT.");
+"release(lease) -> bool | NotImplemented\n\n"
+"LockTable.release in one call; NotImplemented: run the Python operation.");
 
 static PyObject *Steps_release(Steps *t, PyObject *const *args, Py_ssize_t nargs)
 {
     Entry e;
-    Py_ssize_t hint;
     Maps m;
+    Py_ssize_t hint;
     int outcome = ABSENT, wake = 0;
-    if (parse_entry(t, args, nargs, &e) < 0)
-        return NULL;
-    if (as_u64(args[6], &e.lock_id) < 0) { /* no tenure has such an id (the Python step agrees) */
-        PyErr_Clear();
-        return Py_BuildValue("(ii)", ABSENT, 0);
-    }
-    if (as_index(args[7], &hint) < 0) { /* no usable hint: probe */
-        PyErr_Clear();
-        hint = -1;
-    }
-    if (maps_get(t, &m) < 0)
-        return NULL;
+    if (nargs != 1 || !usable(t) || !parse_lease(t, args[0], &e, &hint) || !enter(t, &m))
+        return DECLINE();
+    e.now = now_ms();
     Py_ssize_t slot = find_tenure(t, m.s, &e, hint);
     if (slot >= 0) {
         uint64_t token = ld64(m.s + TOKEN_AT), revision = ld64(m.s + REVISION_AT);
@@ -400,23 +564,144 @@ static PyObject *Steps_release(Steps *t, PyObject *const *args, Py_ssize_t nargs
                 tombstone(t, m.s, slot);
         }
     }
-    maps_release(&m);
-    return Py_BuildValue("(ii)", outcome, wake);
+    if (leave(t, &m, wake) < 0)
+        return NULL;
+    if (outcome == DONE)
+        Py_RETURN_TRUE;
+    if (outcome == ABSENT)
+        Py_RETURN_FALSE;
+    return DECLINE();
+}
+
+PyDoc_STRVAR(renew_doc,
+"renew(lease, ttl) -> LockLease | None | NotImplemented\n\n"
+"LockTable.renew in one call; NotImplemented: run the Python operation.");
+
+static PyObject *Steps_renew(Steps *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    Entry e;
+    Maps m;
+    Py_ssize_t hint;
+    uint64_t ms, revision = 0, acquired = 0;
+    int outcome = ABSENT, wake = 0;
+    if (nargs != 2 || !usable(t) || !ttl_ms(args[1], &ms) || !parse_lease(t, args[0], &e, &hint) ||
+        !enter(t, &m))
+        return DECLINE();
+    e.now = now_ms();
+    e.expires = e.now + ms;
+    Py_ssize_t slot = find_tenure(t, m.s, &e, hint);
+    if (slot >= 0) {
+        uint8_t *p = slot_at(t, m.s, slot);
+        uint64_t token = ld64(m.s + TOKEN_AT);
+        revision = ld64(m.s + REVISION_AT);
+        acquired = ld64(p + 32);
+        if (token > TOKEN_MASK || revision == UINT64_MAX) {
+            outcome = EXHAUSTED;
+        } else {
+            st64(m.s + REVISION_AT, ++revision);
+            outcome = publish(t, m.r, &e, RENEWED, revision, acquired, e.expires, &wake);
+            if (outcome == DONE) { /* _rewrite: TOMBSTONE, revision and expiry, OCCUPIED */
+                p[0] = TOMBSTONE;
+                fence();
+                st64(p + 24, revision);
+                st64(p + 40, e.expires);
+                fence();
+                p[0] = OCCUPIED;
+            }
+        }
+    }
+    if (leave(t, &m, wake) < 0)
+        return NULL;
+    if (outcome == DONE)
+        return new_lease(t, e.key, e.owner_obj, e.lock_id, revision, acquired, e.expires, slot);
+    if (outcome == ABSENT)
+        Py_RETURN_NONE;
+    return DECLINE();
+}
+
+PyDoc_STRVAR(close_doc, "close() -> None: every later call declines (the table is closed).");
+
+static PyObject *Steps_close(Steps *t, PyObject *unused)
+{
+    t->closed = 1;
+    Py_RETURN_NONE;
 }
 
 /* -- the type ----------------------------------------------------------------------- */
 
+/* Where the instance slot ``name`` of a slotted type lives. */
+static int member_at(PyTypeObject *type, const char *name, Py_ssize_t *at)
+{
+    PyObject *descr = PyDict_GetItemString(type->tp_dict, name);
+    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type) ||
+        ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not an instance slot", type->tp_name, name);
+        return -1;
+    }
+    *at = ((PyMemberDescrObject *)descr)->d_member->offset;
+    return 0;
+}
+
+/* Take (hold) or drop references to the five types. */
+static void types_ref(Types *y, int hold)
+{
+    PyTypeObject *types[5] = {y->key, y->owner, y->lease, y->acquired, y->occupied};
+    for (int i = 0; i < 5; i++) {
+        if (hold)
+            Py_INCREF(types[i]);
+        else
+            Py_DECREF(types[i]);
+    }
+}
+
+static int parse_types(PyObject *tuple, Types *y)
+{
+    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != 5) {
+        PyErr_SetString(PyExc_TypeError, "types must be (LockKey, LockOwner, LockLease, "
+                                         "Acquired, Occupied)");
+        return -1;
+    }
+    PyTypeObject **types[5] = {&y->key, &y->owner, &y->lease, &y->acquired, &y->occupied};
+    for (int i = 0; i < 5; i++) {
+        PyObject *type = PyTuple_GET_ITEM(tuple, i);
+        if (!PyType_Check(type)) {
+            PyErr_SetString(PyExc_TypeError, "types must be classes");
+            return -1;
+        }
+        *types[i] = (PyTypeObject *)type;
+    }
+    if (!PyType_IsSubtype(y->lease, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "LockLease must be a tuple type");
+        return -1;
+    }
+    return member_at(y->key, "digest", &y->digest_at) < 0 ||
+                   member_at(y->key, "ident", &y->ident_at) < 0 ||
+                   member_at(y->key, "namespace", &y->namespace_at) < 0 ||
+                   member_at(y->owner, "value", &y->value_at) < 0 ||
+                   member_at(y->acquired, "lease", &y->acquired_lease_at) < 0 ||
+                   member_at(y->occupied, "lease", &y->occupied_lease_at) < 0
+               ? -1
+               : 0;
+}
+
 static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {"state", "ring", "capacity", "stride", "payload_max", "lanes",
-                            "heads_at", "slots_at", "ring_capacity", "ring_stride",
-                            "frame_bytes", NULL};
-    PyObject *state, *ring;
+    static char *names[] = {"state", "ring", "block", "capacity", "stride", "payload_max",
+                            "lanes", "heads_at", "slots_at", "ring_capacity", "ring_stride",
+                            "frame_bytes", "node", "id_base", "wake", "types", "fork_module",
+                            NULL};
+    PyObject *state, *ring, *block, *wake, *types, *fork_module;
+    unsigned long long id_base;
     Steps g; /* parsed and checked here, copied into t only when consistent */
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOnnnnnnnnn", names, &state, &ring,
-                                     &g.capacity, &g.stride, &g.payload_max, &g.lanes,
+    if (t->ready) {
+        PyErr_SetString(PyExc_TypeError, "Steps is initialised already");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOnnnnnnnnnnKOOO", names, &state, &ring,
+                                     &block, &g.capacity, &g.stride, &g.payload_max, &g.lanes,
                                      &g.heads_at, &g.slots_at, &g.ring_capacity, &g.ring_stride,
-                                     &g.frame_bytes))
+                                     &g.frame_bytes, &g.node, &id_base, &wake, &types,
+                                     &fork_module))
         return -1;
     int pow2 = g.capacity > 0 && !(g.capacity & (g.capacity - 1)) && g.capacity <= 1 << 20 &&
                g.ring_capacity > 0 && !(g.ring_capacity & (g.ring_capacity - 1)) &&
@@ -426,8 +711,27 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
         g.lanes > 0xFFFF || g.heads_at < RING_HEADER + g.lanes || g.heads_at > 1 << 30 ||
         g.slots_at < g.heads_at + g.lanes * LANE_HEAD || g.slots_at > 1 << 30 ||
         g.frame_bytes < EVENT_HEADER + g.payload_max || g.frame_bytes > 1 << 20 ||
-        g.ring_stride < FRAME_HEADER + g.frame_bytes || g.ring_stride > 1 << 21) {
+        g.ring_stride < FRAME_HEADER + g.frame_bytes || g.ring_stride > 1 << 21 || g.node < 0 ||
+        g.node >= g.lanes) {
         PyErr_SetString(PyExc_ValueError, "inconsistent lock table or ring geometry");
+        return -1;
+    }
+    if (!PyCallable_Check(wake) || !PyModule_Check(fork_module) || parse_types(types, &t->types) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "wake must be callable and fork_module a module");
+        return -1;
+    }
+    PyObject *fork_dict = PyModule_GetDict(fork_module);
+    PyObject *generation = PyDict_GetItemWithError(fork_dict, generation_name);
+    if (generation == NULL) {
+        PyErr_SetString(PyExc_TypeError, "fork_module has no generation");
+        return -1;
+    }
+    if (PyObject_GetBuffer(block, &t->block, PyBUF_WRITABLE) < 0)
+        return -1;
+    if (t->block.len < SECTION_BYTES) {
+        PyBuffer_Release(&t->block);
+        PyErr_SetString(PyExc_ValueError, "a section block is smaller than its layout");
         return -1;
     }
     /* Every product below now fits: 2**20 x 2**17 and 2**16 x 2**20 x 2**21 < 2**62. */
@@ -440,28 +744,45 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
     t->ring_capacity = g.ring_capacity;
     t->ring_stride = g.ring_stride;
     t->frame_bytes = g.frame_bytes;
-    Py_XSETREF(t->state, Py_NewRef(state));
-    Py_XSETREF(t->ring, Py_NewRef(ring));
+    t->node = g.node;
+    t->id_base = id_base;
+    t->state = Py_NewRef(state);
+    t->ring = Py_NewRef(ring);
+    t->wake = Py_NewRef(wake);
+    t->fork_dict = Py_NewRef(fork_dict);
+    t->generation = Py_NewRef(generation);
+    types_ref(&t->types, 1);
+    t->ready = 1;
     return 0;
 }
 
 static void Steps_dealloc(Steps *t)
 {
+    if (t->ready) {
+        PyBuffer_Release(&t->block);
+        types_ref(&t->types, 0);
+    }
     Py_XDECREF(t->state);
     Py_XDECREF(t->ring);
+    Py_XDECREF(t->wake);
+    Py_XDECREF(t->fork_dict);
+    Py_XDECREF(t->generation);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
 static PyMethodDef Steps_methods[] = {
-    {"acquire", (PyCFunction)(void (*)(void))Steps_acquire, METH_FASTCALL, acquire_doc},
+    {"try_acquire", (PyCFunction)(void (*)(void))Steps_try_acquire, METH_FASTCALL,
+     try_acquire_doc},
     {"release", (PyCFunction)(void (*)(void))Steps_release, METH_FASTCALL, release_doc},
+    {"renew", (PyCFunction)(void (*)(void))Steps_renew, METH_FASTCALL, renew_doc},
+    {"close", (PyCFunction)Steps_close, METH_NOARGS, close_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static PyTypeObject StepsType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "orbitive.lock._fastpath.Steps",
-    .tp_doc = PyDoc_STR("The lock table's hot steps over one state and one ring mapping."),
+    .tp_doc = PyDoc_STR("The lock table's hot operations over one state and one ring mapping."),
     .tp_basicsize = sizeof(Steps),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,
@@ -472,12 +793,14 @@ static PyTypeObject StepsType = {
 
 static struct PyModuleDef fastpath_module = {
     PyModuleDef_HEAD_INIT, "orbitive.lock._fastpath",
-    PyDoc_STR("The lock table's try_acquire and release steps in C (see _table.py)."), -1, NULL,
+    PyDoc_STR("The lock table's try_acquire, release and renew in C (see _table.py)."), -1,
+    NULL,
 };
 
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
-    if (PyType_Ready(&StepsType) < 0)
+    generation_name = PyUnicode_InternFromString("generation");
+    if (generation_name == NULL || PyType_Ready(&StepsType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&fastpath_module);
     if (module == NULL)

@@ -1,12 +1,17 @@
-"""Type stub of the C steps in ``_fastpath.c`` (see that file and ``_table.py``)."""
+"""Type stub of the C operations in ``_fastpath.c`` (see that file and ``_table.py``)."""
 
+from collections.abc import Callable
 from mmap import mmap
+from types import ModuleType, NotImplementedType
+
+from ._types import Acquired, LockKey, LockLease, Occupied
 
 class Steps:
     def __init__(
         self,
         state: mmap,
         ring: mmap,
+        block: mmap,
         capacity: int,
         stride: int,
         payload_max: int,
@@ -16,28 +21,15 @@ class Steps:
         ring_capacity: int,
         ring_stride: int,
         frame_bytes: int,
-    ) -> None: ...
-    def acquire(
-        self,
-        digest: int,
-        ident: bytes,
-        ns_len: int,
-        owner: bytes,
         node: int,
-        now: int,
-        expires: int,
         id_base: int,
-        /,
-    ) -> tuple[int, int, int, int, int]: ...
-    def release(
-        self,
-        digest: int,
-        ident: bytes,
-        ns_len: int,
-        owner: bytes,
-        node: int,
-        now: int,
-        lock_id: int,
-        slot: int,
-        /,
-    ) -> tuple[int, int]: ...
+        wake: Callable[[], None],
+        types: tuple[type, ...],
+        fork_module: ModuleType,
+    ) -> None: ...
+    def try_acquire(
+        self, key: LockKey, owner: object, ttl: object, /
+    ) -> Acquired | Occupied | NotImplementedType: ...
+    def release(self, lease: object, /) -> bool | NotImplementedType: ...
+    def renew(self, lease: object, ttl: object, /) -> LockLease | NotImplementedType | None: ...
+    def close(self) -> None: ...

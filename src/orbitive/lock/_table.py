@@ -1,8 +1,8 @@
 """The lock table: keyed leases in one fleet-shared, open-addressed SHM table.
 
 Every public method validates its arguments, then runs one critical-section
-step (process mutex + ``flock`` on the state object's lock file, see
-``_region``). Each step is one immediate attempt: no sleep, retry or timeout
+step (process mutex + the state object's section, see ``_region`` and
+``_section``). Each step is one immediate attempt: no sleep, retry or timeout
 (seed 000, "Every operation is one immediate attempt").
 
 Invariant (seed 000 "Crash-safe"): inside the critical section the counters
@@ -11,11 +11,13 @@ TOMBSTONE, rewritten, and set OCCUPIED last. A process killed anywhere in that
 sequence leaves the key absent or intact, never half-written, and the kernel
 drops its ``flock``; at worst a fencing token and a revision are consumed.
 
-The two hot steps, try_acquire's insert and release's remove, also exist in C
-(``_fastpath.c``, built when a compiler is present): the same bytes in the
-same order, in a tenth of the time. The Python steps here are the reference,
-and they run whenever the C module is missing, for observers, and while the
-test-only :data:`crash_hook` is set.
+The three hot operations, try_acquire, release and renew, are each one C call
+(``_fastpath.c``, built when a compiler is present) on tables whose section is
+the robust mutex: checks, clock, section, step and result objects, the same
+bytes in the same order as the Python steps here. Those are the reference;
+they run when the C module is missing, for observers, for anything the C call
+declines (other argument types, errors to raise, a fork, a closed fleet), and
+while the test-only :data:`crash_hook` is set.
 """
 
 from __future__ import annotations
@@ -25,14 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, TypeVar, final
 
-from .. import _fork
+from .. import _fork, _section
 from .._clock import TTL_MAX_S, check_ttl, monotonic_ns, ttl_ms
 from .._errors import (
     EntryTooLarge,
     FleetError,
     IdExhausted,
     InvalidArgumentType,
-    OrbitError,
     StateFull,
 )
 from .._fleet import Fleet
@@ -87,12 +88,8 @@ _EVENT: Final = _events.EVENT_HEADER
 _EVENT_MAGIC: Final = _events.EVENT_MAGIC
 _EVENT_VERSION: Final = _events.EVENT_VERSION
 
-#: Outcomes of the C steps (``_fastpath.c``).
-_DONE: Final = 0
-_BUSY: Final = 1
-_FULL: Final = 2
-_EXHAUSTED: Final = 3
-_ABSENT: Final = 5
+#: The value types the C operations read and build, in their order.
+_TYPES: Final = (LockKey, LockOwner, LockLease, Acquired, Occupied)
 
 #: Test-only hook, called with a point name inside the critical section
 #: ("bound_raised": after max_probe was raised for an insert, before its slot changes;
@@ -178,13 +175,18 @@ class LockTable:
         self._fork_generation = _fork.generation
         self._node = node
         self._id_base = (self.layout.state_kind << KIND_SHIFT) | (self._node << NODE_SHIFT)
-        self._steps = None if Steps is None or node < 0 else self._new_steps()
+        self._steps = self._new_steps() if Steps is not None and node >= 0 else None
 
-    def _new_steps(self) -> Steps:
+    def _new_steps(self) -> Steps | None:
+        """The C operations, where the state's section is a robust mutex they can lock."""
+        section = self._state.section
+        if section is None or section.mechanism != _section.ROBUST_MUTEX:
+            return None
         ring = self._ring.geometry
-        return Steps(
+        steps = Steps(
             self._buf,
             self._ring.buf,
+            self._state.block,
             self._mask + 1,
             self._stride,
             self._payload_max,
@@ -194,17 +196,16 @@ class LockTable:
             ring.capacity,
             ring.stride,
             ring.frame_bytes,
+            self._node,
+            self._id_base,
+            self._ring.wake,
+            _TYPES,
+            _fork,
         )
+        self._state.on_close(steps.close)
+        return steps
 
     # -- argument checks ---------------------------------------------------------------
-
-    def _refusal(self, outcome: int, key: LockKey) -> OrbitError:
-        """The error for a C step's FULL, EXHAUSTED or CORRUPT outcome."""
-        if outcome == _FULL:
-            return self._full(key)
-        if outcome == _EXHAUSTED:
-            return self._exhausted(*_unpack_counters(self._buf, COUNTERS_OFFSET))
-        return self._ring.corrupt_head(self._node)
 
     def _full(self, key: LockKey) -> StateFull:
         return StateFull(
@@ -274,39 +275,15 @@ class LockTable:
         Seed 000: TTL on the host monotonic clock; strictly increasing fencing
         tokens; a full table refuses, it never evicts.
         """
+        steps = self._steps
+        if steps is not None and crash_hook is None:
+            result = steps.try_acquire(key, owner, ttl)
+            if result is not NotImplemented:
+                return result
         if type(ttl) is not float or not 0.0 < ttl <= TTL_MAX_S:
             ttl = check_ttl(ttl)
-        if type(key) is not LockKey:
-            raise _not_a("key", "LockKey", key)
-        if type(owner) is not LockOwner:
-            owner = LockOwner(owner)
-        if len(key.ident) + len(owner.value) > self._payload_max:
-            raise self._too_large(key, owner)
-        if self._fork_generation != _fork.generation:
-            self._refresh_node()
-        ms = ttl_ms(ttl)
-        state = self._state
-        state.acquire()
-        try:
-            now = monotonic_ns() // 1_000_000
-            steps = self._steps
-            if steps is None or crash_hook is not None:
-                return self._acquire_step(key, owner, now, now + ms)
-            outcome, slot, lock_id, revision, wake = steps.acquire(
-                key.digest, key.ident, len(key.namespace), owner.value, self._node, now,
-                now + ms, self._id_base,
-            )  # fmt: skip
-            if outcome != _DONE:
-                if outcome == _BUSY:
-                    return Occupied(self._lease_at(slot))
-                raise self._refusal(outcome, key)
-            if wake:
-                self._ring.wake()
-        finally:
-            state.release()
-        return Acquired(
-            LockLease(key, owner, lock_id, revision, now / 1000.0, (now + ms) / 1000.0, slot)
-        )
+        owner = self._check_entry(key, owner)
+        return self._locked(self._acquire_step, key, owner, ttl_ms(ttl))
 
     def renew(self, lease: LockLease, ttl: float) -> LockLease | None:
         """Give the exact tenure ``lease`` a new full window of ``ttl`` seconds from now.
@@ -323,6 +300,11 @@ class LockTable:
                 (of a LockKey, a LockOwner and an int lock id).
             IdExhausted: the revision counter ran out.
         """
+        steps = self._steps
+        if steps is not None and crash_hook is None:
+            renewed = steps.renew(lease, ttl)
+            if renewed is not NotImplemented:
+                return renewed
         ttl = check_ttl(ttl)
         if self._foreign(lease):
             return None
@@ -348,31 +330,14 @@ class LockTable:
                 (of a LockKey, a LockOwner and an int lock id).
             IdExhausted, LayoutMismatch, FleetError: as for :meth:`try_acquire`.
         """
+        steps = self._steps
+        if steps is not None and crash_hook is None:
+            released = steps.release(lease)
+            if released is not NotImplemented:
+                return released
         if self._foreign(lease):
             return False
-        if self._fork_generation != _fork.generation:
-            self._refresh_node()
-        state = self._state
-        state.acquire()  # the hot path, so not through _locked
-        try:
-            now = monotonic_ns() // 1_000_000
-            steps = self._steps
-            if steps is None or crash_hook is not None:
-                return self._release_step(lease, now)
-            key = lease.key
-            outcome, wake = steps.release(
-                key.digest, key.ident, len(key.namespace), lease.owner.value, self._node, now,
-                lease.lock_id, lease.slot,
-            )  # fmt: skip
-            if outcome == _ABSENT:
-                return False
-            if outcome != _DONE:
-                raise self._refusal(outcome, key)
-            if wake:
-                self._ring.wake()
-            return True
-        finally:
-            state.release()
+        return self._locked(self._release_step, lease, None, 0)
 
     def release_owned(self, key: LockKey, owner: LockOwner | bytes | str) -> bool:
         """Release whatever live tenure of ``key`` has exactly ``owner``; False if none."""
@@ -418,8 +383,9 @@ class LockTable:
             state.release()
 
     def _acquire_step(
-        self, key: LockKey, owner: LockOwner, now: int, expires: int
+        self, key: LockKey, owner: LockOwner, ms: int, now: int
     ) -> Acquired | Occupied:
+        expires = now + ms
         slot = key.digest & self._mask
         offset = HEADER_SIZE + slot * self._stride
         if self._buf[offset : offset + 8] != _EMPTY_HEAD:  # else: a free home slot
@@ -429,7 +395,7 @@ class LockTable:
             slot = ~slot
         return Acquired(self._insert(slot, key, owner, now, expires))
 
-    def _release_step(self, lease: LockLease, now: int) -> bool:
+    def _release_step(self, lease: LockLease, _: None, __: int, now: int) -> bool:
         slot = self._find_tenure(lease, now)
         if slot < 0:
             return False
