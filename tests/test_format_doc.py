@@ -51,4 +51,4 @@ def test_section_block_and_membership_sections_match_their_constants() -> None:
     assert f"plus {_robust.SECTION_BYTES}" in text
     members = section(f"## Membership object — version {_fleet.MEMBERS_VERSION}")
     assert f"`0x{_fleet.MEMBERS_MAGIC:08X}`" in members
-    assert f"`{_fleet.INCARNATIONS_AT} + 8 × capacity`" in members
+    assert f"`{_fleet.INCARNATIONS_AT} + 8 * capacity`" in members

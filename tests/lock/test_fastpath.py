@@ -229,7 +229,7 @@ def test_steps_that_failed_to_initialise_refuse_to_run(table: LockTable) -> None
         steps.__init__(b"", b"", block, *geometry, print, _TYPES, _fork)  # type: ignore[misc]
     valid = (8, 128, 64, 1, 128, 192, 8, 160, 100, 0, 0)
     for types in ((int,) * 5, (int, int, tuple, int, int)):
-        with pytest.raises(TypeError, match="tuple type|instance slot"):
+        with pytest.raises(TypeError, match=r"tuple type|instance slot"):
             steps.__init__(b"", b"", block, *valid, print, types, _fork)  # type: ignore[misc]
     key, owner = LockKey("tests.fast", "never"), LockOwner(b"owner")
     # Never a read through the null mappings: every operation declines to Python.
