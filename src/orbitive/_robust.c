@@ -7,6 +7,8 @@
 #define PY_SSIZE_T_CLEAN
 #include "_robust.h"
 
+int robust_spins;
+
 typedef struct {
     PyObject_HEAD
     Py_buffer view;

@@ -120,7 +120,7 @@ def acquire_and_stop_in_repair(channel: Channel, fleet_name: str) -> None:
 
     _robust.recovery_hook = stop
     table = LockTable(Fleet.join(fleet_name, 4))
-    table._steps = None  # the Python operation, through the ctypes twin and its hook
+    table._bind(None)  # the Python operation, through the ctypes twin and its hook
     table.try_acquire(KEY, LockOwner(b"repairer"), 60.0)
 
 

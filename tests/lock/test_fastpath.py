@@ -30,6 +30,7 @@ from orbitive.lock import (
     LockTable,
     Occupied,
     StateFull,
+    _table,
 )
 from orbitive.lock._layout import HEADER_SIZE, MAX_PROBE_OFFSET
 from orbitive.lock._table import _TYPES
@@ -55,7 +56,7 @@ def tables(layout: LockLayout) -> Iterator[tuple[LockTable, LockTable]]:
     names = [new_fleet_name(), new_fleet_name()]
     fleets = [Fleet.join(name, 2) for name in names]
     fast, slow = (LockTable(fleet, layout) for fleet in fleets)
-    slow._steps = None  # the Python reference
+    slow._bind(None)  # the Python reference
     yield fast, slow
     for fleet, name in zip(fleets, names, strict=True):
         fleet.close()
@@ -226,12 +227,37 @@ def test_steps_that_failed_to_initialise_refuse_to_run(table: LockTable) -> None
     block = mmap.mmap(-1, 4096)
     geometry = (3, 64, 16, 1, 128, 192, 8, 128, 64, 0, 0)
     with pytest.raises(ValueError, match="geometry"):
-        steps.__init__(b"", b"", block, *geometry, print, _TYPES, _fork)  # type: ignore[misc]
+        steps.__init__(b"", b"", block, *geometry, print, _TYPES, _fork, table, _table)  # type: ignore[misc]
     valid = (8, 128, 64, 1, 128, 192, 8, 160, 100, 0, 0)
     for types in ((int,) * 5, (int, int, tuple, int, int)):
         with pytest.raises(TypeError, match=r"tuple type|instance slot"):
-            steps.__init__(b"", b"", block, *valid, print, types, _fork)  # type: ignore[misc]
+            steps.__init__(b"", b"", block, *valid, print, types, _fork, table, _table)  # type: ignore[misc]
     key, owner = LockKey("tests.fast", "never"), LockOwner(b"owner")
-    # Never a read through the null mappings: every operation declines to Python.
-    assert steps.try_acquire(key, owner, 1.0) is NotImplemented
-    assert steps.release(table.try_acquire(key, owner, 1.0).lease) is NotImplemented
+    held = table.try_acquire(key, owner, 1.0)
+    assert isinstance(held, Acquired)
+    for call in (  # never a read through the null mappings
+        lambda: steps.try_acquire(key, owner, 1.0),
+        lambda: steps.release(held.lease),
+        lambda: steps.renew(held.lease, 1.0),
+    ):
+        with pytest.raises(ValueError, match="not initialised"):
+            call()
+
+
+def test_the_c_operations_take_keywords_and_hand_odd_calls_to_python(
+    pair: tuple[LockTable, LockTable],
+) -> None:
+    fast = pair[0]
+    require_c_steps(fast._steps, "orbitive.lock._fastpath")
+    assert "try_acquire" in vars(fast), "the C operation is the table's own method"
+    key = KEYS[0]
+    held = fast.try_acquire(owner=OWNERS[0], ttl=60, key=key)
+    assert isinstance(held, Acquired)
+    renewed = fast.renew(ttl=30.0, lease=held.lease)
+    assert renewed is not None and renewed.fencing_token == held.lease.fencing_token
+    with pytest.raises(TypeError):
+        fast.try_acquire(key, OWNERS[0], ttl=1.0, extra=1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        fast.release(renewed, lease=renewed)  # type: ignore[misc]
+    assert fast.release(lease=renewed) is True
+    assert isinstance(fast.try_acquire(key, "a str owner", 60.0), Acquired)  # via Python

@@ -35,7 +35,7 @@ def churned(request: pytest.FixtureRequest) -> Iterator[LockTable]:
     with Fleet.join(name, 2) as fleet:
         table = LockTable(fleet, LAYOUT)
         if request.param == "python":
-            table._steps = None
+            table._bind(None)
         churn(table, random.Random("churn"))
         yield table
         table.close()
@@ -99,7 +99,7 @@ def chain_open(table: LockTable, key: LockKey, length: int) -> bool:
 def test_a_miss_inspects_at_most_max_probe_plus_one_slots(churned: LockTable, steps: str) -> None:
     table = churned
     if steps == "python":
-        table._steps = None
+        table._bind(None)
     key = LockKey("tests.bound", "absent")
     assert table.current(key) is None
     bound = plant(table, key, 1) - 1

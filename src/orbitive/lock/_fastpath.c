@@ -10,9 +10,10 @@
  * max_probe raised if the entry lies further from its home, then the slot
  * tombstoned, rewritten and made OCCUPIED last.
  *
- * Anything off that path (other argument types, an error to raise, a fork, a
- * closed table) returns NotImplemented before or after the step, and
- * _table.py's Python operation, the reference, runs instead; it also runs
+ * LockTable binds these methods as its own. Anything off that path (other
+ * argument types, an error to raise, a fork, a closed table, the test-only
+ * crash hook) hands the call, before or after the step, to the table's Python
+ * operation (_try_acquire, _release, _renew), the reference, which also runs
  * when this module is not built.
  *
  * Every length and offset read from shared memory is checked before use, and
@@ -55,6 +56,7 @@ typedef struct {
     Py_buffer block; /* the state object's section block, held for life */
     PyObject *wake;  /* Ring.wake: called when a driver is parked */
     PyObject *fork_dict, *generation; /* _fork's globals, and its generation at creation */
+    PyObject *table, *table_dict;     /* the LockTable, and _table's globals (crash_hook) */
     Types types;
     Py_ssize_t capacity, stride, payload_max;
     Py_ssize_t lanes, heads_at, slots_at, ring_capacity, ring_stride, frame_bytes;
@@ -284,22 +286,75 @@ static void maps_release(Maps *m)
 
 /* -- arguments: anything unusual declines to the Python operation ------------------------ */
 
-#define DECLINE() Py_NewRef(Py_NotImplemented)
+/* Names interned at import: globals read per call, and the Python operations. */
+static PyObject *generation_name, *crash_hook_name;
+static PyObject *python_acquire, *python_release, *python_renew;
 
-static PyObject *generation_name; /* "generation", interned at import */
+/* A call as it came: positional arguments, then the values of its keywords. */
+typedef struct {
+    PyObject *const *args;
+    Py_ssize_t nargs;
+    PyObject *kwnames;
+} Call;
+
+enum { MOST_ARGS = 8 };
+
+/* Hand the call to the table's Python operation ``name`` (the reference). */
+static PyObject *decline(const Steps *t, PyObject *name, const Call *c)
+{
+    PyObject *call[MOST_ARGS + 1] = {t->table};
+    Py_ssize_t total = c->nargs + (c->kwnames ? PyTuple_GET_SIZE(c->kwnames) : 0);
+    if (t->table == NULL) {
+        PyErr_SetString(PyExc_ValueError, "Steps is not initialised");
+        return NULL;
+    }
+    if (total > MOST_ARGS) {
+        PyErr_SetString(PyExc_TypeError, "too many arguments");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < total; i++)
+        call[i + 1] = c->args[i];
+    return PyObject_VectorcallMethod(name, call, (size_t)c->nargs + 1, c->kwnames);
+}
+
+/* The call's n arguments in the order of names (keywords put in their places); 0 when
+ * any is missing, unknown or given twice (the Python operation then says which). */
+static int positional(const Call *c, const char *const *names, Py_ssize_t n, PyObject **out)
+{
+    if (c->nargs > n)
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        out[i] = i < c->nargs ? c->args[i] : NULL;
+    Py_ssize_t keywords = c->kwnames ? PyTuple_GET_SIZE(c->kwnames) : 0;
+    for (Py_ssize_t k = 0; k < keywords; k++) {
+        PyObject *name = PyTuple_GET_ITEM(c->kwnames, k);
+        Py_ssize_t j = 0;
+        while (j < n && PyUnicode_CompareWithASCIIString(name, names[j]) != 0)
+            j++;
+        if (j == n || out[j] != NULL)
+            return 0;
+        out[j] = c->args[c->nargs + k];
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (out[i] == NULL)
+            return 0;
+    return 1;
+}
+int robust_spins;
 
 static inline PyObject *slot_of(PyObject *obj, Py_ssize_t at)
 {
     return *(PyObject **)((char *)obj + at);
 }
 
-/* The table may run here: built, open, and in the process that built it. */
+/* The table may run here: built, open, in the process that built it, no crash hook. */
 static int usable(const Steps *t)
 {
     if (!t->ready || t->closed)
         return 0;
     PyObject *now = PyDict_GetItemWithError(t->fork_dict, generation_name);
-    return now == t->generation;
+    PyObject *hook = PyDict_GetItemWithError(t->table_dict, crash_hook_name);
+    return now == t->generation && (hook == NULL || hook == Py_None) && !PyErr_Occurred();
 }
 
 /* ttl seconds (an exact float or int, finite, 0 < ttl <= TTL_MAX_S) as _clock.ttl_ms does. */
@@ -459,20 +514,22 @@ static int leave(Steps *t, Maps *m, int wake)
 }
 
 PyDoc_STRVAR(try_acquire_doc,
-"try_acquire(key, owner, ttl) -> Acquired | Occupied | NotImplemented\n\n"
-"LockTable.try_acquire in one call; NotImplemented: run the Python operation.");
+"try_acquire(key, owner, ttl) -> Acquired | Occupied: LockTable.try_acquire in one call.");
 
-static PyObject *Steps_try_acquire(Steps *t, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *Steps_try_acquire(Steps *t, PyObject *const *args, size_t nargsf,
+                                   PyObject *kwnames)
 {
+    static const char *const names[] = {"key", "owner", "ttl"};
+    const Call c = {args, PyVectorcall_NARGS(nargsf), kwnames};
+    PyObject *a[3];
     Entry e;
     Maps m;
     uint64_t ms, revision = 0, id_base = t->id_base, busy[4] = {0};
     PyObject *holder = NULL;
     int outcome, wake = 0;
-    if (nargs != 3 || !usable(t) || !parse_entry(t, args[0], args[1], &e) || !ttl_ms(args[2], &ms))
-        return DECLINE();
-    if (!enter(t, &m))
-        return DECLINE();
+    if (!usable(t) || !positional(&c, names, 3, a) || !parse_entry(t, a[0], a[1], &e) ||
+        !ttl_ms(a[2], &ms) || !enter(t, &m))
+        return decline(t, python_acquire, &c);
     e.now = now_ms();
     e.expires = e.now + ms;
     Py_ssize_t slot = probe(t, m.s, &e);
@@ -508,8 +565,8 @@ static PyObject *Steps_try_acquire(Steps *t, PyObject *const *args, Py_ssize_t n
     if (outcome == DONE)
         return new_boxed(y->acquired, y->acquired_lease_at,
                          new_lease(t, e.key, e.owner_obj, e.lock_id, revision, e.now, e.expires, slot));
-    if (outcome != BUSY)
-        return DECLINE(); /* the Python operation raises StateFull, IdExhausted or LayoutMismatch */
+    if (outcome != BUSY) /* the Python operation raises StateFull, IdExhausted or LayoutMismatch */
+        return decline(t, python_acquire, &c);
     if (holder == NULL)
         return NULL;
     PyObject *owner = new_boxed(y->owner, y->value_at, holder);
@@ -540,17 +597,21 @@ static Py_ssize_t find_tenure(const Steps *t, uint8_t *s, const Entry *e, Py_ssi
 }
 
 PyDoc_STRVAR(release_doc,
-"release(lease) -> bool | NotImplemented\n\n"
-"LockTable.release in one call; NotImplemented: run the Python operation.");
+"release(lease) -> bool: LockTable.release in one call.");
 
-static PyObject *Steps_release(Steps *t, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *Steps_release(Steps *t, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames)
 {
+    static const char *const names[] = {"lease"};
+    const Call c = {args, PyVectorcall_NARGS(nargsf), kwnames};
+    PyObject *a[1];
     Entry e;
     Maps m;
     Py_ssize_t hint;
     int outcome = ABSENT, wake = 0;
-    if (nargs != 1 || !usable(t) || !parse_lease(t, args[0], &e, &hint) || !enter(t, &m))
-        return DECLINE();
+    if (!usable(t) || !positional(&c, names, 1, a) || !parse_lease(t, a[0], &e, &hint) ||
+        !enter(t, &m))
+        return decline(t, python_release, &c);
     e.now = now_ms();
     Py_ssize_t slot = find_tenure(t, m.s, &e, hint);
     if (slot >= 0) {
@@ -570,23 +631,25 @@ static PyObject *Steps_release(Steps *t, PyObject *const *args, Py_ssize_t nargs
         Py_RETURN_TRUE;
     if (outcome == ABSENT)
         Py_RETURN_FALSE;
-    return DECLINE();
+    return decline(t, python_release, &c);
 }
 
 PyDoc_STRVAR(renew_doc,
-"renew(lease, ttl) -> LockLease | None | NotImplemented\n\n"
-"LockTable.renew in one call; NotImplemented: run the Python operation.");
+"renew(lease, ttl) -> LockLease | None: LockTable.renew in one call.");
 
-static PyObject *Steps_renew(Steps *t, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *Steps_renew(Steps *t, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
+    static const char *const names[] = {"lease", "ttl"};
+    const Call c = {args, PyVectorcall_NARGS(nargsf), kwnames};
+    PyObject *a[2];
     Entry e;
     Maps m;
     Py_ssize_t hint;
     uint64_t ms, revision = 0, acquired = 0;
     int outcome = ABSENT, wake = 0;
-    if (nargs != 2 || !usable(t) || !ttl_ms(args[1], &ms) || !parse_lease(t, args[0], &e, &hint) ||
-        !enter(t, &m))
-        return DECLINE();
+    if (!usable(t) || !positional(&c, names, 2, a) || !ttl_ms(a[1], &ms) ||
+        !parse_lease(t, a[0], &e, &hint) || !enter(t, &m))
+        return decline(t, python_renew, &c);
     e.now = now_ms();
     e.expires = e.now + ms;
     Py_ssize_t slot = find_tenure(t, m.s, &e, hint);
@@ -616,7 +679,7 @@ static PyObject *Steps_renew(Steps *t, PyObject *const *args, Py_ssize_t nargs)
         return new_lease(t, e.key, e.owner_obj, e.lock_id, revision, acquired, e.expires, slot);
     if (outcome == ABSENT)
         Py_RETURN_NONE;
-    return DECLINE();
+    return decline(t, python_renew, &c);
 }
 
 PyDoc_STRVAR(close_doc, "close() -> None: every later call declines (the table is closed).");
@@ -689,19 +752,19 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
     static char *names[] = {"state", "ring", "block", "capacity", "stride", "payload_max",
                             "lanes", "heads_at", "slots_at", "ring_capacity", "ring_stride",
                             "frame_bytes", "node", "id_base", "wake", "types", "fork_module",
-                            NULL};
-    PyObject *state, *ring, *block, *wake, *types, *fork_module;
+                            "table", "table_module", NULL};
+    PyObject *state, *ring, *block, *wake, *types, *fork_module, *table, *table_module;
     unsigned long long id_base;
     Steps g; /* parsed and checked here, copied into t only when consistent */
     if (t->ready) {
         PyErr_SetString(PyExc_TypeError, "Steps is initialised already");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOnnnnnnnnnnKOOO", names, &state, &ring,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOnnnnnnnnnnKOOOOO", names, &state, &ring,
                                      &block, &g.capacity, &g.stride, &g.payload_max, &g.lanes,
                                      &g.heads_at, &g.slots_at, &g.ring_capacity, &g.ring_stride,
                                      &g.frame_bytes, &g.node, &id_base, &wake, &types,
-                                     &fork_module))
+                                     &fork_module, &table, &table_module))
         return -1;
     int pow2 = g.capacity > 0 && !(g.capacity & (g.capacity - 1)) && g.capacity <= 1 << 20 &&
                g.ring_capacity > 0 && !(g.ring_capacity & (g.ring_capacity - 1)) &&
@@ -716,9 +779,10 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_ValueError, "inconsistent lock table or ring geometry");
         return -1;
     }
-    if (!PyCallable_Check(wake) || !PyModule_Check(fork_module) || parse_types(types, &t->types) < 0) {
+    if (!PyCallable_Check(wake) || !PyModule_Check(fork_module) ||
+        !PyModule_Check(table_module) || parse_types(types, &t->types) < 0) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "wake must be callable and fork_module a module");
+            PyErr_SetString(PyExc_TypeError, "wake must be callable and the modules modules");
         return -1;
     }
     PyObject *fork_dict = PyModule_GetDict(fork_module);
@@ -751,30 +815,50 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
     t->wake = Py_NewRef(wake);
     t->fork_dict = Py_NewRef(fork_dict);
     t->generation = Py_NewRef(generation);
+    t->table = Py_NewRef(table);
+    t->table_dict = Py_NewRef(PyModule_GetDict(table_module));
     types_ref(&t->types, 1);
     t->ready = 1;
     return 0;
 }
 
+/* The table refers to its Steps and the Steps to their table: a cycle the GC sees. */
+static int Steps_traverse(Steps *t, visitproc visit, void *arg)
+{
+    Py_VISIT(t->table);
+    Py_VISIT(t->wake);
+    return 0;
+}
+
+static int Steps_clear(Steps *t)
+{
+    Py_CLEAR(t->table);
+    Py_CLEAR(t->wake);
+    return 0;
+}
+
 static void Steps_dealloc(Steps *t)
 {
+    PyObject_GC_UnTrack(t);
     if (t->ready) {
         PyBuffer_Release(&t->block);
         types_ref(&t->types, 0);
     }
+    Steps_clear(t);
     Py_XDECREF(t->state);
     Py_XDECREF(t->ring);
-    Py_XDECREF(t->wake);
     Py_XDECREF(t->fork_dict);
     Py_XDECREF(t->generation);
+    Py_XDECREF(t->table_dict);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
 static PyMethodDef Steps_methods[] = {
-    {"try_acquire", (PyCFunction)(void (*)(void))Steps_try_acquire, METH_FASTCALL,
-     try_acquire_doc},
-    {"release", (PyCFunction)(void (*)(void))Steps_release, METH_FASTCALL, release_doc},
-    {"renew", (PyCFunction)(void (*)(void))Steps_renew, METH_FASTCALL, renew_doc},
+    {"try_acquire", (PyCFunction)(void (*)(void))Steps_try_acquire,
+     METH_FASTCALL | METH_KEYWORDS, try_acquire_doc},
+    {"release", (PyCFunction)(void (*)(void))Steps_release, METH_FASTCALL | METH_KEYWORDS,
+     release_doc},
+    {"renew", (PyCFunction)(void (*)(void))Steps_renew, METH_FASTCALL | METH_KEYWORDS, renew_doc},
     {"close", (PyCFunction)Steps_close, METH_NOARGS, close_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -784,10 +868,12 @@ static PyTypeObject StepsType = {
     .tp_name = "orbitive.lock._fastpath.Steps",
     .tp_doc = PyDoc_STR("The lock table's hot operations over one state and one ring mapping."),
     .tp_basicsize = sizeof(Steps),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Steps_init,
     .tp_dealloc = (destructor)Steps_dealloc,
+    .tp_traverse = (traverseproc)Steps_traverse,
+    .tp_clear = (inquiry)Steps_clear,
     .tp_methods = Steps_methods,
 };
 
@@ -799,8 +885,15 @@ static struct PyModuleDef fastpath_module = {
 
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
+    const char *spins = getenv("ORBIT_SPINS");
+    robust_spins = spins ? atoi(spins) : 0;
     generation_name = PyUnicode_InternFromString("generation");
-    if (generation_name == NULL || PyType_Ready(&StepsType) < 0)
+    crash_hook_name = PyUnicode_InternFromString("crash_hook");
+    python_acquire = PyUnicode_InternFromString("_try_acquire");
+    python_release = PyUnicode_InternFromString("_release");
+    python_renew = PyUnicode_InternFromString("_renew");
+    if (generation_name == NULL || crash_hook_name == NULL || python_acquire == NULL ||
+        python_release == NULL || python_renew == NULL || PyType_Ready(&StepsType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&fastpath_module);
     if (module == NULL)

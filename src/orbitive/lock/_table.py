@@ -23,6 +23,7 @@ while the test-only :data:`crash_hook` is set.
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, TypeVar, final
@@ -175,7 +176,20 @@ class LockTable:
         self._fork_generation = _fork.generation
         self._node = node
         self._id_base = (self.layout.state_kind << KIND_SHIFT) | (self._node << NODE_SHIFT)
-        self._steps = self._new_steps() if Steps is not None and node >= 0 else None
+        self._bind(self._new_steps() if Steps is not None and node >= 0 else None)
+
+    def _bind(self, steps: Steps | None) -> None:
+        """Make the C operations this table's own try_acquire, release and renew (None: unbind).
+
+        Each then is one C call, which hands anything off its path to the Python
+        operation of the same name with a leading underscore.
+        """
+        self._steps = steps
+        for name in ("try_acquire", "release", "renew"):
+            if steps is None:
+                self.__dict__.pop(name, None)
+            else:
+                self.__dict__[name] = getattr(steps, name)
 
     def _new_steps(self) -> Steps | None:
         """The C operations, where the state's section is a robust mutex they can lock."""
@@ -201,6 +215,8 @@ class LockTable:
             self._ring.wake,
             _TYPES,
             _fork,
+            self,
+            sys.modules[__name__],
         )
         self._state.on_close(steps.close)
         return steps
@@ -275,11 +291,11 @@ class LockTable:
         Seed 000: TTL on the host monotonic clock; strictly increasing fencing
         tokens; a full table refuses, it never evicts.
         """
-        steps = self._steps
-        if steps is not None and crash_hook is None:
-            result = steps.try_acquire(key, owner, ttl)
-            if result is not NotImplemented:
-                return result
+        return self._try_acquire(key, owner, ttl)
+
+    def _try_acquire(
+        self, key: LockKey, owner: LockOwner | bytes | str, ttl: float
+    ) -> Acquired | Occupied:
         if type(ttl) is not float or not 0.0 < ttl <= TTL_MAX_S:
             ttl = check_ttl(ttl)
         owner = self._check_entry(key, owner)
@@ -300,11 +316,9 @@ class LockTable:
                 (of a LockKey, a LockOwner and an int lock id).
             IdExhausted: the revision counter ran out.
         """
-        steps = self._steps
-        if steps is not None and crash_hook is None:
-            renewed = steps.renew(lease, ttl)
-            if renewed is not NotImplemented:
-                return renewed
+        return self._renew(lease, ttl)
+
+    def _renew(self, lease: LockLease, ttl: float) -> LockLease | None:
         ttl = check_ttl(ttl)
         if self._foreign(lease):
             return None
@@ -330,11 +344,9 @@ class LockTable:
                 (of a LockKey, a LockOwner and an int lock id).
             IdExhausted, LayoutMismatch, FleetError: as for :meth:`try_acquire`.
         """
-        steps = self._steps
-        if steps is not None and crash_hook is None:
-            released = steps.release(lease)
-            if released is not NotImplemented:
-                return released
+        return self._release(lease)
+
+    def _release(self, lease: LockLease) -> bool:
         if self._foreign(lease):
             return False
         return self._locked(self._release_step, lease, None, 0)

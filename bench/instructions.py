@@ -1,0 +1,132 @@
+"""User-space instructions per operation, counted by callgrind (repeatable on a noisy VM).
+
+Run: ``.venv/bin/python bench/instructions.py [--count N]``. For each workload it
+runs this script under ``valgrind --tool=callgrind`` twice, with 0 and with N
+operations after the same set-up, and prints (total(N) - total(0)) / N: the
+instructions one operation costs, set-up and interpreter start excluded.
+System calls count as the instructions of their user-space side only.
+
+Workloads: ``flock`` (a bare ``fcntl.flock`` lock + unlock pair from Python, the
+floor), ``lock`` (``LockTable.try_acquire`` + ``release``), ``section``
+(``Region.acquire`` + ``release`` on the robust mutex) and ``pool`` (the pool's
+local reuse cycle, ``reserve`` + ``accept`` + ``complete``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from orbitive import Fleet
+from orbitive.lock import Acquired, LockKey, LockOwner, LockTable
+
+WORKLOADS = ("flock", "lock", "section", "pool")
+_COLLECTED = re.compile(r"Collected : (\d+)")
+
+
+def _prepare(workload: str, fleet: Fleet) -> Callable[[], None]:
+    """One operation of ``workload`` on ``fleet``, set up and warmed."""
+    if workload == "flock":
+        fd = os.open(tempfile.mkstemp()[1], os.O_RDWR)
+
+        def pair() -> None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+        return pair
+    if workload == "section":
+        region = LockTable(fleet)._state
+
+        def section() -> None:
+            region.acquire()
+            region.release()
+
+        return section
+    if workload == "lock":
+        table = LockTable(fleet)
+        key, owner = LockKey("bench", "key"), LockOwner(b"bench-owner")
+        acquire, release = table.try_acquire, table.release
+
+        def lock() -> None:
+            result = acquire(key, owner, 30.0)
+            assert isinstance(result, Acquired)
+            release(result.lease)
+
+        return lock
+    from orbitive.pool import Key, Pool  # noqa: PLC0415 - only this workload needs it
+
+    pool = Pool(fleet)
+    rid = pool.register(Key(0xB0B), 1)
+    reserve, accept = pool.reserve, pool.accept
+
+    def cycle() -> None:
+        accept(reserve(rid)).complete()
+
+    return cycle
+
+
+def _run_child(workload: str, count: int, fleet_name: str) -> None:
+    fleet = Fleet.join(fleet_name, 4)
+    operation = _prepare(workload, fleet)
+    for _ in range(100):
+        operation()
+    for _ in range(count):
+        operation()
+
+
+def _instructions(workload: str, count: int, fleet_name: str) -> int:
+    done = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            sys.executable,
+            __file__,
+            "--child",
+            workload,
+            str(count),
+            fleet_name,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = _COLLECTED.search(done.stderr)
+    if found is None:
+        raise RuntimeError(f"callgrind printed no total:\n{done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--count", type=int, default=5000, help="operations per counted run")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=WORKLOADS, action="append", help="these workloads")
+    args = parser.parse_args()
+    if args.child:
+        workload, count, fleet_name = args.child
+        _run_child(workload, int(count), fleet_name)
+        return
+    if shutil.which("valgrind") is None:
+        sys.exit("bench/instructions.py needs valgrind (apt-get install valgrind)")
+    fleet_name = f"bench-instr-{os.getpid()}"
+    try:
+        for workload in args.only or WORKLOADS:
+            base = _instructions(workload, 0, fleet_name)
+            total = _instructions(workload, args.count, fleet_name)
+            print(f"{workload:<8} {(total - base) / args.count:>10,.0f} instructions per operation")
+    finally:
+        for path in Path("/dev/shm").glob(f"orbit-{fleet_name}-*"):
+            path.unlink()
+
+
+if __name__ == "__main__":
+    main()
