@@ -7,25 +7,47 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Final, Literal, NamedTuple, Protocol, final
+from typing import Final, Literal, NamedTuple, Protocol, cast, final
 
-from .._errors import InvalidArgumentType, KeyEmpty, NamespaceEmpty, OwnerEmpty
+from .._bytes import exact_bytes
+from .._errors import (
+    EntryTooLarge,
+    InvalidArgumentType,
+    InvalidEncoding,
+    KeyEmpty,
+    NamespaceEmpty,
+    OwnerEmpty,
+    shown,
+)
 
 #: Bits of a lock id (NetId64) that hold the fencing token.
 TOKEN_BITS: Final = 40
 TOKEN_MASK: Final = (1 << TOKEN_BITS) - 1
 NODE_SHIFT: Final = 40
 KIND_SHIFT: Final = 56
+#: Longest namespace or label, in bytes: slot lengths are u16 (and payload_max <= 65535).
+_PART_MAX: Final = 0xFFFF
 
 
 def _as_bytes(value: object, what: str) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    raise InvalidArgumentType(f"{what} must be str or bytes, not {type(value).__name__}")
+    """``value`` as exact bytes: a str as UTF-8, a bytes-like as the bytes it holds."""
+    kind = type(value)
+    if kind is bytes:
+        return cast(bytes, value)
+    if issubclass(kind, str):
+        try:
+            return str.encode(cast(str, value))  # str's own encode, not a subclass's
+        except UnicodeEncodeError:
+            raise InvalidEncoding(
+                f"{what} {shown(value)} has no UTF-8 form (a lone surrogate)"
+            ) from None
+    raw = exact_bytes(value)
+    if raw is None:
+        raise InvalidArgumentType(
+            f"{what} must be str or readable bytes-like, not {kind.__name__}"
+            + (" (released)" if kind is memoryview else "")
+        )
+    return raw
 
 
 class HasNamespace(Protocol):
@@ -46,7 +68,10 @@ class LockKey:
     Raises:
         NamespaceEmpty: empty namespace.
         KeyEmpty: empty label.
-        InvalidArgumentType: a part is neither str nor bytes.
+        EntryTooLarge: a part longer than 65535 bytes (no layout holds it).
+        InvalidEncoding: a str part with a lone surrogate (no UTF-8 form).
+        InvalidArgumentType: a part is neither str nor bytes-like (``bytearray``
+            and ``memoryview`` are copied), or a released memoryview.
     """
 
     namespace: bytes
@@ -61,6 +86,11 @@ class LockKey:
             raise NamespaceEmpty("lock key namespace must not be empty")
         if not lb:
             raise KeyEmpty("lock key label must not be empty")
+        if len(ns) > _PART_MAX or len(lb) > _PART_MAX:
+            raise EntryTooLarge(
+                f"lock key namespace ({len(ns)} bytes) and label ({len(lb)} bytes) must each "
+                f"be at most {_PART_MAX} bytes (no layout holds more)"
+            )
         object.__setattr__(self, "namespace", ns)
         object.__setattr__(self, "label", lb)
         digest = zlib.crc32(lb, zlib.crc32(len(ns).to_bytes(2, "little") + ns))
@@ -69,8 +99,20 @@ class LockKey:
 
     @classmethod
     def of(cls, typ: HasNamespace, label: str | bytes) -> LockKey:
-        """A key whose namespace is ``typ.NAMESPACE`` (a typed caller's stable domain)."""
-        return cls(typ.NAMESPACE, label)
+        """A key whose namespace is ``typ.NAMESPACE`` (a typed caller's stable domain).
+
+        Raises:
+            InvalidArgumentType: ``typ`` has no readable ``NAMESPACE`` (the error
+                reading it is the ``__cause__``), or a part is neither str nor bytes.
+            As the constructor otherwise.
+        """
+        try:
+            namespace = typ.NAMESPACE
+        except Exception as error:  # a missing attribute, or a property that raises
+            raise InvalidArgumentType(
+                f"LockKey.of needs a type with a NAMESPACE, not {type(typ).__name__}"
+            ) from error
+        return cls(namespace, label)
 
     def __str__(self) -> str:
         return f"{self.namespace.decode(errors='replace')}/{self.label.decode(errors='replace')}"
@@ -83,7 +125,8 @@ class LockOwner:
 
     Raises:
         OwnerEmpty: empty value.
-        InvalidArgumentType: neither str nor bytes.
+        InvalidEncoding: a str with a lone surrogate (no UTF-8 form).
+        InvalidArgumentType: neither str nor bytes-like, or a released memoryview.
     """
 
     value: bytes

@@ -16,6 +16,7 @@ from .._errors import (
     MalformedError,
     NodeOutsideFleet,
     StaleError,
+    shown,
 )
 from .._fleet import Fleet
 from ._deaths import DeathWatch, find_dead
@@ -101,9 +102,9 @@ class Pool:
         if not isinstance(fleet, Fleet):
             raise MalformedError(f"Pool needs a Fleet, got {type(fleet).__name__}")
         if incarnation is not None and type(incarnation) is not Incarnation:
-            raise MalformedError(f"incarnation must be an Incarnation, got {incarnation!r}")
+            raise MalformedError(f"incarnation must be an Incarnation, got {shown(incarnation)}")
         if type(kind) is not int or not 0 <= kind <= 255:
-            raise MalformedError(f"pool kind must be an int in 0..255, got {kind!r}")
+            raise MalformedError(f"pool kind must be an int in 0..255, got {shown(kind)}")
         if fleet.shared and fleet.node < 0:
             raise FleetError(
                 f"fleet {fleet.name!r} is an observer (no node): it cannot own or lease "
@@ -214,7 +215,7 @@ class Pool:
             raise MalformedError(f"limits must be Limits, got {type(limits).__name__}")
         if isinstance(policy, type) or not callable(getattr(policy, "decide", None)):
             raise MalformedError(
-                f"policy must be an object with a decide method, got {policy!r:.60}"
+                f"policy must be an object with a decide method, got {shown(policy)}"
             )
         version = 0
         for _ in range(limits.attempts):
@@ -227,7 +228,7 @@ class Pool:
 
     def _commit(self, key: Key, decision: Decision, limits: Limits, version: int) -> Plan | None:
         if type(decision) is not Decision:
-            raise MalformedError(f"a policy must return a Decision, got {decision!r:.80}")
+            raise MalformedError(f"a policy must return a Decision, got {shown(decision)}")
         if decision.action == "reuse" and decision.id is not None:
             try:
                 lease = self.reserve(decision.id)
@@ -245,7 +246,7 @@ class Pool:
             return Wait(version)
         if decision.action == "reject":
             return Reject(decision.reason)
-        raise MalformedError(f"a policy returned an incomplete decision {decision!r}")
+        raise MalformedError(f"a policy returned an incomplete decision {shown(decision)}")
 
     def _snapshot(self, key: Key, *, install: bool) -> tuple[list[Candidate], int, int, int]:
         found = self._t().snapshot(key, install)
@@ -548,12 +549,15 @@ class Pool:
         """
         table = self._t()
         if type(node) is not int or not 0 <= node < table.fleet_capacity:
-            raise NodeOutsideFleet(f"node must be in 0..{table.fleet_capacity - 1}, got {node!r}")
+            raise NodeOutsideFleet(
+                f"node must be in 0..{table.fleet_capacity - 1}, got {shown(node)}"
+            )
         if type(incarnation) is Incarnation:
             incarnation = incarnation.value
         elif type(incarnation) is not int or not 1 <= incarnation <= U64_MAX:
             raise MalformedError(
-                f"incarnation must be an int in 1..{U64_MAX} or an Incarnation, got {incarnation!r}"
+                f"incarnation must be an int in 1..{U64_MAX} or an Incarnation, "
+                f"got {shown(incarnation)}"
             )
         return table.node_dead(node, incarnation)
 

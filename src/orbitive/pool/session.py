@@ -40,7 +40,7 @@ import struct
 import zlib
 from typing import Final
 
-from .._errors import MalformedError, SessionClosed
+from .._errors import MalformedError, SessionClosed, shown
 from ._guards import Execution
 from ._pool import Pool
 from ._values import Lease, ResourceId
@@ -87,7 +87,7 @@ def encode_frame(lease: Lease) -> bytes:
             lease.holder_incarnation, rid.epoch,
         )  # fmt: skip
     except struct.error as error:
-        raise MalformedError(f"lease {lease!r:.120} does not fit a session frame") from error
+        raise MalformedError(f"lease {shown(lease)} does not fit a session frame") from error
     return body + _CHECKSUM.pack(zlib.crc32(body))
 
 
