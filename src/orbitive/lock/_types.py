@@ -255,9 +255,17 @@ class Fence:
 
     ``admit(token)`` is True when ``token >= high_water`` (equal re-admits the
     same holder) and raises the mark; an older token is rejected. Thread-safe.
+
+    Args:
+        high_water: the highest token already admitted, an int (0: none yet).
+
+    Raises:
+        InvalidArgumentType: ``high_water`` is not an int (bools refused).
     """
 
     def __init__(self, high_water: int = 0) -> None:
+        if type(high_water) is not int:
+            raise InvalidArgumentType(f"high_water must be an int, not {type(high_water).__name__}")
         self._high_water = high_water
         self._mutex = threading.Lock()
 

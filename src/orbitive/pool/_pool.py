@@ -45,12 +45,23 @@ from ._values import (
     ResourceId,
     check_key,
     check_lease,
+    check_rid,
     check_seconds,
     check_units,
 )
 from ._waiting import Waiting
 
 _DEFAULT_LIMITS: Final = Limits()
+
+
+def _decide_of(policy: object) -> object:
+    """``policy.decide``, or None when reading it fails in any way (a hostile ``__getattr__``)."""
+    try:
+        return getattr(policy, "decide", None)
+    except Exception:
+        return None
+
+
 _DEFAULT_POLICY: Final = LocalFirst()
 
 
@@ -213,7 +224,7 @@ class Pool:
         check_key(key)
         if type(limits) is not Limits:
             raise MalformedError(f"limits must be Limits, got {type(limits).__name__}")
-        if isinstance(policy, type) or not callable(getattr(policy, "decide", None)):
+        if isinstance(policy, type) or not callable(_decide_of(policy)):
             raise MalformedError(
                 f"policy must be an object with a decide method, got {shown(policy)}"
             )
@@ -271,6 +282,8 @@ class Pool:
             LayoutMismatch: the slot's fence counter is at 2**64 - 1, which only
                 damaged memory holds; nothing is written.
         """
+        if type(rid) is not ResourceId:
+            check_rid(rid)  # raises
         table = self._table
         if self._fork != _fork.generation or self._closed:
             table = self._t()
@@ -305,7 +318,12 @@ class Pool:
             LayoutMismatch: the slot's active count is at 2**32 - 1, which only
                 damaged memory holds; the fence stays pending.
         """
-        if type(lease) is not Lease or type(lease.fence) is not int or lease.fence <= 0:
+        if (
+            type(lease) is not Lease
+            or type(lease.id) is not ResourceId
+            or type(lease.fence) is not int
+            or lease.fence <= 0
+        ):
             check_lease(lease)  # raises the precise error
         return self._accept(lease.id, lease.fence)
 
@@ -356,7 +374,7 @@ class Pool:
         Raises:
             MalformedError, StaleError, NotOwnerError.
         """
-        self._t().close(rid)
+        self._t().close(check_rid(rid))
 
     def drain(self, rid: ResourceId) -> None:
         """Owner stops new reservations and accepts; running Executions finish normally.
@@ -364,7 +382,7 @@ class Pool:
         Raises:
             MalformedError, StaleError, NotOwnerError.
         """
-        self._t().drain(rid)
+        self._t().drain(check_rid(rid))
 
     def reconcile(self, rid: ResourceId, active: int, grace: float) -> int:
         """Owner ages out reservations it never received and states its active count.
@@ -388,6 +406,7 @@ class Pool:
                 rule, reserved + active <= capacity; nothing changes).
             StaleError, NotOwnerError.
         """
+        check_rid(rid)
         active = check_units(active, "active", 0)
         grace_ms = math.ceil(check_seconds(grace, "grace") * 1000.0)
         return self._t().reconcile(rid, active, grace_ms)

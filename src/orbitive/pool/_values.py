@@ -161,7 +161,13 @@ class ResourceId:
 
     @classmethod
     def from_raw(cls, raw: int, epoch: int) -> ResourceId:
-        """Rebuild an id from its 64-bit form and the epoch it belongs to."""
+        """Rebuild an id from its 64-bit form and the epoch it belongs to.
+
+        Raises:
+            MalformedError: ``raw`` is not an int in ``0 .. 2**64 - 1``, or a
+                field (or ``epoch``) is out of range.
+        """
+        _check_int(raw, "a raw resource id", 0, U64_MAX)
         return cls(raw >> 56, raw >> 40 & 0xFFFF, raw & 0xFFFF, raw >> 16 & 0xFFFFFF, epoch)
 
     def __str__(self) -> str:
@@ -247,10 +253,24 @@ def check_units(value: object, what: str, low: int) -> int:
     return value
 
 
+def check_rid(rid: object) -> ResourceId:
+    """Return ``rid`` if it is a :class:`ResourceId`, else raise MalformedError."""
+    if type(rid) is not ResourceId:
+        raise MalformedError(f"expected a ResourceId, got {type(rid).__name__}")
+    return rid
+
+
 def check_lease(lease: object) -> Lease:
-    """Return ``lease`` if it is a Lease with a fence >= 1, else raise MalformedError."""
+    """Return ``lease`` if it is a Lease of a ResourceId, a fence >= 1 and int holder
+    fields, else raise MalformedError."""
     if type(lease) is not Lease:
         raise MalformedError(f"expected a Lease, got {type(lease).__name__}")
+    check_rid(lease.id)
+    if type(lease.holder_node) is not int or type(lease.holder_incarnation) is not int:
+        raise MalformedError(
+            f"lease holder must be an int node and incarnation, got "
+            f"{type(lease.holder_node).__name__} and {type(lease.holder_incarnation).__name__}"
+        )
     if type(lease.fence) is not int or not 1 <= lease.fence <= U64_MAX:
         raise MalformedError(
             f"lease fence must be an int in 1..{U64_MAX}, got {shown(lease.fence)}"
