@@ -25,6 +25,8 @@ TOKEN_BITS: Final = 40
 TOKEN_MASK: Final = (1 << TOKEN_BITS) - 1
 NODE_SHIFT: Final = 40
 KIND_SHIFT: Final = 56
+#: What a key part or owner may be: text (UTF-8 encoded) or bytes-like (copied).
+Part = str | bytes | bytearray | memoryview
 #: Longest namespace or label, in bytes: slot lengths are u16 (and payload_max <= 65535).
 _PART_MAX: Final = 0xFFFF
 
@@ -79,7 +81,7 @@ class LockKey:
     digest: int = field(repr=False, compare=False)
     ident: bytes = field(repr=False, compare=False)
 
-    def __init__(self, namespace: str | bytes, label: str | bytes) -> None:
+    def __init__(self, namespace: Part, label: Part) -> None:
         ns = _as_bytes(namespace, "namespace")
         lb = _as_bytes(label, "label")
         if not ns:
@@ -98,7 +100,7 @@ class LockKey:
         object.__setattr__(self, "ident", ns + lb)
 
     @classmethod
-    def of(cls, typ: HasNamespace, label: str | bytes) -> LockKey:
+    def of(cls, typ: HasNamespace, label: Part) -> LockKey:
         """A key whose namespace is ``typ.NAMESPACE`` (a typed caller's stable domain).
 
         Raises:
@@ -131,7 +133,7 @@ class LockOwner:
 
     value: bytes
 
-    def __init__(self, value: str | bytes) -> None:
+    def __init__(self, value: Part) -> None:
         raw = _as_bytes(value, "owner")
         if not raw:
             raise OwnerEmpty("lock owner must not be empty")

@@ -61,7 +61,7 @@ class Key:
         _check_int(self.value, "a pool key", 0, _U128_MAX)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> Key:
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> Key:
         """The key whose little-endian 16-byte form is ``data``.
 
         Args:
@@ -77,7 +77,7 @@ class Key:
         return cls(int.from_bytes(raw, "little"))
 
     @classmethod
-    def digest(cls, data: bytes) -> Key:
+    def digest(cls, data: bytes | bytearray | memoryview) -> Key:
         """A key from arbitrary bytes: the 16-byte BLAKE2b digest of ``data``.
 
         Args:

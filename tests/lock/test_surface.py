@@ -1,7 +1,7 @@
 """orbitive.lock under odd arguments: only documented named errors, and no state change.
 
 Every public verb of LockKey, LockOwner, LockLayout, Fence and LockTable is driven
-with the odd values of :mod:`tests.core._odd` mixed with ordinary ones. A call
+with the odd values of :mod:`tests._odd` mixed with ordinary ones. A call
 either returns or raises one of the named errors its docstring lists; after a
 refusal the table's live leases and its counters are exactly what they were.
 """
@@ -34,7 +34,7 @@ from orbitive.lock import (
     StateFull,
 )
 
-from ._odd import blobs, call, odd, texts
+from .._odd import blobs, call, odd, texts
 
 KEY_ERRORS = (NamespaceEmpty, KeyEmpty, EntryTooLarge, InvalidEncoding, InvalidArgumentType)
 OWNER_ERRORS = (OwnerEmpty, InvalidEncoding, InvalidArgumentType)
