@@ -19,10 +19,9 @@ def exact_bytes(value: object) -> bytes | None:
         Exact ``bytes``; None for any other type, and for a buffer that cannot be
         read (a released memoryview, say).
     """
-    kind = type(value)  # type(), not isinstance: a __class__ property may lie
-    if kind is bytes:
-        return cast(bytes, value)
-    if not issubclass(kind, (bytes, bytearray, memoryview)):
+    if type(value) is bytes:
+        return value
+    if not issubclass(type(value), (bytes, bytearray, memoryview)):  # not isinstance: __class__
         return None
     try:
         with memoryview(cast(bytes, value)) as view:

@@ -46,7 +46,12 @@ def check_ttl(ttl: object, *, what: str = "ttl") -> float:
             :data:`TTL_MAX_S` (however large an int). (Seed 000: "every
             acquisition has a positive TTL".)
     """
-    value = ttl if type(ttl) is float else as_seconds(ttl, what)  # float: the common case
+    if type(ttl) is float:  # the common case
+        value = ttl
+    elif type(ttl) is int and 0 < ttl <= TTL_MAX_S:  # exact: int and float compare by value
+        return float(ttl)
+    else:
+        value = as_seconds(ttl, what)
     if not (0.0 < value <= TTL_MAX_S):  # also false for NaN
         if math.isnan(value):
             raise InvalidTtl(f"{what} must be a finite number of seconds, got NaN")

@@ -24,6 +24,7 @@ from orbitive import (
     NodeOutsideFleet,
 )
 
+from .._fleets import fleet_files
 from .._odd import call, printable
 
 SETTINGS = settings(
@@ -50,9 +51,12 @@ def test_join_and_local_refuse_odd_arguments_with_named_errors(
 ) -> None:
     name = fleet_name if use_name else odd_name
     args = (name, capacity) if node is None else (name, capacity, node)
-    fleet, _ = call(getattr(Fleet, verb), *args, allowed=ERRORS)
+    before = fleet_files(fleet_name)
+    fleet, error = call(getattr(Fleet, verb), *args, allowed=ERRORS)
     if isinstance(fleet, Fleet):
         fleet.close()
+    elif error is not None and verb == "local":
+        assert fleet_files(fleet_name) == before  # a refused local fleet touches no file
 
 
 @SETTINGS

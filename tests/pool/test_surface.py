@@ -8,6 +8,7 @@ pool's statistics (keys, resources, reservations, claims) are what they were.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from typing import Any
@@ -229,14 +230,28 @@ def test_key_lookups_refuse_with_named_errors_and_no_change(
 
 
 @SETTINGS
-@given(key=keys, since=counts, timeout=st.one_of(st.none(), numbers, odd))
-def test_wait_capacity_refuses_with_named_errors_and_no_change(
-    surface_pool: Pool, key: object, since: object, timeout: object
+@given(
+    key=keys,
+    since=counts,
+    timeout=st.one_of(st.none(), numbers, odd),
+    verb=st.sampled_from(["wait_capacity", "poll_capacity"]),
+)
+def test_waits_refuse_with_named_errors_and_no_change(
+    surface_pool: Pool, key: object, since: object, timeout: object, verb: str
 ) -> None:
     if since is None or timeout is None or _waits(timeout):
         timeout = 0  # a valid wait would park the test; zero keeps the call immediate
     allowed = (MalformedError, KeyFullError)
-    refused_leaves_state(surface_pool, "wait_capacity", key, since, timeout, allowed=allowed)
+    if verb == "poll_capacity":
+        before = surface_pool.statistics()
+        _, error = call(asyncio.run, _poll(surface_pool, key, since, timeout), allowed=allowed)
+        assert error is None or surface_pool.statistics() == before
+    else:
+        refused_leaves_state(surface_pool, verb, key, since, timeout, allowed=allowed)
+
+
+async def _poll(pool: Pool, key: Any, since: Any, timeout: Any) -> int | None:
+    return await pool.poll_capacity(key, since, timeout)
 
 
 def _waits(timeout: object) -> bool:

@@ -27,29 +27,38 @@ NODE_SHIFT: Final = 40
 KIND_SHIFT: Final = 56
 #: What a key part or owner may be: text (UTF-8 encoded) or bytes-like (copied).
 Part = str | bytes | bytearray | memoryview
-#: Longest namespace or label, in bytes: slot lengths are u16 (and payload_max <= 65535).
-_PART_MAX: Final = 0xFFFF
 
 
 def _as_bytes(value: object, what: str) -> bytes:
     """``value`` as exact bytes: a str as UTF-8, a bytes-like as the bytes it holds."""
-    kind = type(value)
-    if kind is bytes:
-        return cast(bytes, value)
-    if issubclass(kind, str):
+    if type(value) is bytes:
+        return value
+    if type(value) is str:
         try:
-            return str.encode(cast(str, value))  # str's own encode, not a subclass's
+            return value.encode()
         except UnicodeEncodeError:
-            raise InvalidEncoding(
-                f"{what} {shown(value)} has no UTF-8 form (a lone surrogate)"
-            ) from None
+            raise _not_utf8(value, what) from None
+    return _odd_bytes(value, what)
+
+
+def _odd_bytes(value: object, what: str) -> bytes:
+    """:func:`_as_bytes` of a str subclass or a bytes-like, whatever its own hooks do."""
+    if issubclass(type(value), str):  # type(), not isinstance: a __class__ property may lie
+        try:
+            return str.encode(cast(str, value))  # str's own encode, not the subclass's
+        except UnicodeEncodeError:
+            raise _not_utf8(value, what) from None
     raw = exact_bytes(value)
     if raw is None:
+        released = " (released)" if type(value) is memoryview else ""
         raise InvalidArgumentType(
-            f"{what} must be str or readable bytes-like, not {kind.__name__}"
-            + (" (released)" if kind is memoryview else "")
+            f"{what} must be str or readable bytes-like, not {type(value).__name__}{released}"
         )
     return raw
+
+
+def _not_utf8(value: object, what: str) -> InvalidEncoding:
+    return InvalidEncoding(f"{what} {shown(value)} has no UTF-8 form (a lone surrogate)")
 
 
 class HasNamespace(Protocol):
@@ -70,7 +79,8 @@ class LockKey:
     Raises:
         NamespaceEmpty: empty namespace.
         KeyEmpty: empty label.
-        EntryTooLarge: a part longer than 65535 bytes (no layout holds it).
+        EntryTooLarge: a namespace longer than 65535 bytes (no layout holds it; a
+            longer label is refused by the table, whose ``payload_max`` is at most that).
         InvalidEncoding: a str part with a lone surrogate (no UTF-8 form).
         InvalidArgumentType: a part is neither str nor bytes-like (``bytearray``
             and ``memoryview`` are copied), or a released memoryview.
@@ -88,14 +98,14 @@ class LockKey:
             raise NamespaceEmpty("lock key namespace must not be empty")
         if not lb:
             raise KeyEmpty("lock key label must not be empty")
-        if len(ns) > _PART_MAX or len(lb) > _PART_MAX:
+        try:
+            digest = zlib.crc32(lb, zlib.crc32(len(ns).to_bytes(2, "little") + ns))
+        except OverflowError:  # the u16 namespace length: no layout holds the key
             raise EntryTooLarge(
-                f"lock key namespace ({len(ns)} bytes) and label ({len(lb)} bytes) must each "
-                f"be at most {_PART_MAX} bytes (no layout holds more)"
-            )
+                f"lock key namespace is {len(ns)} bytes; at most 65535 fit any layout"
+            ) from None
         object.__setattr__(self, "namespace", ns)
         object.__setattr__(self, "label", lb)
-        digest = zlib.crc32(lb, zlib.crc32(len(ns).to_bytes(2, "little") + ns))
         object.__setattr__(self, "digest", digest)
         object.__setattr__(self, "ident", ns + lb)
 
