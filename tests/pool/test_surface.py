@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,6 +41,7 @@ from orbitive.pool import (
     ResourceId,
     StaleError,
 )
+from orbitive.pool.session import FRAME_SIZE, SessionClosed, accept_session, open_session
 
 from .._odd import blobs, call, numbers, odd
 
@@ -170,22 +172,68 @@ def test_resource_verbs_refuse_with_named_errors_and_no_change(
         surface_pool.cancel_reservation(result)
 
 
+def odd_lease(data: st.DataObject, real: Lease) -> object:
+    """``real``, a Lease with one field replaced by an odd value, or any odd value."""
+    field = data.draw(st.sampled_from(["none", "id", "fence", "holder_node", "holder_incarnation"]))
+    fields: dict[str, Any] = {"id": real.id, "fence": real.fence, "holder_node": real.holder_node}
+    fields["holder_incarnation"] = real.holder_incarnation
+    if field != "none":
+        fields[field] = data.draw(odd)
+    return data.draw(odd) if data.draw(st.booleans()) else Lease(**fields)
+
+
+def give_back(pool: Pool, lease: Lease) -> None:
+    """Cancel ``lease`` unless an example accepted or cancelled it already."""
+    with contextlib.suppress(NotReservedError):
+        pool.cancel_reservation(lease)
+
+
 @SETTINGS
 @given(data=st.data(), verb=st.sampled_from(["accept", "cancel_reservation"]))
 def test_lease_verbs_refuse_with_named_errors_and_no_change(
     surface_pool: Pool, data: st.DataObject, verb: str
 ) -> None:
     real = surface_pool.reserve(resource(surface_pool))
-    field = data.draw(st.sampled_from(["none", "id", "fence", "holder_node", "holder_incarnation"]))
-    fields: dict[str, Any] = {"id": real.id, "fence": real.fence, "holder_node": real.holder_node}
-    fields["holder_incarnation"] = real.holder_incarnation
-    if field != "none":
-        fields[field] = data.draw(odd)
-    lease = data.draw(odd) if data.draw(st.booleans()) else Lease(**fields)
+    lease = odd_lease(data, real)
     allowed = (*PEER_ERRORS, DrainingError, NotReservedError, LayoutMismatch)
     settle(refused_leaves_state(surface_pool, verb, lease, allowed=allowed))
-    with contextlib.suppress(NotReservedError):  # the example accepted or cancelled it
-        surface_pool.cancel_reservation(real)
+    give_back(surface_pool, real)
+
+
+@SETTINGS
+@given(data=st.data(), payload=st.one_of(st.just(b"payload"), blobs, odd))
+def test_open_session_refuses_odd_leases_and_payloads_before_writing(
+    surface_pool: Pool, data: st.DataObject, payload: object
+) -> None:
+    real = surface_pool.reserve(resource(surface_pool))
+    lease = odd_lease(data, real)
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        _, error = call(open_session, lease, ours, payload, allowed=(MalformedError,))
+        theirs.setblocking(False)
+        if error is not None:  # nothing was written
+            with pytest.raises(BlockingIOError):
+                theirs.recv(1)
+        else:
+            allowed = (*PEER_ERRORS, DrainingError, NotReservedError, LayoutMismatch)
+            settle(call(accept_session, surface_pool, theirs, allowed=allowed)[0])
+    give_back(surface_pool, real)
+
+
+@SETTINGS
+@given(frame=st.one_of(st.binary(min_size=1, max_size=FRAME_SIZE + 4), blobs))
+def test_accept_session_refuses_odd_frames_with_named_errors_and_no_change(
+    surface_pool: Pool, frame: object
+) -> None:
+    raw = frame if type(frame) is bytes else b"x"
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.sendall(raw)
+        ours.shutdown(socket.SHUT_WR)
+        allowed = (*PEER_ERRORS, NotReservedError, DrainingError, SessionClosed)
+        before = surface_pool.statistics()
+        _, error = call(accept_session, surface_pool, theirs, allowed=allowed)
+        assert error is None or surface_pool.statistics() == before
 
 
 @SETTINGS
