@@ -43,6 +43,7 @@ from orbitive.store import (
     InvalidStoreUrl,
     Store,
     StoreError,
+    _url,
     open_store,
 )
 
@@ -176,6 +177,10 @@ def test_a_surrogate_escaped_path_byte_is_a_usable_sqlite_path(tmp_path: Path) -
 def test_an_unsplittable_shm_url_is_invalid_store_url() -> None:
     with pytest.raises(InvalidStoreUrl):
         open_store("shm://[::1")
+
+
+def test_a_url_urllib_cannot_split_is_shown_without_any_part() -> None:
+    assert _url._redacted("postgresql://u:pw]x@h/db") == "postgresql://***"
 
 
 def test_a_namespace_no_layout_holds_is_entry_too_large() -> None:

@@ -190,3 +190,11 @@ def test_lock_renew_refuses_with_named_errors_and_no_change(
         assert not lock.lost
     finally:
         lock.release()
+
+
+def test_a_postgres_url_urllib_cannot_split_opens_and_shows_none_of_it(postgres_url: str) -> None:
+    head, rest = postgres_url.split("://", 1)
+    user, host = rest.split("@", 1)
+    with open_store(f"{head}://{user}:pw]x@{host}") as store:  # libpq reads it; urllib cannot
+        assert store.url == "postgresql://***"
+        assert store.try_lock("surface/odd-url", "owner", 30.0) is not None
