@@ -52,6 +52,7 @@ from ._values import (
 from ._waiting import Waiting
 
 _DEFAULT_LIMITS: Final = Limits()
+_DEFAULT_POLICY: Final = LocalFirst()
 
 
 def _decide_of(policy: object) -> object:
@@ -60,9 +61,6 @@ def _decide_of(policy: object) -> object:
         return getattr(policy, "decide", None)
     except Exception:
         return None
-
-
-_DEFAULT_POLICY: Final = LocalFirst()
 
 
 @final

@@ -29,8 +29,8 @@ def _check_int(value: object, what: str, low: int, high: int) -> int:
     return value
 
 
-def _bytes_of(data: object, what: str) -> bytes:
-    """``data`` as exact bytes if it is bytes-like, else MalformedError."""
+def bytes_of(data: object, what: str) -> bytes:
+    """``data`` as exact bytes if it is a readable bytes-like, else MalformedError."""
     raw = exact_bytes(data)
     if raw is None:
         raise MalformedError(
@@ -71,7 +71,7 @@ class Key:
             MalformedError: ``data`` is not bytes-like (a released memoryview
                 too), or not exactly 16 bytes.
         """
-        raw = _bytes_of(data, "Key.from_bytes")
+        raw = bytes_of(data, "Key.from_bytes")
         if len(raw) != 16:
             raise MalformedError(f"Key.from_bytes needs exactly 16 bytes, got {len(raw)}")
         return cls(int.from_bytes(raw, "little"))
@@ -87,7 +87,7 @@ class Key:
         Raises:
             MalformedError: ``data`` is not bytes-like, or a released memoryview.
         """
-        raw = _bytes_of(data, "Key.digest")
+        raw = bytes_of(data, "Key.digest")
         return cls.from_bytes(hashlib.blake2b(raw, digest_size=16).digest())
 
     @property

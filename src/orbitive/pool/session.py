@@ -40,11 +40,10 @@ import struct
 import zlib
 from typing import Final
 
-from .._bytes import exact_bytes
 from .._errors import MalformedError, SessionClosed, shown
 from ._guards import Execution
 from ._pool import Pool
-from ._values import Lease, ResourceId, check_lease
+from ._values import Lease, ResourceId, bytes_of, check_lease
 
 #: The API contract's names; ``encode_frame``, ``decode_frame`` and ``FRAME_SIZE``
 #: are public too, for transports of your own.
@@ -106,17 +105,9 @@ def decode_frame(data: bytes | bytearray | memoryview) -> Lease:
     return Lease(*_decode(data))
 
 
-def _frame_bytes(data: object, what: str = "a session frame") -> bytes:
-    """``data`` as bytes if it is a readable bytes-like, else MalformedError."""
-    raw = exact_bytes(data)
-    if raw is None:
-        raise MalformedError(f"{what} must be bytes-like (and readable), got {type(data).__name__}")
-    return raw
-
-
 def _decode(data: object) -> tuple[ResourceId, int, int, int]:
     """(id, fence, holder node, holder incarnation) of a frame, checked as decode_frame."""
-    data = _frame_bytes(data)
+    data = bytes_of(data, "a session frame")
     if len(data) != FRAME_SIZE:
         raise MalformedError(f"a session offered {len(data)} of {FRAME_SIZE} lease bytes")
     magic, version, kind, holder, raw, fence, life, epoch, checksum = FRAME.unpack(data)
@@ -153,7 +144,7 @@ def open_session(lease: Lease, sock: socket.socket, data: bytes = b"") -> None:
         MalformedError: not a lease, or ``data`` not bytes-like. OSError: the
             socket's own errors.
     """
-    sock.sendall(encode_frame(lease) + _frame_bytes(data, "session payload"))
+    sock.sendall(encode_frame(lease) + bytes_of(data, "a session payload"))
 
 
 def _read_frame(sock: socket.socket) -> bytes:
@@ -188,7 +179,7 @@ def accept_session(pool: Pool, sock: socket.socket) -> Execution:
 
 async def open_session_async(lease: Lease, writer: asyncio.StreamWriter, data: bytes = b"") -> None:
     """Asyncio twin of :func:`open_session` over a stream writer."""
-    writer.write(encode_frame(lease) + _frame_bytes(data, "session payload"))
+    writer.write(encode_frame(lease) + bytes_of(data, "a session payload"))
     await writer.drain()
 
 
