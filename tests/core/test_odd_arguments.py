@@ -33,6 +33,7 @@ from orbitive.lock import (
     InvalidEncoding,
     LockKey,
     LockLayout,
+    LockLease,
     LockOwner,
     LockTable,
 )
@@ -103,7 +104,7 @@ def test_a_float_subclass_counts_by_its_value_and_its_hooks_never_run(
     assert isinstance(result, Acquired)
     assert 29.0 < result.lease.remaining() <= 30.0
     renewed = renew(RaisingFloat(20.0))
-    assert renewed is not None and 19.0 < renewed.remaining() <= 20.0  # type: ignore[attr-defined]
+    assert isinstance(renewed, LockLease) and 19.0 < renewed.remaining() <= 20.0
     assert owned(RaisingInt(10)) is not None
     assert check_ttl(RaisingInt(7)) == 7.0 and type(check_ttl(RaisingFloat(2.5))) is float
 

@@ -117,7 +117,7 @@ def test_lock_key_of_takes_odd_types(typ: object, label: object) -> None:
 def test_lock_owner_takes_odd_values(value: object) -> None:
     owner, _ = call(LockOwner, value, allowed=OWNER_ERRORS)
     if owner is not None:
-        assert type(owner.value) is bytes  # type: ignore[attr-defined]
+        assert isinstance(owner, LockOwner) and type(owner.value) is bytes
 
 
 @SETTINGS

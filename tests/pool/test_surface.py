@@ -304,7 +304,7 @@ async def _poll(pool: Pool, key: Any, since: Any, timeout: Any) -> int | None:
 
 def _waits(timeout: object) -> bool:
     """Whether ``timeout`` is seconds above zero as the pool takes them (int or float)."""
-    return type(timeout) in (int, float) and timeout > 0  # type: ignore[operator]
+    return (type(timeout) is int or type(timeout) is float) and timeout > 0
 
 
 @SETTINGS
