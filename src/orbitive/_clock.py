@@ -8,13 +8,17 @@ stepped by NTP. ``time.monotonic()`` reads the same clock on Linux.
 from __future__ import annotations
 
 import math
+import sys
 import time
-from typing import Final
+from typing import Final, cast
 
-from ._errors import InvalidTtl
+from ._errors import InvalidTtl, shown
 
 #: Longest accepted ttl, in seconds (about 31.7 years); longer is ``InvalidTtl``.
 TTL_MAX_S: Final = 1e9
+
+#: Ints up to this size convert to float without OverflowError.
+_FLOAT_INT_MAX: Final = int(sys.float_info.max)
 
 monotonic_ns = time.monotonic_ns
 
@@ -27,28 +31,52 @@ def wall_ms() -> int:
 def check_ttl(ttl: object, *, what: str = "ttl") -> float:
     """Validate a relative duration in seconds and return it as a float.
 
+    Int and float subclasses count by the number they store: their own
+    ``__float__``, ``__index__`` or comparison hooks are never called.
+
     Args:
         ttl: seconds, an ``int`` or ``float``; ``bool`` is refused.
         what: the argument's name, used in the message.
 
     Returns:
-        ``float(ttl)``.
+        The number as a ``float``.
 
     Raises:
         InvalidTtl: not a number, a bool, NaN, infinite, ``<= 0`` or above
-            :data:`TTL_MAX_S`. (Seed 000: "every acquisition has a positive TTL".)
+            :data:`TTL_MAX_S` (however large an int). (Seed 000: "every
+            acquisition has a positive TTL".)
     """
-    if type(ttl) is float or type(ttl) is int:  # fast path; also rejects bool
-        value = float(ttl)
-    elif isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
-        raise InvalidTtl(f"{what} must be a number of seconds, not {type(ttl).__name__}")
+    if type(ttl) is float:  # the common case
+        value = ttl
+    elif type(ttl) is int and 0 < ttl <= TTL_MAX_S:  # exact: int and float compare by value
+        return float(ttl)
     else:
-        value = float(ttl)
+        value = as_seconds(ttl, what)
     if not (0.0 < value <= TTL_MAX_S):  # also false for NaN
         if math.isnan(value):
             raise InvalidTtl(f"{what} must be a finite number of seconds, got NaN")
-        raise InvalidTtl(f"{what} must be > 0 and <= {TTL_MAX_S:g} seconds, got {value!r}")
+        raise InvalidTtl(f"{what} must be > 0 and <= {TTL_MAX_S:g} seconds, got {shown(ttl)}")
     return value
+
+
+def as_seconds(ttl: object, what: str) -> float:
+    """The float an int or a float (or a subclass of either) stores, unchecked.
+
+    An int past the float range reads as an infinity of its sign; the value's own
+    hooks are never called.
+
+    Raises:
+        InvalidTtl: a bool or any other type.
+    """
+    kind = type(ttl)  # type(), not isinstance: a __class__ property may lie
+    if issubclass(kind, float):
+        return float.__float__(cast(float, ttl))
+    if issubclass(kind, int) and not issubclass(kind, bool):
+        number = int.__index__(cast(int, ttl))
+        if abs(number) <= _FLOAT_INT_MAX:
+            return float(number)
+        return math.inf if number > 0 else -math.inf
+    raise InvalidTtl(f"{what} must be a number of seconds, not {kind.__name__}")
 
 
 def ttl_ms(ttl: float) -> int:

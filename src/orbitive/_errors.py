@@ -10,6 +10,7 @@ catch by the usual Python category)::
     |   +-- InvalidArgumentType (TypeError)      not a LockKey, LockOwner, lease, token
     |   +-- InvalidTtl (ValueError, TypeError)   ttl <= 0, NaN, inf, bool, non-number
     |   +-- NamespaceEmpty, KeyEmpty, OwnerEmpty (ValueError)
+    |   +-- InvalidEncoding (ValueError)         a str with no UTF-8 form (lone surrogate)
     |   +-- EntryTooLarge (ValueError)
     |   +-- InvalidLayout (ValueError)
     +-- AccessDenied (PermissionError)           foreign owner, wider mode, symlink
@@ -41,7 +42,7 @@ them to a parent.
 from __future__ import annotations
 
 import enum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final, cast
 
 __all__ = [
     "AccessDenied",
@@ -52,6 +53,7 @@ __all__ = [
     "ErrorKind",
     "FleetError",
     "IdExhausted",
+    "InvalidEncoding",
     "InvalidLayout",
     "InvalidLockName",
     "InvalidLockOwner",
@@ -77,6 +79,30 @@ __all__ = [
     "StateFull",
     "StoreError",
 ]
+
+
+#: Longest value shown in a message, in characters.
+SHOWN_MAX: Final = 60
+#: Ints wider than this many bits are shown by their width, not their digits.
+_SHOWN_BITS: Final = 256
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for a message: at most :data:`SHOWN_MAX` characters, never raising.
+
+    An int too wide to print cheaply (``repr`` raises ``ValueError`` past 4300
+    digits) shows its width in bits, and an object whose ``__repr__`` raises shows
+    its type, so an error about a hostile argument is still the named error.
+    """
+    if issubclass(type(value), int):  # type(), not isinstance: __class__ may lie
+        number = int.__index__(cast(int, value))  # the stored value, hooks bypassed
+        if number.bit_length() > _SHOWN_BITS:
+            return f"{'a negative' if number < 0 else 'an'} int of {number.bit_length()} bits"
+    try:
+        text = str.__str__(repr(value))  # an exact str, whatever __repr__ returned
+    except Exception:  # a hostile __repr__: the type is enough
+        return f"<{type(value).__name__} object>"
+    return text if len(text) <= SHOWN_MAX else text[: SHOWN_MAX - 3] + "..."
 
 
 def _rebuild(cls: type[OrbitError], message: str, attrs: dict[str, Any]) -> OrbitError:
@@ -162,6 +188,10 @@ class KeyEmpty(OrbitError, ValueError):
 
 class OwnerEmpty(OrbitError, ValueError):
     """A lock owner is empty."""
+
+
+class InvalidEncoding(OrbitError, ValueError):
+    """A str key part or owner has no UTF-8 form (it holds a lone surrogate)."""
 
 
 class EntryTooLarge(OrbitError, ValueError):

@@ -23,6 +23,7 @@ BUILTINS: dict[str, tuple[type[BaseException], ...]] = {
     "NamespaceEmpty": (ValueError,),
     "KeyEmpty": (ValueError,),
     "OwnerEmpty": (ValueError,),
+    "InvalidEncoding": (ValueError,),
     "EntryTooLarge": (ValueError,),
     "InvalidLayout": (ValueError,),
     "AccessDenied": (PermissionError,),

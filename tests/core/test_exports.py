@@ -81,7 +81,8 @@ ADDITIONS = {
         "LayoutMismatch",
         "NodeOutsideFleet",
     },
-    "orbitive.lock": {"LockTableStatistics"},
+    # A str key part or owner with no UTF-8 form (a lone surrogate).
+    "orbitive.lock": {"LockTableStatistics", "InvalidEncoding"},
     # What a custom Policy returns, the death helper, statistics(), the layout error.
     "orbitive.pool": {
         "POOL_KIND",

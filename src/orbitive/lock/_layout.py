@@ -46,7 +46,7 @@ import struct
 from dataclasses import dataclass
 from typing import Final, final
 
-from .._errors import InvalidLayout, LayoutMismatch
+from .._errors import InvalidLayout, LayoutMismatch, shown
 from .._region import store
 from .._ring import RingGeometry
 
@@ -89,7 +89,7 @@ def _env_int(name: str, default: int) -> int:
 
 def _power_of_two(value: int, what: str, limit: int) -> None:
     if type(value) is not int or value < 1 or value & (value - 1) or value > limit:
-        raise InvalidLayout(f"{what} must be a power of two in 1..{limit}, got {value!r}")
+        raise InvalidLayout(f"{what} must be a power of two in 1..{limit}, got {shown(value)}")
 
 
 @final
@@ -120,17 +120,19 @@ class LockLayout:
         for what in ("state_kind", "event_kind"):
             kind = getattr(self, what)
             if type(kind) is not int or not 0 <= kind <= 255:
-                raise InvalidLayout(f"{what} must be an int in 0..255, got {kind!r}")
+                raise InvalidLayout(f"{what} must be an int in 0..255, got {shown(kind)}")
         if self.state_kind == self.event_kind:
             raise InvalidLayout("state_kind and event_kind must differ")
         _power_of_two(self.capacity, "capacity", 1 << 16)
         _power_of_two(self.ring_capacity, "ring_capacity", 1 << 20)
         if type(self.payload_max) is not int or not 3 <= self.payload_max <= 0xFFFF:
-            raise InvalidLayout(f"payload_max must be an int in 3..65535, got {self.payload_max!r}")
+            raise InvalidLayout(
+                f"payload_max must be an int in 3..65535, got {shown(self.payload_max)}"
+            )
         if type(self.frame_bytes) is not int or self.frame_bytes < self.min_frame_bytes:
             raise InvalidLayout(
                 f"frame_bytes must be >= {self.min_frame_bytes} "
-                f"({EVENT_HEADER_SIZE} + payload_max), got {self.frame_bytes!r}"
+                f"({EVENT_HEADER_SIZE} + payload_max), got {shown(self.frame_bytes)}"
             )
 
     @classmethod

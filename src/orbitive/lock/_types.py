@@ -7,25 +7,58 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Final, Literal, NamedTuple, Protocol, final
+from typing import Final, Literal, NamedTuple, Protocol, cast, final
 
-from .._errors import InvalidArgumentType, KeyEmpty, NamespaceEmpty, OwnerEmpty
+from .._bytes import exact_bytes
+from .._errors import (
+    EntryTooLarge,
+    InvalidArgumentType,
+    InvalidEncoding,
+    KeyEmpty,
+    NamespaceEmpty,
+    OwnerEmpty,
+    shown,
+)
 
 #: Bits of a lock id (NetId64) that hold the fencing token.
 TOKEN_BITS: Final = 40
 TOKEN_MASK: Final = (1 << TOKEN_BITS) - 1
 NODE_SHIFT: Final = 40
 KIND_SHIFT: Final = 56
+#: What a key part or owner may be: text (UTF-8 encoded) or bytes-like (copied).
+Part = str | bytes | bytearray | memoryview
 
 
 def _as_bytes(value: object, what: str) -> bytes:
-    if isinstance(value, bytes):
+    """``value`` as exact bytes: a str as UTF-8, a bytes-like as the bytes it holds."""
+    if type(value) is bytes:
         return value
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    raise InvalidArgumentType(f"{what} must be str or bytes, not {type(value).__name__}")
+    if type(value) is str:
+        try:
+            return value.encode()
+        except UnicodeEncodeError:
+            raise _not_utf8(value, what) from None
+    return _odd_bytes(value, what)
+
+
+def _odd_bytes(value: object, what: str) -> bytes:
+    """:func:`_as_bytes` of a str subclass or a bytes-like, whatever its own hooks do."""
+    if issubclass(type(value), str):  # type(), not isinstance: a __class__ property may lie
+        try:
+            return str.encode(cast(str, value))  # str's own encode, not the subclass's
+        except UnicodeEncodeError:
+            raise _not_utf8(value, what) from None
+    raw = exact_bytes(value)
+    if raw is None:
+        released = " (released)" if type(value) is memoryview else ""
+        raise InvalidArgumentType(
+            f"{what} must be str or readable bytes-like, not {type(value).__name__}{released}"
+        )
+    return raw
+
+
+def _not_utf8(value: object, what: str) -> InvalidEncoding:
+    return InvalidEncoding(f"{what} {shown(value)} has no UTF-8 form (a lone surrogate)")
 
 
 class HasNamespace(Protocol):
@@ -46,7 +79,11 @@ class LockKey:
     Raises:
         NamespaceEmpty: empty namespace.
         KeyEmpty: empty label.
-        InvalidArgumentType: a part is neither str nor bytes.
+        EntryTooLarge: a namespace longer than 65535 bytes (no layout holds it; a
+            longer label is refused by the table, whose ``payload_max`` is at most that).
+        InvalidEncoding: a str part with a lone surrogate (no UTF-8 form).
+        InvalidArgumentType: a part is neither str nor bytes-like (``bytearray``
+            and ``memoryview`` are copied), or a released memoryview.
     """
 
     namespace: bytes
@@ -54,23 +91,40 @@ class LockKey:
     digest: int = field(repr=False, compare=False)
     ident: bytes = field(repr=False, compare=False)
 
-    def __init__(self, namespace: str | bytes, label: str | bytes) -> None:
+    def __init__(self, namespace: Part, label: Part) -> None:
         ns = _as_bytes(namespace, "namespace")
         lb = _as_bytes(label, "label")
         if not ns:
             raise NamespaceEmpty("lock key namespace must not be empty")
         if not lb:
             raise KeyEmpty("lock key label must not be empty")
+        try:
+            digest = zlib.crc32(lb, zlib.crc32(len(ns).to_bytes(2, "little") + ns))
+        except OverflowError:  # the u16 namespace length: no layout holds the key
+            raise EntryTooLarge(
+                f"lock key namespace is {len(ns)} bytes; at most 65535 fit any layout"
+            ) from None
         object.__setattr__(self, "namespace", ns)
         object.__setattr__(self, "label", lb)
-        digest = zlib.crc32(lb, zlib.crc32(len(ns).to_bytes(2, "little") + ns))
         object.__setattr__(self, "digest", digest)
         object.__setattr__(self, "ident", ns + lb)
 
     @classmethod
-    def of(cls, typ: HasNamespace, label: str | bytes) -> LockKey:
-        """A key whose namespace is ``typ.NAMESPACE`` (a typed caller's stable domain)."""
-        return cls(typ.NAMESPACE, label)
+    def of(cls, typ: HasNamespace, label: Part) -> LockKey:
+        """A key whose namespace is ``typ.NAMESPACE`` (a typed caller's stable domain).
+
+        Raises:
+            InvalidArgumentType: ``typ`` has no readable ``NAMESPACE`` (the error
+                reading it is the ``__cause__``), or a part is neither str nor bytes.
+            As the constructor otherwise.
+        """
+        try:
+            namespace = typ.NAMESPACE
+        except Exception as error:  # a missing attribute, or a property that raises
+            raise InvalidArgumentType(
+                f"LockKey.of needs a type with a NAMESPACE, not {type(typ).__name__}"
+            ) from error
+        return cls(namespace, label)
 
     def __str__(self) -> str:
         return f"{self.namespace.decode(errors='replace')}/{self.label.decode(errors='replace')}"
@@ -83,12 +137,13 @@ class LockOwner:
 
     Raises:
         OwnerEmpty: empty value.
-        InvalidArgumentType: neither str nor bytes.
+        InvalidEncoding: a str with a lone surrogate (no UTF-8 form).
+        InvalidArgumentType: neither str nor bytes-like, or a released memoryview.
     """
 
     value: bytes
 
-    def __init__(self, value: str | bytes) -> None:
+    def __init__(self, value: Part) -> None:
         raw = _as_bytes(value, "owner")
         if not raw:
             raise OwnerEmpty("lock owner must not be empty")
@@ -212,9 +267,17 @@ class Fence:
 
     ``admit(token)`` is True when ``token >= high_water`` (equal re-admits the
     same holder) and raises the mark; an older token is rejected. Thread-safe.
+
+    Args:
+        high_water: the highest token already admitted, an int (0: none yet).
+
+    Raises:
+        InvalidArgumentType: ``high_water`` is not an int (bools refused).
     """
 
     def __init__(self, high_water: int = 0) -> None:
+        if type(high_water) is not int:
+            raise InvalidArgumentType(f"high_water must be an int, not {type(high_water).__name__}")
         self._high_water = high_water
         self._mutex = threading.Lock()
 

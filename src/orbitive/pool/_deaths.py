@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import final
 
-from .._errors import MalformedError, OrbitError
+from .._errors import MalformedError, OrbitError, shown
 from .._fleet import Fleet
 from ._table import Table
 from ._values import check_seconds
@@ -55,7 +55,7 @@ def check_interval(interval: object) -> float:
     seconds = check_seconds(interval, "interval")
     if not 0 < seconds <= threading.TIMEOUT_MAX:
         raise MalformedError(
-            f"interval must be > 0 and <= {threading.TIMEOUT_MAX:g} seconds, got {interval!r}"
+            f"interval must be > 0 and <= {threading.TIMEOUT_MAX:g} seconds, got {shown(interval)}"
         )
     return seconds
 
@@ -89,7 +89,7 @@ class DeathWatch:
         on_death: Callable[[int, int], None] | None,
     ) -> None:
         if on_death is not None and not callable(on_death):
-            raise MalformedError(f"on_death must be callable or None, got {on_death!r:.60}")
+            raise MalformedError(f"on_death must be callable or None, got {shown(on_death)}")
         self.interval = check_interval(interval)
         self.reported: list[tuple[int, int]] = []
         self.failures = 0

@@ -78,7 +78,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .._clock import wall_ms
-from .._errors import LayoutMismatch, MalformedError
+from .._errors import LayoutMismatch, MalformedError, shown
 from .._region import store
 
 #: The default SHM kind of the pool table.
@@ -164,7 +164,9 @@ def check_capacity(value: object, what: str) -> int:
         MalformedError: anything else.
     """
     if type(value) is not int or not 1 <= value <= CAPACITY_MAX or value & (value - 1):
-        raise MalformedError(f"{what} must be a power of two in 1..{CAPACITY_MAX}, got {value!r}")
+        raise MalformedError(
+            f"{what} must be a power of two in 1..{CAPACITY_MAX}, got {shown(value)}"
+        )
     return value
 
 

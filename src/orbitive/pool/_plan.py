@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal, Protocol, final
 
-from .._errors import MalformedError
+from .._errors import MalformedError, shown
 from ._values import Candidate, Key, Lease, ResourceId
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class Limits:
             value = getattr(self, name)
             if type(value) is not int or not 1 <= value <= _U32_MAX:
                 raise MalformedError(
-                    f"Limits.{name} must be an int in 1..{_U32_MAX}, got {value!r}"
+                    f"Limits.{name} must be an int in 1..{_U32_MAX}, got {shown(value)}"
                 )
 
 

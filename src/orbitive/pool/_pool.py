@@ -16,6 +16,7 @@ from .._errors import (
     MalformedError,
     NodeOutsideFleet,
     StaleError,
+    shown,
 )
 from .._fleet import Fleet
 from ._deaths import DeathWatch, find_dead
@@ -44,6 +45,7 @@ from ._values import (
     ResourceId,
     check_key,
     check_lease,
+    check_rid,
     check_seconds,
     check_units,
 )
@@ -51,6 +53,14 @@ from ._waiting import Waiting
 
 _DEFAULT_LIMITS: Final = Limits()
 _DEFAULT_POLICY: Final = LocalFirst()
+
+
+def _decide_of(policy: object) -> object:
+    """``policy.decide``, or None when reading it fails in any way (a hostile ``__getattr__``)."""
+    try:
+        return getattr(policy, "decide", None)
+    except Exception:
+        return None
 
 
 @final
@@ -101,9 +111,9 @@ class Pool:
         if not isinstance(fleet, Fleet):
             raise MalformedError(f"Pool needs a Fleet, got {type(fleet).__name__}")
         if incarnation is not None and type(incarnation) is not Incarnation:
-            raise MalformedError(f"incarnation must be an Incarnation, got {incarnation!r}")
+            raise MalformedError(f"incarnation must be an Incarnation, got {shown(incarnation)}")
         if type(kind) is not int or not 0 <= kind <= 255:
-            raise MalformedError(f"pool kind must be an int in 0..255, got {kind!r}")
+            raise MalformedError(f"pool kind must be an int in 0..255, got {shown(kind)}")
         if fleet.shared and fleet.node < 0:
             raise FleetError(
                 f"fleet {fleet.name!r} is an observer (no node): it cannot own or lease "
@@ -212,9 +222,9 @@ class Pool:
         check_key(key)
         if type(limits) is not Limits:
             raise MalformedError(f"limits must be Limits, got {type(limits).__name__}")
-        if isinstance(policy, type) or not callable(getattr(policy, "decide", None)):
+        if isinstance(policy, type) or not callable(_decide_of(policy)):
             raise MalformedError(
-                f"policy must be an object with a decide method, got {policy!r:.60}"
+                f"policy must be an object with a decide method, got {shown(policy)}"
             )
         version = 0
         for _ in range(limits.attempts):
@@ -227,7 +237,7 @@ class Pool:
 
     def _commit(self, key: Key, decision: Decision, limits: Limits, version: int) -> Plan | None:
         if type(decision) is not Decision:
-            raise MalformedError(f"a policy must return a Decision, got {decision!r:.80}")
+            raise MalformedError(f"a policy must return a Decision, got {shown(decision)}")
         if decision.action == "reuse" and decision.id is not None:
             try:
                 lease = self.reserve(decision.id)
@@ -245,7 +255,7 @@ class Pool:
             return Wait(version)
         if decision.action == "reject":
             return Reject(decision.reason)
-        raise MalformedError(f"a policy returned an incomplete decision {decision!r}")
+        raise MalformedError(f"a policy returned an incomplete decision {shown(decision)}")
 
     def _snapshot(self, key: Key, *, install: bool) -> tuple[list[Candidate], int, int, int]:
         found = self._t().snapshot(key, install)
@@ -270,6 +280,8 @@ class Pool:
             LayoutMismatch: the slot's fence counter is at 2**64 - 1, which only
                 damaged memory holds; nothing is written.
         """
+        if type(rid) is not ResourceId:
+            check_rid(rid)  # raises
         table = self._table
         if self._fork != _fork.generation or self._closed:
             table = self._t()
@@ -304,7 +316,12 @@ class Pool:
             LayoutMismatch: the slot's active count is at 2**32 - 1, which only
                 damaged memory holds; the fence stays pending.
         """
-        if type(lease) is not Lease or type(lease.fence) is not int or lease.fence <= 0:
+        if (
+            type(lease) is not Lease
+            or type(lease.id) is not ResourceId
+            or type(lease.fence) is not int
+            or lease.fence <= 0
+        ):
             check_lease(lease)  # raises the precise error
         return self._accept(lease.id, lease.fence)
 
@@ -355,7 +372,7 @@ class Pool:
         Raises:
             MalformedError, StaleError, NotOwnerError.
         """
-        self._t().close(rid)
+        self._t().close(check_rid(rid))
 
     def drain(self, rid: ResourceId) -> None:
         """Owner stops new reservations and accepts; running Executions finish normally.
@@ -363,7 +380,7 @@ class Pool:
         Raises:
             MalformedError, StaleError, NotOwnerError.
         """
-        self._t().drain(rid)
+        self._t().drain(check_rid(rid))
 
     def reconcile(self, rid: ResourceId, active: int, grace: float) -> int:
         """Owner ages out reservations it never received and states its active count.
@@ -387,6 +404,7 @@ class Pool:
                 rule, reserved + active <= capacity; nothing changes).
             StaleError, NotOwnerError.
         """
+        check_rid(rid)
         active = check_units(active, "active", 0)
         grace_ms = math.ceil(check_seconds(grace, "grace") * 1000.0)
         return self._t().reconcile(rid, active, grace_ms)
@@ -548,12 +566,15 @@ class Pool:
         """
         table = self._t()
         if type(node) is not int or not 0 <= node < table.fleet_capacity:
-            raise NodeOutsideFleet(f"node must be in 0..{table.fleet_capacity - 1}, got {node!r}")
+            raise NodeOutsideFleet(
+                f"node must be in 0..{table.fleet_capacity - 1}, got {shown(node)}"
+            )
         if type(incarnation) is Incarnation:
             incarnation = incarnation.value
         elif type(incarnation) is not int or not 1 <= incarnation <= U64_MAX:
             raise MalformedError(
-                f"incarnation must be an int in 1..{U64_MAX} or an Incarnation, got {incarnation!r}"
+                f"incarnation must be an int in 1..{U64_MAX} or an Incarnation, "
+                f"got {shown(incarnation)}"
             )
         return table.node_dead(node, incarnation)
 

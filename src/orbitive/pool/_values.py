@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Final, Literal, final
 
+from .._bytes import exact_bytes
 from .._clock import TTL_MAX_S
-from .._errors import MalformedError
+from .._errors import MalformedError, shown
 from ._layout import PENDING
 
 U64_MAX: Final = (1 << 64) - 1
@@ -24,8 +25,18 @@ _U128_MAX: Final = (1 << 128) - 1
 
 def _check_int(value: object, what: str, low: int, high: int) -> int:
     if type(value) is not int or not low <= value <= high:
-        raise MalformedError(f"{what} must be an int in {low}..{high}, got {value!r}")
+        raise MalformedError(f"{what} must be an int in {low}..{high}, got {shown(value)}")
     return value
+
+
+def bytes_of(data: object, what: str) -> bytes:
+    """``data`` as exact bytes if it is a readable bytes-like, else MalformedError."""
+    raw = exact_bytes(data)
+    if raw is None:
+        raise MalformedError(
+            f"{what} needs bytes, bytearray or a readable memoryview, not {type(data).__name__}"
+        )
+    return raw
 
 
 @final
@@ -50,20 +61,34 @@ class Key:
         _check_int(self.value, "a pool key", 0, _U128_MAX)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> Key:
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> Key:
         """The key whose little-endian 16-byte form is ``data``.
 
+        Args:
+            data: exactly 16 bytes (``bytes``, ``bytearray`` or ``memoryview``).
+
         Raises:
-            MalformedError: ``data`` is not exactly 16 bytes.
+            MalformedError: ``data`` is not bytes-like (a released memoryview
+                too), or not exactly 16 bytes.
         """
-        if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) != 16:
-            raise MalformedError(f"Key.from_bytes needs exactly 16 bytes, got {data!r:.60}")
-        return cls(int.from_bytes(data, "little"))
+        raw = bytes_of(data, "Key.from_bytes")
+        if len(raw) != 16:
+            raise MalformedError(f"Key.from_bytes needs exactly 16 bytes, got {len(raw)}")
+        return cls(int.from_bytes(raw, "little"))
 
     @classmethod
-    def digest(cls, data: bytes) -> Key:
-        """A key from arbitrary bytes: the 16-byte BLAKE2b digest of ``data``."""
-        return cls.from_bytes(hashlib.blake2b(bytes(data), digest_size=16).digest())
+    def digest(cls, data: bytes | bytearray | memoryview) -> Key:
+        """A key from arbitrary bytes: the 16-byte BLAKE2b digest of ``data``.
+
+        Args:
+            data: ``bytes``, ``bytearray`` or ``memoryview`` (encode text first:
+                an int or a str is refused, not read as a length or a text).
+
+        Raises:
+            MalformedError: ``data`` is not bytes-like, or a released memoryview.
+        """
+        raw = bytes_of(data, "Key.digest")
+        return cls.from_bytes(hashlib.blake2b(raw, digest_size=16).digest())
 
     @property
     def lo(self) -> int:
@@ -136,7 +161,13 @@ class ResourceId:
 
     @classmethod
     def from_raw(cls, raw: int, epoch: int) -> ResourceId:
-        """Rebuild an id from its 64-bit form and the epoch it belongs to."""
+        """Rebuild an id from its 64-bit form and the epoch it belongs to.
+
+        Raises:
+            MalformedError: ``raw`` is not an int in ``0 .. 2**64 - 1``, or a
+                field (or ``epoch``) is out of range.
+        """
+        _check_int(raw, "a raw resource id", 0, U64_MAX)
         return cls(raw >> 56, raw >> 40 & 0xFFFF, raw & 0xFFFF, raw >> 16 & 0xFFFFFF, epoch)
 
     def __str__(self) -> str:
@@ -218,16 +249,32 @@ def check_key(key: object) -> Key:
 def check_units(value: object, what: str, low: int) -> int:
     """Return ``value`` if it is an int in ``low .. 2**32 - 1``, else raise MalformedError."""
     if type(value) is not int or not low <= value <= U32_MAX:
-        raise MalformedError(f"{what} must be an int in {low}..{U32_MAX}, got {value!r}")
+        raise MalformedError(f"{what} must be an int in {low}..{U32_MAX}, got {shown(value)}")
     return value
 
 
+def check_rid(rid: object) -> ResourceId:
+    """Return ``rid`` if it is a :class:`ResourceId`, else raise MalformedError."""
+    if type(rid) is not ResourceId:
+        raise MalformedError(f"expected a ResourceId, got {type(rid).__name__}")
+    return rid
+
+
 def check_lease(lease: object) -> Lease:
-    """Return ``lease`` if it is a Lease with a fence >= 1, else raise MalformedError."""
+    """Return ``lease`` if it is a Lease of a ResourceId, a fence >= 1 and int holder
+    fields, else raise MalformedError."""
     if type(lease) is not Lease:
         raise MalformedError(f"expected a Lease, got {type(lease).__name__}")
+    check_rid(lease.id)
+    if type(lease.holder_node) is not int or type(lease.holder_incarnation) is not int:
+        raise MalformedError(
+            f"lease holder must be an int node and incarnation, got "
+            f"{type(lease.holder_node).__name__} and {type(lease.holder_incarnation).__name__}"
+        )
     if type(lease.fence) is not int or not 1 <= lease.fence <= U64_MAX:
-        raise MalformedError(f"lease fence must be an int in 1..{U64_MAX}, got {lease.fence!r}")
+        raise MalformedError(
+            f"lease fence must be an int in 1..{U64_MAX}, got {shown(lease.fence)}"
+        )
     return lease
 
 
@@ -238,11 +285,11 @@ def check_seconds(value: object, what: str) -> float:
         MalformedError: anything else (bools, NaN, infinities, negative or longer).
     """
     if type(value) is not int and type(value) is not float:
-        raise MalformedError(f"{what} must be seconds (int or float), got {value!r:.60}")
+        raise MalformedError(f"{what} must be seconds (int or float), got {shown(value)}")
     try:
         seconds = float(value)
     except OverflowError:  # an int past the float range
         seconds = math.inf
     if not 0 <= seconds <= SECONDS_MAX:  # also false for NaN
-        raise MalformedError(f"{what} must be seconds in 0..{SECONDS_MAX:g}, got {value!r:.60}")
+        raise MalformedError(f"{what} must be seconds in 0..{SECONDS_MAX:g}, got {shown(value)}")
     return seconds

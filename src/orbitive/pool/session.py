@@ -40,10 +40,10 @@ import struct
 import zlib
 from typing import Final
 
-from .._errors import MalformedError, SessionClosed
+from .._errors import MalformedError, SessionClosed, shown
 from ._guards import Execution
 from ._pool import Pool
-from ._values import Lease, ResourceId
+from ._values import Lease, ResourceId, bytes_of, check_lease
 
 #: The API contract's names; ``encode_frame``, ``decode_frame`` and ``FRAME_SIZE``
 #: are public too, for transports of your own.
@@ -78,16 +78,14 @@ def encode_frame(lease: Lease) -> bytes:
     Raises:
         MalformedError: ``lease`` is not a Lease with sane numbers.
     """
-    if type(lease) is not Lease or type(lease.id) is not ResourceId:
-        raise MalformedError(f"expected a Lease, got {type(lease).__name__}")
-    rid = lease.id
+    rid = check_lease(lease).id  # int fields: a hostile __index__ never reaches pack
     try:
         body = _BODY.pack(
             FRAME_MAGIC, FRAME_VERSION, rid.kind, lease.holder_node, rid.raw, lease.fence,
             lease.holder_incarnation, rid.epoch,
         )  # fmt: skip
     except struct.error as error:
-        raise MalformedError(f"lease {lease!r:.120} does not fit a session frame") from error
+        raise MalformedError(f"lease {shown(lease)} does not fit a session frame") from error
     return body + _CHECKSUM.pack(zlib.crc32(body))
 
 
@@ -107,21 +105,9 @@ def decode_frame(data: bytes | bytearray | memoryview) -> Lease:
     return Lease(*_decode(data))
 
 
-def _frame_bytes(data: object) -> bytes:
-    """``data`` as bytes if it is bytes-like, else MalformedError."""
-    if type(data) is bytes:
-        return data
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        try:
-            return memoryview(data).tobytes()
-        except ValueError as error:  # a released memoryview
-            raise MalformedError(f"a session frame cannot be read: {error}") from None
-    raise MalformedError(f"a session frame must be bytes-like, got {type(data).__name__}")
-
-
 def _decode(data: object) -> tuple[ResourceId, int, int, int]:
     """(id, fence, holder node, holder incarnation) of a frame, checked as decode_frame."""
-    data = _frame_bytes(data)
+    data = bytes_of(data, "a session frame")
     if len(data) != FRAME_SIZE:
         raise MalformedError(f"a session offered {len(data)} of {FRAME_SIZE} lease bytes")
     magic, version, kind, holder, raw, fence, life, epoch, checksum = FRAME.unpack(data)
@@ -155,9 +141,10 @@ def open_session(lease: Lease, sock: socket.socket, data: bytes = b"") -> None:
         data: payload to send in the same write, after the frame.
 
     Raises:
-        MalformedError: not a lease. OSError: the socket's own errors.
+        MalformedError: not a lease, or ``data`` not bytes-like. OSError: the
+            socket's own errors.
     """
-    sock.sendall(encode_frame(lease) + data)
+    sock.sendall(encode_frame(lease) + bytes_of(data, "a session payload"))
 
 
 def _read_frame(sock: socket.socket) -> bytes:
@@ -192,7 +179,7 @@ def accept_session(pool: Pool, sock: socket.socket) -> Execution:
 
 async def open_session_async(lease: Lease, writer: asyncio.StreamWriter, data: bytes = b"") -> None:
     """Asyncio twin of :func:`open_session` over a stream writer."""
-    writer.write(encode_frame(lease) + data)
+    writer.write(encode_frame(lease) + bytes_of(data, "a session payload"))
     await writer.drain()
 
 

@@ -38,14 +38,16 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Final
 
-from .._clock import TTL_MAX_S, check_ttl
+from .._clock import TTL_MAX_S, as_seconds, check_ttl
 from .._errors import (
+    InvalidArgumentType,
     InvalidLockName,
     InvalidLockOwner,
     InvalidLockTtl,
     InvalidTtl,
     LockTimeout,
     StoreError,
+    shown,
 )
 from ._engine import Busy, ClosedEngine, Engine, Grant, LockInfo, StoreStatistics
 
@@ -160,14 +162,13 @@ def check_timeout(timeout: object) -> float | None:
     """
     if timeout is None:
         return None
-    if timeout == 0 and type(timeout) in (int, float):
-        return 0.0
     try:
-        return check_ttl(timeout, what="timeout")
+        seconds = as_seconds(timeout, "timeout")
+        return 0.0 if seconds == 0.0 else check_ttl(seconds, what="timeout")
     except InvalidTtl as error:
         raise InvalidTtl(
             f"timeout must be None (wait forever) or a finite number of seconds >= 0, "
-            f"got {timeout!r}"
+            f"got {shown(timeout)}"
         ) from error
 
 
@@ -505,6 +506,8 @@ class Store:
         Raises:
             LockTimeout: still held elsewhere after ``timeout`` seconds.
             InvalidTtl: a negative, NaN or non-number ``timeout``.
+            InvalidArgumentType: ``auto_renew`` not a bool, or ``on_lost`` not
+                callable (checked before any attempt).
             StoreError: as for :meth:`try_lock`.
 
         Example::
@@ -517,6 +520,10 @@ class Store:
         name, ttl = check_name(name), check_store_ttl(ttl)
         owner = random_owner() if owner is None else check_owner(owner)
         wait_s = check_timeout(timeout)
+        if type(auto_renew) is not bool:
+            raise InvalidArgumentType(f"auto_renew must be a bool, not {type(auto_renew).__name__}")
+        if on_lost is not None and not callable(on_lost):
+            raise InvalidArgumentType(f"on_lost must be callable or None, got {shown(on_lost)}")
         lock = self._wait_for(name, owner, ttl, wait_s)
         if auto_renew:
             lock._start_renewer(ttl, on_lost)

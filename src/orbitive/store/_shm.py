@@ -48,7 +48,7 @@ class ShmEngine(Engine[LockLease]):
         try:
             self._fleet = Fleet.join(fleet, capacity=capacity)
         except (InvalidName, FleetError) as error:
-            raise InvalidStoreUrl(f"shm://{fleet}: {error.message}") from error
+            raise InvalidStoreUrl(f"store URL {'shm://' + fleet!r}: {error.message}") from error
         try:
             self._table = LockTable(self._fleet)
         except BaseException:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from .._access import check_dir
@@ -53,7 +53,8 @@ def open_store(url: str | None = None) -> Store:
         An open :class:`Store`; close it, or use it as a context manager.
 
     Raises:
-        InvalidStoreUrl: unknown scheme or malformed URL (also ``ValueError``).
+        InvalidStoreUrl: not a str or None, an unknown scheme, a malformed URL, a
+            lone surrogate in a PostgreSQL URL or a SQLite path (also ``ValueError``).
         StoreError: ``UNAVAILABLE`` when the database cannot be opened or reached,
             or ``psycopg`` is not installed for a PostgreSQL URL.
         AccessDenied: the default file or its directory is a symlink, another
@@ -82,14 +83,18 @@ def _engine_for(url: object) -> tuple[Engine[Any], str]:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         check_dir(path.parent)
         return SqliteEngine(path, private=True), f"sqlite://{path}"
-    if not isinstance(url, str):
+    if not issubclass(type(url), str):  # type(), not isinstance: __class__ may lie
         raise InvalidStoreUrl(f"store URL must be a str or None, not {type(url).__name__}")
+    url = str.__str__(cast(str, url))  # an exact str: a subclass's methods are not called
     match = _SCHEME.match(url)
     scheme = match.group(1).lower() if match else ""
     if scheme == "sqlite":
         return _sqlite(url)
     if scheme in ("postgresql", "postgres"):
         from ._postgres import PostgresEngine  # noqa: PLC0415 - psycopg loads on demand
+
+        if not _is_utf8(url):
+            raise InvalidStoreUrl(f"store URL {url!r} has no UTF-8 form (a lone surrogate)")
 
         return PostgresEngine(url), _redacted(url)
     if scheme == "shm":
@@ -112,13 +117,22 @@ def _sqlite(url: str) -> tuple[Engine[Any], str]:
             )
     if not rest or "?" in rest or "#" in rest or "\x00" in rest:
         raise InvalidStoreUrl(f"store URL {url!r} has no usable file path")
+    try:
+        os.fsencode(rest)  # a lone surrogate the file system encoding cannot carry
+    except UnicodeEncodeError:
+        raise InvalidStoreUrl(
+            f"store URL {url!r}: the path has no file system form (a lone surrogate)"
+        ) from None
     return SqliteEngine(Path(rest), private=False), url
 
 
 def _shm(url: str) -> tuple[Engine[Any], str]:
     from ._shm import ShmEngine  # noqa: PLC0415 - orbitive.lock loads on demand
 
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as error:  # an unbalanced "[" in the netloc, say
+        raise InvalidStoreUrl(f"store URL {url!r}: {error}") from None
     query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=False)
     unknown = set(query) - {"capacity"}
     if parts.path not in ("", "/") or unknown or parts.fragment or not parts.netloc:
@@ -134,9 +148,20 @@ def _shm(url: str) -> tuple[Engine[Any], str]:
     return ShmEngine(parts.netloc, capacity), url
 
 
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _redacted(url: str) -> str:
     """The URL with any password replaced by ``***`` (for reprs and messages)."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # libpq read a URL urllib cannot split: show no part of it
+        return url[: url.index(":") + 1] + "//***"
     if parts.password is None:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
