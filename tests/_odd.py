@@ -160,19 +160,6 @@ others: st.SearchStrategy[object] = st.one_of(
 odd: st.SearchStrategy[object] = st.one_of(numbers, texts, blobs, others)
 
 
-def _prints(value: object) -> bool:
-    try:
-        repr(value)
-    except Exception:
-        return False
-    return True
-
-
-#: The odd values whose ``repr`` works (no hostile hook, no int past 4300 digits):
-#: what code that formats its arguments with ``!r`` survives.
-printable: st.SearchStrategy[object] = odd.filter(_prints)
-
-
 def call(
     function: Callable[..., object],
     *args: Any,

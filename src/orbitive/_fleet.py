@@ -34,7 +34,14 @@ from typing import Final
 
 from . import _fork
 from ._access import euid
-from ._errors import FleetError, InvalidCapacity, InvalidName, LayoutMismatch, NodeOutsideFleet
+from ._errors import (
+    FleetError,
+    InvalidCapacity,
+    InvalidName,
+    LayoutMismatch,
+    NodeOutsideFleet,
+    shown,
+)
 from ._region import SHM_DIR, Init, Region, Validate, open_object, open_or_create
 
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,32}")
@@ -59,15 +66,17 @@ def check_fleet_name(name: object) -> str:
     Raises:
         InvalidName: any other value (including non-strings).
     """
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name in {".", ".."}:
-        raise InvalidName(f"fleet name must be 1..32 characters of [A-Za-z0-9._-], got {name!r}")
+    if type(name) is not str or not _NAME_RE.fullmatch(name) or name in {".", ".."}:
+        raise InvalidName(
+            f"fleet name must be 1..32 characters of [A-Za-z0-9._-], got {shown(name)}"
+        )
     return name
 
 
 def _check_capacity(capacity: object) -> int:
     if type(capacity) is not int or not 1 <= capacity <= CAPACITY_MAX:
         raise InvalidCapacity(
-            f"fleet capacity must be an int in 1..{CAPACITY_MAX}, got {capacity!r}"
+            f"fleet capacity must be an int in 1..{CAPACITY_MAX}, got {shown(capacity)}"
         )
     return capacity
 
@@ -143,7 +152,9 @@ def _ofd_held(fd: int, node: int) -> bool:
 
 def _check_node(node: object, capacity: int) -> int:
     if type(node) is not int or not 0 <= node < capacity:
-        raise NodeOutsideFleet(f"node must be an int in 0..{capacity - 1}, got {node!r}", node=None)
+        raise NodeOutsideFleet(
+            f"node must be an int in 0..{capacity - 1}, got {shown(node)}", node=None
+        )
     return node
 
 

@@ -2,8 +2,7 @@
 
 Before, these raised OverflowError, UnicodeEncodeError, ValueError, TypeError,
 AttributeError or whatever a hostile hook raised, or (``Key.digest(3)``)
-returned a key of three zero bytes. The cases whose fix belongs in a module
-the lead is rewriting are strict xfails that name the file.
+returned a key of three zero bytes.
 """
 
 from __future__ import annotations
@@ -48,13 +47,11 @@ from orbitive.store import (
     open_store,
 )
 
-from .._odd import Hostile, HostileObject, RaisingFloat, RaisingInt, RaisingStr, released_view
+from .._odd import HostileObject, RaisingFloat, RaisingInt, RaisingStr, released_view
 
 HUGE = 10**400
 KEY = LockKey("odd", "key")
 OWNER = LockOwner(b"odd-owner")
-TABLE_CHANGE = "needs the lead's change in src/orbitive/lock/_table.py"
-FLEET_CHANGE = "needs the lead's change in src/orbitive/_fleet.py"
 
 
 @pytest.fixture
@@ -280,7 +277,6 @@ def test_shown_never_raises_and_stays_short() -> None:
 # -- cases for the lead's files -----------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=TABLE_CHANGE, raises=(AttributeError, Hostile))
 @pytest.mark.parametrize("layout", [1, "layout", HostileObject()], ids=shown)
 def test_a_layout_that_is_not_a_lock_layout_is_invalid_argument_type(
     fleet_name: str, layout: Any
@@ -289,13 +285,11 @@ def test_a_layout_that_is_not_a_lock_layout_is_invalid_argument_type(
         LockTable(fleet, layout=layout)
 
 
-@pytest.mark.xfail(strict=True, reason=TABLE_CHANGE, raises=AttributeError)
 def test_a_fleet_that_is_not_a_fleet_is_invalid_argument_type() -> None:
     with pytest.raises(InvalidArgumentType):
         LockTable(None)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(strict=True, reason=TABLE_CHANGE, raises=Hostile)
 def test_a_lease_slot_that_is_not_an_int_is_invalid_argument_type(
     local_table: LockTable,
 ) -> None:
@@ -310,7 +304,6 @@ def test_a_layout_of_the_right_type_is_still_accepted(fleet_name: str) -> None:
         assert table.statistics().capacity == 16
 
 
-@pytest.mark.xfail(strict=True, reason=FLEET_CHANGE, raises=(ValueError, Hostile))
 @pytest.mark.parametrize(
     ("args", "error"),
     [
@@ -329,7 +322,6 @@ def test_fleet_arguments_with_hostile_reprs_get_named_errors(
         Fleet.local(*args)
 
 
-@pytest.mark.xfail(strict=True, reason=FLEET_CHANGE, raises=ValueError)
 def test_is_alive_of_a_huge_node_is_node_outside_fleet(fleet_name: str) -> None:
     with Fleet.join(fleet_name, 2) as fleet, pytest.raises(NodeOutsideFleet):
         fleet.is_alive(10**5000)

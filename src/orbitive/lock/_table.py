@@ -129,8 +129,10 @@ class LockTable:
             :meth:`LockLayout.default`).
 
     Raises:
-        LayoutMismatch: the existing state or ring object has another layout.
-        AccessDenied: an object or the lock directory is not exclusively ours.
+        InvalidArgumentType: ``fleet`` is not a Fleet or ``layout`` not a LockLayout.
+        LayoutMismatch: the existing state or ring object has another layout or
+            section mechanism.
+        AccessDenied: an object or ``/dev/shm`` is not exclusively ours.
 
     Example::
 
@@ -142,19 +144,25 @@ class LockTable:
     """
 
     def __init__(self, fleet: Fleet, layout: LockLayout | None = None) -> None:
-        self._setup(fleet, layout or LockLayout.default())
+        self._setup(fleet, layout)
         self._cursors = self._ring.heads()
 
     @classmethod
     def replay_retained(cls, fleet: Fleet, layout: LockLayout | None = None) -> LockTable:
         """A table whose first :meth:`poll` returns every still-retained transition."""
         table = cls.__new__(cls)
-        table._setup(fleet, layout or LockLayout.default())
+        table._setup(fleet, layout)
         table._cursors = [0] * fleet.capacity
         return table
 
-    def _setup(self, fleet: Fleet, layout: LockLayout) -> None:
+    def _setup(self, fleet: Fleet, layout: LockLayout | None) -> None:
         self._closed = True
+        if not isinstance(fleet, Fleet):
+            raise _not_a("fleet", "Fleet", fleet)
+        if layout is None:
+            layout = LockLayout.default()
+        elif type(layout) is not LockLayout:
+            raise _not_a("layout", "LockLayout", layout)
         self.fleet = fleet
         self.layout = layout
         self._state = fleet.region(
@@ -250,8 +258,15 @@ class LockTable:
         if type(lease) is not LockLease:
             raise _not_a("lease", "LockLease", lease)
         key, owner, lock_id = lease.key, lease.owner, lease.lock_id
-        if type(key) is not LockKey or type(owner) is not LockOwner or type(lock_id) is not int:
-            raise _not_a("lease", "LockLease of a LockKey, a LockOwner and an int lock id", lease)
+        if (
+            type(key) is not LockKey
+            or type(owner) is not LockOwner
+            or type(lock_id) is not int
+            or type(lease.slot) is not int
+        ):
+            raise _not_a(
+                "lease", "LockLease of a LockKey, a LockOwner, int lock id and slot", lease
+            )
         return len(key.ident) + len(owner.value) > self._payload_max
 
     def _check_entry(self, key: LockKey, owner: LockOwner | bytes | str) -> LockOwner:
