@@ -10,8 +10,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .. import __version__
 from .._errors import OrbitError
 from . import _commands
+from ._store import UsageError
 
 #: Exit status for bad usage (argparse's own, or an argument the library refuses), and
 #: for any other OrbitError raised by a command.
@@ -25,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="orbit",
         description="Inspect and drive orbitive fleets: leases, pools and named locks.",
     )
+    parser.add_argument("--version", action="version", version=f"orbit (orbitive) {__version__}")
     subparsers = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
     for module in _commands.MODULES:
         module.register(subparsers)
@@ -37,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         status: int = args.func(args)
+    except UsageError as error:
+        print(f"orbit {args.subcommand}: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except OrbitError as error:
         print(f"orbit {args.subcommand}: {error}", file=sys.stderr)
         # A bad argument is a usage error, as argparse's own are.
