@@ -31,6 +31,8 @@ KNOWN_KINDS = {
 KIND_HELP = "kind number 0..255 (228 lock state table, 229 lock ring, 247 resource pool)"
 #: Longest wait of ``orbit watch`` between checks of its deadline, in seconds.
 _WATCH_STEP_S = 60.0
+#: Largest ``orbit watch --seconds`` (about 11.6 days); longer: leave it out.
+WATCH_SECONDS_MAX = 1e6
 
 
 def kind_number(text: str) -> int:
@@ -90,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=watch_seconds,
         default=None,
         metavar="S",
-        help="stop after S seconds, a finite number > 0 (default: until interrupted)",
+        help=f"stop after S seconds, 0 < S <= {WATCH_SECONDS_MAX:g} (default: until interrupted)",
     )
     cmd.set_defaults(func=cmd_watch)
 
@@ -115,9 +117,9 @@ def watch_seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not 0.0 < value < math.inf:
+    if not 0.0 < value <= WATCH_SECONDS_MAX:
         raise argparse.ArgumentTypeError(
-            f"must be a finite number of seconds > 0, got {text!r} "
+            f"must be a number of seconds in (0, {WATCH_SECONDS_MAX:g}], got {text!r} "
             "(leave --seconds out to watch until interrupted)"
         )
     return value
@@ -248,12 +250,17 @@ def cmd_locks(args: argparse.Namespace) -> int:
     with open_tables(args.fleet, observe=True) as tables:
         if not tables:
             return _no_table(args.fleet)
-        print(f"{'namespace':<24} {'label':<24} {'owner':<34} {'token':>8} {'left s':>8} {'rev':>8}")
+        print(_LEASE_HEADER)
         for table in tables:
             _print_leases(table)
         for table in tables:
             _print_summary(table)
     return 0
+
+
+_LEASE_HEADER = (
+    f"{'namespace':<24} {'label':<24} {'owner':<34} {'token':>8} {'left s':>8} {'rev':>8}"
+)
 
 
 def _no_table(fleet: str) -> int:

@@ -275,7 +275,7 @@ def _rollback(cur: sqlite3.Cursor | None) -> None:
 def _is_not_a_database(error: BaseException | None) -> bool:
     if not isinstance(error, sqlite3.DatabaseError):
         return False
-    code = getattr(error, "sqlite_errorcode", None)
+    code: int | None = getattr(error, "sqlite_errorcode", None)
     if code is not None:
         return (code & 0xFF) == _NOT_A_DATABASE
     return "not a database" in str(error).lower()  # Python 3.10 has no sqlite_errorcode
