@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,12 @@ def test_version_and_python_dash_m(module: str) -> None:
     )
     assert done.returncode == 0
     assert done.stdout.strip() == f"orbit (orbitive) {__version__}"
+
+
+def test_an_unreachable_postgres_is_one_line_and_exit_1(capsys: Capture) -> None:
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert main(["locks", "--store", f"postgresql://u@127.0.0.1:{port}/db"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("orbit locks: postgres store unavailable") and err.count("\n") == 1

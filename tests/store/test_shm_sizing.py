@@ -1,4 +1,4 @@
-"""``shm://`` stores: objects sized to the store, the fleet's capacity, and what a full fleet says."""
+"""``shm://`` stores: objects sized to the store, the fleet capacity, what a full fleet says."""
 
 from __future__ import annotations
 

@@ -41,15 +41,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.func(args)
     except UsageError as error:
-        print(f"orbit {args.subcommand}: {error}", file=sys.stderr)
+        _complain(args.subcommand, error)
         return EXIT_USAGE
     except OrbitError as error:
-        print(f"orbit {args.subcommand}: {error}", file=sys.stderr)
+        _complain(args.subcommand, error)
         # A bad argument is a usage error, as argparse's own are.
         return EXIT_USAGE if isinstance(error, (ValueError, TypeError)) else EXIT_ERROR
     except KeyboardInterrupt:
         return 130
     return status
+
+
+def _complain(subcommand: str, error: Exception) -> None:
+    """One line on stderr, even for a driver's multi-line message (libpq's hints)."""
+    print(f"orbit {subcommand}: {' '.join(str(error).split())}", file=sys.stderr)
 
 
 __all__ = ["build_parser", "main"]

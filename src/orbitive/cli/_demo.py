@@ -67,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _positive_int(text: str) -> int:
-    if not text.strip().isdigit() or not 1 <= int(text) <= 256:
+    if not text.strip().isdecimal() or not 1 <= int(text) <= 256:
         raise argparse.ArgumentTypeError(f"must be a whole number in 1..256, got {text!r}")
     return int(text)
 

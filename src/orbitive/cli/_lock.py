@@ -28,7 +28,7 @@ KNOWN_KINDS = {
     231: "store lock transition ring",
     247: "resource pool",
 }
-KIND_HELP = "kind number 0..255 (228 lock state table, 229 lock ring, 247 resource pool)"
+KIND_HELP = "kind number 0..255 (228/229 lock table, 230/231 store lock table, 247 resource pool)"
 #: Longest wait of ``orbit watch`` between checks of its deadline, in seconds.
 _WATCH_STEP_S = 60.0
 #: Largest ``orbit watch --seconds`` (about 11.6 days); longer: leave it out.
@@ -37,7 +37,7 @@ WATCH_SECONDS_MAX = 1e6
 
 def kind_number(text: str) -> int:
     """argparse type for an SHM kind number."""
-    if not text.isdigit() or not 0 <= int(text) <= 255:
+    if not text.isdecimal() or not 0 <= int(text) <= 255:
         raise argparse.ArgumentTypeError(f"{KIND_HELP}; got {text!r}")
     return int(text)
 

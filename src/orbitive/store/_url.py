@@ -140,7 +140,7 @@ def _shm(url: str) -> tuple[Engine[Any], str]:
     capacity = None  # the fleet's own capacity, or the default for a new fleet
     if "capacity" in query:
         value = query["capacity"][-1]
-        if not value.isdigit() or not 1 <= int(value) <= CAPACITY_MAX:
+        if not value.isdecimal() or not 1 <= int(value) <= CAPACITY_MAX:
             raise InvalidStoreUrl(
                 f"store URL {url!r}: capacity must be a whole number in 1..{CAPACITY_MAX}"
             )
