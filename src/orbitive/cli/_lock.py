@@ -112,7 +112,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def watch_seconds(text: str) -> float:
-    """argparse type for ``--seconds``: a finite number of seconds > 0."""
+    """argparse type for ``--seconds``: seconds in (0, :data:`WATCH_SECONDS_MAX`]."""
     try:
         value = float(text)
     except ValueError:

@@ -206,7 +206,8 @@ class _Supervisor:
             return EXIT_NOT_EXECUTABLE
         with self._mutex:
             self._child = child
-            lost = self.was_lost or lock.lost
+            self.was_lost = self.was_lost or lock.lost
+            lost = self.was_lost
         if lost:  # lost between the grant and the start
             self._signal(child)
         with _forwarding(child):
