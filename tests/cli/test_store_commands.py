@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,3 +94,14 @@ def test_contradictory_targets_are_usage_errors(argv: list[str], capsys: Capture
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"orbit {argv[0]}: ") and len(err.splitlines()) == 1
+
+
+def test_watch_of_a_fleet_prints_its_shm_store_transitions(shm_url: str, capsys: Capture) -> None:
+    fleet = shm_url.removeprefix("shm://").split("?")[0]
+    with open_store(shm_url) as store:
+        timer = threading.Timer(0.3, store.try_lock, ("jobs/watched", "late", 5.0))
+        timer.start()
+        assert main(["watch", fleet, "--seconds", "1.5"]) == 0
+        timer.join()
+    out = capsys.readouterr().out
+    assert "acquired" in out and "orbitive.store/jobs/watched" in out and "owner=late" in out
