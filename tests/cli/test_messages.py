@@ -57,6 +57,7 @@ def test_open_store_on_a_file_that_is_not_sqlite_raises_a_named_store_error(
     assert caught.value.kind is ErrorKind.INVALID_INPUT
     assert "is not a SQLite database" in str(caught.value)
     assert (tmp_path / "passwd").read_bytes() == before  # left as it was
+    assert [path.name for path in tmp_path.iterdir()] == ["passwd"]  # no -wal or -journal
 
 
 @pytest.mark.parametrize("command", [["locks"], ["inspect", "job"], ["run", "--lock", "j"]])
