@@ -105,6 +105,34 @@ def _read_capacity(fd: int, name: str) -> int:
     return int(capacity)
 
 
+def recorded_capacity(name: str) -> int | None:
+    """The capacity fleet ``name`` was created with, or None when it has no members object.
+
+    Raises:
+        AccessDenied: the membership object is not ours alone.
+        LayoutMismatch: it is not a membership object of this version.
+    """
+    try:
+        fd = open_object(members_name(name), create=False)
+    except FileNotFoundError:
+        return None
+    try:
+        return _read_capacity(fd, name)
+    finally:
+        os.close(fd)
+
+
+def capacity_advice(name: str) -> str:
+    """What to do when fleet ``name`` is full or has another capacity (for messages)."""
+    return (
+        "every process that joins holds one node for its life (each open shm:// store, "
+        "each Fleet.join, a preloaded gunicorn master too); close what does not need "
+        f"one, or to change the capacity stop every member, run 'orbit clear {name} "
+        "--all --yes' (this ends every lease and restarts fencing tokens at 1) and "
+        "join again with the new capacity (capacity=N, or ?capacity=N in an shm:// URL)"
+    )
+
+
 def open_members(name: str, capacity: int) -> int:
     """Open (or create) the membership object and check the capacity it records.
 
@@ -122,8 +150,8 @@ def open_members(name: str, capacity: int) -> int:
         if recorded != capacity:
             raise InvalidCapacity(
                 f"fleet {name!r} has capacity {recorded}; joining with {capacity} would give "
-                f"its members different lane counts (join with capacity={recorded}, or stop "
-                "every member and run `orbit clear --all --yes` to change it)",
+                f"its members different lane counts: join with capacity={recorded}; "
+                f"{capacity_advice(name)}",
                 fleet=name,
             )
     except BaseException:
@@ -284,10 +312,8 @@ class Fleet:
                 node=node,
             )
         raise FleetError(
-            f"fleet {self.name!r}: all {self.capacity} nodes are held by live processes "
-            "(each live process that joins takes one: join in workers, not in a preloading "
-            "master; a larger capacity needs every member stopped and "
-            "`orbit clear --all --yes`)",
+            f"fleet {self.name!r}: all {self.capacity} nodes are held by live processes; "
+            f"{capacity_advice(self.name)}",
             fleet=self.name,
         )
 

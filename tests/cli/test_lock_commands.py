@@ -110,9 +110,10 @@ def test_clear_one_kind_leaves_the_others(fleet_name: str) -> None:
         ["locks", "x" * 33],
         ["list", "ok", "--kind", "999"],
         ["clear", "ok", "--kind", "lock"],
-        ["force-release", "ok"],
+        ["force-release"],
+        ["watch", "ok", "--seconds", "soon"],
     ],
-    ids=["slash", "too-long", "kind-range", "kind-word", "missing-args"],
+    ids=["slash", "too-long", "kind-range", "kind-word", "missing-args", "seconds-word"],
 )
 def test_bad_arguments_exit_2_with_a_message(argv: list[str], capsys: Capture) -> None:
     with pytest.raises(SystemExit) as exited:
@@ -123,7 +124,18 @@ def test_bad_arguments_exit_2_with_a_message(argv: list[str], capsys: Capture) -
 
 
 def test_every_command_has_help() -> None:
-    for command in ("list", "clear", "locks", "watch", "force-release", "run", "pool", "demo"):
+    commands = (
+        "list",
+        "clear",
+        "locks",
+        "watch",
+        "force-release",
+        "inspect",
+        "run",
+        "pool",
+        "demo",
+    )
+    for command in commands:
         result = subprocess.run(
             [sys.executable, "-m", "orbitive.cli", command, "--help"],
             capture_output=True,

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import _demo, _lock, _pool, _run
+from . import _demo, _lock, _pool, _run, _store
 
-MODULES: list[ModuleType] = [_lock, _pool, _run, _demo]
+MODULES: list[ModuleType] = [_lock, _store, _pool, _run, _demo]

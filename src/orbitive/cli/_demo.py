@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import multiprocessing
 import os
 import random
@@ -66,16 +67,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 256:
-        raise argparse.ArgumentTypeError("must be in 1..256")
-    return value
+    if not text.strip().isdecimal() or not 1 <= int(text) <= 256:
+        raise argparse.ArgumentTypeError(f"must be a whole number in 1..256, got {text!r}")
+    return int(text)
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
     if not 0.0 < value <= 3600.0:
-        raise argparse.ArgumentTypeError("must be in (0, 3600]")
+        raise argparse.ArgumentTypeError(f"must be a number of seconds in (0, 3600], got {text!r}")
     return value
 
 

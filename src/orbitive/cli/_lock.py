@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import math
 import os
 import selectors
 import sys
@@ -12,7 +13,7 @@ import time
 from collections.abc import Iterator
 
 from .._errors import FleetError, InvalidName
-from .._fleet import Fleet, check_fleet_name, members_name
+from .._fleet import check_fleet_name, members_name
 from .._region import (
     leftover_creations,
     listed_objects,
@@ -21,17 +22,28 @@ from .._region import (
     open_object,
     unlink_object,
 )
-from .._ring import lane_count_of
-from ..lock import LockEvent, LockKey, LockLayout, LockTable
+from ..lock import LockEvent, LockKey, LockTable
+from ._store import UsageError, add_store_option, store_force_release, store_locks
+from ._tables import open_tables
 
 #: What the well-known kind numbers hold.
-KNOWN_KINDS = {228: "lock state table", 229: "lock transition ring", 247: "resource pool"}
-KIND_HELP = "kind number 0..255 (228 lock state table, 229 lock ring, 247 resource pool)"
+KNOWN_KINDS = {
+    228: "lock state table",
+    229: "lock transition ring",
+    230: "store lock state table",
+    231: "store lock transition ring",
+    247: "resource pool",
+}
+KIND_HELP = "kind number 0..255 (228/229 lock table, 230/231 store lock table, 247 resource pool)"
+#: Longest wait of ``orbit watch`` between checks of its deadline, in seconds.
+_WATCH_STEP_S = 60.0
+#: Largest ``orbit watch --seconds`` (about 11.6 days); longer: leave it out.
+WATCH_SECONDS_MAX = 1e6
 
 
 def kind_number(text: str) -> int:
     """argparse type for an SHM kind number."""
-    if not text.isdigit() or not 0 <= int(text) <= 255:
+    if not text.isdecimal() or not 0 <= int(text) <= 255:
         raise argparse.ArgumentTypeError(f"{KIND_HELP}; got {text!r}")
     return int(text)
 
@@ -65,20 +77,58 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.add_argument("--yes", action="store_true", help="confirm --all")
     cmd.set_defaults(func=cmd_clear)
 
-    cmd = subparsers.add_parser("locks", help="show the live leases of a fleet's lock table")
-    _fleet_arg(cmd)
+    cmd = subparsers.add_parser(
+        "locks",
+        help="show the live leases of a fleet's lock tables, or the live locks of a store",
+        description=(
+            "With FLEET: every live lease in the fleet's lock tables (its LockTable and its "
+            "shm:// store table), read without joining the fleet. Without FLEET: the live "
+            "locks of the store at --store URL (default: the SQLite file open_store() "
+            "uses)."
+        ),
+    )
+    cmd.add_argument("fleet", nargs="?", type=fleet_name, help="fleet name")
+    add_store_option(cmd)
     cmd.set_defaults(func=cmd_locks)
 
     cmd = subparsers.add_parser("watch", help="print lock transitions as they happen")
     _fleet_arg(cmd)
-    cmd.add_argument("--seconds", type=float, default=None, help="stop after S seconds")
+    cmd.add_argument(
+        "--seconds",
+        type=watch_seconds,
+        default=None,
+        metavar="S",
+        help=f"stop after S seconds, 0 < S <= {WATCH_SECONDS_MAX:g} (default: until interrupted)",
+    )
     cmd.set_defaults(func=cmd_watch)
 
-    cmd = subparsers.add_parser("force-release", help="release a key whoever holds it")
-    _fleet_arg(cmd)
-    cmd.add_argument("namespace", help="the key's namespace")
-    cmd.add_argument("label", help="the key's label")
+    cmd = subparsers.add_parser(
+        "force-release",
+        help="release a lock whoever holds it",
+        usage="orbit force-release [-h] ([--store URL] NAME | FLEET NAMESPACE LABEL)",
+        description=(
+            "NAME: release the store lock NAME (at --store URL, default: the SQLite file "
+            "open_store() uses). FLEET NAMESPACE LABEL: release that key in the fleet's "
+            "lock tables. Exit 0 when something live was released, 1 when it was not held."
+        ),
+    )
+    cmd.add_argument("target", nargs="+", metavar="NAME", help="NAME, or FLEET NAMESPACE LABEL")
+    add_store_option(cmd)
     cmd.set_defaults(func=cmd_force_release)
+
+
+def watch_seconds(text: str) -> float:
+    """argparse type for ``--seconds``: seconds in (0, :data:`WATCH_SECONDS_MAX`]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value <= WATCH_SECONDS_MAX:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds in (0, {WATCH_SECONDS_MAX:g}], got {text!r} "
+            "(leave --seconds out to watch until interrupted)"
+        )
+    return value
 
 
 def _kinds(args: argparse.Namespace) -> range | list[int]:
@@ -121,6 +171,9 @@ def cmd_clear(args: argparse.Namespace) -> int:
     if args.all and not args.yes:
         print("orbit clear: --all needs --yes", file=sys.stderr)
         return 2
+    if not _has_objects(args):
+        print(f"orbit clear: {_nothing_to_clear(args)}", file=sys.stderr)
+        return 1
     with _exclusive_membership(args.fleet):
         removed = 0
         for kind in _kinds(args):
@@ -131,6 +184,19 @@ def cmd_clear(args: argparse.Namespace) -> int:
             unlink_object(members_name(args.fleet))
     print(f"removed {removed} object(s) of fleet {args.fleet!r}")
     return 0
+
+
+def _has_objects(args: argparse.Namespace) -> bool:
+    """Whether ``orbit clear`` has anything to remove (and so whether the fleet exists)."""
+    if args.all and object_size(members_name(args.fleet)) is not None:
+        return True
+    return any(object_size(object_name(args.fleet, kind)) is not None for kind in _kinds(args))
+
+
+def _nothing_to_clear(args: argparse.Namespace) -> str:
+    if args.all:
+        return f"fleet {args.fleet!r} has no SHM objects"
+    return f"fleet {args.fleet!r} has no SHM object of kind {args.kind}"
 
 
 @contextlib.contextmanager
@@ -170,16 +236,6 @@ def remove_stopped_fleet_files(fleet: str) -> bool:
     return True
 
 
-def _open_table(fleet: str, *, observe: bool) -> LockTable | None:
-    layout = LockLayout.default()
-    lanes = lane_count_of(fleet, layout.event_kind)
-    if lanes is None or object_size(object_name(fleet, layout.state_kind)) is None:
-        print(f"fleet {fleet!r} has no lock table", file=sys.stderr)
-        return None
-    member = Fleet.observe(fleet, lanes) if observe else Fleet.join(fleet, lanes)
-    return LockTable(member, layout)
-
-
 def printable(raw: bytes) -> str:
     """``raw`` as text for a terminal: UTF-8 with control characters escaped."""
     text = raw.decode(errors="backslashreplace")
@@ -193,26 +249,50 @@ def _key_text(key: LockKey) -> tuple[str, str]:
 
 
 def cmd_locks(args: argparse.Namespace) -> int:
-    """Print every live lease with its owner, token, seconds left and revision."""
-    table = _open_table(args.fleet, observe=True)
-    if table is None:
-        return 1
-    leases = table.leases()
-    stats = table.statistics()
-    print(f"{'namespace':<24} {'label':<24} {'owner':<34} {'token':>8} {'left s':>8} {'rev':>8}")
-    for lease in leases:
+    """Print every live lease of a fleet, or every live lock of a store."""
+    if args.fleet is None:
+        return store_locks(args.store)
+    if args.store is not None:
+        raise UsageError("give FLEET or --store URL, not both")
+    with open_tables(args.fleet, observe=True) as tables:
+        if not tables:
+            return _no_table(args.fleet)
+        print(_LEASE_HEADER)
+        for table in tables:
+            _print_leases(table)
+        for table in tables:
+            _print_summary(table)
+    return 0
+
+
+_LEASE_HEADER = (
+    f"{'namespace':<24} {'label':<24} {'owner':<34} {'token':>8} {'left s':>8} {'rev':>8}"
+)
+
+
+def _no_table(fleet: str) -> int:
+    print(f"fleet {fleet!r} has no lock table", file=sys.stderr)
+    return 1
+
+
+def _print_leases(table: LockTable) -> None:
+    for lease in table.leases():
         namespace, label = _key_text(lease.key)
         print(
             f"{namespace:<24} {label:<24} {lease.owner.text():<34} "
             f"{lease.fencing_token:>8} {lease.remaining():>8.3f} {lease.state_revision:>8}"
         )
+
+
+def _print_summary(table: LockTable) -> None:
+    stats = table.statistics()
+    layout = table.layout
     print(
         f"{stats.occupied_count} live of {stats.capacity} slots, "
         f"{stats.tombstone_count} tombstones, probe bound {stats.max_probe}, "
         f"last token {stats.last_fencing_token}, "
-        f"revision {stats.last_state_revision}"
+        f"revision {stats.last_state_revision} (kinds {layout.state_kind}/{layout.event_kind})"
     )
-    return 0
 
 
 def _event_line(event: LockEvent) -> str:
@@ -225,35 +305,47 @@ def _event_line(event: LockEvent) -> str:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    """Print transitions through the readiness descriptor until interrupted."""
-    table = _open_table(args.fleet, observe=False)
-    if table is None:
-        return 1
-    deadline = None if args.seconds is None else time.monotonic() + args.seconds
-    with selectors.DefaultSelector() as selector:
-        selector.register(table.fileno(), selectors.EVENT_READ)
-        while deadline is None or time.monotonic() < deadline:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if selector.select(timeout):
-                table.drain()
-            result = table.poll()
-            for event in result.events:
-                print(_event_line(event), flush=True)
-            if result.lost:
-                print(
-                    f"lost: overwritten={result.overwritten} unavailable={result.unavailable} "
-                    f"malformed={result.malformed}",
-                    flush=True,
-                )
-    table.close()
+    """Print transitions through the readiness descriptors until interrupted or timed out."""
+    with open_tables(args.fleet, observe=False) as tables:
+        if not tables:
+            return _no_table(args.fleet)
+        deadline = None if args.seconds is None else time.monotonic() + args.seconds
+        with selectors.DefaultSelector() as selector:
+            for table in tables:
+                selector.register(table.fileno(), selectors.EVENT_READ, table)
+            while deadline is None or time.monotonic() < deadline:
+                left = _WATCH_STEP_S if deadline is None else deadline - time.monotonic()
+                for ready, _ in selector.select(min(max(left, 0.0), _WATCH_STEP_S)):
+                    ready.data.drain()
+                for table in tables:
+                    _print_poll(table)
     return 0
 
 
+def _print_poll(table: LockTable) -> None:
+    result = table.poll()
+    for event in result.events:
+        print(_event_line(event), flush=True)
+    if result.lost:
+        print(
+            f"lost: overwritten={result.overwritten} unavailable={result.unavailable} "
+            f"malformed={result.malformed}",
+            flush=True,
+        )
+
+
 def cmd_force_release(args: argparse.Namespace) -> int:
-    """Release one key whoever holds it; exit 1 when nothing live was there."""
-    table = _open_table(args.fleet, observe=False)
-    if table is None:
-        return 1
-    released = table.force_release(LockKey(args.namespace, args.label))
-    print("released" if released else "not held")
-    return 0 if released else 1
+    """Release one lock whoever holds it; exit 1 when nothing live was there."""
+    if len(args.target) == 1:
+        return store_force_release(args.store, args.target[0])
+    if len(args.target) != 3 or args.store is not None:
+        raise UsageError("give [--store URL] NAME, or FLEET NAMESPACE LABEL")
+    fleet, namespace, label = args.target
+    check_fleet_name(fleet)
+    with open_tables(fleet, observe=False) as tables:
+        if not tables:
+            return _no_table(fleet)
+        key = LockKey(namespace, label)
+        released = [table.force_release(key) for table in tables]
+    print("released" if any(released) else "not held")
+    return 0 if any(released) else 1

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 
 from .. import Fleet
+from .._region import object_name, object_size, read_prefix
 from ..pool import POOL_KIND, PoolStatistics
+from ..pool._layout import MAGIC
 from ..pool._stats import inspect
-from ._lock import fleet_name, kind_number
+from ._lock import KNOWN_KINDS, fleet_name, kind_number
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,6 +25,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def cmd_pool(args: argparse.Namespace) -> int:
     """Attach read-only (no node, no lock held for long) and print the table."""
+    name = object_name(args.fleet, args.kind)
+    size = object_size(name)
+    if size is not None and read_prefix(name, min(size, len(MAGIC))) != MAGIC:
+        held = KNOWN_KINDS.get(args.kind, "an object of another kind")
+        print(f"fleet {args.fleet!r} kind {args.kind} holds a {held}, not a pool table")
+        return 1
     statistics = inspect(args.fleet, args.kind)
     if statistics is None:
         print(f"fleet {args.fleet!r} has no pool table of kind {args.kind}")

@@ -1,34 +1,73 @@
-"""``orbit run --lock NAME --ttl S [--wait S] [--store URL] -- CMD ...``: flock(1) with leases.
+"""``orbit run [--lock NAME] [--ttl S] [--wait S] [--store URL] -- CMD ...``: flock(1) with leases.
 
 Holds the named lock while CMD runs, renewing it every ``ttl / 3`` seconds, with the
 fencing token exported as ``ORBIT_FENCING_TOKEN`` (and the name as
 ``ORBIT_LOCK_NAME``). Exits with CMD's status (128 + N when CMD died of signal N),
 after releasing the lock. SIGTERM, SIGINT and SIGHUP are passed on to CMD; the
 lock is released once CMD has exited. Busy lock, no ``--wait`` (or the wait ran
-out): exit 75 (``EX_TEMPFAIL``) with a message naming the holder.
+out): exit 75 (``EX_TEMPFAIL``) with a message naming the holder (none with
+``--quiet``).
+
+CMD never outlives ``orbit run``: it starts with ``PR_SET_PDEATHSIG`` = SIGKILL
+(Linux ``prctl``, set in the child before exec), so the kernel kills it the moment
+``orbit run`` dies, SIGKILL included. The lease of an ``orbit run`` that was killed
+cannot be released by anyone but ``orbit force-release``; it lapses at its TTL.
+
+A lost lease (a renewal found it force-released, expired or taken) signals CMD as
+``--on-lost`` says (default ``term``: SIGTERM) and ``orbit run`` then exits 76 once
+CMD has ended; with ``ignore`` CMD keeps running and its own status is returned.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from .._errors import LockTimeout
 from ..store import Lock, Store, open_store
+from ._store import UsageError, add_store_option
 
 #: Exit status when the lock is held elsewhere (sysexits.h EX_TEMPFAIL).
 EXIT_BUSY: Final = 75
+#: Exit status when the lease was lost while CMD ran (``--on-lost term`` or ``kill``).
+EXIT_LOST: Final = 76
 #: Exit statuses for a command that cannot be run, as in POSIX shells.
 EXIT_NOT_FOUND: Final = 127
 EXIT_NOT_EXECUTABLE: Final = 126
+#: Lease length when ``--ttl`` is not given, in seconds.
+DEFAULT_TTL_S: Final = 30.0
 _FORWARDED: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: What ``--on-lost`` sends to CMD (None: nothing).
+_ON_LOST: Final[dict[str, signal.Signals | None]] = {
+    "term": signal.SIGTERM,
+    "kill": signal.SIGKILL,
+    "ignore": None,
+}
+_PR_SET_PDEATHSIG: Final = 1
+
+_DESCRIPTION: Final = f"""\
+Hold the named lock while CMD runs, with the fencing token in ORBIT_FENCING_TOKEN
+(and the name in ORBIT_LOCK_NAME); release it when CMD exits and exit with CMD's
+status (128+N if CMD died of signal N). SIGTERM/SIGINT/SIGHUP are passed to CMD.
+
+The lease lasts --ttl seconds (default {DEFAULT_TTL_S:g}) and is renewed every TTL/3
+(every {DEFAULT_TTL_S / 3:g} s by default), so two renewals in a row may fail before it
+lapses. The TTL is also how long the lock stays held if orbit run itself is killed
+(SIGKILL, power cut): nothing can release it then, except orbit force-release. CMD is
+killed the moment orbit run dies (PR_SET_PDEATHSIG), so it never runs unlocked.
+
+exit status: CMD's own; 75 the lock is busy (no --wait, or the wait ran out);
+76 the lock was lost while CMD ran (--on-lost term or kill); 126/127 CMD cannot
+be run; 2 bad usage; 1 the store failed."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,15 +75,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd = subparsers.add_parser(
         "run",
         help="run a command while holding a named lock (like flock(1), with leases)",
-        description=(
-            "Hold the named lock while CMD runs (renewing every TTL/3), with the fencing "
-            "token in ORBIT_FENCING_TOKEN; release it when CMD exits and exit with CMD's "
-            "status. SIGTERM/SIGINT/SIGHUP are passed to CMD. Busy lock and no --wait "
-            "(or the wait ran out): exit 75 naming the holder."
-        ),
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     cmd.add_argument("--lock", required=True, metavar="NAME", help="the lock name")
-    cmd.add_argument("--ttl", required=True, type=float, metavar="S", help="lease length, s")
+    cmd.add_argument(
+        "--ttl",
+        type=float,
+        default=DEFAULT_TTL_S,
+        metavar="S",
+        help=f"lease length in seconds, renewed every S/3 (default {DEFAULT_TTL_S:g})",
+    )
     cmd.add_argument(
         "--wait",
         type=_wait_seconds,
@@ -52,8 +93,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="S",
         help="wait up to S s for the lock (default: no wait)",
     )
+    add_store_option(cmd)
     cmd.add_argument(
-        "--store", default=None, metavar="URL", help="store URL (default: the SQLite file)"
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print nothing when the lock is busy (the exit status 75 still says so); for cron",
+    )
+    cmd.add_argument(
+        "--on-lost",
+        choices=tuple(_ON_LOST),
+        default="term",
+        help="when the lease is lost while CMD runs: SIGTERM CMD (term, the default) or "
+        "SIGKILL it (kill), then exit 76; or let it run on (ignore) and exit with its status",
     )
     cmd.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     cmd.set_defaults(func=cmd_run)
@@ -75,21 +127,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        print("orbit run: no command given (--lock NAME --ttl S -- CMD ...)", file=sys.stderr)
-        return 2
+        raise UsageError("no command given (--lock NAME --ttl S -- CMD ...)")
+    supervisor = _Supervisor(_ON_LOST[args.on_lost])
     with open_store(args.store) as store:
-        lock = _acquire(store, args.lock, args.ttl, args.wait or 0.0)
+        lock = _acquire(store, args, supervisor.lost)
         if lock is None:
             return EXIT_BUSY
         with lock:
-            return _supervise(command, lock)
+            status = supervisor.run(command, lock)
+    if supervisor.was_lost and supervisor.signum is not None:
+        return EXIT_LOST
+    return status
 
 
-def _acquire(store: Store, name: str, ttl: float, wait: float) -> Lock | None:
+def _acquire(
+    store: Store, args: argparse.Namespace, on_lost: Callable[[Lock], None]
+) -> Lock | None:
     owner = f"orbit-run:{socket.gethostname()}:{os.getpid()}"
+    name = args.lock
     try:
-        return store.lock(name, owner, ttl=ttl, timeout=wait, on_lost=_warn_lost)
+        return store.lock(name, owner, ttl=args.ttl, timeout=args.wait or 0.0, on_lost=on_lost)
     except LockTimeout:
+        if args.quiet:
+            return None
         holder = store.inspect(name)
     if holder is None:
         print(f"orbit run: lock {name!r} is busy", file=sys.stderr)
@@ -102,27 +162,79 @@ def _acquire(store: Store, name: str, ttl: float, wait: float) -> Lock | None:
     return None
 
 
-def _warn_lost(lock: Lock) -> None:
-    print(
-        f"orbit run: lost lock {lock.name!r} (fencing token {lock.fencing_token}); "
-        "the command keeps running",
-        file=sys.stderr,
-    )
+class _Supervisor:
+    """CMD's life under the lock: started to die with us, signalled when the lease is lost."""
+
+    def __init__(self, signum: signal.Signals | None) -> None:
+        self.signum = signum
+        self.was_lost = False
+        self._child: subprocess.Popen[bytes] | None = None
+        self._mutex = threading.Lock()
+
+    def lost(self, lock: Lock) -> None:
+        """The lock's ``on_lost`` callback (the renewer thread): warn, then signal CMD."""
+        action = "keeps running" if self.signum is None else f"gets {self.signum.name}"
+        print(
+            f"orbit run: lost lock {lock.name!r} (fencing token {lock.fencing_token}); "
+            f"the command {action}",
+            file=sys.stderr,
+        )
+        with self._mutex:
+            self.was_lost = True
+            child = self._child
+        if child is not None:
+            self._signal(child)
+
+    def _signal(self, child: subprocess.Popen[bytes]) -> None:
+        if self.signum is not None:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(self.signum)
+
+    def run(self, command: list[str], lock: Lock) -> int:
+        """Start CMD, wait for it with signals forwarded; its status (128 + N for signal N)."""
+        env = dict(
+            os.environ, ORBIT_FENCING_TOKEN=str(lock.fencing_token), ORBIT_LOCK_NAME=lock.name
+        )
+        try:
+            # preexec_fn with threads running: it only calls prctl and getppid before exec.
+            child = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent())  # noqa: PLW1509
+        except FileNotFoundError:
+            print(f"orbit run: command not found: {command[0]!r}", file=sys.stderr)
+            return EXIT_NOT_FOUND
+        except OSError as error:
+            print(f"orbit run: cannot run {command[0]!r}: {error.strerror}", file=sys.stderr)
+            return EXIT_NOT_EXECUTABLE
+        with self._mutex:
+            self._child = child
+            self.was_lost = self.was_lost or lock.lost
+            lost = self.was_lost
+        if lost:  # lost between the grant and the start
+            self._signal(child)
+        with _forwarding(child):
+            status = child.wait()
+        return status if status >= 0 else 128 - status
 
 
-def _supervise(command: list[str], lock: Lock) -> int:
-    env = dict(os.environ, ORBIT_FENCING_TOKEN=str(lock.fencing_token), ORBIT_LOCK_NAME=lock.name)
-    try:
-        child = subprocess.Popen(command, env=env)
-    except FileNotFoundError:
-        print(f"orbit run: command not found: {command[0]!r}", file=sys.stderr)
-        return EXIT_NOT_FOUND
-    except OSError as error:
-        print(f"orbit run: cannot run {command[0]!r}: {error.strerror}", file=sys.stderr)
-        return EXIT_NOT_EXECUTABLE
-    with _forwarding(child):
-        status = child.wait()
-    return status if status >= 0 else 128 - status
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the kernel SIGKILL the child when this process dies.
+
+    Facts: ``PR_SET_PDEATHSIG`` survives ``execve`` (not for set-user-ID programs)
+    and fires when the *thread* that forked exits, here the main thread, which
+    lives as long as the process. A parent that died before the ``prctl`` took
+    effect is caught by comparing ``getppid()`` after it. None where ``prctl`` is
+    missing (not Linux): CMD then outlives a killed ``orbit run``.
+    """
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(EXIT_LOST)
+
+    return preexec
 
 
 @contextlib.contextmanager

@@ -13,7 +13,16 @@ readable after any transition by any process of the fleet; an expiry publishes
 nothing, so the blocking helper also wakes at the holder's deadline.
 
 Each store joins the fleet as one node (``Fleet.join``), so at most ``capacity``
-processes can have an ``shm://`` store of one fleet open at a time.
+processes can have an ``shm://`` store of one fleet open at a time. A fleet's
+capacity is fixed while any member lives (the transition ring has one writer
+lane per node): ``_fleet.capacity_advice`` says how to change it.
+
+The store's table is its own pair of SHM kinds (:data:`STORE_LAYOUT`), sized to
+what the contract needs: names and owners of at most 255 bytes, and a short ring
+(the waiters only need its readiness word). With the default fleet capacity of
+64 it takes about 0.8 MB of ``/dev/shm`` (:func:`footprint`), where a default
+``LockTable`` would take 72 MB; it never collides with a ``LockTable`` an
+application opens on the same fleet.
 """
 
 from __future__ import annotations
@@ -22,14 +31,39 @@ import select
 from collections.abc import Callable
 from typing import Final, TypeVar
 
-from .._errors import ErrorKind, FleetError, InvalidName, InvalidStoreUrl, OrbitError, StoreError
-from .._fleet import Fleet
-from ..lock import Acquired, LockKey, LockLease, LockOwner, LockTable
+from .._errors import (
+    ErrorKind,
+    FleetError,
+    InvalidCapacity,
+    InvalidName,
+    InvalidStoreUrl,
+    OrbitError,
+    StoreError,
+)
+from .._fleet import Fleet, recorded_capacity
+from .._section import object_bytes
+from ..lock import Acquired, LockKey, LockLayout, LockLease, LockOwner, LockTable
+from ..lock._layout import EVENT_HEADER_SIZE
 from ._engine import Busy, Engine, LockInfo
 
 #: The lock-table namespace of every store lock.
 NAMESPACE: Final = "orbitive.store"
 _NAMESPACE_BYTES: Final = NAMESPACE.encode()
+#: Fleet capacity of an ``shm://`` store that creates its fleet.
+SHM_CAPACITY_DEFAULT: Final = 64
+#: Longest name and owner, in UTF-8 bytes (the store's own rules).
+_TEXT_MAX: Final = 255
+_PAYLOAD_MAX: Final = len(_NAMESPACE_BYTES) + 2 * _TEXT_MAX
+#: The store's table: kinds 230 (state) and 231 (ring), 256 names resident at once,
+#: payloads of a full-length name and owner, 16 transition frames per node.
+STORE_LAYOUT: Final = LockLayout(
+    state_kind=230,
+    event_kind=231,
+    capacity=256,
+    payload_max=_PAYLOAD_MAX,
+    ring_capacity=16,
+    frame_bytes=EVENT_HEADER_SIZE + _PAYLOAD_MAX,
+)
 #: Names (and owners) whose table key is kept ready; the cache is emptied when full.
 _CACHE_MAX: Final = 4096
 _V = TypeVar("_V")
@@ -44,13 +78,24 @@ class ShmEngine(Engine[LockLease]):
     poll_cap_s = 0.25
     monotonic_clock = True
 
-    def __init__(self, fleet: str, capacity: int) -> None:
+    def __init__(self, fleet: str, capacity: int | None) -> None:
+        """Join ``fleet`` with ``capacity`` nodes (None: the fleet's own, else 64).
+
+        Raises:
+            InvalidStoreUrl: a bad fleet name, or the fleet has another capacity.
+            StoreError: ``UNAVAILABLE`` when every node of the fleet is held.
+        """
         try:
-            self._fleet = Fleet.join(fleet, capacity=capacity)
-        except (InvalidName, FleetError) as error:
-            raise InvalidStoreUrl(f"store URL {'shm://' + fleet!r}: {error.message}") from error
+            self._fleet = _join(fleet, capacity)
+        except InvalidName as error:
+            raise InvalidStoreUrl(f"shm://{fleet}: {error.message}") from error
+        except InvalidCapacity as error:
+            raise InvalidStoreUrl(f"shm://{fleet}: {error.message}") from error
+        except FleetError as error:
+            message = f"shm://{fleet}: {error.message}"
+            raise StoreError(message, kind=ErrorKind.UNAVAILABLE) from error
         try:
-            self._table = LockTable(self._fleet)
+            self._table = LockTable(self._fleet, STORE_LAYOUT)
         except BaseException:
             self._fleet.close()
             raise
@@ -130,6 +175,18 @@ class ShmEngine(Engine[LockLease]):
 
     def __repr__(self) -> str:
         return f"<ShmEngine fleet={self._fleet.name!r}>"
+
+
+def _join(fleet: str, capacity: int | None) -> Fleet:
+    if capacity is None:
+        capacity = recorded_capacity(fleet) or SHM_CAPACITY_DEFAULT
+    return Fleet.join(fleet, capacity=capacity)
+
+
+def footprint(capacity: int) -> int:
+    """Bytes of ``/dev/shm`` the store's table takes in a fleet of ``capacity`` nodes."""
+    ring = STORE_LAYOUT.ring_geometry(capacity).size
+    return object_bytes(STORE_LAYOUT.state_size) + object_bytes(ring)
 
 
 class _Cache(dict[str, _V]):

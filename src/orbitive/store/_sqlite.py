@@ -38,7 +38,7 @@ from typing import Final, TypeVar
 
 from .. import _fork
 from .._access import open_checked
-from .._errors import AccessDenied, ErrorKind, StoreError
+from .._errors import AccessDenied, ErrorKind, InvalidStoreUrl, StoreError
 from ._engine import Busy, Engine, Granted, LockInfo
 
 _T = TypeVar("_T")
@@ -48,6 +48,7 @@ BUSY_TIMEOUT_S: Final = 5.0
 #: Total time one primitive keeps retrying a busy database, in seconds.
 BUSY_BUDGET_S: Final = 15.0
 _BUSY_CODES: Final = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED (primary codes)
+_NOT_A_DATABASE: Final = 26  # SQLITE_NOTADB
 
 _SCHEMA: Final = (
     """CREATE TABLE IF NOT EXISTS orbitive_locks (
@@ -105,7 +106,14 @@ class SqliteEngine(Engine[Granted]):
         self._cur: sqlite3.Cursor | None = None
         self._closed = False
         _create_file(path, private=private)
-        self._run(_ensure_schema)
+        try:
+            self._run(_ensure_schema)
+        except StoreError as error:
+            if not _is_not_a_database(error.__cause__):
+                raise
+            raise InvalidStoreUrl(
+                f"sqlite store {str(path)!r}: the file is not a SQLite database"
+            ) from error
         _fork.register(self)
 
     # -- the primitives ---------------------------------------------------------------------
@@ -154,11 +162,10 @@ class SqliteEngine(Engine[Granted]):
         with self._mutex:
             deadline = 0.0
             while True:
-                cur = self._cursor()
                 try:
-                    return step(cur)
-                except sqlite3.Error as error:
-                    _rollback(cur)
+                    return step(self._cursor())
+                except sqlite3.Error as error:  # connecting too: "file is not a database"
+                    _rollback(self._cur)
                     deadline = deadline or time.monotonic() + BUSY_BUDGET_S
                     self._check_retry(error, deadline)
                 time.sleep(random.uniform(0.001, 0.005))
@@ -259,10 +266,19 @@ def _create_file(path: Path, *, private: bool) -> None:
         ) from error
 
 
-def _rollback(cur: sqlite3.Cursor) -> None:
-    if cur.connection.in_transaction:
+def _rollback(cur: sqlite3.Cursor | None) -> None:
+    if cur is not None and cur.connection.in_transaction:
         with contextlib.suppress(sqlite3.Error):
             cur.execute("ROLLBACK")
+
+
+def _is_not_a_database(error: BaseException | None) -> bool:
+    if not isinstance(error, sqlite3.DatabaseError):
+        return False
+    code: int | None = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) == _NOT_A_DATABASE
+    return "not a database" in str(error).lower()  # Python 3.10 has no sqlite_errorcode
 
 
 def _is_busy(error: sqlite3.Error) -> bool:

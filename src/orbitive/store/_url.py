@@ -6,7 +6,8 @@ Forms::
     sqlite:///abs/path/locks.db   SQLite file at an absolute path
     sqlite:relative/locks.db      SQLite file relative to the working directory
     postgresql://user@host/db     PostgreSQL (also postgres://); any libpq URI
-    shm://FLEET?capacity=N        the SHM lock table of fleet FLEET (capacity default 64)
+    shm://FLEET?capacity=N        the store's SHM lock table of fleet FLEET (capacity: the
+                                  fleet's own when it exists, else 64)
 
 The default file is ``$XDG_STATE_HOME/orbitive/locks.db`` (``~/.local/state`` when
 the variable is unset or relative); its directory is created 0700 and the file 0600,
@@ -28,9 +29,9 @@ from .._fleet import CAPACITY_MAX
 from ._base import Store
 from ._engine import Engine
 
-#: Default fleet capacity of an ``shm://`` store.
-SHM_CAPACITY_DEFAULT: Final = 64
 _SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+#: The password of a ``scheme://user:password@`` URL, for messages about unparsable URLs.
+_PASSWORD: Final = re.compile(r"(://[^:/@]*:)[^@/]*@")
 
 
 def default_path() -> Path:
@@ -47,19 +48,23 @@ def open_store(url: str | None = None) -> Store:
         url: ``None`` for the embedded default (a SQLite file in the user's state
             directory), ``sqlite:///abs/path.db``, ``sqlite:relative.db``,
             ``postgresql://...`` (or ``postgres://...``), or ``shm://FLEET`` with an
-            optional ``?capacity=N`` (default 64).
+            optional ``?capacity=N`` (default: the capacity of the existing fleet,
+            else 64).
 
     Returns:
         An open :class:`Store`; close it, or use it as a context manager.
 
     Raises:
         InvalidStoreUrl: not a str or None, an unknown scheme, a malformed URL, a
-            lone surrogate in a PostgreSQL URL or a SQLite path (also ``ValueError``).
+            lone surrogate in a PostgreSQL URL or a SQLite path (also ``ValueError``),
+            a ``sqlite:`` path to a file that is not a SQLite database, or an
+            ``shm://`` fleet that has another capacity than ``?capacity=N`` asks for.
         StoreError: ``UNAVAILABLE`` when the database cannot be opened or reached,
-            or ``psycopg`` is not installed for a PostgreSQL URL.
+            ``psycopg`` is not installed for a PostgreSQL URL, or every node of an
+            ``shm://`` fleet is held.
         AccessDenied: the default file or its directory is a symlink, another
             user's, or open to group or others.
-        LayoutMismatch: ``shm://`` fleet objects exist with another capacity.
+        LayoutMismatch: ``shm://`` fleet objects exist but are not the store's table.
 
     Example::
 
@@ -91,12 +96,7 @@ def _engine_for(url: object) -> tuple[Engine[Any], str]:
     if scheme == "sqlite":
         return _sqlite(url)
     if scheme in ("postgresql", "postgres"):
-        from ._postgres import PostgresEngine  # noqa: PLC0415 - psycopg loads on demand
-
-        if not _is_utf8(url):
-            raise InvalidStoreUrl(f"store URL {url!r} has no UTF-8 form (a lone surrogate)")
-
-        return PostgresEngine(url), _redacted(url)
+        return _postgres(url)
     if scheme == "shm":
         return _shm(url)
     raise InvalidStoreUrl(
@@ -126,6 +126,32 @@ def _sqlite(url: str) -> tuple[Engine[Any], str]:
     return SqliteEngine(Path(rest), private=False), url
 
 
+def _postgres(url: str) -> tuple[Engine[Any], str]:
+    from ._postgres import PostgresEngine  # noqa: PLC0415 - psycopg loads on demand
+
+    if not _is_utf8(url):
+        raise InvalidStoreUrl(f"store URL {url!r} has no UTF-8 form (a lone surrogate)")
+    problem = _libpq_refuses(url)
+    if problem:  # an unclosed IPv6 bracket is a bad URL, not an unreachable server
+        shown = _PASSWORD.sub(r"\1***@", url)
+        raise InvalidStoreUrl(f"store URL {shown!r} is malformed: {problem}")
+    return PostgresEngine(url), _redacted(url)
+
+
+def _libpq_refuses(url: str) -> str:
+    """libpq's own reason not to parse ``url`` ('' when it parses, or psycopg is missing)."""
+    try:
+        from psycopg import ProgrammingError  # noqa: PLC0415 - psycopg loads on demand
+        from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415
+    except ImportError:
+        return ""  # PostgresEngine says psycopg is missing
+    try:
+        conninfo_to_dict(url)
+    except ProgrammingError as error:  # its message quotes the URL, password and all: cut it
+        return str(error).strip().splitlines()[0].split(" in URI")[0] or "libpq refuses it"
+    return ""
+
+
 def _shm(url: str) -> tuple[Engine[Any], str]:
     from ._shm import ShmEngine  # noqa: PLC0415 - orbitive.lock loads on demand
 
@@ -137,10 +163,10 @@ def _shm(url: str) -> tuple[Engine[Any], str]:
     unknown = set(query) - {"capacity"}
     if parts.path not in ("", "/") or unknown or parts.fragment or not parts.netloc:
         raise InvalidStoreUrl(f"store URL {url!r}: expected shm://FLEET[?capacity=N]")
-    capacity = SHM_CAPACITY_DEFAULT
+    capacity = None  # the fleet's own capacity, or the default for a new fleet
     if "capacity" in query:
         value = query["capacity"][-1]
-        if not value.isdigit() or not 1 <= int(value) <= CAPACITY_MAX:
+        if not value.isdecimal() or not 1 <= int(value) <= CAPACITY_MAX:
             raise InvalidStoreUrl(
                 f"store URL {url!r}: capacity must be a whole number in 1..{CAPACITY_MAX}"
             )

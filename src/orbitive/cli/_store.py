@@ -1,0 +1,85 @@
+"""``orbit locks | inspect | force-release`` on a named-lock store, any engine.
+
+The store is the one :func:`~orbitive.store.open_store` opens for ``--store URL``
+(no URL: the embedded SQLite file). An ``shm://`` URL joins its fleet as one node
+for the command's duration; ``orbit locks FLEET`` reads the same leases without
+joining.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..store import LockInfo, open_store
+
+
+class UsageError(Exception):
+    """Arguments argparse accepted that do not make a command (exit status 2)."""
+
+
+def add_store_option(parser: argparse.ArgumentParser) -> None:
+    """``--store URL``, the same on every command that opens a store."""
+    parser.add_argument(
+        "--store",
+        default=None,
+        metavar="URL",
+        help="store URL: sqlite:///path, postgresql://..., shm://FLEET (default: the SQLite "
+        "file in the user's state directory, as open_store() picks it)",
+    )
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``orbit inspect`` to ``orbit`` (``locks`` and ``force-release`` live in ``_lock``)."""
+    cmd = subparsers.add_parser(
+        "inspect",
+        help="show who holds a store lock",
+        description="Print the holder of the store lock NAME; exit 1 when nobody holds it.",
+    )
+    cmd.add_argument("name", metavar="NAME", help="the lock name")
+    add_store_option(cmd)
+    cmd.set_defaults(func=cmd_inspect)
+
+
+_HEADER = f"{'name':<32} {'owner':<40} {'token':>8} {'left s':>10}"
+
+
+def _line(info: LockInfo) -> str:
+    return (
+        f"{_printable(info.name):<32} {_printable(info.owner):<40} "
+        f"{info.fencing_token:>8} {info.remaining_s:>10.3f}"
+    )
+
+
+def _printable(text: str) -> str:
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
+def store_locks(url: str | None) -> int:
+    """``orbit locks [--store URL]``: every live lock of the store, by name."""
+    with open_store(url) as store:
+        infos = store.locks()
+        print(_HEADER)
+        for info in infos:
+            print(_line(info))
+        print(f"{len(infos)} live lock(s) in {store.url}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """``orbit inspect [--store URL] NAME``: the holder, or exit 1 when not held."""
+    with open_store(args.store) as store:
+        info = store.inspect(args.name)
+    if info is None:
+        print("not held")
+        return 1
+    print(_HEADER)
+    print(_line(info))
+    return 0
+
+
+def store_force_release(url: str | None, name: str) -> int:
+    """``orbit force-release [--store URL] NAME``: exit 0 when released, 1 when not held."""
+    with open_store(url) as store:
+        released = store.force_release(name)
+    print("released" if released else "not held")
+    return 0 if released else 1

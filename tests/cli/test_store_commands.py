@@ -1,0 +1,107 @@
+"""``orbit locks | inspect | force-release`` on a store: every engine, and the default store."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orbitive.cli import main
+from orbitive.store import Store, open_store
+
+Capture = pytest.CaptureFixture[str]
+
+
+@pytest.fixture
+def held(store_url: str) -> Iterator[Store]:
+    """A store on each engine where "jobs/nightly" is held by "worker-1"."""
+    with open_store(store_url) as store:
+        assert store.try_lock("jobs/nightly", "worker-1", 60.0) is not None
+        yield store
+
+
+def test_locks_lists_the_store_locks_with_owner_token_and_time_left(
+    held: Store, store_url: str, capsys: Capture
+) -> None:
+    assert main(["locks", "--store", store_url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    name, owner, token, left = lines[1].split()
+    info = held.inspect("jobs/nightly")
+    assert info is not None
+    assert (name, owner, int(token)) == ("jobs/nightly", "worker-1", info.fencing_token)
+    assert 0.0 < float(left) <= 60.0
+    assert lines[-1].startswith("1 live lock(s) in ")
+
+
+def test_inspect_names_the_holder_and_exits_1_when_not_held(
+    held: Store, store_url: str, capsys: Capture
+) -> None:
+    assert main(["inspect", "--store", store_url, "jobs/nightly"]) == 0
+    assert "worker-1" in capsys.readouterr().out
+    assert main(["inspect", "--store", store_url, "jobs/other"]) == 1
+    assert capsys.readouterr().out.strip() == "not held"
+
+
+def test_force_release_frees_the_lock_for_the_next_owner(
+    held: Store, store_url: str, capsys: Capture
+) -> None:
+    assert main(["force-release", "--store", store_url, "jobs/nightly"]) == 0
+    assert held.inspect("jobs/nightly") is None
+    assert held.try_lock("jobs/nightly", "worker-2", 60.0) is not None
+    assert main(["force-release", "--store", store_url, "jobs/absent"]) == 1
+    assert capsys.readouterr().out.split() == ["released", "not", "held"]
+
+
+def test_without_store_the_commands_use_open_stores_default(
+    private_state_home: Path, capsys: Capture
+) -> None:
+    with open_store() as store:
+        assert store.try_lock("stuck", "orbit-run:host:1", 1000.0) is not None
+        assert main(["locks"]) == 0
+        assert "stuck" in capsys.readouterr().out
+        assert main(["force-release", "stuck"]) == 0
+        assert store.inspect("stuck") is None
+    assert (private_state_home / "orbitive" / "locks.db").exists()
+
+
+def test_locks_of_a_fleet_shows_its_shm_store_locks_without_joining(
+    shm_url: str, capsys: Capture
+) -> None:
+    fleet = shm_url.removeprefix("shm://").split("?")[0]
+    with open_store(shm_url) as store:
+        assert store.try_lock("jobs/nightly", "worker-1", 60.0) is not None
+        assert main(["locks", fleet]) == 0
+        out = capsys.readouterr().out
+        assert "orbitive.store" in out and "jobs/nightly" in out and "worker-1" in out
+        assert "1 live of 256 slots" in out and "(kinds 230/231)" in out
+        assert main(["force-release", fleet, "orbitive.store", "jobs/nightly"]) == 0
+        assert store.inspect("jobs/nightly") is None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["locks", "web", "--store", "sqlite:x.db"],
+        ["force-release", "web", "jobs"],
+        ["force-release", "--store", "sqlite:x.db", "web", "jobs", "nightly"],
+        ["force-release", "bad/fleet", "jobs", "nightly"],
+    ],
+    ids=["fleet-and-store", "two-names", "store-and-key", "bad-fleet"],
+)
+def test_contradictory_targets_are_usage_errors(argv: list[str], capsys: Capture) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"orbit {argv[0]}: ") and len(err.splitlines()) == 1
+
+
+def test_watch_of_a_fleet_prints_its_shm_store_transitions(shm_url: str, capsys: Capture) -> None:
+    fleet = shm_url.removeprefix("shm://").split("?")[0]
+    with open_store(shm_url) as store:
+        timer = threading.Timer(0.3, store.try_lock, ("jobs/watched", "late", 5.0))
+        timer.start()
+        assert main(["watch", fleet, "--seconds", "1.5"]) == 0
+        timer.join()
+    out = capsys.readouterr().out
+    assert "acquired" in out and "orbitive.store/jobs/watched" in out and "owner=late" in out
