@@ -154,8 +154,10 @@ class AsyncLock(Tenure):
     async def _stop_renewal(self) -> None:
         """Cancel the renewal task and wait until it ended (a renew in flight completes)."""
         task, self._renewer = self._renewer, None
-        if task is not None:
-            task.cancel()
+        if task is None or task.done():  # done: lost, or its loop ended (asyncio.run cancels)
+            return
+        task.cancel()
+        if task.get_loop() is asyncio.get_running_loop():
             await asyncio.wait((task,))
 
     def _stop_renewer(self) -> None:
