@@ -18,6 +18,7 @@ import pytest
 
 from orbitive._errors import InvalidLockName, InvalidLockOwner, InvalidTtl, LockTimeout
 from orbitive.store import AsyncLock, ErrorKind, Lock, Store, StoreError, open_store
+from orbitive.store._shm_async import ShmAsyncEngine
 
 LONG = 60.0
 SHORT = 0.5
@@ -350,3 +351,29 @@ def test_one_store_serves_two_event_loops_in_turn(store: Store) -> None:
     second = run(held(store, "loops-b"))  # a new loop: the engine reconnects where it must
     assert run(first.release()) and run(second.release())
     assert store.locks() == []
+
+
+def test_shm_waits_are_one_reader_per_loop_on_the_readiness_descriptor(shm_url: str) -> None:
+    with open_store(shm_url) as store, open_store(shm_url) as other:
+        holder = other.try_lock("ready", "holder", LONG)
+        assert holder is not None
+
+        async def body() -> None:
+            loop = asyncio.get_running_loop()
+            waiters = [asyncio.create_task(acquired(store.lock_async("ready"))) for _ in range(3)]
+            await asyncio.sleep(0.3)
+            engine = store._asyncio()
+            assert isinstance(engine, ShmAsyncEngine) and engine.atomic
+            fd, waiting = engine._waiting[loop]  # one reader serves the loop's three waiters
+            assert fd == store._engine.fileno() and len(waiting) == 3  # type: ignore[attr-defined]
+            assert holder.release()  # the transition wakes them through the descriptor
+            locks = []
+            for task in asyncio.as_completed(waiters):
+                lock = await task
+                locks.append(lock.fencing_token)
+                await lock.release()
+            assert len(set(locks)) == 3
+            assert loop not in engine._waiting
+            assert not loop.remove_reader(fd)  # nothing left registered on the loop
+
+        run(body())

@@ -238,7 +238,7 @@ class Store:
 
         Seed 002: "try_lock grants exclusively; None means someone holds it".
         """
-        from ._async import try_lock_async  # noqa: PLC0415 - asyncio loads on first async use
+        from ._async import try_lock_async  # noqa: PLC0415 - _async imports this module
 
         return await try_lock_async(self, name, owner, ttl)
 
@@ -287,7 +287,7 @@ class Store:
 
         Seed 002: the blocking helper renews at about a third of the TTL.
         """
-        from ._async import Acquiring  # noqa: PLC0415 - asyncio loads on first async use
+        from ._async import Acquiring  # noqa: PLC0415 - _async imports this module
 
         name, ttl = check_name(name), check_store_ttl(ttl)
         owner = random_owner() if owner is None else check_owner(owner)

@@ -162,7 +162,7 @@ class Engine(abc.ABC, Generic[_G]):
         worker thread), so every engine has one; an engine with native asyncio or
         with steps too short for a thread returns its own (see ``_engine_async``).
         """
-        from ._engine_async import AsyncEngine  # noqa: PLC0415 - asyncio loads on first use
+        from ._engine_async import AsyncEngine  # noqa: PLC0415 - it imports this module
 
         return AsyncEngine(self)
 

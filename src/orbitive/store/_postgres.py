@@ -228,7 +228,7 @@ class PostgresEngine(Engine[Granted]):
 
     def async_engine(self) -> PostgresAsyncEngine:
         """The same statements over ``psycopg.AsyncConnection`` (``_postgres_async``)."""
-        from ._postgres_async import PostgresAsyncEngine  # noqa: PLC0415 - on first async use
+        from ._postgres_async import PostgresAsyncEngine  # noqa: PLC0415 - it imports this module
 
         return PostgresAsyncEngine(self)
 

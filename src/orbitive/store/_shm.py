@@ -132,7 +132,7 @@ class ShmEngine(Engine[LockLease]):
 
     def async_engine(self) -> ShmAsyncEngine:
         """Table steps on the loop, waits on the readiness descriptor (``_shm_async``)."""
-        from ._shm_async import ShmAsyncEngine  # noqa: PLC0415 - asyncio loads on first use
+        from ._shm_async import ShmAsyncEngine  # noqa: PLC0415 - it imports this module
 
         return ShmAsyncEngine(self)
 
