@@ -44,6 +44,7 @@ def test_gunicorn_preloaded_workers_join_in_post_fork_and_take_turns(
     port = free_port()
     command = [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py"]
     command += ["-w", str(WORKERS), "-b", f"127.0.0.1:{port}", "--timeout", "30"]
+    command += ["--no-control-socket"]  # no socket in the home directory, shared by runs
     env = recipe_env(tmp_path, f"shm://{fleet}?capacity={CAPACITY}")
     with started([*command, "web_app:app"], tmp_path, env, port) as master:
         done = get_all(f"http://127.0.0.1:{port}/", REQUESTS)
