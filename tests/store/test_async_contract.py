@@ -377,3 +377,25 @@ def test_shm_waits_are_one_reader_per_loop_on_the_readiness_descriptor(shm_url: 
             assert not loop.remove_reader(fd)  # nothing left registered on the loop
 
         run(body())
+
+
+def test_a_forked_child_uses_the_async_form_on_its_own_connection(store: Store) -> None:
+    parent = run(held(store, "parent"))
+    pid = os.fork()
+    if pid == 0:  # child: its exit status tells the parent what happened
+        code = 1
+        try:
+
+            async def child() -> int:
+                mine = await store.try_lock_async("child", "kid", LONG)
+                refused = await store.try_lock_async("parent", "kid", LONG) is None
+                return 0 if mine is not None and refused and await mine.release() else 2
+
+            code = asyncio.run(child())
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert run(parent.renew(LONG))  # the parent's connection is intact
+    assert store.inspect("child") is None
+    assert run(parent.release())
