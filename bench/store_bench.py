@@ -10,11 +10,15 @@ loopback, SHM <= 12 us.
 For the SHM engine it also prints what the contract adds over the lock table: store
 pairs and bare ``LockTable`` pairs on the same fleet, timed one by one and
 interleaved (so both see the same machine load), and the difference of their medians.
+And what asyncio adds: ``await try_lock_async`` + ``await release()`` pairs and
+sync pairs, interleaved inside one running event loop, and the ratio of their
+medians (target issue 12: at most 2x).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import statistics
@@ -34,6 +38,8 @@ from tests._fleets import remove_fleet_files
 from tests.store._postgres import PostgresUnavailable, TempPostgres
 
 TARGETS_US = {"sqlite": 60.0, "postgres": 1000.0, "shm": 12.0}
+#: Largest ratio of an asyncio SHM pair's median to a sync pair's (issue 12).
+ASYNC_RATIO_TARGET = 2.0
 SHM_CAPACITY = 4
 
 
@@ -78,6 +84,38 @@ def shm_overhead_us(url: str, pairs: int) -> tuple[float, float]:
         samples = interleaved_us((store_pair, table_pair), pairs)
     store_us, table_us = (statistics.median(times) for times in samples)
     return store_us, table_us
+
+
+def shm_async_us(url: str, pairs: int) -> tuple[float, float]:
+    """Median microseconds of an asyncio pair and of a sync pair, interleaved in one loop."""
+
+    async def measure() -> list[list[float]]:
+        with open_store(url) as store:
+            try_lock, try_lock_async = store.try_lock, store.try_lock_async
+            for _ in range(min(pairs, 5000)):  # warm-up of both
+                lock = try_lock("bench/key", "bench-owner", 30.0)
+                assert lock is not None
+                lock.release()
+                handle = await try_lock_async("bench/key", "bench-owner", 30.0)
+                assert handle is not None
+                await handle.release()
+            samples: list[list[float]] = [[], []]
+            clock = time.perf_counter_ns
+            for _ in range(pairs):
+                started = clock()
+                handle = await try_lock_async("bench/key", "bench-owner", 30.0)
+                assert handle is not None
+                await handle.release()
+                middle = clock()
+                lock = try_lock("bench/key", "bench-owner", 30.0)
+                assert lock is not None
+                lock.release()
+                samples[0].append((middle - started) / 1000.0)
+                samples[1].append((clock() - middle) / 1000.0)
+            return samples
+
+    async_us, sync_us = (statistics.median(times) for times in asyncio.run(measure()))
+    return async_us, sync_us
 
 
 def interleaved_us(cycles: tuple[Callable[[], None], ...], rounds: int) -> list[list[float]]:
@@ -129,6 +167,7 @@ def main() -> None:
             with engine_url(engine, args.postgres) as url:
                 samples = pair_times_us(url, pairs)
                 overhead = shm_overhead_us(url, pairs) if engine == "shm" else None
+                asyncio_us = shm_async_us(url, pairs) if engine == "shm" else None
         except PostgresUnavailable as error:
             print(f"{engine:<9} skipped: {error}")
             continue
@@ -144,6 +183,15 @@ def main() -> None:
             print(
                 f"{engine:<9} store {store_us:.2f} us - LockTable {table_us:.2f} us "
                 f"= contract overhead {store_us - table_us:.2f} us  (medians, interleaved)"
+            )
+        if asyncio_us is not None:
+            async_us, sync_us = asyncio_us
+            ratio = async_us / sync_us
+            verdict = "ok" if ratio <= ASYNC_RATIO_TARGET else "MISSES"
+            print(
+                f"{engine:<9} asyncio pair {async_us:.2f} us / sync pair {sync_us:.2f} us "
+                f"= {ratio:.2f}x  (medians, interleaved in one loop; "
+                f"target <= {ASYNC_RATIO_TARGET:g}x: {verdict})"
             )
 
 

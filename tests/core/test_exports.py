@@ -98,6 +98,7 @@ ADDITIONS = {
     "orbitive.pool.session": {"SessionClosed"},
     # The store's named errors, so callers can catch them without a private import.
     "orbitive.store": {
+        "AsyncLock",  # the handle of try_lock_async / lock_async (api.md names no class)
         "InvalidLockName",
         "InvalidLockOwner",
         "InvalidLockTtl",

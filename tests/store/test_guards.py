@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from orbitive._errors import InvalidLockName, InvalidLockOwner, InvalidLockTtl
-from orbitive.store._base import TTL_MIN_S, check_name, check_owner, check_store_ttl
+from orbitive.store._guards import TTL_MIN_S, check_name, check_owner, check_store_ttl
 
 #: Every ASCII and Latin-1 character, plus surrogates and a few beyond.
 CHARACTERS = [chr(code) for code in range(0x100)] + ["\u2028", "\ud800", "\udfff", "\U0001f389"]

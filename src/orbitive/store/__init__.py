@@ -1,7 +1,8 @@
 """Named locks with a TTL, an owner and a fencing token (seed 002).
 
 One contract over three engines: a SQLite file (the embedded default), PostgreSQL
-(several hosts) and the SHM lock table of a fleet. See :func:`open_store`.
+(several hosts) and the SHM lock table of a fleet. See :func:`open_store`. Asyncio
+code uses ``store.try_lock_async`` and ``store.lock_async`` (an :class:`AsyncLock`).
 
 Name rule: a lock name is a ``str`` of 1 to 255 bytes once UTF-8 encoded, with no
 control character (U+0000-U+001F, U+007F-U+009F); owners are non-empty strings of
@@ -20,11 +21,14 @@ from .._errors import (
     LockTimeout,
     StoreError,
 )
-from ._base import Lock, Store
+from ._async import AsyncLock
+from ._base import Store
 from ._engine import LockInfo
+from ._handle import Lock
 from ._url import open_store
 
 __all__ = [
+    "AsyncLock",
     "ErrorKind",
     "InvalidLockName",
     "InvalidLockOwner",

@@ -1,6 +1,7 @@
-"""The named-lock store contract (seed 002): guards, the Lock handle, the blocking helper.
+"""The named-lock store contract (seed 002): the Store, its blocking and asyncio helpers.
 
-The public verbs live here and validate; each engine (``_sqlite``, ``_postgres``,
+The public verbs live here and validate (with :mod:`._guards`); the handles are in
+:mod:`._handle` and :mod:`._async`. Each engine (``_sqlite``, ``_postgres``,
 ``_shm``) implements only the :class:`Engine` primitives, each one transaction or
 one table step. So every rule below is the contract's, identical on every engine:
 
@@ -27,356 +28,32 @@ Timeline of a renew (why it is a *new full window*, not an extension)::
 from __future__ import annotations
 
 import itertools
-import os
 import random
-import re
-import secrets
-import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from .._clock import TTL_MAX_S, as_seconds, check_ttl
-from .._errors import (
-    InvalidArgumentType,
-    InvalidLockName,
-    InvalidLockOwner,
-    InvalidLockTtl,
-    InvalidTtl,
-    LockTimeout,
-    StoreError,
-    shown,
-)
+from .._errors import LockTimeout
 from ._engine import Busy, ClosedEngine, Engine, Grant, LockInfo, StoreStatistics
+from ._guards import (
+    check_name,
+    check_owner,
+    check_renewal,
+    check_store_ttl,
+    check_timeout,
+    random_owner,
+)
+from ._handle import Lock, Tenure
 
-#: Longest lock name, in UTF-8 bytes.
-NAME_MAX_BYTES: Final = 255
-#: Longest owner, in UTF-8 bytes.
-OWNER_MAX_BYTES: Final = 255
-#: Shortest lease, in seconds; a shorter positive ttl counts as this on every engine.
-TTL_MIN_S: Final = 0.001
-_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+if TYPE_CHECKING:
+    from ._async import Acquiring, AsyncLock
+    from ._engine_async import AsyncEngine
+
+_H = TypeVar("_H", bound=Tenure)
 #: First pause of the blocking helper between attempts, in seconds (doubles, jittered).
 _WAIT_FIRST_S: Final = 0.002
-#: A renewer that cannot reach the engine retries at least this often, in seconds.
-_RENEW_RETRY_MIN_S: Final = 0.01
-
-
-# -- guards --------------------------------------------------------------------------------
-
-
-def check_name(name: object) -> str:
-    """Return ``name`` if it follows the store's name rule (see the module docstring).
-
-    Raises:
-        InvalidLockName: not a str, empty, longer than 255 UTF-8 bytes, a control
-            character, or a lone surrogate.
-    """
-    # ASCII is one UTF-8 byte per character, and its only non-printable characters
-    # are the rule's U+0000-U+001F and U+007F: the common case needs no encoding.
-    if (
-        type(name) is str
-        and name.isascii()
-        and 0 < len(name) <= NAME_MAX_BYTES
-        and name.isprintable()
-    ):
-        return name
-    return _check_name_fully(name)
-
-
-def _check_name_fully(name: object) -> str:
-    """The whole name rule, for any value the ASCII fast path did not accept."""
-    if type(name) is not str:
-        raise InvalidLockName(f"lock name must be a str, not {type(name).__name__}", key=name)
-    try:
-        size = len(name.encode())
-    except UnicodeEncodeError:
-        raise InvalidLockName(f"lock name {name!r} is not valid UTF-8", key=name) from None
-    if not 0 < size <= NAME_MAX_BYTES:
-        raise InvalidLockName(
-            f"lock name must be 1..{NAME_MAX_BYTES} UTF-8 bytes, got {size}", key=name
-        )
-    if _CONTROL.search(name):
-        raise InvalidLockName(f"lock name {name!r} contains a control character", key=name)
-    return name
-
-
-def check_owner(owner: object) -> str:
-    """Return ``owner`` if it is a non-empty str of at most 255 UTF-8 bytes without NUL.
-
-    Raises:
-        InvalidLockOwner: any other value.
-    """
-    if (
-        type(owner) is str
-        and owner.isascii()  # one UTF-8 byte per character
-        and 0 < len(owner) <= OWNER_MAX_BYTES
-        and "\x00" not in owner
-    ):
-        return owner
-    return _check_owner_fully(owner)
-
-
-def _check_owner_fully(owner: object) -> str:
-    """The whole owner rule, for any value the ASCII fast path did not accept."""
-    if type(owner) is not str:
-        raise InvalidLockOwner(f"lock owner must be a str, not {type(owner).__name__}")
-    try:
-        size = len(owner.encode())
-    except UnicodeEncodeError:
-        raise InvalidLockOwner(f"lock owner {owner!r} is not valid UTF-8") from None
-    if not 0 < size <= OWNER_MAX_BYTES or "\x00" in owner:
-        raise InvalidLockOwner(
-            f"lock owner must be 1..{OWNER_MAX_BYTES} UTF-8 bytes without NUL, got {owner!r}"
-        )
-    return owner
-
-
-def check_store_ttl(ttl: object) -> float:
-    """The store duration guard: a finite ttl > 0 seconds, else ``StoreError(DATABASE)``.
-
-    Returns:
-        The ttl as a float, at least :data:`TTL_MIN_S` (a shorter positive ttl is
-        rounded up on every engine, as the SHM table's millisecond clock does).
-
-    Raises:
-        InvalidLockTtl: ``kind == ErrorKind.DATABASE``; ``__cause__`` is the
-            validator's :class:`~orbitive._errors.InvalidTtl`.
-    """
-    if type(ttl) is float and TTL_MIN_S <= ttl <= TTL_MAX_S:  # the common case, as is
-        return ttl
-    try:
-        value = check_ttl(ttl)
-    except InvalidTtl as error:
-        raise InvalidLockTtl(f"lock duration rejected: {error.message}") from error
-    return value if value >= TTL_MIN_S else TTL_MIN_S
-
-
-def check_timeout(timeout: object) -> float | None:
-    """``None`` (wait forever) or a finite number of seconds ``>= 0``.
-
-    Raises:
-        InvalidTtl: anything else (also ``ValueError`` and ``TypeError``).
-    """
-    if timeout is None:
-        return None
-    try:
-        seconds = as_seconds(timeout, "timeout")
-        return 0.0 if seconds == 0.0 else check_ttl(seconds, what="timeout")
-    except InvalidTtl as error:
-        raise InvalidTtl(
-            f"timeout must be None (wait forever) or a finite number of seconds >= 0, "
-            f"got {shown(timeout)}"
-        ) from error
-
-
-def random_owner() -> str:
-    """A fresh owner naming this host and process: ``"host:pid:hex"``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-
-
-# -- the lock handle -----------------------------------------------------------------------
-
-
-class Lock:
-    """A held named lock: a tenure of one owner, with a fencing token.
-
-    Obtained from :meth:`Store.try_lock` or :meth:`Store.lock`; use it as a context
-    manager to release on exit. Thread-safe.
-    """
-
-    __slots__ = (
-        "__weakref__",
-        "_deadline",
-        "_grant",
-        "_lost",
-        "_mutex",
-        "_name",
-        "_on_lost",
-        "_owner",
-        "_released",
-        "_renewer",
-        "_store",
-    )
-
-    def __init__(self, store: Store, name: str, owner: str, grant: Grant, deadline: float) -> None:
-        self._store = store
-        self._name = name
-        self._owner = owner
-        self._grant = grant  # the engine's latest grant of this tenure
-        self._deadline = deadline  # time.monotonic(); never later than the engine's expiry
-        self._mutex = threading.Lock()
-        self._released = False
-        self._lost = False
-        self._renewer: _Renewer | None = None
-        self._on_lost: Callable[[Lock], None] | None = None
-
-    @property
-    def name(self) -> str:
-        """The lock name."""
-        return self._name
-
-    @property
-    def owner(self) -> str:
-        """The owner string of this tenure."""
-        return self._owner
-
-    @property
-    def fencing_token(self) -> int:
-        """Strictly larger than the token of every earlier acquisition in the store."""
-        return self._grant.fencing_token
-
-    @property
-    def expires_at(self) -> float:
-        """Expiry on the engine's clock (Unix epoch s for SQLite/PostgreSQL, monotonic for shm)."""
-        return self._grant.expires_at
-
-    @property
-    def lost(self) -> bool:
-        """True once the lease is known lost: a renew failed, or its window has passed."""
-        return self._lost or (not self._released and self.remaining() <= 0.0)
-
-    def remaining(self) -> float:
-        """Seconds left in the window, measured locally from before the grant (conservative)."""
-        return max(self._deadline - time.monotonic(), 0.0)
-
-    def renew(self, ttl: float) -> bool:
-        """Set a new full window of ``ttl`` seconds from now (not added to what is left).
-
-        Args:
-            ttl: seconds, finite and > 0.
-
-        Returns:
-            True if the lease was still held; False if it had lapsed, was replaced,
-            force-released or already released (the handle is then lost).
-
-        Raises:
-            StoreError: ``kind == ErrorKind.DATABASE`` for a bad ttl (duration guard,
-                before the engine is touched); ``UNAVAILABLE`` when the engine cannot
-                be reached; ``CLOSED`` after the store was closed.
-
-        Seed 002: "renew gives a new full window from now; False when lost".
-        """
-        ttl = check_store_ttl(ttl)
-        return self._renew(ttl)
-
-    def _renew(self, ttl: float) -> bool:
-        with self._mutex:
-            if self._released or self._lost:
-                return False
-            started = time.monotonic()
-            renewed = self._store._engine.renew(self._name, self._owner, self._grant, ttl)
-            if renewed is None:
-                self._lost = True
-            else:
-                self._grant = renewed
-                self._deadline = self._store._deadline(started, ttl, renewed)
-        if renewed is None:
-            self._store._losses.add()
-            self._notify_lost()
-            return False
-        self._store._renewals.add()
-        return True
-
-    def release(self) -> bool:
-        """Give the lock up (stopping any background renewal).
-
-        Returns:
-            True if this tenure was still held; False (no error) if it had lapsed or
-            been replaced, or on a second release.
-
-        Raises:
-            StoreError: ``UNAVAILABLE`` when the engine cannot be reached; ``CLOSED``
-                after the store was closed.
-
-        Seed 002: "release removes only the owner's own tenure".
-        """
-        self._stop_renewer()
-        with self._mutex:
-            if self._released:
-                return False
-            released = self._store._engine.release(self._name, self._owner, self._grant)
-            self._released = True
-            newly_lost = not released and not self._lost
-            self._lost = self._lost or not released
-        if released:
-            self._store._releases.add()
-        elif newly_lost:
-            self._store._losses.add()
-        return released
-
-    def _start_renewer(self, ttl: float, on_lost: Callable[[Lock], None] | None) -> None:
-        self._on_lost = on_lost
-        self._renewer = _Renewer(self, ttl)
-        self._renewer.start()
-
-    def _stop_renewer(self) -> None:
-        renewer = self._renewer
-        if renewer is not None:
-            renewer.stop()
-
-    def _mark_lost(self) -> None:
-        """The renewer could not reach the engine before the window closed."""
-        with self._mutex:
-            if self._lost or self._released:
-                return
-            self._lost = True
-        self._store._losses.add()
-        self._notify_lost()
-
-    def _notify_lost(self) -> None:
-        if self._on_lost is not None:
-            self._on_lost(self)
-
-    def __enter__(self) -> Lock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    def __repr__(self) -> str:
-        try:
-            state = "released" if self._released else "lost" if self.lost else "held"
-            return (
-                f"<Lock {self._name!r} owner={self._owner!r} token={self.fencing_token} "
-                f"{state} remaining={self.remaining():.3f}s>"
-            )
-        except Exception:  # a repr never raises
-            return "<Lock (unreadable)>"
-
-
-class _Renewer(threading.Thread):
-    """Renews a lock at about a third of its ttl until stopped or the lease is lost."""
-
-    def __init__(self, lock: Lock, ttl: float) -> None:
-        super().__init__(name=f"orbitive-renew-{lock.name[:32]}", daemon=True)
-        self._lock = lock
-        self._ttl = ttl
-        self._stopped = threading.Event()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        if threading.current_thread() is not self:
-            self.join()
-
-    def run(self) -> None:
-        interval = self._ttl / 3.0
-        while not self._stopped.wait(interval):
-            try:
-                if not self._lock._renew(self._ttl):
-                    return  # lost: _renew flagged it and called back
-                interval = self._ttl / 3.0
-                continue
-            except StoreError:
-                left = self._lock.remaining()
-                if left > 0.0:  # transient: retry well before the window closes
-                    interval = max(min(self._ttl / 3.0, left / 4.0), _RENEW_RETRY_MIN_S)
-                    continue
-            if not self._stopped.is_set():
-                self._lock._mark_lost()
-            return
 
 
 # -- the store -----------------------------------------------------------------------------
@@ -424,7 +101,8 @@ class Store:
         self._reads_mutex = threading.Lock()  # serialises the counters' reads
         # Every lock granted here and still alive: a lock's death drops its
         # reference through the callback (set.discard, run in C, no Python frame).
-        self._granted: set[weakref.ref[Lock]] = set()
+        self._granted: set[weakref.ref[Tenure]] = set()
+        self._async: AsyncEngine[Any] | None = None  # the engine's asyncio form, on first use
 
     @property
     def url(self) -> str:
@@ -466,11 +144,22 @@ class Store:
     def _attempt(self, name: str, owner: str, ttl: float) -> Lock | Busy:
         """One engine attempt: the new Lock, or the engine's refusal."""
         started = time.monotonic()
-        result = self._engine.acquire(name, owner, ttl)
+        return self._admit(Lock, name, owner, ttl, started, self._engine.acquire(name, owner, ttl))
+
+    def _admit(
+        self,
+        handle: type[_H],
+        name: str,
+        owner: str,
+        ttl: float,
+        started: float,
+        result: Grant | Busy,
+    ) -> _H | Busy:
+        """The handle of an engine's grant (requested at ``started``), or its refusal, counted."""
         if type(result) is Busy:
             self._refusals.add()
             return result
-        lock = Lock(self, name, owner, result, self._deadline(started, ttl, result))
+        lock = handle(self, name, owner, result, self._deadline(started, ttl, result))
         self._granted.add(weakref.ref(lock, self._granted.discard))
         self._acquisitions.add()
         return lock
@@ -520,10 +209,7 @@ class Store:
         name, ttl = check_name(name), check_store_ttl(ttl)
         owner = random_owner() if owner is None else check_owner(owner)
         wait_s = check_timeout(timeout)
-        if type(auto_renew) is not bool:
-            raise InvalidArgumentType(f"auto_renew must be a bool, not {type(auto_renew).__name__}")
-        if on_lost is not None and not callable(on_lost):
-            raise InvalidArgumentType(f"on_lost must be callable or None, got {shown(on_lost)}")
+        check_renewal(auto_renew, on_lost)
         lock = self._wait_for(name, owner, ttl, wait_s)
         if auto_renew:
             lock._start_renewer(ttl, on_lost)
@@ -533,22 +219,102 @@ class Store:
 
     def _wait_for(self, name: str, owner: str, ttl: float, timeout: float | None) -> Lock:
         engine = self._engine
-        start = time.monotonic()
+        started = time.monotonic()
         attempt = 0
         while True:
             engine.arm()
             result = self._attempt(name, owner, ttl)
             if not isinstance(result, Busy):
                 return result
-            holder = result.holder
-            left = None if timeout is None else start + timeout - time.monotonic()
-            if left is not None and left <= 0.0:
-                raise LockTimeout(_busy_message(name, holder, timeout), key=name)
-            delay = random.uniform(0.5, 1.0) * min(engine.poll_cap_s, _WAIT_FIRST_S * 2**attempt)
-            if holder is not None:
-                delay = min(delay, holder.remaining_s + 0.001)
-            engine.wait(delay if left is None else min(delay, left))
+            engine.wait(next_pause(name, result, started, timeout, attempt, engine.poll_cap_s))
             attempt = min(attempt + 1, 20)
+
+    async def try_lock_async(self, name: str, owner: str, ttl: float) -> AsyncLock | None:
+        """:meth:`try_lock` for asyncio code: the event loop is never blocked.
+
+        Args:
+            name: the lock name (1..255 UTF-8 bytes, no control characters).
+            owner: a non-empty str identifying the holder (at most 255 UTF-8 bytes).
+            ttl: lease length in seconds, finite and > 0.
+
+        Returns:
+            An :class:`AsyncLock` (``await lock.renew(ttl)``, ``await lock.release()``,
+            ``async with lock``), or None when a live lease holds the name.
+
+        Raises:
+            InvalidLockName, InvalidLockOwner, StoreError: as for :meth:`try_lock`.
+            asyncio.CancelledError: the task was cancelled; a grant the engine
+                committed meanwhile has been released again, so no lock is left behind.
+
+        Seed 002: "try_lock grants exclusively; None means someone holds it".
+        """
+        from ._async import try_lock_async  # noqa: PLC0415 - _async imports this module
+
+        return await try_lock_async(self, name, owner, ttl)
+
+    def lock_async(
+        self,
+        name: str,
+        owner: str | None = None,
+        ttl: float = 30.0,
+        timeout: float | None = None,
+        *,
+        auto_renew: bool = True,
+        on_lost: Callable[[AsyncLock], object] | None = None,
+    ) -> Acquiring:
+        """:meth:`lock` for asyncio code: waits without blocking the loop, renews in a task.
+
+        ``async with store.lock_async(name, ttl=30.0, timeout=10.0) as lock:`` holds
+        the lock for the block and releases it on exit; ``lock = await
+        store.lock_async(...)`` returns the :class:`AsyncLock` for the caller to
+        release. Waiting is on the lock table's readiness descriptor through the
+        loop (shm) or by jittered ``asyncio.sleep`` polling (SQLite, PostgreSQL),
+        never past the holder's expiry.
+
+        Args:
+            name, owner, ttl, timeout: as for :meth:`lock` (seconds as float;
+                ``timeout=None`` waits forever, 0 makes exactly one attempt).
+            auto_renew: renew every ``ttl / 3`` in an asyncio task until released or lost.
+            on_lost: called in the event loop with the lock when a renew finds the
+                lease lost; :attr:`AsyncLock.lost` turns True either way. It must not
+                block; leaving the ``async with`` block does not raise for a loss.
+
+        Returns:
+            An awaitable async context manager; name, owner, ttl and timeout are
+            checked at once, so bad input raises here, before anything is awaited.
+
+        Raises:
+            LockTimeout: (when awaited) still held elsewhere after ``timeout`` seconds.
+            InvalidTtl: a negative, NaN or non-number ``timeout``.
+            InvalidArgumentType: ``auto_renew`` not a bool, or ``on_lost`` not callable.
+            StoreError: as for :meth:`try_lock`.
+            asyncio.CancelledError: the task was cancelled while waiting; no lock is
+                left behind.
+
+        Example::
+
+            async with store.lock_async("jobs/nightly", ttl=30.0, timeout=10.0) as lock:
+                await run_job(fencing_token=lock.fencing_token)
+
+        Seed 002: the blocking helper renews at about a third of the TTL.
+        """
+        from ._async import Acquiring  # noqa: PLC0415 - _async imports this module
+
+        name, ttl = check_name(name), check_store_ttl(ttl)
+        owner = random_owner() if owner is None else check_owner(owner)
+        wait_s = check_timeout(timeout)
+        check_renewal(auto_renew, on_lost)
+        return Acquiring(self, name, owner, ttl, wait_s, auto_renew, on_lost)
+
+    def _asyncio(self) -> AsyncEngine[Any]:
+        """The engine's asyncio form, made on first use (a closed store's refuses)."""
+        found = self._async
+        if found is None:
+            with self._reads_mutex:
+                if self._async is None:
+                    self._async = self._engine.async_engine()
+                found = self._async
+        return found
 
     def inspect(self, name: str) -> LockInfo | None:
         """The live lease on ``name``, or None.
@@ -592,7 +358,7 @@ class Store:
                 released_count=self._releases.read(),
             )
 
-    def _granted_locks(self) -> list[Lock]:
+    def _granted_locks(self) -> list[Tenure]:
         """The locks granted by this store that are still alive (held or not)."""
         alive = (ref() for ref in list(self._granted))
         return [lock for lock in alive if lock is not None]
@@ -602,6 +368,9 @@ class Store:
         for lock in self._granted_locks():
             lock._stop_renewer()
         engine, self._engine = self._engine, ClosedEngine(self._url)
+        asynchronous, self._async = self._async, None
+        if asynchronous is not None:
+            asynchronous.close()
         engine.close()
 
     def __enter__(self) -> Store:
@@ -619,6 +388,27 @@ class Store:
     def __repr__(self) -> str:
         state = "closed" if isinstance(self._engine, ClosedEngine) else "open"
         return f"<Store {self._kind} {self._url!r} {state}>"
+
+
+def next_pause(
+    name: str, busy: Busy, started: float, timeout: float | None, attempt: int, cap_s: float
+) -> float:
+    """How long a waiter pauses after its ``attempt``-th refusal, in seconds (no I/O).
+
+    Jittered doubling from :data:`_WAIT_FIRST_S` up to the engine's ``cap_s``, never
+    past the holder's expiry nor the end of the ``timeout`` counted from ``started``
+    (``time.monotonic()``). The blocking and the asyncio helpers both pause by it.
+
+    Raises:
+        LockTimeout: the timeout has run out.
+    """
+    left = None if timeout is None else started + timeout - time.monotonic()
+    if left is not None and left <= 0.0:
+        raise LockTimeout(_busy_message(name, busy.holder, timeout), key=name)
+    delay = random.uniform(0.5, 1.0) * min(cap_s, _WAIT_FIRST_S * 2.0**attempt)
+    if busy.holder is not None:
+        delay = min(delay, busy.holder.remaining_s + 0.001)
+    return delay if left is None else min(delay, left)
 
 
 def _busy_message(name: str, holder: LockInfo | None, timeout: float | None) -> str:

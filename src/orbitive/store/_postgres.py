@@ -41,6 +41,8 @@ from ._engine import Busy, Engine, Granted, LockInfo
 if TYPE_CHECKING:
     import psycopg
 
+    from ._postgres_async import PostgresAsyncEngine
+
 _T = TypeVar("_T")
 
 #: Seconds to wait for a connection.
@@ -223,6 +225,12 @@ class PostgresEngine(Engine[Granted]):
         with self._mutex:
             self._closed = True
             self._drop()
+
+    def async_engine(self) -> PostgresAsyncEngine:
+        """The same statements over ``psycopg.AsyncConnection`` (``_postgres_async``)."""
+        from ._postgres_async import PostgresAsyncEngine  # noqa: PLC0415 - it imports this module
+
+        return PostgresAsyncEngine(self)
 
     def __repr__(self) -> str:
         return "<PostgresEngine>"

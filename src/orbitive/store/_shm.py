@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import select
 from collections.abc import Callable
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from .._errors import (
     ErrorKind,
@@ -45,6 +45,9 @@ from .._section import object_bytes
 from ..lock import Acquired, LockKey, LockLayout, LockLease, LockOwner, LockTable
 from ..lock._layout import EVENT_HEADER_SIZE
 from ._engine import Busy, Engine, LockInfo
+
+if TYPE_CHECKING:
+    from ._shm_async import ShmAsyncEngine
 
 #: The lock-table namespace of every store lock.
 NAMESPACE: Final = "orbitive.store"
@@ -162,11 +165,21 @@ class ShmEngine(Engine[LockLease]):
 
     def wait(self, delay: float) -> None:
         poller = select.poll()  # one per call: a poll object is not shared across threads
+        poller.register(self.fileno(), select.POLLIN)
+        poller.poll(max(delay, 0.0) * 1000.0)
+
+    def fileno(self) -> int:
+        """The lock table's readiness descriptor: readable after any transition."""
         try:
-            poller.register(self._table.fileno(), select.POLLIN)
+            return self._table.fileno()
         except (OrbitError, ValueError) as error:
             raise self._failure(error) from error
-        poller.poll(max(delay, 0.0) * 1000.0)
+
+    def async_engine(self) -> ShmAsyncEngine:
+        """Table steps on the loop, waits on the readiness descriptor (``_shm_async``)."""
+        from ._shm_async import ShmAsyncEngine  # noqa: PLC0415 - it imports this module
+
+        return ShmAsyncEngine(self)
 
     def close(self) -> None:
         self._closed = True

@@ -1,0 +1,285 @@
+"""The store for asyncio code: ``try_lock_async``, ``lock_async`` and the :class:`AsyncLock`.
+
+A thin driver over the engine's asyncio form (:mod:`._engine_async`): the
+guards, the pause between attempts (:func:`._base.next_pause`) and the state of
+a handle (:class:`._handle.Tenure`) are the blocking helper's, so both follow
+one contract. Nothing here blocks the event loop.
+
+Cancellation, the rules these functions keep:
+
+* A task cancelled while acquiring leaves no lock behind: if the engine granted
+  after the cancellation arrived, the grant is released before the task ends.
+* A task cancelled while releasing leaves the handle true to the store: the
+  release the engine started is finished and recorded, so the lock is released
+  and the handle says so; a cancellation that arrives before the engine call
+  (while the renewer task stops) leaves the lock held and the handle releasable.
+* A renew cut short by the release stopping its task completes first, so the
+  release acts on the latest grant.
+
+Timeline of a cancelled acquire on a thread-backed engine::
+
+    t=0    task: await store.try_lock_async("n", ...)  -> the grant runs in a thread
+    t=1ms  task.cancel()                                -> noted; the thread goes on
+    t=2ms  thread commits the grant                     -> released again at once
+    t=3ms  the task ends with CancelledError            -> "n" is free
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, Final, TypeVar
+
+from .._errors import StoreError
+from ._base import Store, next_pause
+from ._engine import Busy, Grant
+from ._engine_async import AsyncEngine, run_to_completion
+from ._guards import check_name, check_owner, check_store_ttl
+from ._handle import Tenure, renew_retry_s
+
+#: The largest attempt number the pause doubles for (as the blocking helper).
+_ATTEMPT_MAX: Final = 20
+_T = TypeVar("_T")
+
+
+class AsyncLock(Tenure):
+    """A held named lock for asyncio code: a tenure of one owner, with a fencing token.
+
+    Obtained from :meth:`Store.try_lock_async` or :meth:`Store.lock_async`; ``async
+    with lock`` releases it on exit. Use it from the event loop that acquired it.
+    ``renew_async`` and ``release_async`` are the same methods under the names of
+    the design's API list.
+    """
+
+    __slots__ = ("_releasing", "_renewer")
+
+    def __init__(self, store: Store, name: str, owner: str, grant: Grant, deadline: float) -> None:
+        super().__init__(store, name, owner, grant, deadline)
+        self._releasing = False  # an engine release is in flight
+        self._renewer: asyncio.Task[None] | None = None
+
+    async def renew(self, ttl: float) -> bool:
+        """Set a new full window of ``ttl`` seconds from now (not added to what is left).
+
+        Args:
+            ttl: seconds, finite and > 0.
+
+        Returns:
+            True if the lease was still held; False if it had lapsed, was replaced,
+            force-released or already released (the handle is then lost).
+
+        Raises:
+            StoreError: ``kind == ErrorKind.DATABASE`` for a bad ttl (duration guard,
+                before the engine is touched); ``UNAVAILABLE`` when the engine cannot
+                be reached; ``CLOSED`` after the store was closed.
+            asyncio.CancelledError: the task was cancelled; the renew the engine
+                started was finished and recorded first.
+
+        Seed 002: "renew gives a new full window from now; False when lost".
+        """
+        return await self._renew(check_store_ttl(ttl))
+
+    async def _renew(self, ttl: float) -> bool:
+        if self._released or self._releasing or self._lost:
+            return False
+        engine = self._store._asyncio()
+        started = time.monotonic()
+        step = engine.renew(self._name, self._owner, self._grant, ttl)
+        renewed, cancelled = await _settled(engine, step)
+        if self._released or self._releasing:  # a release overtook it: no loss to report
+            held = False
+        else:
+            held = self._count_renew(self._settle_renew(started, ttl, renewed))
+        if cancelled is not None:
+            raise cancelled
+        return held
+
+    async def release(self) -> bool:
+        """Give the lock up (stopping the renewal task first).
+
+        Returns:
+            True if this tenure was still held; False (no error) if it had lapsed or
+            been replaced, or on a second release.
+
+        Raises:
+            StoreError: ``UNAVAILABLE`` when the engine cannot be reached; ``CLOSED``
+                after the store was closed. The handle then stays releasable.
+            asyncio.CancelledError: the task was cancelled; a release the engine had
+                started was finished and recorded first, else the lock is still
+                held and this method may be awaited again.
+
+        Seed 002: "release removes only the owner's own tenure".
+        """
+        await self._stop_renewal()
+        if self._released or self._releasing:
+            return False
+        engine = self._store._asyncio()
+        self._releasing = True
+        try:
+            step = engine.release(self._name, self._owner, self._grant)
+            released, cancelled = await _settled(engine, step)
+        finally:
+            self._releasing = False
+        outcome = self._count_release(released, self._settle_release(released))
+        if cancelled is not None:
+            raise cancelled
+        return outcome
+
+    renew_async = renew
+    release_async = release
+
+    def _start_renewer(self, ttl: float, on_lost: Callable[[AsyncLock], object] | None) -> None:
+        self._on_lost = on_lost
+        self._renewer = asyncio.get_running_loop().create_task(
+            self._keep_renewing(ttl), name=f"orbitive-renew-{self._name[:32]}"
+        )
+
+    async def _keep_renewing(self, ttl: float) -> None:
+        """Renew every ``ttl / 3`` until released or lost; retry an unreachable engine."""
+        interval = ttl / 3.0
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if not await self._renew(ttl):
+                    return  # lost: _renew flagged it and called back
+                interval = ttl / 3.0
+            except StoreError:
+                retry = renew_retry_s(ttl, self.remaining())
+                if retry is None:
+                    self._mark_lost()
+                    return
+                interval = retry
+
+    async def _stop_renewal(self) -> None:
+        """Cancel the renewal task and wait until it ended (a renew in flight completes)."""
+        task, self._renewer = self._renewer, None
+        if task is None or task.done():  # done: lost, or its loop ended (asyncio.run cancels)
+            return
+        task.cancel()
+        if task.get_loop() is asyncio.get_running_loop():
+            await asyncio.wait((task,))
+
+    def _stop_renewer(self) -> None:
+        """Cancel the renewal task from any thread (the store is closing); no waiting."""
+        task, self._renewer = self._renewer, None
+        if task is not None and not task.get_loop().is_closed():
+            task.get_loop().call_soon_threadsafe(task.cancel)
+
+    async def __aenter__(self) -> AsyncLock:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+
+async def _settled(
+    engine: AsyncEngine[Any], step: Awaitable[_T]
+) -> tuple[_T, asyncio.CancelledError | None]:
+    """The step's result and any cancellation that arrived during it (see the module)."""
+    if engine.atomic:
+        return await step, None
+    return await run_to_completion(step)
+
+
+async def try_lock_async(store: Store, name: str, owner: str, ttl: float) -> AsyncLock | None:
+    """:meth:`Store.try_lock_async` (documented there)."""
+    name, owner, ttl = check_name(name), check_owner(owner), check_store_ttl(ttl)
+    result = await _attempt(store, name, owner, ttl)
+    return result if type(result) is AsyncLock else None
+
+
+async def _attempt(store: Store, name: str, owner: str, ttl: float) -> AsyncLock | Busy:
+    """One engine attempt: the new AsyncLock, or the engine's refusal; cancel-safe."""
+    engine = store._asyncio()
+    started = time.monotonic()
+    result, cancelled = await _settled(engine, engine.acquire(name, owner, ttl))
+    handle = store._admit(AsyncLock, name, owner, ttl, started, result)
+    if cancelled is not None:
+        if type(handle) is AsyncLock:
+            await _discard(handle, cancelled)
+        raise cancelled
+    return handle
+
+
+async def _discard(lock: AsyncLock, cancelled: asyncio.CancelledError) -> None:
+    """Release a grant its cancelled requester no longer wants (cancellation noted)."""
+    try:
+        await lock.release()
+    except asyncio.CancelledError:  # cancelled again: the release was still finished
+        pass
+    except StoreError as error:  # the engine failed: the lease lapses at its ttl
+        raise cancelled from error
+
+
+class Acquiring:
+    """What :meth:`Store.lock_async` returns: await it, or ``async with`` it.
+
+    ``await`` gives the held :class:`AsyncLock`; ``async with`` holds it for the
+    block and releases it on exit (a loss of the lease does not raise there).
+    """
+
+    __slots__ = (
+        "_auto_renew",
+        "_lock",
+        "_name",
+        "_on_lost",
+        "_owner",
+        "_store",
+        "_timeout",
+        "_ttl",
+    )
+
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        owner: str,
+        ttl: float,
+        timeout: float | None,
+        auto_renew: bool,
+        on_lost: Callable[[AsyncLock], object] | None,
+    ) -> None:
+        self._store = store
+        self._name = name
+        self._owner = owner
+        self._ttl = ttl
+        self._timeout = timeout
+        self._auto_renew = auto_renew
+        self._on_lost = on_lost
+        self._lock: AsyncLock | None = None
+
+    async def _acquire(self) -> AsyncLock:
+        lock = await _wait_for(self._store, self._name, self._owner, self._ttl, self._timeout)
+        if self._auto_renew:
+            lock._start_renewer(self._ttl, self._on_lost)
+        else:
+            lock._on_lost = self._on_lost
+        return lock
+
+    def __await__(self) -> Generator[Any, None, AsyncLock]:
+        return self._acquire().__await__()
+
+    async def __aenter__(self) -> AsyncLock:
+        self._lock = await self._acquire()
+        return self._lock
+
+    async def __aexit__(self, *exc: object) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            await lock.release()
+
+
+async def _wait_for(
+    store: Store, name: str, owner: str, ttl: float, timeout: float | None
+) -> AsyncLock:
+    """Attempt, pause, attempt again until granted (or ``LockTimeout``)."""
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        result = await _attempt(store, name, owner, ttl)
+        if not isinstance(result, Busy):
+            return result
+        engine = store._asyncio()
+        await engine.wait(next_pause(name, result, started, timeout, attempt, engine.poll_cap_s))
+        attempt = min(attempt + 1, _ATTEMPT_MAX)

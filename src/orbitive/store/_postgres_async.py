@@ -1,0 +1,147 @@
+"""The PostgreSQL engine's asyncio form: the same statements over ``psycopg.AsyncConnection``.
+
+The SQL, the schema and the server-side acquire function are the sync engine's
+(:mod:`._postgres`, imported, not copied); the schema exists already, since the
+sync engine created it when the store was opened. So the two forms agree on
+every rule by construction, and a lock taken by one is renewed by the other.
+
+Facts this form relies on:
+
+* An ``AsyncConnection`` serialises the statements of the tasks that share it,
+  and waits through the loop that runs the statement. Each event loop gets its
+  own connection (loops of other threads, or a later ``asyncio.run``); one whose
+  loop has closed is closed when the next connection is made.
+* A statement is never cancelled half-way by a cancelled task: the helpers run
+  it to completion (:func:`._engine_async.run_to_completion`), since the server
+  may commit it anyway, and act on its result.
+* Errors map as in the sync engine: a broken connection is re-established and the
+  statement retried once (``StoreError(UNAVAILABLE)`` after that), any other
+  database error is ``StoreError(DATABASE)``.
+* After ``fork`` the child points its copies of the sockets at ``/dev/null``
+  before dropping them, as the sync engine does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .. import _fork
+from .._errors import ErrorKind, StoreError
+from ._engine import Busy, Granted, LockInfo
+from ._engine_async import AsyncEngine
+from ._postgres import _ACQUIRE, _RELEASE, _RENEW, CONNECT_TIMEOUT_S, PostgresEngine
+
+if TYPE_CHECKING:
+    import psycopg
+
+_Loop = asyncio.AbstractEventLoop
+
+
+class PostgresAsyncEngine(AsyncEngine[Granted]):
+    """Named locks as rows of one PostgreSQL table, through ``psycopg.AsyncConnection``."""
+
+    def __init__(self, engine: PostgresEngine) -> None:
+        super().__init__(engine)
+        self._pg = engine._pg
+        self._conninfo = engine._conninfo
+        self._mutex = threading.Lock()  # guards the map of connections, never awaited
+        self._connections: dict[_Loop, psycopg.AsyncConnection[Any]] = {}
+        self._closed = False
+        _fork.register(self)
+
+    async def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
+        row = await self._fetch(_ACQUIRE, {"name": name, "owner": owner, "ttl": ttl})
+        if row is None:
+            return Busy(None)
+        granted, holder, token, expires_at, remaining = row
+        if granted:
+            return Granted(token, expires_at)
+        return Busy(LockInfo(name, holder, token, expires_at, remaining))
+
+    async def renew(self, name: str, owner: str, grant: Granted, ttl: float) -> Granted | None:
+        token = grant.fencing_token
+        params = {"name": name, "owner": owner, "token": token, "ttl": ttl}
+        row = await self._fetch(_RENEW, params)
+        return None if row is None else Granted(token, row[0])
+
+    async def release(self, name: str, owner: str, grant: Granted) -> bool:
+        params = {"name": name, "owner": owner, "token": grant.fencing_token}
+        row = await self._fetch(_RELEASE, params)
+        return row is not None and bool(row[0])
+
+    async def _fetch(self, sql: str, params: dict[str, object]) -> tuple[Any, ...] | None:
+        """One statement, its first row; a broken connection is replaced and retried once."""
+        for attempt in (1, 2):
+            conn = await self._connection()
+            try:
+                cursor = await conn.execute(sql, params)
+                return await cursor.fetchone()
+            except self._pg.OperationalError as error:
+                self._drop(conn)
+                if attempt == 2:
+                    raise StoreError(
+                        f"postgres store unavailable: {error}", kind=ErrorKind.UNAVAILABLE
+                    ) from error
+            except self._pg.Error as error:
+                raise StoreError(f"postgres store: {error}", kind=ErrorKind.DATABASE) from error
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._closed:
+            raise StoreError("postgres store is closed", kind=ErrorKind.CLOSED)
+        loop = asyncio.get_running_loop()
+        conn = self._connections.get(loop)
+        if conn is not None and not conn.closed:
+            return conn
+        try:
+            conn = await self._pg.AsyncConnection.connect(
+                self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+            )
+        except self._pg.Error as error:
+            raise StoreError(
+                f"postgres store unavailable: {error}", kind=ErrorKind.UNAVAILABLE
+            ) from error
+        with self._mutex:
+            kept = self._connections.get(loop)
+            if kept is None or kept.closed or self._closed:
+                kept = self._connections[loop] = conn
+            stale = [loop for loop in self._connections if loop.is_closed()]
+            finished = [self._connections.pop(loop) for loop in stale]
+        if kept is not conn:  # another task of this loop connected first
+            finished.append(conn)
+        for old in finished:
+            old.pgconn.finish()
+        return kept
+
+    def _drop(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        with self._mutex:
+            for loop, found in list(self._connections.items()):
+                if found is conn:
+                    del self._connections[loop]
+        conn.pgconn.finish()
+
+    def close(self) -> None:
+        """Close every connection of this form (a statement in flight fails)."""
+        with self._mutex:
+            self._closed = True
+            connections, self._connections = list(self._connections.values()), {}
+        for conn in connections:
+            conn.pgconn.finish()  # what AsyncConnection.close() does, callable without a loop
+
+    def _after_fork_in_child(self) -> None:
+        connections, self._connections = list(self._connections.values()), {}
+        self._mutex = threading.Lock()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        try:
+            for conn in connections:
+                if not conn.closed:
+                    os.dup2(devnull, conn.fileno())  # the parent's session never sees our goodbye
+                    conn.pgconn.finish()
+        finally:
+            os.close(devnull)
+
+    def __repr__(self) -> str:
+        return "<PostgresAsyncEngine>"
