@@ -7,8 +7,6 @@
 #define PY_SSIZE_T_CLEAN
 #include "_robust.h"
 
-int robust_spins;
-
 typedef struct {
     PyObject_HEAD
     Py_buffer view;

@@ -19,20 +19,6 @@
 /* Section block offsets, mirrored in _section.py. */
 enum { SECTION_RECOVERIES_AT = 16, SECTION_MUTEX_AT = 64, SECTION_BYTES = 4096 };
 
-#ifndef ROBUST_SPINS
-#define ROBUST_SPINS 0
-#endif
-extern int robust_spins;
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 /* Lock the mutex at block + SECTION_MUTEX_AT. Tries with the GIL held, and waits
  * for another holder with the GIL released. Returns 0, or an errno value
  * (ENOTRECOVERABLE: a holder unlocked an EOWNERDEAD mutex without repairing it). */
@@ -40,11 +26,6 @@ static inline int robust_lock(uint8_t *block)
 {
     pthread_mutex_t *mutex = (pthread_mutex_t *)(block + SECTION_MUTEX_AT);
     int rc = pthread_mutex_trylock(mutex);
-    for (int spin = 0; rc == EBUSY && spin < robust_spins; spin++) {
-        cpu_relax();
-        if (__atomic_load_n((int *)mutex, __ATOMIC_RELAXED) == 0)
-            rc = pthread_mutex_trylock(mutex);
-    }
     if (rc == EBUSY) {
         Py_BEGIN_ALLOW_THREADS
         rc = pthread_mutex_lock(mutex);

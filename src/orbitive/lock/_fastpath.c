@@ -340,7 +340,6 @@ static int positional(const Call *c, const char *const *names, Py_ssize_t n, PyO
             return 0;
     return 1;
 }
-int robust_spins;
 
 static inline PyObject *slot_of(PyObject *obj, Py_ssize_t at)
 {
@@ -885,8 +884,6 @@ static struct PyModuleDef fastpath_module = {
 
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
-    const char *spins = getenv("ORBIT_SPINS");
-    robust_spins = spins ? atoi(spins) : 0;
     generation_name = PyUnicode_InternFromString("generation");
     crash_hook_name = PyUnicode_InternFromString("crash_hook");
     python_acquire = PyUnicode_InternFromString("_try_acquire");
