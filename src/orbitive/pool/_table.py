@@ -47,6 +47,7 @@ from .._errors import (
     NotReservedError,
     OrbitError,
     StaleError,
+    shown,
 )
 from .._fleet import Fleet
 from .._readiness import bump
@@ -160,7 +161,7 @@ class Table(KeyTable):
 
     def _not_reserved(self, rid: ResourceId, fence: int) -> NotReservedError:
         return NotReservedError(
-            f"fence {fence} of resource {rid} is not pending "
+            f"fence {shown(fence)} of resource {rid} is not pending "
             "(accepted already, aged out or cancelled)",
             node=rid.node,
             key=rid,
@@ -436,7 +437,7 @@ class Table(KeyTable):
             hot = self._current(rid, offset)
             fences = PENDING_WORDS.unpack_from(self.buf, offset + RES_FENCES)
             if fence <= 0 or fence not in fences:
-                raise NotReservedError(f"fence {fence} of resource {rid} is not pending", key=rid)
+                raise NotReservedError(f"fence {shown(fence)} of resource {rid} is not pending", key=rid)
             store(self.buf, offset + RES_FENCES + fences.index(fence) * 8, U64, 0)
             if hot[7] < self.key_capacity:
                 self.key_changed(hot[7])
