@@ -437,7 +437,9 @@ class Table(KeyTable):
             hot = self._current(rid, offset)
             fences = PENDING_WORDS.unpack_from(self.buf, offset + RES_FENCES)
             if fence <= 0 or fence not in fences:
-                raise NotReservedError(f"fence {shown(fence)} of resource {rid} is not pending", key=rid)
+                raise NotReservedError(
+                    f"fence {shown(fence)} of resource {rid} is not pending", key=rid
+                )
             store(self.buf, offset + RES_FENCES + fences.index(fence) * 8, U64, 0)
             if hot[7] < self.key_capacity:
                 self.key_changed(hot[7])
