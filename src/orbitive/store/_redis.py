@@ -1,0 +1,276 @@
+"""Redis engine (``redis://``, ``rediss://``, ``unix://``): named locks on one Redis node.
+
+Facts this engine relies on:
+
+* A lease is one string key ``{prefix}lock:{name}`` holding ``"TOKEN ATTEMPT
+  OWNER"``; its ``PX`` expiry *is* the lease. The server expires it on its own
+  clock, and a script reads ``TIME`` for ``expires_at`` (Unix epoch seconds of
+  the server, whole milliseconds): no client clock is ever compared.
+* A Lua script runs atomically. The grant reads the key, draws the fencing
+  token with ``INCR {prefix}fence`` and writes the lease with ``SET NX PX``, in
+  one step; renew and release compare the whole stored value (token, attempt
+  and owner) in Lua before they touch the key, so they act on the exact tenure.
+* The counter ``{prefix}fence`` never goes back while the server keeps its data,
+  so tokens strictly increase. A failover to a replica that missed the last
+  writes, or a restart without persistence, can forget a lease and reuse a
+  token: a single node guarantees exclusion only while it keeps its data.
+* A call carries an attempt id (see ``_remote``): the grant stores it in the
+  value, release and force-release leave a receipt ``{prefix}receipt:{attempt}``
+  that lives :data:`RECEIPT_MIN_S` seconds or three call timeouts, whichever is
+  longer. A retry after a lost reply reports what the first attempt did.
+* redis-py's own retries are switched off: a blind retry of a grant could
+  change its answer. Each socket step (connect, command) is bounded by a
+  quarter of the call timeout; two attempts of connect plus command fit.
+* After ``fork`` redis-py's pool notices the new pid and connects afresh; it
+  closes inherited sockets without ``shutdown``, so the parent's session lives on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from functools import partial
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar
+
+from .._errors import ErrorKind, StoreError
+from ._engine import Busy, Engine, LockInfo
+from ._remote import Deadline, attempt_id, timed_out, unavailable
+
+if TYPE_CHECKING:
+    import redis
+
+_T = TypeVar("_T")
+
+#: Key prefix of every lease, counter and receipt unless the URL gives ``?prefix=``.
+PREFIX_DEFAULT: Final = "orbitive:"
+#: Shortest life of a release receipt, in seconds.
+RECEIPT_MIN_S: Final = 60.0
+#: Keys read per SCAN step of :meth:`RedisEngine.locks`.
+_SCAN_COUNT: Final = 512
+_NOW_MS: Final = """
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+"""
+# KEYS[1] lease key, KEYS[2] fence counter; ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] attempt.
+# -> {granted 0|1, token, owner, expires_at ms, remaining ms}; granted 1 for a live lease
+# of this very attempt (a retry whose first try committed).
+_ACQUIRE: Final = f"""{_NOW_MS}
+local held = redis.call('GET', KEYS[1])
+if held then
+    local token, attempt, owner = string.match(held, '^(%d+) (%x+) (.*)$')
+    if not token then
+        return redis.error_reply('orbitive: ' .. KEYS[1] .. ' does not hold a lease')
+    end
+    local left = redis.call('PTTL', KEYS[1])
+    return {{attempt == ARGV[3] and 1 or 0, tonumber(token), owner, now_ms + left, left}}
+end
+local token = redis.call('INCR', KEYS[2])
+local value = string.format('%d %s %s', token, ARGV[3], ARGV[1])
+redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
+return {{1, token, ARGV[1], now_ms + tonumber(ARGV[2]), tonumber(ARGV[2])}}
+"""
+# KEYS[1] lease key; ARGV[1] the tenure's value, ARGV[2] ttl ms -> expires_at ms, or nil.
+_RENEW: Final = f"""
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
+redis.call('PEXPIRE', KEYS[1], ARGV[2]){_NOW_MS}
+return now_ms + tonumber(ARGV[2])
+"""
+# KEYS[1] lease key, KEYS[2] receipt; ARGV[1] the tenure's value, ARGV[2] receipt ms -> 0|1.
+_RELEASE: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+    return 1
+end
+return redis.call('EXISTS', KEYS[2])
+"""
+# KEYS[1] lease key, KEYS[2] receipt; ARGV[1] receipt ms -> 0|1.
+_FORCE: Final = """
+if redis.call('DEL', KEYS[1]) == 1 then
+    redis.call('SET', KEYS[2], '1', 'PX', ARGV[1])
+    return 1
+end
+return redis.call('EXISTS', KEYS[2])
+"""
+# KEYS: lease keys -> {now ms, key, value, remaining ms, key, value, remaining ms, ...}
+# for the keys that hold a live string.
+_SNAPSHOT: Final = f"""{_NOW_MS}
+local out = {{now_ms}}
+for _, key in ipairs(KEYS) do
+    local held = redis.pcall('GET', key)
+    if type(held) == 'string' then
+        local left = redis.call('PTTL', key)
+        if left > 0 then
+            out[#out + 1] = key
+            out[#out + 1] = held
+            out[#out + 1] = left
+        end
+    end
+end
+return out
+"""
+_GLOB: Final = str.maketrans({char: "\\" + char for char in "\\*?[]"})
+
+
+class RedisGrant(NamedTuple):
+    """A Redis tenure: its token, expiry (server epoch seconds) and the stored value."""
+
+    fencing_token: int
+    expires_at: float
+    value: str
+
+
+def _redis() -> ModuleType:
+    try:
+        import redis  # noqa: PLC0415 - optional dependency, loaded on first use
+    except ImportError as error:
+        raise StoreError(
+            "the Redis store needs redis-py: pip install 'orbitive[redis]'",
+            kind=ErrorKind.UNAVAILABLE,
+        ) from error
+    return redis
+
+
+def _scan_step(client: redis.Redis, *, cursor: int, pattern: str) -> tuple[int, list[str]]:
+    """One SCAN step: the next cursor and the keys it found."""
+    cursor, keys = client.scan(cursor, pattern, _SCAN_COUNT)
+    return cursor, [str(key) for key in keys]  # str already: the client decodes replies
+
+
+def _ms(seconds: float) -> int:
+    """Whole milliseconds, rounded down: a lease never outlasts its ttl."""
+    return math.floor(seconds * 1000.0)
+
+
+class RedisEngine(Engine[RedisGrant]):
+    """Named locks as expiring keys of one Redis node, timed by the server's clock."""
+
+    kind = "redis"
+    poll_cap_s = 0.05
+
+    def __init__(self, url: str, *, timeout: float, prefix: str = PREFIX_DEFAULT) -> None:
+        module = _redis()
+        self._errors = module.RedisError
+        self._transient = (module.ConnectionError, module.TimeoutError)
+        self._timeout = timeout
+        self._receipt_ms = str(_ms(max(RECEIPT_MIN_S, 3.0 * timeout)))
+        self._closed = False
+        step_s = timeout / 4.0  # connect + command, twice
+        try:
+            self._client: redis.Redis = module.Redis.from_url(
+                url,
+                decode_responses=True,
+                socket_timeout=step_s,
+                socket_connect_timeout=step_s,
+                retry=module.retry.Retry(module.backoff.NoBackoff(), 0),
+                retry_on_timeout=False,
+            )
+        except (ValueError, TypeError) as error:
+            raise StoreError(f"redis store URL refused: {error}", kind=ErrorKind.DATABASE) from None
+        self._prefix = prefix
+        self._lease_prefix = f"{prefix}lock:"
+        self._fence = f"{prefix}fence"
+        register = self._client.register_script
+        self._acquire, self._renew, self._release, self._force, self._snapshot = (
+            register(source) for source in (_ACQUIRE, _RENEW, _RELEASE, _FORCE, _SNAPSHOT)
+        )
+        self._run(lambda client: client.ping())
+
+    # -- the primitives ---------------------------------------------------------------------
+
+    def acquire(self, name: str, owner: str, ttl: float) -> RedisGrant | Busy:
+        attempt = attempt_id()
+        keys = (self._lease_prefix + name, self._fence)
+        args = (owner, _ms(ttl), attempt)
+        granted, token, holder, expires_ms, left_ms = self._script(self._acquire, keys, args)
+        if granted:
+            return RedisGrant(token, expires_ms / 1000.0, f"{token} {attempt} {owner}")
+        return Busy(LockInfo(name, holder, token, expires_ms / 1000.0, left_ms / 1000.0))
+
+    def renew(self, name: str, owner: str, grant: RedisGrant, ttl: float) -> RedisGrant | None:
+        args = (grant.value, _ms(ttl))
+        expires_ms = self._script(self._renew, (self._lease_prefix + name,), args)
+        return None if expires_ms is None else grant._replace(expires_at=expires_ms / 1000.0)
+
+    def release(self, name: str, owner: str, grant: RedisGrant) -> bool:
+        keys = (self._lease_prefix + name, self._receipt())
+        return bool(self._script(self._release, keys, (grant.value, self._receipt_ms)))
+
+    def force_release(self, name: str) -> bool:
+        keys = (self._lease_prefix + name, self._receipt())
+        return bool(self._script(self._force, keys, (self._receipt_ms,)))
+
+    def inspect(self, name: str) -> LockInfo | None:
+        found = self._infos([self._lease_prefix + name])
+        return found[0] if found else None
+
+    def locks(self) -> list[LockInfo]:
+        pattern = self._lease_prefix.translate(_GLOB) + "*"
+        infos = [info for batch in self._scan(pattern) for info in self._infos(batch)]
+        return sorted(infos, key=lambda info: info.name.encode())
+
+    # -- reading leases -----------------------------------------------------------------------
+
+    def _scan(self, pattern: str) -> Iterator[list[str]]:
+        """Batches of keys matching ``pattern``, one SCAN step each."""
+        cursor = 0
+        while True:
+            cursor, keys = self._run(partial(_scan_step, cursor=cursor, pattern=pattern))
+            if keys:
+                yield keys
+            if cursor == 0:
+                return
+
+    def _infos(self, keys: list[str]) -> list[LockInfo]:
+        """Snapshots of the live leases among ``keys``; values not in lease form are skipped."""
+        reply = self._script(self._snapshot, keys, ())
+        now_ms, rest = reply[0], reply[1:]
+        infos = []
+        for key, value, left_ms in zip(rest[0::3], rest[1::3], rest[2::3], strict=True):
+            parts = value.split(" ", 2)
+            if len(parts) != 3 or not parts[0].isdigit():
+                continue
+            token, _, owner = parts
+            name = key[len(self._lease_prefix) :]
+            infos.append(
+                LockInfo(name, owner, int(token), (now_ms + left_ms) / 1000.0, left_ms / 1000.0)
+            )
+        return infos
+
+    # -- calls, retries, errors ---------------------------------------------------------------
+
+    def _receipt(self) -> str:
+        return f"{self._prefix}receipt:{attempt_id()}"
+
+    def _script(self, script: Any, keys: tuple[str, ...] | list[str], args: tuple[Any, ...]) -> Any:
+        """Run one of the Lua scripts (its attempt id, if any, is already in the arguments)."""
+        return self._run(lambda client: script(keys=keys, args=args, client=client))
+
+    def _run(self, step: Callable[[redis.Redis], _T]) -> _T:
+        """Run ``step``; a connection error is retried once while the call's time lasts.
+
+        Every step is safe to repeat: the scripts recognise their own attempt.
+        """
+        if self._closed:
+            raise StoreError("redis store is closed", kind=ErrorKind.CLOSED)
+        deadline = Deadline(self._timeout)
+        failure: BaseException | None = None
+        for _ in deadline.attempts():
+            try:
+                return step(self._client)
+            except self._transient as error:
+                failure = error
+            except self._errors as error:
+                raise StoreError(f"redis store: {error}", kind=ErrorKind.DATABASE) from error
+        if deadline.left() <= 0.0:
+            raise timed_out(self.kind, deadline) from failure
+        raise unavailable(self.kind, failure or "no attempt made") from failure
+
+    def close(self) -> None:
+        self._closed = True
+        self._client.close()
+        self._client.connection_pool.disconnect()
+
+    def __repr__(self) -> str:
+        return "<RedisEngine>"
