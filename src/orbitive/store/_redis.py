@@ -171,11 +171,13 @@ class RedisEngine(Engine[RedisGrant]):
         self._prefix = prefix
         self._lease_prefix = f"{prefix}lock:"
         self._fence = f"{prefix}fence"
+        sources = (_ACQUIRE, _RENEW, _RELEASE, _FORCE, _SNAPSHOT)
         register = self._client.register_script
-        self._acquire, self._renew, self._release, self._force, self._snapshot = (
-            register(source) for source in (_ACQUIRE, _RENEW, _RELEASE, _FORCE, _SNAPSHOT)
+        self._acquire, self._renew, self._release, self._force, self._snapshot = map(
+            register, sources
         )
-        self._run(lambda client: client.ping())
+        # Loaded now, so a call's first EVALSHA runs the script (no NOSCRIPT round trip).
+        self._run(lambda client: [client.script_load(source) for source in sources])
 
     # -- the primitives ---------------------------------------------------------------------
 
