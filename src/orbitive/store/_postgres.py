@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from .. import _fork
 from .._errors import ErrorKind, StoreError
 from ._engine import Busy, Engine, Granted, LockInfo
-from ._remote import Deadline, attempt_id, timed_out, unavailable
+from ._remote import Deadline, attempt_id, gave_up, timed_out, unavailable
 
 if TYPE_CHECKING:
     import psycopg
@@ -240,9 +240,8 @@ class PostgresEngine(Engine[Granted]):
                     raise StoreError(f"postgres store: {error}", kind=ErrorKind.DATABASE) from error
                 if not retry:
                     break
-            if deadline.left() <= 0.0:
-                raise timed_out(self.kind, deadline) from failure
-            raise unavailable(self.kind, failure or "no attempt made") from failure
+            assert failure is not None  # the loop either returned or failed at least once
+            raise gave_up(self.kind, deadline, failure) from failure
         finally:
             self._mutex.release()
 

@@ -33,9 +33,9 @@ from functools import partial
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar
 
-from .._errors import ErrorKind, StoreError
+from .._errors import ErrorKind, InvalidStoreUrl, StoreError
 from ._engine import Busy, Engine, LockInfo
-from ._remote import Deadline, attempt_id, timed_out, unavailable
+from ._remote import Deadline, attempt_id, gave_up
 
 if TYPE_CHECKING:
     import redis
@@ -166,8 +166,8 @@ class RedisEngine(Engine[RedisGrant]):
                 retry=module.retry.Retry(module.backoff.NoBackoff(), 0),
                 retry_on_timeout=False,
             )
-        except (ValueError, TypeError) as error:
-            raise StoreError(f"redis store URL refused: {error}", kind=ErrorKind.DATABASE) from None
+        except (ValueError, TypeError) as error:  # redis-py's verdict on the URL
+            raise InvalidStoreUrl(f"redis store URL refused: {error}") from None
         self._prefix = prefix
         self._lease_prefix = f"{prefix}lock:"
         self._fence = f"{prefix}fence"
@@ -265,9 +265,8 @@ class RedisEngine(Engine[RedisGrant]):
                 failure = error
             except self._errors as error:
                 raise StoreError(f"redis store: {error}", kind=ErrorKind.DATABASE) from error
-        if deadline.left() <= 0.0:
-            raise timed_out(self.kind, deadline) from failure
-        raise unavailable(self.kind, failure or "no attempt made") from failure
+        assert failure is not None  # the loop either returned or failed at least once
+        raise gave_up(self.kind, deadline, failure) from failure
 
     def close(self) -> None:
         self._closed = True

@@ -109,3 +109,10 @@ class Deadline:
 def timed_out(engine: str, deadline: Deadline) -> StoreError:
     """The error of a call that used up its budget."""
     return unavailable(engine, f"no reply within the {deadline.timeout:g} s call timeout")
+
+
+def gave_up(engine: str, deadline: Deadline, failure: BaseException) -> StoreError:
+    """The error of a call whose attempts all failed with ``failure`` (the last one)."""
+    if deadline.left() <= 0.0:
+        return timed_out(engine, deadline)
+    return unavailable(engine, failure)
