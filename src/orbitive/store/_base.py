@@ -229,7 +229,7 @@ class Lock:
 
     @property
     def expires_at(self) -> float:
-        """Expiry on the engine's clock (Unix epoch s for SQLite/PostgreSQL, monotonic for shm)."""
+        """Expiry on the engine's clock (Unix epoch s; for shm ``time.monotonic()``)."""
         return self._grant.expires_at
 
     @property
@@ -486,7 +486,7 @@ class Store:
     ) -> Lock:
         """Wait for ``name`` and hold it, renewing in the background; use with ``with``.
 
-        Waiting is by bounded, jittered polling (SQLite, PostgreSQL) or by the lock
+        Waiting is by bounded, jittered polling (SQLite, PostgreSQL, Redis) or by the lock
         table's readiness descriptor (shm), and never past the holder's expiry.
 
         Args:
