@@ -167,3 +167,16 @@ def test_the_timeout_parameter_is_split_off_and_the_rest_kept_byte_for_byte() ->
 def test_redis_passwords_are_redacted() -> None:
     assert _url._redacted("redis://u:secret@h:6379/0") == "redis://u:***@h:6379/0"
     assert _url._redacted("rediss://:secret@h/1") == "rediss://:***@h/1"
+
+
+def test_a_server_that_forgot_the_scripts_gets_them_again(
+    redis_server: TempRedis, redis_url: str
+) -> None:
+    with open_store(redis_url) as store, raw_client(redis_server) as client:
+        client.script_flush()
+        lock = store.try_lock("flushed", "w1", LONG)
+        assert lock is not None
+        client.script_flush()
+        assert lock.renew(LONG)
+        client.script_flush()
+        assert lock.release()

@@ -29,9 +29,9 @@ Facts this engine relies on:
   purged by one release in a hundred.
 * Every call ends within the URL's ``?timeout=S`` (default 5 s): waits on the
   socket end at the call's deadline (``_postgres_wait``), the mutex is awaited
-  only that long, and a reconnect uses the time left as ``connect_timeout``
-  (whole seconds, at least 2: libpq's smallest, so a reconnect started in the
-  last 2 s of the budget may overrun it by up to 2 s).
+  only that long, and a reconnect uses the time left as ``connect_timeout``.
+  libpq counts that in whole seconds and never below 2, so a call that must
+  reconnect may take up to 2 s more than ``S``.
 * A psycopg connection must not be used across ``fork``: a forked child points
   its copy of the socket at ``/dev/null`` before dropping it (so nothing it
   sends reaches the parent's session) and connects anew on first use.

@@ -18,29 +18,37 @@ Facts this engine relies on:
   value, release and force-release leave a receipt ``{prefix}receipt:{attempt}``
   that lives :data:`RECEIPT_MIN_S` seconds or three call timeouts, whichever is
   longer. A retry after a lost reply reports what the first attempt did.
-* redis-py's own retries are switched off: a blind retry of a grant could
-  change its answer. Each socket step (connect, command) is bounded by a
-  quarter of the call timeout; two attempts of connect plus command fit.
-* After ``fork`` redis-py's pool notices the new pid and connects afresh; it
-  closes inherited sockets without ``shutdown``, so the parent's session lives on.
+* The engine owns one redis-py ``Connection`` (built by the URL's pool class,
+  so TCP, TLS and Unix sockets alike), used by one thread at a time under a
+  mutex, as the PostgreSQL engine does: a command is one ``send_command`` and
+  one ``read_response``, without the client's pool and instrumentation on every
+  call. redis-py's own retries are switched off (a blind retry of a grant could
+  change its answer); a connection error drops the connection and the call is
+  retried once on a new one. Each socket step (connect, command) is bounded by
+  a quarter of the call timeout, so two attempts of connect plus command fit.
+* Scripts are loaded at open and run by ``EVALSHA``; a server that forgot them
+  (restart, ``SCRIPT FLUSH``) answers NOSCRIPT and gets the script again.
+* After ``fork`` the child drops the inherited connection: redis-py closes its
+  socket without ``shutdown`` in a process other than its creator, so the
+  parent's session lives on; the child connects afresh on first use.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Callable, Iterator
-from functools import partial
+import threading
+from collections.abc import Iterator
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
+from .. import _fork
 from .._errors import ErrorKind, InvalidStoreUrl, StoreError
 from ._engine import Busy, Engine, LockInfo
-from ._remote import Deadline, attempt_id, gave_up
+from ._remote import Deadline, attempt_id, gave_up, timed_out
 
 if TYPE_CHECKING:
-    import redis
-
-_T = TypeVar("_T")
+    from redis.connection import ConnectionPool
 
 #: Key prefix of every lease, counter and receipt unless the URL gives ``?prefix=``.
 PREFIX_DEFAULT: Final = "orbitive:"
@@ -132,15 +140,24 @@ def _redis() -> ModuleType:
     return redis
 
 
-def _scan_step(client: redis.Redis, *, cursor: int, pattern: str) -> tuple[int, list[str]]:
-    """One SCAN step: the next cursor and the keys it found."""
-    cursor, keys = client.scan(cursor, pattern, _SCAN_COUNT)
-    return cursor, [str(key) for key in keys]  # str already: the client decodes replies
-
-
 def _ms(seconds: float) -> int:
     """Whole milliseconds, rounded down: a lease never outlasts its ttl."""
     return math.floor(seconds * 1000.0)
+
+
+class _Script(NamedTuple):
+    """A Lua script and its SHA1, as EVALSHA names it."""
+
+    source: str
+    sha: str
+
+
+def _script(source: str) -> _Script:
+    return _Script(source, hashlib.sha1(source.encode()).hexdigest())
+
+
+_SCRIPTS: Final = tuple(map(_script, (_ACQUIRE, _RENEW, _RELEASE, _FORCE, _SNAPSHOT)))
+_ACQUIRE_SCRIPT, _RENEW_SCRIPT, _RELEASE_SCRIPT, _FORCE_SCRIPT, _SNAPSHOT_SCRIPT = _SCRIPTS
 
 
 class RedisEngine(Engine[RedisGrant]):
@@ -153,12 +170,12 @@ class RedisEngine(Engine[RedisGrant]):
         module = _redis()
         self._errors = module.RedisError
         self._transient = (module.ConnectionError, module.TimeoutError)
+        self._no_script = module.exceptions.NoScriptError
         self._timeout = timeout
         self._receipt_ms = str(_ms(max(RECEIPT_MIN_S, 3.0 * timeout)))
-        self._closed = False
         step_s = timeout / 4.0  # connect + command, twice
         try:
-            self._client: redis.Redis = module.Redis.from_url(
+            self._pool: ConnectionPool = module.ConnectionPool.from_url(
                 url,
                 decode_responses=True,
                 socket_timeout=step_s,
@@ -168,43 +185,43 @@ class RedisEngine(Engine[RedisGrant]):
             )
         except (ValueError, TypeError) as error:  # redis-py's verdict on the URL
             raise InvalidStoreUrl(f"redis store URL refused: {error}") from None
+        self._mutex = threading.Lock()
+        self._conn: Any = None  # a redis-py Connection (its methods are untyped)
+        self._closed = False
         self._prefix = prefix
         self._lease_prefix = f"{prefix}lock:"
         self._fence = f"{prefix}fence"
-        sources = (_ACQUIRE, _RENEW, _RELEASE, _FORCE, _SNAPSHOT)
-        register = self._client.register_script
-        self._acquire, self._renew, self._release, self._force, self._snapshot = map(
-            register, sources
-        )
-        # Loaded now, so a call's first EVALSHA runs the script (no NOSCRIPT round trip).
-        self._run(lambda client: [client.script_load(source) for source in sources])
+        for script in _SCRIPTS:
+            self._run("SCRIPT", "LOAD", script.source)  # a call's first EVALSHA runs it
+        _fork.register(self)
 
     # -- the primitives ---------------------------------------------------------------------
 
     def acquire(self, name: str, owner: str, ttl: float) -> RedisGrant | Busy:
         attempt = attempt_id()
         keys = (self._lease_prefix + name, self._fence)
-        args = (owner, _ms(ttl), attempt)
-        granted, token, holder, expires_ms, left_ms = self._script(self._acquire, keys, args)
+        granted, token, holder, expires_ms, left_ms = self._eval(
+            _ACQUIRE_SCRIPT, keys, owner, _ms(ttl), attempt
+        )
         if granted:
             return RedisGrant(token, expires_ms / 1000.0, f"{token} {attempt} {owner}")
         return Busy(LockInfo(name, holder, token, expires_ms / 1000.0, left_ms / 1000.0))
 
     def renew(self, name: str, owner: str, grant: RedisGrant, ttl: float) -> RedisGrant | None:
-        args = (grant.value, _ms(ttl))
-        expires_ms = self._script(self._renew, (self._lease_prefix + name,), args)
+        keys = (self._lease_prefix + name,)
+        expires_ms = self._eval(_RENEW_SCRIPT, keys, grant.value, _ms(ttl))
         return None if expires_ms is None else grant._replace(expires_at=expires_ms / 1000.0)
 
     def release(self, name: str, owner: str, grant: RedisGrant) -> bool:
         keys = (self._lease_prefix + name, self._receipt())
-        return bool(self._script(self._release, keys, (grant.value, self._receipt_ms)))
+        return bool(self._eval(_RELEASE_SCRIPT, keys, grant.value, self._receipt_ms))
 
     def force_release(self, name: str) -> bool:
         keys = (self._lease_prefix + name, self._receipt())
-        return bool(self._script(self._force, keys, (self._receipt_ms,)))
+        return bool(self._eval(_FORCE_SCRIPT, keys, self._receipt_ms))
 
     def inspect(self, name: str) -> LockInfo | None:
-        found = self._infos([self._lease_prefix + name])
+        found = self._infos((self._lease_prefix + name,))
         return found[0] if found else None
 
     def locks(self) -> list[LockInfo]:
@@ -214,19 +231,19 @@ class RedisEngine(Engine[RedisGrant]):
 
     # -- reading leases -----------------------------------------------------------------------
 
-    def _scan(self, pattern: str) -> Iterator[list[str]]:
+    def _scan(self, pattern: str) -> Iterator[tuple[str, ...]]:
         """Batches of keys matching ``pattern``, one SCAN step each."""
-        cursor = 0
+        cursor = "0"
         while True:
-            cursor, keys = self._run(partial(_scan_step, cursor=cursor, pattern=pattern))
+            cursor, keys = self._run("SCAN", cursor, "MATCH", pattern, "COUNT", _SCAN_COUNT)
             if keys:
-                yield keys
-            if cursor == 0:
+                yield tuple(keys)
+            if cursor == "0":
                 return
 
-    def _infos(self, keys: list[str]) -> list[LockInfo]:
+    def _infos(self, keys: tuple[str, ...]) -> list[LockInfo]:
         """Snapshots of the live leases among ``keys``; values not in lease form are skipped."""
-        reply = self._script(self._snapshot, keys, ())
+        reply = self._eval(_SNAPSHOT_SCRIPT, keys)
         now_ms, rest = reply[0], reply[1:]
         infos = []
         for key, value, left_ms in zip(rest[0::3], rest[1::3], rest[2::3], strict=True):
@@ -240,38 +257,74 @@ class RedisEngine(Engine[RedisGrant]):
             )
         return infos
 
-    # -- calls, retries, errors ---------------------------------------------------------------
+    # -- the connection, retries, errors ------------------------------------------------------
 
     def _receipt(self) -> str:
         return f"{self._prefix}receipt:{attempt_id()}"
 
-    def _script(self, script: Any, keys: tuple[str, ...] | list[str], args: tuple[Any, ...]) -> Any:
-        """Run one of the Lua scripts (its attempt id, if any, is already in the arguments)."""
-        return self._run(lambda client: script(keys=keys, args=args, client=client))
+    def _eval(self, script: _Script, keys: tuple[str, ...], *args: object) -> Any:
+        """Run ``script`` (its attempt id, if any, is already among ``args``)."""
+        return self._run("EVALSHA", script.sha, len(keys), *keys, *args, script=script)
 
-    def _run(self, step: Callable[[redis.Redis], _T]) -> _T:
-        """Run ``step``; a connection error is retried once while the call's time lasts.
+    def _run(self, *command: object, script: _Script | None = None) -> Any:
+        """Send ``command`` and read its reply within the call timeout.
 
-        Every step is safe to repeat: the scripts recognise their own attempt.
+        A connection error drops the connection; the command is sent once more on
+        a new one while time is left. Every command is safe to repeat: the scripts
+        recognise their own attempt. NOSCRIPT loads ``script`` and sends it again.
         """
+        deadline = Deadline(self._timeout)
+        if not self._mutex.acquire(timeout=max(deadline.left(), 0.0)):
+            raise timed_out(self.kind, deadline)
+        try:
+            failure: BaseException | None = None
+            for _ in deadline.attempts():
+                try:
+                    return self._exchange(command, script)
+                except self._transient as error:
+                    self._drop()
+                    failure = error
+                except self._errors as error:
+                    raise StoreError(f"redis store: {error}", kind=ErrorKind.DATABASE) from error
+            assert failure is not None  # the loop either returned or failed at least once
+            raise gave_up(self.kind, deadline, failure) from failure
+        finally:
+            self._mutex.release()
+
+    def _exchange(self, command: tuple[object, ...], script: _Script | None) -> Any:
+        conn = self._connection()
+        try:
+            conn.send_command(*command)
+            return conn.read_response()
+        except self._no_script:
+            if script is None:
+                raise
+            conn.send_command("SCRIPT", "LOAD", script.source)
+            conn.read_response()
+            conn.send_command(*command)
+            return conn.read_response()
+
+    def _connection(self) -> Any:
         if self._closed:
             raise StoreError("redis store is closed", kind=ErrorKind.CLOSED)
-        deadline = Deadline(self._timeout)
-        failure: BaseException | None = None
-        for _ in deadline.attempts():
-            try:
-                return step(self._client)
-            except self._transient as error:
-                failure = error
-            except self._errors as error:
-                raise StoreError(f"redis store: {error}", kind=ErrorKind.DATABASE) from error
-        assert failure is not None  # the loop either returned or failed at least once
-        raise gave_up(self.kind, deadline, failure) from failure
+        if self._conn is None:
+            self._conn = self._pool.make_connection()
+        return self._conn
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.disconnect()
+
+    def _after_fork_in_child(self) -> None:
+        self._mutex = threading.Lock()
+        self._drop()  # in a child, redis-py closes the socket without shutdown
 
     def close(self) -> None:
-        self._closed = True
-        self._client.close()
-        self._client.connection_pool.disconnect()
+        with self._mutex:
+            self._closed = True
+            self._drop()
+            self._pool.disconnect()
 
     def __repr__(self) -> str:
         return "<RedisEngine>"

@@ -13,7 +13,8 @@ Facts about a call over the network that these engines rely on:
   (the ``?timeout=S`` query parameter of the store URL, default
   :data:`TIMEOUT_DEFAULT_S`), and past it raises ``StoreError(UNAVAILABLE)``.
   The bound covers waiting for the engine's own mutex, connecting, the statement
-  and its one retry.
+  and its one retry (PostgreSQL: plus up to 2 s when it must reconnect, since
+  libpq's connect timeout is whole seconds, at least 2).
 """
 
 from __future__ import annotations
