@@ -180,3 +180,20 @@ def test_a_server_that_forgot_the_scripts_gets_them_again(
         assert lock.renew(LONG)
         client.script_flush()
         assert lock.release()
+
+
+def test_a_rediss_url_speaks_tls_to_the_same_server(redis_server: TempRedis) -> None:
+    server = TempRedis.start(tls=True)  # a server of its own, with a TLS port
+    try:
+        assert server.tls_url is not None
+        with (
+            open_store(f"{server.tls_url}?ssl_cert_reqs=none&prefix=tls:") as tls,
+            open_store(f"{server.url}?prefix=tls:") as plain,
+        ):
+            lock = tls.try_lock("secure", "w1", LONG)
+            assert lock is not None
+            info = plain.inspect("secure")
+            assert info is not None and info.fencing_token == lock.fencing_token
+            assert lock.release()
+    finally:
+        server.stop()

@@ -23,6 +23,9 @@ from psycopg.abc import RV, PQGen
 #: psycopg's own poll interval (``psycopg.connection._WAIT_INTERVAL``), in seconds.
 _WAIT_INTERVAL_S: Final = 0.1
 
+if tuple(map(int, psycopg.__version__.split(".")[:2])) < (3, 2):  # wait() took no timeout
+    raise ImportError(f"psycopg {psycopg.__version__} is too old: 3.2 or later is needed")
+
 
 class DeadlineConnection(psycopg.Connection[Any]):
     """A psycopg connection whose waits end at :attr:`deadline` (``time.monotonic()``)."""

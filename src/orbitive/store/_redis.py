@@ -153,7 +153,7 @@ class _Script(NamedTuple):
 
 
 def _script(source: str) -> _Script:
-    return _Script(source, hashlib.sha1(source.encode()).hexdigest())
+    return _Script(source, hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest())
 
 
 _SCRIPTS: Final = tuple(map(_script, (_ACQUIRE, _RENEW, _RELEASE, _FORCE, _SNAPSHOT)))
