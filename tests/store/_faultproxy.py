@@ -101,12 +101,6 @@ class FaultProxy:
         with self._mutex:
             self._silent = False
 
-    @property
-    def armed(self) -> bool:
-        """True while a one-shot fault waits for its chunk."""
-        with self._mutex:
-            return self._fault is not Fault.NONE
-
     # -- the relay loop -----------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -115,7 +109,7 @@ class FaultProxy:
                 if key.data is None:
                     self._accept()
                 else:
-                    self._relay(key.fileobj, key.data)  # type: ignore[arg-type]
+                    self._relay(key.fileobj, key.data)  # type: ignore[arg-type]  # sockets only
 
     def _accept(self) -> None:
         try:
