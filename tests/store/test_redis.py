@@ -197,3 +197,11 @@ def test_a_rediss_url_speaks_tls_to_the_same_server(redis_server: TempRedis) -> 
             assert lock.release()
     finally:
         server.stop()
+
+
+def test_locks_lists_every_lease_once_across_scan_batches(redis_url: str) -> None:
+    names = [f"many/{index:04d}" for index in range(1300)]  # more than two SCAN batches
+    with open_store(redis_url) as store:
+        held = [store.try_lock(name, "w1", LONG) for name in names]
+        assert all(lock is not None for lock in held)
+        assert [info.name for info in store.locks()] == names

@@ -4,8 +4,9 @@ Facts this engine relies on:
 
 * A lease is one string key ``{prefix}lock:{name}`` holding ``"TOKEN ATTEMPT
   OWNER"``; its ``PX`` expiry *is* the lease. The server expires it on its own
-  clock, and a script reads ``TIME`` for ``expires_at`` (Unix epoch seconds of
-  the server, whole milliseconds): no client clock is ever compared.
+  clock, and ``PEXPIRETIME`` (Redis 7.0 or later) gives ``expires_at``: Unix
+  epoch seconds of the server, whole milliseconds, the same on every read. No
+  client clock is ever compared.
 * A Lua script runs atomically. The grant reads the key, draws the fencing
   token with ``INCR {prefix}fence`` and writes the lease with ``SET NX PX``, in
   one step; renew and release compare the whole stored value (token, attempt
@@ -26,6 +27,10 @@ Facts this engine relies on:
   change its answer); a connection error drops the connection and the call is
   retried once on a new one. Each socket step (connect, command) is bounded by
   a quarter of the call timeout, so two attempts of connect plus command fit.
+* ``locks()`` walks the prefix with ``SCAN`` and reads each batch of keys in
+  one script: every lease live through the whole walk is listed once (SCAN may
+  return a key twice; the engine keeps one), one granted or released during it
+  may or may not be.
 * Scripts are loaded at open and run by ``EVALSHA``; a server that forgot them
   (restart, ``SCRIPT FLUSH``) answers NOSCRIPT and gets the script again.
 * After ``fork`` the child drops the inherited connection: redis-py closes its
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import threading
 from collections.abc import Iterator
 from types import ModuleType
@@ -52,37 +58,36 @@ if TYPE_CHECKING:
 
 #: Key prefix of every lease, counter and receipt unless the URL gives ``?prefix=``.
 PREFIX_DEFAULT: Final = "orbitive:"
+#: Oldest server the scripts run on (``PEXPIRETIME`` came with 7.0).
+SERVER_MIN: Final = (7, 0)
 #: Shortest life of a release receipt, in seconds.
 RECEIPT_MIN_S: Final = 60.0
 #: Keys read per SCAN step of :meth:`RedisEngine.locks`.
 _SCAN_COUNT: Final = 512
-_NOW_MS: Final = """
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-"""
 # KEYS[1] lease key, KEYS[2] fence counter; ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] attempt.
 # -> {granted 0|1, token, owner, expires_at ms, remaining ms}; granted 1 for a live lease
 # of this very attempt (a retry whose first try committed).
-_ACQUIRE: Final = f"""{_NOW_MS}
+_ACQUIRE: Final = """
 local held = redis.call('GET', KEYS[1])
 if held then
     local token, attempt, owner = string.match(held, '^(%d+) (%x+) (.*)$')
     if not token then
         return redis.error_reply('orbitive: ' .. KEYS[1] .. ' does not hold a lease')
     end
+    local expires = redis.call('PEXPIRETIME', KEYS[1])
     local left = redis.call('PTTL', KEYS[1])
-    return {{attempt == ARGV[3] and 1 or 0, tonumber(token), owner, now_ms + left, left}}
+    return {attempt == ARGV[3] and 1 or 0, tonumber(token), owner, expires, left}
 end
 local token = redis.call('INCR', KEYS[2])
 local value = string.format('%d %s %s', token, ARGV[3], ARGV[1])
 redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
-return {{1, token, ARGV[1], now_ms + tonumber(ARGV[2]), tonumber(ARGV[2])}}
+return {1, token, ARGV[1], redis.call('PEXPIRETIME', KEYS[1]), tonumber(ARGV[2])}
 """
 # KEYS[1] lease key; ARGV[1] the tenure's value, ARGV[2] ttl ms -> expires_at ms, or nil.
-_RENEW: Final = f"""
+_RENEW: Final = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
-redis.call('PEXPIRE', KEYS[1], ARGV[2]){_NOW_MS}
-return now_ms + tonumber(ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return redis.call('PEXPIRETIME', KEYS[1])
 """
 # KEYS[1] lease key, KEYS[2] receipt; ARGV[1] the tenure's value, ARGV[2] receipt ms -> 0|1.
 _RELEASE: Final = """
@@ -101,10 +106,10 @@ if redis.call('DEL', KEYS[1]) == 1 then
 end
 return redis.call('EXISTS', KEYS[2])
 """
-# KEYS: lease keys -> {now ms, key, value, remaining ms, key, value, remaining ms, ...}
-# for the keys that hold a live string.
-_SNAPSHOT: Final = f"""{_NOW_MS}
-local out = {{now_ms}}
+# KEYS: lease keys -> {key, value, expires_at ms, remaining ms, key, ...} for the keys
+# that hold a live string.
+_SNAPSHOT: Final = """
+local out = {}
 for _, key in ipairs(KEYS) do
     local held = redis.pcall('GET', key)
     if type(held) == 'string' then
@@ -112,6 +117,7 @@ for _, key in ipairs(KEYS) do
         if left > 0 then
             out[#out + 1] = key
             out[#out + 1] = held
+            out[#out + 1] = redis.call('PEXPIRETIME', key)
             out[#out + 1] = left
         end
     end
@@ -191,9 +197,22 @@ class RedisEngine(Engine[RedisGrant]):
         self._prefix = prefix
         self._lease_prefix = f"{prefix}lock:"
         self._fence = f"{prefix}fence"
+        self._check_version()
         for script in _SCRIPTS:
             self._run("SCRIPT", "LOAD", script.source)  # a call's first EVALSHA runs it
         _fork.register(self)
+
+    def _check_version(self) -> None:
+        """Refuse a server older than :data:`SERVER_MIN` (the scripts need PEXPIRETIME)."""
+        info = str(self._run("INFO", "server"))
+        found = re.search(r"^redis_version:(\d+)\.(\d+)", info, re.MULTILINE)
+        if found is None or (int(found[1]), int(found[2])) < SERVER_MIN:
+            version = "unknown" if found is None else f"{found[1]}.{found[2]}"
+            raise StoreError(
+                f"the redis store needs Redis {SERVER_MIN[0]}.{SERVER_MIN[1]} or later; "
+                f"the server reports {version}",
+                kind=ErrorKind.DATABASE,
+            )
 
     # -- the primitives ---------------------------------------------------------------------
 
@@ -226,8 +245,9 @@ class RedisEngine(Engine[RedisGrant]):
 
     def locks(self) -> list[LockInfo]:
         pattern = self._lease_prefix.translate(_GLOB) + "*"
-        infos = [info for batch in self._scan(pattern) for info in self._infos(batch)]
-        return sorted(infos, key=lambda info: info.name.encode())
+        # SCAN may return a key twice: one snapshot per name.
+        infos = {info.name: info for batch in self._scan(pattern) for info in self._infos(batch)}
+        return sorted(infos.values(), key=lambda info: info.name.encode())
 
     # -- reading leases -----------------------------------------------------------------------
 
@@ -244,17 +264,15 @@ class RedisEngine(Engine[RedisGrant]):
     def _infos(self, keys: tuple[str, ...]) -> list[LockInfo]:
         """Snapshots of the live leases among ``keys``; values not in lease form are skipped."""
         reply = self._eval(_SNAPSHOT_SCRIPT, keys)
-        now_ms, rest = reply[0], reply[1:]
         infos = []
-        for key, value, left_ms in zip(rest[0::3], rest[1::3], rest[2::3], strict=True):
+        for at in range(0, len(reply), 4):
+            key, value, expires_ms, left_ms = reply[at : at + 4]
             parts = value.split(" ", 2)
             if len(parts) != 3 or not parts[0].isdigit():
                 continue
             token, _, owner = parts
             name = key[len(self._lease_prefix) :]
-            infos.append(
-                LockInfo(name, owner, int(token), (now_ms + left_ms) / 1000.0, left_ms / 1000.0)
-            )
+            infos.append(LockInfo(name, owner, int(token), expires_ms / 1000.0, left_ms / 1000.0))
         return infos
 
     # -- the connection, retries, errors ------------------------------------------------------
