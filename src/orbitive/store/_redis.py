@@ -197,9 +197,13 @@ class RedisEngine(Engine[RedisGrant]):
         self._prefix = prefix
         self._lease_prefix = f"{prefix}lock:"
         self._fence = f"{prefix}fence"
-        self._check_version()
-        for script in _SCRIPTS:
-            self._run("SCRIPT", "LOAD", script.source)  # a call's first EVALSHA runs it
+        try:
+            self._check_version()
+            for script in _SCRIPTS:
+                self._run("SCRIPT", "LOAD", script.source)  # a call's first EVALSHA runs it
+        except BaseException:
+            self._drop()  # a half-opened engine leaves no connection behind
+            raise
         _fork.register(self)
 
     def _check_version(self) -> None:
