@@ -205,3 +205,18 @@ def test_locks_lists_every_lease_once_across_scan_batches(redis_url: str) -> Non
         held = [store.try_lock(name, "w1", LONG) for name in names]
         assert all(lock is not None for lock in held)
         assert [info.name for info in store.locks()] == names
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:secret@h/db?timeout=soon",
+        "redis://u:secret@h/0?timeout=1&timeout=2",
+        "redis://:secret@h/0?prefix=",
+        "rediss://:secret@:6379/0",
+    ],
+)
+def test_refusals_never_show_the_password(url: str) -> None:
+    with pytest.raises(InvalidStoreUrl) as caught:
+        open_store(url)
+    assert "secret" not in str(caught.value)

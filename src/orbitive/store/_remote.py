@@ -44,6 +44,7 @@ def split_param(url: str, key: str) -> tuple[str, str | None]:
     """The URL without its ``key`` query parameter, and that parameter's raw value.
 
     The other parameters are kept byte for byte (libpq and redis-py read them).
+    Error messages name the parameter, not the URL (which may hold a password).
 
     Raises:
         InvalidStoreUrl: ``key`` is given more than once.
@@ -53,7 +54,7 @@ def split_param(url: str, key: str) -> tuple[str, str | None]:
     items = query.split("&") if mark else []
     found = [item.partition("=")[2] for item in items if item.partition("=")[0] == key]
     if len(found) > 1:
-        raise InvalidStoreUrl(f"store URL {url!r}: {key} is given {len(found)} times")
+        raise InvalidStoreUrl(f"store URL parameter {key} is given {len(found)} times")
     rest = "&".join(item for item in items if item.partition("=")[0] != key)
     return base + ("?" + rest if rest else "") + hash_mark + fragment, (found[0] if found else None)
 
@@ -66,18 +67,18 @@ def split_timeout(url: str) -> tuple[str, float]:
             ``TIMEOUT_MIN_S..TIMEOUT_MAX_S``, or is given twice.
     """
     rest, value = split_param(url, "timeout")
-    return rest, TIMEOUT_DEFAULT_S if value is None else _seconds(url, value)
+    return rest, TIMEOUT_DEFAULT_S if value is None else _seconds(value)
 
 
-def _seconds(url: str, value: str) -> float:
+def _seconds(value: str) -> float:
     try:
         seconds = float(value)
     except ValueError:
         seconds = math.nan
     if not TIMEOUT_MIN_S <= seconds <= TIMEOUT_MAX_S:  # also refuses NaN
         raise InvalidStoreUrl(
-            f"store URL {url!r}: timeout must be seconds in {TIMEOUT_MIN_S:g}..{TIMEOUT_MAX_S:g}, "
-            f"got {value!r}"
+            f"store URL parameter timeout must be seconds in "
+            f"{TIMEOUT_MIN_S:g}..{TIMEOUT_MAX_S:g}, got {value!r}"
         )
     return seconds
 

@@ -158,12 +158,12 @@ def _redis(url: str) -> tuple[Engine[Any], str]:
     where = parts.path if parts.scheme.lower() == "unix" else parts.hostname
     if not where or parts.fragment:
         raise InvalidStoreUrl(
-            f"store URL {url!r}: expected redis://host[:port][/db], rediss://... "
+            f"store URL {_redacted(url)!r}: expected redis://host[:port][/db], rediss://... "
             "or unix:///path/to/redis.sock"
         )
     prefix = PREFIX_DEFAULT if prefix is None else unquote(prefix)
     if not prefix or _CONTROL.search(prefix):
-        raise InvalidStoreUrl(f"store URL {url!r}: prefix must be non-empty, no control characters")
+        raise InvalidStoreUrl("store URL parameter prefix must be non-empty, no control characters")
     return RedisEngine(rest, timeout=timeout, prefix=prefix), _redacted(url)
 
 
