@@ -170,7 +170,6 @@ class RedisEngine(Engine[RedisGrant]):
     """Named locks as expiring keys of one Redis node, timed by the server's clock."""
 
     kind = "redis"
-    poll_cap_s = 0.05
 
     def __init__(self, url: str, *, timeout: float, prefix: str = PREFIX_DEFAULT) -> None:
         module = _redis()
