@@ -138,6 +138,8 @@ class RedisGrant(NamedTuple):
 def _redis() -> ModuleType:
     try:
         import redis  # noqa: PLC0415 - optional dependency, loaded on first use
+        import redis.backoff  # noqa: PLC0415 - with it: the NoBackoff the engine uses
+        import redis.retry  # noqa: PLC0415 - with it: the Retry the engine uses
     except ImportError as error:
         raise StoreError(
             "the Redis store needs redis-py: pip install 'orbitive[redis]'",
