@@ -148,6 +148,13 @@ def store_postgres(ws: Workspace, keys: int) -> Prepared:
     return _store(ws, keys, url, _nothing)
 
 
+def store_redis(ws: Workspace, keys: int) -> Prepared:
+    """The store contract over the runner's redis-server (the one redis-py Lock uses)."""
+    need("redis")
+    port = ws.server("redis").port
+    return _store(ws, keys, f"redis://127.0.0.1:{port}/0?prefix={ws.unique('bstore')}:", _nothing)
+
+
 # -- alternatives --------------------------------------------------------------------------
 
 
@@ -293,6 +300,7 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("orbitive store: SHM", "orbitive", store_shm, False, ""),
     Contender("orbitive store: SQLite", "orbitive", store_sqlite, False, ""),
     Contender("orbitive store: PostgreSQL", "orbitive", store_postgres, False, ""),
+    Contender("orbitive store: Redis", "orbitive", store_redis, False, ""),
     Contender("fcntl.flock pair", "floor", flock_pair, True, _FLOCK_BASED),
     Contender("multiprocessing.Lock", "alternative", mp_lock, True, _NO_RECOVERY),
     Contender("posix_ipc.Semaphore", "alternative", posix_semaphore, True, _NO_RECOVERY),

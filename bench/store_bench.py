@@ -1,11 +1,13 @@
 """Store try_lock + release, uncontended, one process, on each engine.
 
-Run: ``.venv/bin/python bench/store_bench.py [--pairs N] [--engines sqlite,postgres,shm]
-[--postgres URL]``. Times every pair on its own and prints the median, p10 and p90
-in microseconds. Without ``--postgres`` a throw-away server is started as the
-tests do (``tests/store/_postgres.py``); the SQLite file and the SHM fleet are
-temporary too. Targets (issue 3): SQLite <= 60 us, PostgreSQL <= 1000 us on
-loopback, SHM <= 12 us.
+Run: ``.venv/bin/python bench/store_bench.py [--pairs N]
+[--engines sqlite,postgres,shm,redis] [--postgres URL]``. Times every pair on its
+own and prints the median, p10 and p90 in microseconds. Without ``--postgres`` a
+throw-away server is started as the tests do (``tests/store/_postgres.py``); the
+redis-server is always a throw-away one (``tests/store/_redis.py``); the SQLite
+file and the SHM fleet are temporary too. Targets (issue 3): SQLite <= 60 us,
+PostgreSQL <= 1000 us on loopback, SHM <= 12 us; Redis (issue 12): at most 1.3x
+redis-py's ``Lock`` per pair, on the same server.
 
 For the SHM engine it also prints what the contract adds over the lock table: store
 pairs and bare ``LockTable`` pairs on the same fleet, timed one by one and
@@ -13,6 +15,9 @@ interleaved (so both see the same machine load), and the difference of their med
 And what asyncio adds: ``await try_lock_async`` + ``await release()`` pairs and
 sync pairs, interleaved inside one running event loop, and the ratio of their
 medians (target issue 12: at most 2x).
+For Redis it likewise interleaves store pairs with redis-py ``Lock`` pairs
+(``acquire(blocking=False)`` + ``release``) on the same server and prints the ratio
+of their medians.
 """
 
 from __future__ import annotations
@@ -36,11 +41,15 @@ from orbitive.store import open_store
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests._fleets import remove_fleet_files
 from tests.store._postgres import PostgresUnavailable, TempPostgres
+from tests.store._redis import RedisUnavailable, TempRedis
 
 TARGETS_US = {"sqlite": 60.0, "postgres": 1000.0, "shm": 12.0}
 #: Largest ratio of an asyncio SHM pair's median to a sync pair's (issue 12).
 ASYNC_RATIO_TARGET = 2.0
+#: Redis: the store pair over redis-py's Lock pair, on the same server.
+REDIS_TARGET_RATIO = 1.3
 SHM_CAPACITY = 4
+NETWORK = ("postgres", "redis")
 
 
 def pair_times_us(url: str, pairs: int) -> list[float]:
@@ -118,6 +127,32 @@ def shm_async_us(url: str, pairs: int) -> tuple[float, float]:
     return async_us, sync_us
 
 
+def redis_ratio(url: str, pairs: int) -> tuple[float, float]:
+    """Median microseconds of a store pair and of a redis-py Lock pair on one server.
+
+    The two are timed pair by pair, alternately, after a warm-up of each.
+    """
+    import redis  # noqa: PLC0415 - only this engine needs it
+
+    client = redis.Redis.from_url(url.partition("?")[0])
+    with open_store(url) as store, contextlib.closing(client):
+        try_lock = store.try_lock
+        lock = client.lock("bench/redis-py", timeout=30.0)
+
+        def store_pair() -> None:
+            held = try_lock("bench/key", "bench-owner", 30.0)
+            assert held is not None
+            held.release()
+
+        def redis_py_pair() -> None:
+            assert lock.acquire(blocking=False)
+            lock.release()
+
+        samples = interleaved_us((store_pair, redis_py_pair), pairs)
+    store_us, lock_us = (statistics.median(times) for times in samples)
+    return store_us, lock_us
+
+
 def interleaved_us(cycles: tuple[Callable[[], None], ...], rounds: int) -> list[list[float]]:
     """Microseconds of each call of each cycle: ``rounds`` rounds, one call of each per round."""
     for cycle in cycles:
@@ -145,6 +180,12 @@ def engine_url(engine: str, postgres: str | None) -> Iterator[str]:
             yield f"shm://{fleet}?capacity={SHM_CAPACITY}"
         finally:
             remove_fleet_files(fleet)
+    elif engine == "redis":
+        redis_server = TempRedis.start()
+        try:
+            yield f"{redis_server.url}?prefix=bench:"
+        finally:
+            redis_server.stop()
     elif postgres is not None:
         yield postgres
     else:
@@ -158,26 +199,21 @@ def engine_url(engine: str, postgres: str | None) -> Iterator[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pairs", type=int, default=20_000)
-    parser.add_argument("--engines", default="sqlite,postgres,shm")
+    parser.add_argument("--engines", default="sqlite,postgres,shm,redis")
     parser.add_argument("--postgres", default=None, metavar="URL")
     args = parser.parse_args()
     for engine in args.engines.split(","):
-        pairs = args.pairs if engine != "postgres" else max(args.pairs // 10, 100)
+        pairs = args.pairs if engine not in NETWORK else max(args.pairs // 10, 100)
         try:
             with engine_url(engine, args.postgres) as url:
                 samples = pair_times_us(url, pairs)
                 overhead = shm_overhead_us(url, pairs) if engine == "shm" else None
                 asyncio_us = shm_async_us(url, pairs) if engine == "shm" else None
-        except PostgresUnavailable as error:
+                versus = redis_ratio(url, pairs) if engine == "redis" else None
+        except (PostgresUnavailable, RedisUnavailable) as error:
             print(f"{engine:<9} skipped: {error}")
             continue
-        deciles = statistics.quantiles(samples, n=10)
-        median = statistics.median(samples)
-        verdict = "ok" if median <= TARGETS_US[engine] else "MISSES"
-        print(
-            f"{engine:<9} median {median:8.2f} us  p10 {deciles[0]:8.2f}  p90 {deciles[-1]:8.2f}"
-            f"  ({pairs} pairs; target <= {TARGETS_US[engine]:g} us: {verdict})"
-        )
+        report(engine, pairs, samples)
         if overhead is not None:
             store_us, table_us = overhead
             print(
@@ -193,6 +229,28 @@ def main() -> None:
                 f"= {ratio:.2f}x  (medians, interleaved in one loop; "
                 f"target <= {ASYNC_RATIO_TARGET:g}x: {verdict})"
             )
+        if versus is not None:
+            store_us, lock_us = versus
+            ratio = store_us / lock_us
+            verdict = "ok" if ratio <= REDIS_TARGET_RATIO else "MISSES"
+            print(
+                f"{engine:<9} store {store_us:.1f} us / redis-py Lock {lock_us:.1f} us "
+                f"= {ratio:.2f}x  (medians, interleaved; target <= {REDIS_TARGET_RATIO}x: "
+                f"{verdict})"
+            )
+
+
+def report(engine: str, pairs: int, samples: list[float]) -> None:
+    """One line: median, p10 and p90 of the pairs, and the verdict on the engine's target."""
+    deciles = statistics.quantiles(samples, n=10)
+    median = statistics.median(samples)
+    target = TARGETS_US.get(engine)
+    verdict = "ok" if target is None or median <= target else "MISSES"
+    note = "" if target is None else f"; target <= {target:g} us: {verdict}"
+    print(
+        f"{engine:<9} median {median:8.2f} us  p10 {deciles[0]:8.2f}  p90 {deciles[-1]:8.2f}"
+        f"  ({pairs} pairs{note})"
+    )
 
 
 if __name__ == "__main__":

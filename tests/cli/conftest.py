@@ -10,9 +10,25 @@ from pathlib import Path
 
 import pytest
 
-from ..store.conftest import postgres_server, postgres_url, shm_url, sqlite_url, store_url
+from ..store.conftest import (
+    postgres_server,
+    postgres_url,
+    redis_server,
+    redis_url,
+    shm_url,
+    sqlite_url,
+    store_url,
+)
 
-__all__ = ["postgres_server", "postgres_url", "shm_url", "sqlite_url", "store_url"]
+__all__ = [
+    "postgres_server",
+    "postgres_url",
+    "redis_server",
+    "redis_url",
+    "shm_url",
+    "sqlite_url",
+    "store_url",
+]
 
 
 @pytest.fixture(autouse=True)

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
+import redis
 
 from orbitive.store import AsyncLock, Store
 from orbitive.store._shm import ShmEngine
@@ -71,6 +72,8 @@ def blocked(store_url: str) -> Blocker:
         pytest.skip("SHM table steps never suspend: nothing to cancel inside one")
     if store_url.startswith("sqlite:"):
         return lambda name: _sqlite_write_lock(store_url[len("sqlite://") :])
+    if store_url.startswith("redis:"):
+        return lambda name: _redis_write_pause(store_url)
     return lambda name: _postgres_row_lock(store_url, name)
 
 
@@ -93,6 +96,17 @@ def _postgres_row_lock(url: str, name: str) -> Iterator[None]:
         ).fetchone()
         assert row is not None, "the row to lock must exist"
         yield
+
+
+@contextlib.contextmanager
+def _redis_write_pause(url: str) -> Iterator[None]:
+    client = redis.Redis.from_url(url.split("?", maxsplit=1)[0])
+    try:
+        client.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")  # scripts that write wait
+        yield
+        client.execute_command("CLIENT", "UNPAUSE")
+    finally:
+        client.close()
 
 
 def release_soon(block: contextlib.AbstractContextManager[None], delay: float) -> threading.Thread:

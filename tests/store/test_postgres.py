@@ -83,3 +83,22 @@ def test_missing_psycopg_is_a_clear_store_error(
     assert caught.value.kind is ErrorKind.UNAVAILABLE
     assert "orbitive[postgres]" in str(caught.value)
     assert isinstance(caught.value.__cause__, ImportError)
+
+
+def test_a_table_from_before_attempt_ids_is_upgraded_in_place(postgres_url: str) -> None:
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE orbitive_locks (name text PRIMARY KEY, owner text NOT NULL, "
+            "fencing_token bigint NOT NULL, acquired_at timestamptz NOT NULL, "
+            "expires_at timestamptz NOT NULL)"
+        )
+        conn.execute(
+            "INSERT INTO orbitive_locks VALUES ('old', 'w0', 7, now(), now() + interval '1 hour')"
+        )
+    with open_store(postgres_url) as store:
+        info = store.inspect("old")
+        assert info is not None and (info.owner, info.fencing_token) == ("w0", 7)
+        assert store.try_lock("old", "w1", 60.0) is None  # the old lease still holds
+        assert store.force_release("old")
+        lock = store.try_lock("old", "w1", 60.0)
+        assert lock is not None and lock.release()

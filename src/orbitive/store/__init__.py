@@ -1,8 +1,9 @@
 """Named locks with a TTL, an owner and a fencing token (seed 002).
 
-One contract over three engines: a SQLite file (the embedded default), PostgreSQL
-(several hosts) and the SHM lock table of a fleet. See :func:`open_store`. Asyncio
-code uses ``store.try_lock_async`` and ``store.lock_async`` (an :class:`AsyncLock`).
+One contract over four engines: a SQLite file (the embedded default), PostgreSQL
+or one Redis node (several hosts) and the SHM lock table of a fleet. See
+:func:`open_store`. Asyncio code uses ``store.try_lock_async`` and
+``store.lock_async`` (an :class:`AsyncLock`).
 
 Name rule: a lock name is a ``str`` of 1 to 255 bytes once UTF-8 encoded, with no
 control character (U+0000-U+001F, U+007F-U+009F); owners are non-empty strings of

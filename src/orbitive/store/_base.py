@@ -176,7 +176,7 @@ class Store:
     ) -> Lock:
         """Wait for ``name`` and hold it, renewing in the background; use with ``with``.
 
-        Waiting is by bounded, jittered polling (SQLite, PostgreSQL) or by the lock
+        Waiting is by bounded, jittered polling (SQLite, PostgreSQL, Redis) or by the lock
         table's readiness descriptor (shm), and never past the holder's expiry.
 
         Args:

@@ -38,8 +38,8 @@ class LockInfo(NamedTuple):
         name: the lock name.
         owner: the owner string the holder passed.
         fencing_token: strictly larger for every acquisition in the store.
-        expires_at: on the engine's clock: Unix epoch seconds (SQLite, PostgreSQL)
-            or ``time.monotonic()`` seconds (shm).
+        expires_at: on the engine's clock: Unix epoch seconds (SQLite, PostgreSQL,
+            Redis) or ``time.monotonic()`` seconds (shm).
         remaining_s: seconds left when the snapshot was read, on the engine's clock.
     """
 

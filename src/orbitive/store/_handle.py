@@ -75,7 +75,7 @@ class Tenure:
 
     @property
     def expires_at(self) -> float:
-        """Expiry on the engine's clock (Unix epoch s for SQLite/PostgreSQL, monotonic for shm)."""
+        """Expiry on the engine's clock (Unix epoch s; for shm ``time.monotonic()``)."""
         return self._grant.expires_at
 
     @property

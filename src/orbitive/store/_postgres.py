@@ -21,6 +21,17 @@ Facts this engine relies on:
 * ``CREATE TABLE IF NOT EXISTS`` (and ``CREATE OR REPLACE FUNCTION``) are not
   safe against a concurrent creator, so the schema is created under a
   transaction-scoped advisory lock; that is the only advisory lock used.
+* A retried call never changes the answer (see ``_remote``): the grant stores
+  its attempt id in the row, so a retry whose first try committed finds a live
+  row of its own attempt and reports it granted; release and force-release
+  insert a receipt row keyed by their attempt id into ``orbitive_lock_receipts``
+  in the same transaction, so a retry finds it. Receipts older than an hour are
+  purged by one release in a hundred.
+* Every call ends within the URL's ``?timeout=S`` (default 5 s): waits on the
+  socket end at the call's deadline (``_postgres_wait``), the mutex is awaited
+  only that long, and a reconnect uses the time left as ``connect_timeout``.
+  libpq counts that in whole seconds and never below 2, so a call that must
+  reconnect may take up to 2 s more than ``S``.
 * A psycopg connection must not be used across ``fork``: a forked child points
   its copy of the socket at ``/dev/null`` before dropping it (so nothing it
   sends reaches the parent's session) and connects anew on first use.
@@ -28,6 +39,7 @@ Facts this engine relies on:
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -37,33 +49,36 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from .. import _fork
 from .._errors import ErrorKind, StoreError
 from ._engine import Busy, Engine, Granted, LockInfo
+from ._remote import Deadline, attempt_id, gave_up, timed_out, unavailable
 
 if TYPE_CHECKING:
     import psycopg
 
     from ._postgres_async import PostgresAsyncEngine
+    from ._postgres_wait import DeadlineConnection
 
 _T = TypeVar("_T")
 
-#: Seconds to wait for a connection.
-CONNECT_TIMEOUT_S: Final = 10
+#: libpq's smallest connect timeout, in whole seconds.
+CONNECT_TIMEOUT_MIN_S: Final = 2
 _SCHEMA_LOCK: Final = 0x6F72_6269_7374_6F72  # "orbistor": serialises schema creation only
 _EPOCH: Final = "extract(epoch FROM l.expires_at)::float8"
 _LEFT: Final = "extract(epoch FROM l.expires_at - clock_timestamp())::float8"
 # The acquire step as a server-side function: one round trip, one transaction.
 # The token is drawn only after the INSERT has granted and locked the row.
 _ACQUIRE_FUNCTION: Final = f"""
-CREATE OR REPLACE FUNCTION orbitive_lock_acquire(p_name text, p_owner text, p_ttl float8)
+CREATE OR REPLACE FUNCTION orbitive_lock_acquire(
+    p_name text, p_owner text, p_ttl float8, p_attempt text)
 RETURNS TABLE (granted boolean, holder text, token bigint, expires float8, remaining float8)
 LANGUAGE plpgsql AS $$
 DECLARE
     t timestamptz := clock_timestamp();
 BEGIN
-    INSERT INTO orbitive_locks AS l (name, owner, fencing_token, acquired_at, expires_at)
-    VALUES (p_name, p_owner, 0, t, t + make_interval(secs => p_ttl))
+    INSERT INTO orbitive_locks AS l (name, owner, fencing_token, acquired_at, expires_at, attempt)
+    VALUES (p_name, p_owner, 0, t, t + make_interval(secs => p_ttl), p_attempt)
     ON CONFLICT (name) DO UPDATE
-    SET owner = EXCLUDED.owner, fencing_token = 0,
-        acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
+    SET owner = EXCLUDED.owner, fencing_token = 0, acquired_at = EXCLUDED.acquired_at,
+        expires_at = EXCLUDED.expires_at, attempt = EXCLUDED.attempt
     WHERE l.expires_at <= EXCLUDED.acquired_at;
     IF FOUND THEN
         RETURN QUERY
@@ -71,10 +86,35 @@ BEGIN
         WHERE l.name = p_name
         RETURNING true, l.owner, l.fencing_token, {_EPOCH}, {_LEFT};
     ELSE
-        RETURN QUERY
-        SELECT false, l.owner, l.fencing_token, {_EPOCH}, {_LEFT}
+        RETURN QUERY  -- granted only to a retry of the attempt that holds it
+        SELECT l.attempt = p_attempt, l.owner, l.fencing_token, {_EPOCH}, {_LEFT}
         FROM orbitive_locks AS l WHERE l.name = p_name AND l.expires_at > clock_timestamp();
     END IF;
+END $$"""
+# Release (p_owner and p_token given) or force-release (both NULL) in one transaction,
+# leaving a receipt of the attempt when it removed a live lease; a retry that removes
+# nothing reports what its receipt says.
+_RELEASE_FUNCTION: Final = """
+CREATE OR REPLACE FUNCTION orbitive_lock_release(
+    p_name text, p_owner text, p_token bigint, p_attempt text)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    live boolean;
+BEGIN
+    DELETE FROM orbitive_locks AS l
+    WHERE l.name = p_name
+      AND (p_owner IS NULL OR (l.owner = p_owner AND l.fencing_token = p_token))
+    RETURNING l.expires_at > clock_timestamp() INTO live;
+    IF live THEN
+        INSERT INTO orbitive_lock_receipts (attempt) VALUES (p_attempt) ON CONFLICT DO NOTHING;
+        IF random() < 0.01 THEN
+            DELETE FROM orbitive_lock_receipts
+            WHERE done_at < clock_timestamp() - interval '1 hour';
+        END IF;
+        RETURN true;
+    END IF;
+    RETURN live IS NULL
+        AND EXISTS (SELECT 1 FROM orbitive_lock_receipts WHERE attempt = p_attempt);
 END $$"""
 _SCHEMA: Final = (
     """CREATE TABLE IF NOT EXISTS orbitive_locks (
@@ -84,35 +124,41 @@ _SCHEMA: Final = (
         acquired_at timestamptz NOT NULL,
         expires_at timestamptz NOT NULL CHECK (expires_at > acquired_at)
     )""",
+    "ALTER TABLE orbitive_locks ADD COLUMN IF NOT EXISTS attempt text NOT NULL DEFAULT ''",
+    """CREATE TABLE IF NOT EXISTS orbitive_lock_receipts (
+        attempt text PRIMARY KEY,
+        done_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    )""",
+    "CREATE INDEX IF NOT EXISTS orbitive_lock_receipts_done ON orbitive_lock_receipts (done_at)",
     "CREATE SEQUENCE IF NOT EXISTS orbitive_lock_fence AS bigint",
     _ACQUIRE_FUNCTION,
+    _RELEASE_FUNCTION,
 )
-_ACQUIRE: Final = "SELECT * FROM orbitive_lock_acquire(%(name)s, %(owner)s, %(ttl)s)"
+_ACQUIRE: Final = "SELECT * FROM orbitive_lock_acquire(%(name)s, %(owner)s, %(ttl)s, %(attempt)s)"
 _RENEW: Final = f"""
 UPDATE orbitive_locks AS l SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
 WHERE name = %(name)s AND owner = %(owner)s AND fencing_token = %(token)s
   AND expires_at > clock_timestamp()
 RETURNING {_EPOCH}"""
-_RELEASE: Final = """
-DELETE FROM orbitive_locks
-WHERE name = %(name)s AND owner = %(owner)s AND fencing_token = %(token)s
-RETURNING expires_at > clock_timestamp()"""
-_FORCE: Final = """
-DELETE FROM orbitive_locks WHERE name = %(name)s RETURNING expires_at > clock_timestamp()"""
+_RELEASE: Final = (
+    "SELECT orbitive_lock_release(%(name)s, %(owner)s, %(token)s::bigint, %(attempt)s)"
+)
 _LIVE: Final = f"""
 SELECT name, owner, fencing_token, {_EPOCH}, {_LEFT} FROM orbitive_locks AS l
 WHERE expires_at > clock_timestamp()"""
 
 
-def _psycopg() -> ModuleType:
+def _psycopg() -> tuple[ModuleType, type[DeadlineConnection]]:
     try:
         import psycopg  # noqa: PLC0415 - optional dependency, loaded on first use
+
+        from ._postgres_wait import DeadlineConnection  # noqa: PLC0415 - imports psycopg
     except ImportError as error:
         raise StoreError(
-            "the PostgreSQL store needs psycopg 3: pip install 'orbitive[postgres]'",
+            "the PostgreSQL store needs psycopg 3.2 or later: pip install 'orbitive[postgres]'",
             kind=ErrorKind.UNAVAILABLE,
         ) from error
-    return psycopg
+    return psycopg, DeadlineConnection
 
 
 class PostgresEngine(Engine[Granted]):
@@ -121,11 +167,12 @@ class PostgresEngine(Engine[Granted]):
     kind = "postgres"
     poll_cap_s = 0.1
 
-    def __init__(self, conninfo: str) -> None:
-        self._pg = _psycopg()
+    def __init__(self, conninfo: str, *, timeout: float) -> None:
+        self._pg, self._connection_class = _psycopg()
         self._conninfo = conninfo
+        self._timeout = timeout
         self._mutex = threading.Lock()
-        self._conn: psycopg.Connection[Any] | None = None
+        self._conn: DeadlineConnection | None = None
         self._closed = False
         self._run(_ensure_schema, retry=False)
         _fork.register(self)
@@ -133,7 +180,7 @@ class PostgresEngine(Engine[Granted]):
     # -- the primitives ---------------------------------------------------------------------
 
     def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
-        params = {"name": name, "owner": owner, "ttl": ttl}
+        params = {"name": name, "owner": owner, "ttl": ttl, "attempt": attempt_id()}
         row = self._run(lambda conn: conn.execute(_ACQUIRE, params).fetchone())
         if row is None:
             return Busy(None)
@@ -149,12 +196,14 @@ class PostgresEngine(Engine[Granted]):
         return None if row is None else Granted(token, row[0])
 
     def release(self, name: str, owner: str, grant: Granted) -> bool:
-        params = {"name": name, "owner": owner, "token": grant.fencing_token}
-        row = self._run(lambda conn: conn.execute(_RELEASE, params).fetchone())
-        return row is not None and bool(row[0])
+        return self._release(name, owner, grant.fencing_token)
 
     def force_release(self, name: str) -> bool:
-        row = self._run(lambda conn: conn.execute(_FORCE, {"name": name}).fetchone())
+        return self._release(name, None, None)
+
+    def _release(self, name: str, owner: str | None, token: int | None) -> bool:
+        params = {"name": name, "owner": owner, "token": token, "attempt": attempt_id()}
+        row = self._run(lambda conn: conn.execute(_RELEASE, params).fetchone())
         return row is not None and bool(row[0])
 
     def inspect(self, name: str) -> LockInfo | None:
@@ -169,39 +218,46 @@ class PostgresEngine(Engine[Granted]):
     # -- connection, retries, errors ----------------------------------------------------------
 
     def _run(self, step: Callable[[psycopg.Connection[Any]], _T], *, retry: bool = True) -> _T:
-        """Run one step; a connection found broken is re-established and the step retried once.
+        """Run one step within the call timeout; a broken connection is replaced and the
+        step retried once while time is left.
 
         Every step is one transaction and safe to repeat: a lease belongs to no
-        connection, so a lost connection loses no lock.
+        connection, and the grant and release recognise their own attempt.
         """
-        with self._mutex:
-            for attempt in (1, 2):
-                conn = self._connection()
+        deadline = Deadline(self._timeout)
+        if not self._mutex.acquire(timeout=max(deadline.left(), 0.0)):
+            raise timed_out(self.kind, deadline)
+        try:
+            failure: BaseException | None = None
+            for _ in deadline.attempts():
+                conn = self._connection(deadline)
+                conn.deadline = deadline.at
                 try:
                     return step(conn)
                 except self._pg.OperationalError as error:
                     self._drop()
-                    if not retry or attempt == 2:
-                        raise StoreError(
-                            f"postgres store unavailable: {error}", kind=ErrorKind.UNAVAILABLE
-                        ) from error
+                    failure = error
                 except self._pg.Error as error:
                     raise StoreError(f"postgres store: {error}", kind=ErrorKind.DATABASE) from error
-        raise AssertionError("unreachable")  # pragma: no cover
+                if not retry:
+                    break
+            assert failure is not None  # the loop either returned or failed at least once
+            raise gave_up(self.kind, deadline, failure) from failure
+        finally:
+            self._mutex.release()
 
-    def _connection(self) -> psycopg.Connection[Any]:
+    def _connection(self, deadline: Deadline) -> DeadlineConnection:
         if self._closed:
             raise StoreError("postgres store is closed", kind=ErrorKind.CLOSED)
         conn = self._conn
         if conn is None or conn.closed:
+            seconds = max(CONNECT_TIMEOUT_MIN_S, math.ceil(deadline.left()))
             try:
-                conn = self._pg.connect(
-                    self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+                conn = self._connection_class.connect(
+                    self._conninfo, autocommit=True, connect_timeout=seconds
                 )
             except self._pg.Error as error:
-                raise StoreError(
-                    f"postgres store unavailable: {error}", kind=ErrorKind.UNAVAILABLE
-                ) from error
+                raise unavailable(self.kind, error) from error
             self._conn = conn
         return conn
 

@@ -14,9 +14,12 @@ Facts this form relies on:
 * A statement is never cancelled half-way by a cancelled task: the helpers run
   it to completion (:func:`._engine_async.run_to_completion`), since the server
   may commit it anyway, and act on its result.
-* Errors map as in the sync engine: a broken connection is re-established and the
-  statement retried once (``StoreError(UNAVAILABLE)`` after that), any other
-  database error is ``StoreError(DATABASE)``.
+* Errors and time map as in the sync engine: every call ends within the store's
+  ``?timeout=`` (a statement still waiting then is abandoned with its
+  connection); a broken or abandoned connection is re-established and the
+  statement retried while time is left (``StoreError(UNAVAILABLE)`` after
+  that), and a grant or release carries an attempt id, so a retry recognises
+  its own committed work; any other database error is ``StoreError(DATABASE)``.
 * After ``fork`` the child points its copies of the sockets at ``/dev/null``
   before dropping them, as the sync engine does.
 """
@@ -24,6 +27,7 @@ Facts this form relies on:
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import threading
 from typing import TYPE_CHECKING, Any
@@ -32,7 +36,8 @@ from .. import _fork
 from .._errors import ErrorKind, StoreError
 from ._engine import Busy, Granted, LockInfo
 from ._engine_async import AsyncEngine
-from ._postgres import _ACQUIRE, _RELEASE, _RENEW, CONNECT_TIMEOUT_S, PostgresEngine
+from ._postgres import _ACQUIRE, _RELEASE, _RENEW, CONNECT_TIMEOUT_MIN_S, PostgresEngine
+from ._remote import Deadline, attempt_id, gave_up, timed_out
 
 if TYPE_CHECKING:
     import psycopg
@@ -47,13 +52,15 @@ class PostgresAsyncEngine(AsyncEngine[Granted]):
         super().__init__(engine)
         self._pg = engine._pg
         self._conninfo = engine._conninfo
+        self._timeout = engine._timeout
         self._mutex = threading.Lock()  # guards the map of connections, never awaited
         self._connections: dict[_Loop, psycopg.AsyncConnection[Any]] = {}
         self._closed = False
         _fork.register(self)
 
     async def acquire(self, name: str, owner: str, ttl: float) -> Granted | Busy:
-        row = await self._fetch(_ACQUIRE, {"name": name, "owner": owner, "ttl": ttl})
+        params = {"name": name, "owner": owner, "ttl": ttl, "attempt": attempt_id()}
+        row = await self._fetch(_ACQUIRE, params)
         if row is None:
             return Busy(None)
         granted, holder, token, expires_at, remaining = row
@@ -68,38 +75,56 @@ class PostgresAsyncEngine(AsyncEngine[Granted]):
         return None if row is None else Granted(token, row[0])
 
     async def release(self, name: str, owner: str, grant: Granted) -> bool:
-        params = {"name": name, "owner": owner, "token": grant.fencing_token}
+        params = {
+            "name": name,
+            "owner": owner,
+            "token": grant.fencing_token,
+            "attempt": attempt_id(),
+        }
         row = await self._fetch(_RELEASE, params)
         return row is not None and bool(row[0])
 
     async def _fetch(self, sql: str, params: dict[str, object]) -> tuple[Any, ...] | None:
-        """One statement, its first row; a broken connection is replaced and retried once."""
-        for attempt in (1, 2):
-            conn = await self._connection()
+        """One statement, its first row, within the call timeout; a broken connection is
+        replaced and the statement retried while time is left (it is safe to repeat)."""
+        deadline = Deadline(self._timeout)
+        failure: BaseException | None = None
+        for _ in deadline.attempts():
+            conn = await self._connection(deadline)
             try:
-                cursor = await conn.execute(sql, params)
-                return await cursor.fetchone()
-            except self._pg.OperationalError as error:
+                return await asyncio.wait_for(self._execute(conn, sql, params), deadline.left())
+            except (self._pg.OperationalError, asyncio.TimeoutError) as error:
                 self._drop(conn)
-                if attempt == 2:
-                    raise StoreError(
-                        f"postgres store unavailable: {error}", kind=ErrorKind.UNAVAILABLE
-                    ) from error
+                failure = error
             except self._pg.Error as error:
                 raise StoreError(f"postgres store: {error}", kind=ErrorKind.DATABASE) from error
-        raise AssertionError("unreachable")  # pragma: no cover
+        assert failure is not None  # the loop either returned or failed at least once
+        raise gave_up("postgres", deadline, failure) from failure
 
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+    @staticmethod
+    async def _execute(
+        conn: psycopg.AsyncConnection[Any], sql: str, params: dict[str, object]
+    ) -> tuple[Any, ...] | None:
+        cursor = await conn.execute(sql, params)
+        return await cursor.fetchone()
+
+    async def _connection(self, deadline: Deadline) -> psycopg.AsyncConnection[Any]:
         if self._closed:
             raise StoreError("postgres store is closed", kind=ErrorKind.CLOSED)
         loop = asyncio.get_running_loop()
         conn = self._connections.get(loop)
         if conn is not None and not conn.closed:
             return conn
+        seconds = max(CONNECT_TIMEOUT_MIN_S, math.ceil(deadline.left()))
         try:
-            conn = await self._pg.AsyncConnection.connect(
-                self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+            fresh: psycopg.AsyncConnection[Any] = await asyncio.wait_for(
+                self._pg.AsyncConnection.connect(
+                    self._conninfo, autocommit=True, connect_timeout=seconds
+                ),
+                max(deadline.left(), 0.0) + CONNECT_TIMEOUT_MIN_S,
             )
+        except asyncio.TimeoutError:
+            raise timed_out("postgres", deadline) from None
         except self._pg.Error as error:
             raise StoreError(
                 f"postgres store unavailable: {error}", kind=ErrorKind.UNAVAILABLE
@@ -107,11 +132,11 @@ class PostgresAsyncEngine(AsyncEngine[Granted]):
         with self._mutex:
             kept = self._connections.get(loop)
             if kept is None or kept.closed or self._closed:
-                kept = self._connections[loop] = conn
+                kept = self._connections[loop] = fresh
             stale = [loop for loop in self._connections if loop.is_closed()]
             finished = [self._connections.pop(loop) for loop in stale]
-        if kept is not conn:  # another task of this loop connected first
-            finished.append(conn)
+        if kept is not fresh:  # another task of this loop connected first
+            finished.append(fresh)
         for old in finished:
             old.pgconn.finish()
         return kept

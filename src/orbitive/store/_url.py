@@ -8,6 +8,12 @@ Forms::
     postgresql://user@host/db     PostgreSQL (also postgres://); any libpq URI
     shm://FLEET?capacity=N        the store's SHM lock table of fleet FLEET (capacity: the
                                   fleet's own when it exists, else 64)
+    redis://[user:pw@]host[:port][/db]   one Redis node (also rediss:// for TLS)
+    unix:///path/redis.sock[?db=N]       one Redis node over a Unix socket
+
+PostgreSQL and Redis URLs take ``?timeout=S``: every call returns or raises
+``StoreError(UNAVAILABLE)`` within S seconds (default 5). Redis URLs also take
+``?prefix=P``, the prefix of every key the store writes (default ``orbitive:``).
 
 The default file is ``$XDG_STATE_HOME/orbitive/locks.db`` (``~/.local/state`` when
 the variable is unset or relative); its directory is created 0700 and the file 0600,
@@ -21,17 +27,20 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Final, cast
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 from .._access import check_dir
 from .._errors import InvalidStoreUrl
 from .._fleet import CAPACITY_MAX
 from ._base import Store
 from ._engine import Engine
+from ._remote import split_param, split_timeout
 
 _SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 #: The password of a ``scheme://user:password@`` URL, for messages about unparsable URLs.
 _PASSWORD: Final = re.compile(r"(://[^:/@]*:)[^@/]*@")
+_REDIS_SCHEMES: Final = ("redis", "rediss", "unix")
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def default_path() -> Path:
@@ -47,9 +56,12 @@ def open_store(url: str | None = None) -> Store:
     Args:
         url: ``None`` for the embedded default (a SQLite file in the user's state
             directory), ``sqlite:///abs/path.db``, ``sqlite:relative.db``,
-            ``postgresql://...`` (or ``postgres://...``), or ``shm://FLEET`` with an
+            ``postgresql://...`` (or ``postgres://...``), ``shm://FLEET`` with an
             optional ``?capacity=N`` (default: the capacity of the existing fleet,
-            else 64).
+            else 64), or ``redis://host[:port][/db]`` (also ``rediss://``,
+            ``unix:///path.sock``). PostgreSQL and Redis URLs take ``?timeout=S``,
+            the bound in seconds on every call (default 5); Redis URLs take
+            ``?prefix=P`` (default ``orbitive:``).
 
     Returns:
         An open :class:`Store`; close it, or use it as a context manager.
@@ -60,8 +72,8 @@ def open_store(url: str | None = None) -> Store:
             a ``sqlite:`` path to a file that is not a SQLite database, or an
             ``shm://`` fleet that has another capacity than ``?capacity=N`` asks for.
         StoreError: ``UNAVAILABLE`` when the database cannot be opened or reached,
-            ``psycopg`` is not installed for a PostgreSQL URL, or every node of an
-            ``shm://`` fleet is held.
+            ``psycopg`` (``redis``) is not installed for a PostgreSQL (Redis) URL, or
+            every node of an ``shm://`` fleet is held.
         AccessDenied: the default file or its directory is a symlink, another
             user's, or open to group or others.
         LayoutMismatch: ``shm://`` fleet objects exist but are not the store's table.
@@ -74,7 +86,7 @@ def open_store(url: str | None = None) -> Store:
                 with lock:
                     run_job(lock.fencing_token)
 
-    Seed 002: one contract, the same on a SQLite file, the SHM table and PostgreSQL.
+    Seed 002: one contract, the same on a SQLite file, the SHM table, PostgreSQL and Redis.
     """
     engine, shown = _engine_for(url)
     return Store(engine, shown)
@@ -99,9 +111,11 @@ def _engine_for(url: object) -> tuple[Engine[Any], str]:
         return _postgres(url)
     if scheme == "shm":
         return _shm(url)
+    if scheme in _REDIS_SCHEMES:
+        return _redis(url)
     raise InvalidStoreUrl(
         f"unknown store URL {url!r}: expected sqlite:///path, sqlite:path, "
-        "postgresql://..., postgres://... or shm://FLEET"
+        "postgresql://..., postgres://..., shm://FLEET, redis://..., rediss://... or unix://..."
     )
 
 
@@ -131,11 +145,12 @@ def _postgres(url: str) -> tuple[Engine[Any], str]:
 
     if not _is_utf8(url):
         raise InvalidStoreUrl(f"store URL {url!r} has no UTF-8 form (a lone surrogate)")
-    problem = _libpq_refuses(url)
+    conninfo, timeout = split_timeout(url)
+    problem = _libpq_refuses(conninfo)
     if problem:  # an unclosed IPv6 bracket is a bad URL, not an unreachable server
         shown = _PASSWORD.sub(r"\1***@", url)
         raise InvalidStoreUrl(f"store URL {shown!r} is malformed: {problem}")
-    return PostgresEngine(url), _redacted(url)
+    return PostgresEngine(conninfo, timeout=timeout), _redacted(url)
 
 
 def _libpq_refuses(url: str) -> str:
@@ -180,6 +195,24 @@ def _is_utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _redis(url: str) -> tuple[Engine[Any], str]:
+    from ._redis import PREFIX_DEFAULT, RedisEngine  # noqa: PLC0415 - redis loads on demand
+
+    rest, timeout = split_timeout(url)
+    rest, prefix = split_param(rest, "prefix")
+    parts = urlsplit(rest)
+    where = parts.path if parts.scheme.lower() == "unix" else parts.hostname
+    if not where or parts.fragment:
+        raise InvalidStoreUrl(
+            f"store URL {_redacted(url)!r}: expected redis://host[:port][/db], rediss://... "
+            "or unix:///path/to/redis.sock"
+        )
+    prefix = PREFIX_DEFAULT if prefix is None else unquote(prefix)
+    if not prefix or _CONTROL.search(prefix):
+        raise InvalidStoreUrl("store URL parameter prefix must be non-empty, no control characters")
+    return RedisEngine(rest, timeout=timeout, prefix=prefix), _redacted(url)
 
 
 def _redacted(url: str) -> str:

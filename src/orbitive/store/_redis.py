@@ -1,0 +1,353 @@
+"""Redis engine (``redis://``, ``rediss://``, ``unix://``): named locks on one Redis node.
+
+Facts this engine relies on:
+
+* A lease is one string key ``{prefix}lock:{name}`` holding ``"TOKEN ATTEMPT
+  OWNER"``; its ``PX`` expiry *is* the lease. The server expires it on its own
+  clock, and ``PEXPIRETIME`` (Redis 7.0 or later) gives ``expires_at``: Unix
+  epoch seconds of the server, whole milliseconds, the same on every read. No
+  client clock is ever compared.
+* A Lua script runs atomically. The grant reads the key, draws the fencing
+  token with ``INCR {prefix}fence`` and writes the lease with ``SET NX PX``, in
+  one step; renew and release compare the whole stored value (token, attempt
+  and owner) in Lua before they touch the key, so they act on the exact tenure.
+* The counter ``{prefix}fence`` never goes back while the server keeps its data,
+  so tokens strictly increase. A failover to a replica that missed the last
+  writes, or a restart without persistence, can forget a lease and reuse a
+  token: a single node guarantees exclusion only while it keeps its data.
+* A call carries an attempt id (see ``_remote``): the grant stores it in the
+  value, release and force-release leave a receipt ``{prefix}receipt:{attempt}``
+  that lives :data:`RECEIPT_MIN_S` seconds or three call timeouts, whichever is
+  longer. A retry after a lost reply reports what the first attempt did.
+* The engine owns one redis-py ``Connection`` (built by the URL's pool class,
+  so TCP, TLS and Unix sockets alike), used by one thread at a time under a
+  mutex, as the PostgreSQL engine does: a command is one ``send_command`` and
+  one ``read_response``, without the client's pool and instrumentation on every
+  call. redis-py's own retries are switched off (a blind retry of a grant could
+  change its answer); a connection error drops the connection and the call is
+  retried once on a new one. Each socket step (connect, command) is bounded by
+  a quarter of the call timeout, so two attempts of connect plus command fit.
+* ``locks()`` walks the prefix with ``SCAN`` and reads each batch of keys in
+  one script: every lease live through the whole walk is listed once (SCAN may
+  return a key twice; the engine keeps one), one granted or released during it
+  may or may not be.
+* Scripts are loaded at open and run by ``EVALSHA``; a server that forgot them
+  (restart, ``SCRIPT FLUSH``) answers NOSCRIPT and gets the script again.
+* After ``fork`` the child drops the inherited connection: redis-py closes its
+  socket without ``shutdown`` in a process other than its creator, so the
+  parent's session lives on; the child connects afresh on first use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import threading
+from collections.abc import Iterator
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+from .. import _fork
+from .._errors import ErrorKind, InvalidStoreUrl, StoreError
+from ._engine import Busy, Engine, LockInfo
+from ._remote import Deadline, attempt_id, gave_up, timed_out
+
+if TYPE_CHECKING:
+    from redis.connection import ConnectionPool
+
+#: Key prefix of every lease, counter and receipt unless the URL gives ``?prefix=``.
+PREFIX_DEFAULT: Final = "orbitive:"
+#: Oldest server the scripts run on (``PEXPIRETIME`` came with 7.0).
+SERVER_MIN: Final = (7, 0)
+#: Shortest life of a release receipt, in seconds.
+RECEIPT_MIN_S: Final = 60.0
+#: Keys read per SCAN step of :meth:`RedisEngine.locks`.
+_SCAN_COUNT: Final = 512
+# KEYS[1] lease key, KEYS[2] fence counter; ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] attempt.
+# -> {granted 0|1, token, owner, expires_at ms, remaining ms}; granted 1 for a live lease
+# of this very attempt (a retry whose first try committed).
+_ACQUIRE: Final = """
+local held = redis.call('GET', KEYS[1])
+if held then
+    local token, attempt, owner = string.match(held, '^(%d+) (%x+) (.*)$')
+    if not token then
+        return redis.error_reply('orbitive: ' .. KEYS[1] .. ' does not hold a lease')
+    end
+    local expires = redis.call('PEXPIRETIME', KEYS[1])
+    local left = redis.call('PTTL', KEYS[1])
+    return {attempt == ARGV[3] and 1 or 0, tonumber(token), owner, expires, left}
+end
+local token = redis.call('INCR', KEYS[2])
+local value = string.format('%d %s %s', token, ARGV[3], ARGV[1])
+redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
+return {1, token, ARGV[1], redis.call('PEXPIRETIME', KEYS[1]), tonumber(ARGV[2])}
+"""
+# KEYS[1] lease key; ARGV[1] the tenure's value, ARGV[2] ttl ms -> expires_at ms, or nil.
+_RENEW: Final = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return redis.call('PEXPIRETIME', KEYS[1])
+"""
+# KEYS[1] lease key, KEYS[2] receipt; ARGV[1] the tenure's value, ARGV[2] receipt ms -> 0|1.
+_RELEASE: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+    return 1
+end
+return redis.call('EXISTS', KEYS[2])
+"""
+# KEYS[1] lease key, KEYS[2] receipt; ARGV[1] receipt ms -> 0|1.
+_FORCE: Final = """
+if redis.call('DEL', KEYS[1]) == 1 then
+    redis.call('SET', KEYS[2], '1', 'PX', ARGV[1])
+    return 1
+end
+return redis.call('EXISTS', KEYS[2])
+"""
+# KEYS: lease keys -> {key, value, expires_at ms, remaining ms, key, ...} for the keys
+# that hold a live string.
+_SNAPSHOT: Final = """
+local out = {}
+for _, key in ipairs(KEYS) do
+    local held = redis.pcall('GET', key)
+    if type(held) == 'string' then
+        local left = redis.call('PTTL', key)
+        if left > 0 then
+            out[#out + 1] = key
+            out[#out + 1] = held
+            out[#out + 1] = redis.call('PEXPIRETIME', key)
+            out[#out + 1] = left
+        end
+    end
+end
+return out
+"""
+_GLOB: Final = str.maketrans({char: "\\" + char for char in "\\*?[]"})
+
+
+class RedisGrant(NamedTuple):
+    """A Redis tenure: its token, expiry (server epoch seconds) and the stored value."""
+
+    fencing_token: int
+    expires_at: float
+    value: str
+
+
+def _redis() -> ModuleType:
+    try:
+        import redis  # noqa: PLC0415 - optional dependency, loaded on first use
+        import redis.backoff  # noqa: PLC0415 - with it: the NoBackoff the engine uses
+        import redis.retry  # noqa: PLC0415 - with it: the Retry the engine uses
+    except ImportError as error:
+        raise StoreError(
+            "the Redis store needs redis-py: pip install 'orbitive[redis]'",
+            kind=ErrorKind.UNAVAILABLE,
+        ) from error
+    return redis
+
+
+def _ms(seconds: float) -> int:
+    """Whole milliseconds, rounded down: a lease never outlasts its ttl."""
+    return math.floor(seconds * 1000.0)
+
+
+class _Script(NamedTuple):
+    """A Lua script and its SHA1, as EVALSHA names it."""
+
+    source: str
+    sha: str
+
+
+def _script(source: str) -> _Script:
+    return _Script(source, hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest())
+
+
+_SCRIPTS: Final = tuple(map(_script, (_ACQUIRE, _RENEW, _RELEASE, _FORCE, _SNAPSHOT)))
+_ACQUIRE_SCRIPT, _RENEW_SCRIPT, _RELEASE_SCRIPT, _FORCE_SCRIPT, _SNAPSHOT_SCRIPT = _SCRIPTS
+
+
+class RedisEngine(Engine[RedisGrant]):
+    """Named locks as expiring keys of one Redis node, timed by the server's clock."""
+
+    kind = "redis"
+
+    def __init__(self, url: str, *, timeout: float, prefix: str = PREFIX_DEFAULT) -> None:
+        module = _redis()
+        self._errors = module.RedisError
+        self._transient = (module.ConnectionError, module.TimeoutError)
+        self._no_script = module.exceptions.NoScriptError
+        self._timeout = timeout
+        self._receipt_ms = str(_ms(max(RECEIPT_MIN_S, 3.0 * timeout)))
+        step_s = timeout / 4.0  # connect + command, twice
+        try:
+            self._pool: ConnectionPool = module.ConnectionPool.from_url(
+                url,
+                decode_responses=True,
+                socket_timeout=step_s,
+                socket_connect_timeout=step_s,
+                retry=module.retry.Retry(module.backoff.NoBackoff(), 0),
+                retry_on_timeout=False,
+            )
+        except (ValueError, TypeError) as error:  # redis-py's verdict on the URL
+            raise InvalidStoreUrl(f"redis store URL refused: {error}") from None
+        self._mutex = threading.Lock()
+        self._conn: Any = None  # a redis-py Connection (its methods are untyped)
+        self._closed = False
+        self._prefix = prefix
+        self._lease_prefix = f"{prefix}lock:"
+        self._fence = f"{prefix}fence"
+        try:
+            self._check_version()
+            for script in _SCRIPTS:
+                self._run("SCRIPT", "LOAD", script.source)  # a call's first EVALSHA runs it
+        except BaseException:
+            self._drop()  # a half-opened engine leaves no connection behind
+            raise
+        _fork.register(self)
+
+    def _check_version(self) -> None:
+        """Refuse a server older than :data:`SERVER_MIN` (the scripts need PEXPIRETIME)."""
+        info = str(self._run("INFO", "server"))
+        found = re.search(r"^redis_version:(\d+)\.(\d+)", info, re.MULTILINE)
+        if found is None or (int(found[1]), int(found[2])) < SERVER_MIN:
+            version = "unknown" if found is None else f"{found[1]}.{found[2]}"
+            raise StoreError(
+                f"the redis store needs Redis {SERVER_MIN[0]}.{SERVER_MIN[1]} or later; "
+                f"the server reports {version}",
+                kind=ErrorKind.DATABASE,
+            )
+
+    # -- the primitives ---------------------------------------------------------------------
+
+    def acquire(self, name: str, owner: str, ttl: float) -> RedisGrant | Busy:
+        attempt = attempt_id()
+        keys = (self._lease_prefix + name, self._fence)
+        granted, token, holder, expires_ms, left_ms = self._eval(
+            _ACQUIRE_SCRIPT, keys, owner, _ms(ttl), attempt
+        )
+        if granted:
+            return RedisGrant(token, expires_ms / 1000.0, f"{token} {attempt} {owner}")
+        return Busy(LockInfo(name, holder, token, expires_ms / 1000.0, left_ms / 1000.0))
+
+    def renew(self, name: str, owner: str, grant: RedisGrant, ttl: float) -> RedisGrant | None:
+        keys = (self._lease_prefix + name,)
+        expires_ms = self._eval(_RENEW_SCRIPT, keys, grant.value, _ms(ttl))
+        return None if expires_ms is None else grant._replace(expires_at=expires_ms / 1000.0)
+
+    def release(self, name: str, owner: str, grant: RedisGrant) -> bool:
+        keys = (self._lease_prefix + name, self._receipt())
+        return bool(self._eval(_RELEASE_SCRIPT, keys, grant.value, self._receipt_ms))
+
+    def force_release(self, name: str) -> bool:
+        keys = (self._lease_prefix + name, self._receipt())
+        return bool(self._eval(_FORCE_SCRIPT, keys, self._receipt_ms))
+
+    def inspect(self, name: str) -> LockInfo | None:
+        found = self._infos((self._lease_prefix + name,))
+        return found[0] if found else None
+
+    def locks(self) -> list[LockInfo]:
+        pattern = self._lease_prefix.translate(_GLOB) + "*"
+        # SCAN may return a key twice: one snapshot per name.
+        infos = {info.name: info for batch in self._scan(pattern) for info in self._infos(batch)}
+        return sorted(infos.values(), key=lambda info: info.name.encode())
+
+    # -- reading leases -----------------------------------------------------------------------
+
+    def _scan(self, pattern: str) -> Iterator[tuple[str, ...]]:
+        """Batches of keys matching ``pattern``, one SCAN step each."""
+        cursor = "0"
+        while True:
+            cursor, keys = self._run("SCAN", cursor, "MATCH", pattern, "COUNT", _SCAN_COUNT)
+            if keys:
+                yield tuple(keys)
+            if cursor == "0":
+                return
+
+    def _infos(self, keys: tuple[str, ...]) -> list[LockInfo]:
+        """Snapshots of the live leases among ``keys``; values not in lease form are skipped."""
+        reply = self._eval(_SNAPSHOT_SCRIPT, keys)
+        infos = []
+        for at in range(0, len(reply), 4):
+            key, value, expires_ms, left_ms = reply[at : at + 4]
+            parts = value.split(" ", 2)
+            if len(parts) != 3 or not parts[0].isdigit():
+                continue
+            token, _, owner = parts
+            name = key[len(self._lease_prefix) :]
+            infos.append(LockInfo(name, owner, int(token), expires_ms / 1000.0, left_ms / 1000.0))
+        return infos
+
+    # -- the connection, retries, errors ------------------------------------------------------
+
+    def _receipt(self) -> str:
+        return f"{self._prefix}receipt:{attempt_id()}"
+
+    def _eval(self, script: _Script, keys: tuple[str, ...], *args: object) -> Any:
+        """Run ``script`` (its attempt id, if any, is already among ``args``)."""
+        return self._run("EVALSHA", script.sha, len(keys), *keys, *args, script=script)
+
+    def _run(self, *command: object, script: _Script | None = None) -> Any:
+        """Send ``command`` and read its reply within the call timeout.
+
+        A connection error drops the connection; the command is sent once more on
+        a new one while time is left. Every command is safe to repeat: the scripts
+        recognise their own attempt. NOSCRIPT loads ``script`` and sends it again.
+        """
+        deadline = Deadline(self._timeout)
+        if not self._mutex.acquire(timeout=max(deadline.left(), 0.0)):
+            raise timed_out(self.kind, deadline)
+        try:
+            failure: BaseException | None = None
+            for _ in deadline.attempts():
+                try:
+                    return self._exchange(command, script)
+                except self._transient as error:
+                    self._drop()
+                    failure = error
+                except self._errors as error:
+                    raise StoreError(f"redis store: {error}", kind=ErrorKind.DATABASE) from error
+            assert failure is not None  # the loop either returned or failed at least once
+            raise gave_up(self.kind, deadline, failure) from failure
+        finally:
+            self._mutex.release()
+
+    def _exchange(self, command: tuple[object, ...], script: _Script | None) -> Any:
+        conn = self._connection()
+        try:
+            conn.send_command(*command)
+            return conn.read_response()
+        except self._no_script:
+            if script is None:
+                raise
+            conn.send_command("SCRIPT", "LOAD", script.source)
+            conn.read_response()
+            conn.send_command(*command)
+            return conn.read_response()
+
+    def _connection(self) -> Any:
+        if self._closed:
+            raise StoreError("redis store is closed", kind=ErrorKind.CLOSED)
+        if self._conn is None:
+            self._conn = self._pool.make_connection()
+        return self._conn
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.disconnect()
+
+    def _after_fork_in_child(self) -> None:
+        self._mutex = threading.Lock()
+        self._drop()  # in a child, redis-py closes the socket without shutdown
+
+    def close(self) -> None:
+        with self._mutex:
+            self._closed = True
+            self._drop()
+            self._pool.disconnect()
+
+    def __repr__(self) -> str:
+        return "<RedisEngine>"

@@ -1,0 +1,232 @@
+"""Network faults between a store and its server (PostgreSQL, Redis): answers stay true.
+
+Each test talks to the server through a :class:`FaultProxy` and checks the
+server's state through a second store that connects directly. A lost reply
+after commit or a reset mid-statement must not change a call's answer (the
+retry recognises its own attempt), and a black hole must end every call with
+``StoreError(UNAVAILABLE)`` within the URL's ``timeout``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from orbitive.store import ErrorKind, Lock, Store, StoreError, open_store
+from orbitive.store._remote import TIMEOUT_DEFAULT_S
+
+from ._faultproxy import FaultProxy
+from ._postgres import TempPostgres
+from ._redis import TempRedis
+
+NETWORK_ENGINES = ("postgres", "redis")
+#: The ``?timeout=`` of the proxied stores in the black-hole tests, in seconds.
+BOUND_S = 1.0
+#: What a bounded call may take beyond its timeout on this noisy VM: libpq's
+#: whole-second connect timeout (at least 2 s) when a reconnect starts late.
+SLACK_S = 2.5
+LONG = 60.0
+
+
+@dataclass
+class Route:
+    """A proxied store URL, a direct one, and the proxy in between."""
+
+    proxy: FaultProxy
+    proxied_url: str
+    direct_url: str
+
+    def with_timeout(self, seconds: float) -> str:
+        joiner = "&" if "?" in self.proxied_url else "?"
+        return f"{self.proxied_url}{joiner}timeout={seconds:g}"
+
+
+@pytest.fixture(params=NETWORK_ENGINES)
+def route(request: pytest.FixtureRequest) -> Iterator[Route]:
+    """A fresh store URL of each network engine, and the same URL through a proxy."""
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    server: TempPostgres | TempRedis = request.getfixturevalue(f"{request.param}_server")
+    with FaultProxy(server.port) as proxy:
+        proxied = url.replace(f"127.0.0.1:{server.port}", f"127.0.0.1:{proxy.port}", 1)
+        assert proxied != url
+        yield Route(proxy, proxied, url)
+
+
+@pytest.fixture
+def proxied(route: Route) -> Iterator[Store]:
+    with open_store(route.proxied_url) as store:
+        yield store
+
+
+@pytest.fixture
+def direct(route: Route) -> Iterator[Store]:
+    with open_store(route.direct_url) as store:
+        yield store
+
+
+def held(store: Store, name: str) -> Lock:
+    lock = store.try_lock(name, "w1", LONG)
+    assert lock is not None, f"{name!r} should have been free"
+    return lock
+
+
+# -- a reply lost after commit, a reset mid-statement ----------------------------------------
+
+Arm = Callable[[FaultProxy], None]
+FAULTS: dict[str, Arm] = {
+    "lost-reply": FaultProxy.lose_next_reply,
+    "reset-mid-statement": FaultProxy.reset_next_request,
+}
+
+
+@pytest.mark.parametrize("arm", FAULTS.values(), ids=FAULTS.keys())
+def test_a_faulted_try_lock_still_grants_and_the_caller_holds_what_it_was_told(
+    route: Route, proxied: Store, direct: Store, arm: Arm
+) -> None:
+    arm(route.proxy)
+    lock = proxied.try_lock("grant", "w1", LONG)
+    assert route.proxy.fired == 1
+    assert lock is not None  # not None: the retry knows the committed grant is its own
+    info = direct.inspect("grant")
+    assert info is not None and (info.owner, info.fencing_token) == ("w1", lock.fencing_token)
+    assert direct.try_lock("grant", "w2", LONG) is None
+    assert lock.release()
+    assert direct.inspect("grant") is None
+    stats = proxied.statistics()
+    assert (stats.acquired_count, stats.busy_count, stats.lost_count) == (1, 0, 0)
+
+
+@pytest.mark.parametrize("arm", FAULTS.values(), ids=FAULTS.keys())
+def test_a_faulted_try_lock_on_a_held_name_still_reports_it_busy(
+    route: Route, proxied: Store, direct: Store, arm: Arm
+) -> None:
+    holder = held(direct, "taken")
+    arm(route.proxy)
+    assert proxied.try_lock("taken", "w2", LONG) is None
+    assert route.proxy.fired == 1
+    info = direct.inspect("taken")
+    assert info is not None and info.fencing_token == holder.fencing_token
+
+
+@pytest.mark.parametrize("arm", FAULTS.values(), ids=FAULTS.keys())
+def test_a_faulted_release_returns_true_and_counts_no_loss(
+    route: Route, proxied: Store, direct: Store, arm: Arm
+) -> None:
+    lock = held(proxied, "release")
+    arm(route.proxy)
+    assert lock.release() is True  # the retry finds its receipt, not a missing row
+    assert route.proxy.fired == 1
+    assert direct.inspect("release") is None
+    stats = proxied.statistics()
+    assert (stats.released_count, stats.lost_count) == (1, 0)
+    successor = held(direct, "release")
+    assert successor.fencing_token > lock.fencing_token
+
+
+def test_a_release_retried_after_a_successor_took_the_name_still_returns_true(
+    route: Route, proxied: Store, direct: Store
+) -> None:
+    lock = held(proxied, "quick")
+    successor: list[Lock | None] = []
+    # Runs in the proxy before the client hears the reset, so before the retry.
+    route.proxy.lose_next_reply(
+        on_fire=lambda: successor.append(direct.try_lock("quick", "w2", LONG))
+    )
+    assert lock.release() is True
+    assert route.proxy.fired == 1
+    assert successor[0] is not None and successor[0].fencing_token > lock.fencing_token
+    info = direct.inspect("quick")
+    assert info is not None and info.owner == "w2"  # the retry did not touch the successor
+    assert lock.release() is False  # a second release stays a no-op
+    assert proxied.statistics().lost_count == 0
+
+
+@pytest.mark.parametrize("arm", FAULTS.values(), ids=FAULTS.keys())
+def test_a_faulted_renew_keeps_the_lease_and_the_token(
+    route: Route, proxied: Store, direct: Store, arm: Arm
+) -> None:
+    lock = held(proxied, "renew")
+    arm(route.proxy)
+    assert lock.renew(LONG) is True
+    assert route.proxy.fired == 1
+    info = direct.inspect("renew")
+    assert info is not None and info.fencing_token == lock.fencing_token
+    assert info.remaining_s > LONG - 5.0
+
+
+@pytest.mark.parametrize("arm", FAULTS.values(), ids=FAULTS.keys())
+def test_a_faulted_force_release_returns_true(
+    route: Route, proxied: Store, direct: Store, arm: Arm
+) -> None:
+    holder = held(direct, "forced")
+    arm(route.proxy)
+    assert proxied.force_release("forced") is True
+    assert route.proxy.fired == 1
+    assert direct.inspect("forced") is None
+    assert holder.release() is False
+
+
+# -- a black hole: no FIN, no RST, no reply ---------------------------------------------------
+
+
+def bounded_call(call: Callable[[], object], bound: float) -> float:
+    """Run ``call``, which must raise StoreError(UNAVAILABLE); return the seconds it took."""
+    started = time.monotonic()
+    with pytest.raises(StoreError) as caught:
+        call()
+    elapsed = time.monotonic() - started
+    assert caught.value.kind is ErrorKind.UNAVAILABLE, caught.value
+    assert elapsed < bound + SLACK_S, f"{elapsed:.2f} s for a {bound:g} s bound"
+    return elapsed
+
+
+def test_every_call_into_a_black_hole_ends_unavailable_within_the_timeout(
+    route: Route, direct: Store
+) -> None:
+    holder = held(direct, "held")
+    with open_store(route.with_timeout(BOUND_S)) as store:
+        lock = held(store, "mine")
+        route.proxy.black_hole()
+        calls: list[Callable[[], object]] = [
+            lambda: store.try_lock("free", "w1", LONG),
+            lambda: lock.renew(LONG),
+            lambda: store.inspect("held"),
+            store.locks,
+            lambda: store.force_release("held"),
+            lock.release,
+        ]
+        for call in calls:
+            bounded_call(call, BOUND_S)
+        route.proxy.heal()
+        assert store.try_lock("free", "w1", LONG) is not None  # a fresh connection works
+    assert holder.renew(LONG)  # the black-holed force_release never reached the server
+
+
+def test_the_default_timeout_bounds_a_black_holed_try_lock(route: Route, proxied: Store) -> None:
+    assert TIMEOUT_DEFAULT_S <= 10.0
+    route.proxy.black_hole()
+    bounded_call(lambda: proxied.try_lock("n", "w1", LONG), TIMEOUT_DEFAULT_S)
+
+
+def test_opening_a_store_into_a_black_hole_ends_unavailable(route: Route) -> None:
+    route.proxy.black_hole()
+    bounded_call(lambda: open_store(route.with_timeout(BOUND_S)), BOUND_S)
+
+
+def test_a_call_waiting_for_a_black_holed_one_is_bounded_too(route: Route) -> None:
+    with open_store(route.with_timeout(BOUND_S)) as store:
+        route.proxy.black_hole()
+        errors: list[float] = []
+
+        def other() -> None:
+            errors.append(bounded_call(lambda: store.inspect("n"), BOUND_S))
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        bounded_call(lambda: store.try_lock("n", "w1", LONG), BOUND_S)
+        thread.join(BOUND_S + SLACK_S + 5.0)
+        assert len(errors) == 1
