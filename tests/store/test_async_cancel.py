@@ -102,9 +102,9 @@ def _postgres_row_lock(url: str, name: str) -> Iterator[None]:
 def _redis_write_pause(url: str) -> Iterator[None]:
     client = redis.Redis.from_url(url.split("?", maxsplit=1)[0])
     try:
-        client.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")  # scripts that write wait
+        client.client_pause(60_000, all=False)  # WRITE: scripts that write wait
         yield
-        client.execute_command("CLIENT", "UNPAUSE")
+        client.client_unpause()
     finally:
         client.close()
 
