@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -55,11 +56,36 @@ async def call_async(function: Callable[..., Any], *args: object) -> Any:
 
 
 def run_anywhere(function: Callable[..., Any], *args: object) -> Any:
-    """Call ``function`` from a thread with no event loop, running a coroutine to completion."""
+    """Call ``function`` from sync code, running an awaitable result to completion.
+
+    The awaitable runs on a new event loop: in this thread when none runs here,
+    else in a helper thread (so a sync ``close()`` inside asyncio code works).
+
+    Raises:
+        Whatever ``function`` or its awaitable raises.
+    """
     result = function(*args)
-    if inspect.isawaitable(result):
+    if not inspect.isawaitable(result):
+        return result
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
         return asyncio.run(_wait(result))
-    return result
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, asyncio.run(_wait(result))))
+        except BaseException as error:  # handed to the calling thread
+            outcome.append((False, error))
+
+    helper = threading.Thread(target=run, name="orbit-clients-close")
+    helper.start()
+    helper.join()
+    done, value = outcome[0]
+    if not done:
+        raise value
+    return value
 
 
 async def _wait(awaitable: Any) -> Any:

@@ -49,7 +49,7 @@ from .._fleet import Fleet
 from ..pool import POOL_KIND, CreationPermit, Pool
 from ..pool._availability import add_waiter, give_back, take
 from ..pool._table import Table
-from ._calls import call_async, call_sync, check_callable
+from ._calls import call_async, call_sync, check_callable, run_anywhere
 from ._entry import Entry
 from ._options import PoolOptions, pool_key, seconds
 from ._stats import ClientPoolStatistics, Counters, collect
@@ -385,7 +385,7 @@ class ClientPool(Generic[C]):
 
     def _close_quietly(self, client: C) -> None:
         try:
-            call_sync("close", self._close, client)
+            run_anywhere(self._close, client)
         except Exception:
             self.counters.close_errors += 1
         self.counters.closed += 1
@@ -557,19 +557,32 @@ class ClientPool(Generic[C]):
     def close(self) -> None:
         """Stop the upkeep thread and close every idle client of this process. Idempotent.
 
-        Clients still checked out are closed when they are handed back.
+        Clients still checked out are closed when they are handed back. An
+        asyncio ``close`` callable is run to completion on a helper loop; inside
+        asyncio code prefer :meth:`close_async`.
         """
-        if self._closed:
-            return
-        self._closed = True
-        upkeep = self._upkeep
-        upkeep.close()
-        if self._fork == _fork.generation:
-            with self._lock:
-                idle, self._idle = self._idle, []
-            for entry in idle:
-                self._retire(entry)
+        for entry in self._shut():
+            self._retire(entry)
         self._pool.close()
+
+    async def close_async(self) -> None:
+        """Asyncio twin of :meth:`close`: the idle clients are closed on this loop."""
+        idle = self._shut()
+        for entry in idle:
+            await self._retire_async(entry)
+        self._pool.close()
+
+    def _shut(self) -> list[Entry[C]]:
+        """Mark closed, stop the upkeep thread; the idle entries to retire (none twice)."""
+        if self._closed:
+            return []
+        self._closed = True
+        self._upkeep.close()
+        if self._fork != _fork.generation:
+            return []  # the parent's clients
+        with self._lock:
+            idle, self._idle = self._idle, []
+        return idle
 
     def __enter__(self) -> ClientPool[C]:
         return self
