@@ -122,8 +122,8 @@ class ClientPool(Generic[C]):
         self._fleet = fleet
         self._pool = Pool(fleet, kind=kind)
         self.counters = Counters()
-        self._start_local()
         self._closed = False
+        self._start_local()
 
     def _start_local(self) -> None:
         """This process's state: empty lists, a fresh lock, the upkeep thread."""
@@ -324,7 +324,7 @@ class ClientPool(Generic[C]):
                 self._retire(entry)
                 return
         if not self._give_back(entry):
-            self._close_quietly(client)
+            self._retire(entry)
 
     def _checked_in(self, client: C) -> Entry[C] | None:
         """The entry of a returned client; None when it cannot go back (fork, closed)."""
@@ -345,7 +345,6 @@ class ClientPool(Generic[C]):
         """The table step of a return: True if kept idle, else the caller closes the client."""
         now = time.monotonic()
         if self._expired(entry, now):
-            self._unregister(entry)
             return False
         options = self.options
         with self._lock:
@@ -353,8 +352,6 @@ class ClientPool(Generic[C]):
             if kept:
                 entry.idle_since = now
                 self._idle.append(entry)
-        if not kept:
-            self.counters.retired += 1
         return kept
 
     def discard(self, client: C) -> None:
@@ -372,16 +369,16 @@ class ClientPool(Generic[C]):
         self._retire(entry)
 
     def _unregister(self, entry: Entry[C]) -> None:
-        """Close ``entry``'s resource in the table (not the client)."""
+        """Close ``entry``'s resource in the table, once its client is closed."""
         if self._fork == _fork.generation:
             with contextlib.suppress(OrbitError):
                 self._pool.unregister(entry.rid)
         self.counters.retired += 1
 
     def _retire(self, entry: Entry[C]) -> None:
-        """Close ``entry``'s resource in the table, then the client."""
-        self._unregister(entry)
+        """Close the client, then its resource in the table (the budget returns last)."""
         self._close_quietly(entry.client)
+        self._unregister(entry)
 
     def _close_quietly(self, client: C) -> None:
         try:
@@ -461,9 +458,10 @@ class ClientPool(Generic[C]):
         with self._lock:
             self._out.pop(id(entry.client), None)
         if not self._give_back(entry):
-            self._spawn(self._close_async(entry.client))
+            self._spawn(self._retire_async(entry))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as a task of the running loop, kept referenced until done."""
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -500,7 +498,7 @@ class ClientPool(Generic[C]):
                 await self._retire_async(entry)
                 return
         if not self._give_back(entry):
-            await self._close_async(client)
+            await self._retire_async(entry)
 
     async def discard_async(self, client: C) -> None:
         """Asyncio twin of :meth:`discard`.
@@ -517,8 +515,8 @@ class ClientPool(Generic[C]):
         await self._retire_async(entry)
 
     async def _retire_async(self, entry: Entry[C]) -> None:
-        self._unregister(entry)
         await self._close_async(entry.client)
+        self._unregister(entry)
 
     async def _close_async(self, client: C) -> None:
         try:

@@ -113,8 +113,7 @@ class Upkeep:
                     pool._idle.remove(entry)
             if not retired:
                 return
-            pool.counters.retired += 1
-            pool._close_quietly(entry.client)
+            pool._retire(entry)
 
     def _refill(self, pool: ClientPool[Any]) -> None:
         """Create idle clients while this process may claim part of the warm deficit."""

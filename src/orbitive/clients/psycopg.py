@@ -26,7 +26,11 @@ Needs the ``postgres`` extra (psycopg); imported only when this module is.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import select
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Final
 
@@ -44,6 +48,8 @@ __all__ = ["AsyncConnectionPool", "ConnectionPool"]
 
 _IDLE: Final = pq.TransactionStatus.IDLE
 _OPEN: Final = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
+#: Longest wait, in seconds, for the server to end a closed connection's session.
+CLOSE_WAIT_S: Final = 2.0
 
 
 def connection_key(conninfo: str, kwargs: dict[str, Any], flavour: str) -> Key:
@@ -322,9 +328,46 @@ class AsyncConnectionPool(_Base):
         await self.close()
 
 
+def _watch(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> int:
+    """A duplicate of the connection's socket, to see the server end it; -1 if none."""
+    try:
+        return os.dup(conn.pgconn.socket)
+    except (OSError, psycopg.Error):
+        return -1
+
+
+def _await_gone(fd: int) -> None:
+    """Wait (at most :data:`CLOSE_WAIT_S`) until the server closed its end, then close ``fd``.
+
+    A backend leaves ``pg_stat_activity`` before it closes its socket, so once
+    this returns the server no longer counts the connection: only then does
+    the pool hand its budget to another process.
+    """
+    if fd < 0:
+        return
+    try:
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while (remaining := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([fd], [], [], remaining)
+            if not readable or not os.read(fd, 65536):
+                return
+    except OSError:  # reset by the server: gone as well
+        return
+    finally:
+        os.close(fd)
+
+
 def _close(conn: psycopg.Connection[Any]) -> None:
-    conn.close()
+    fd = _watch(conn)
+    try:
+        conn.close()
+    finally:
+        _await_gone(fd)
 
 
 async def _close_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    await conn.close()
+    fd = _watch(conn)
+    try:
+        await conn.close()
+    finally:
+        await asyncio.to_thread(_await_gone, fd)

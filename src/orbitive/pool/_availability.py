@@ -22,7 +22,7 @@ Rules (the reference design's availability extension):
   process waits at ``max_live`` and this one has no waiter of its own that
   would take it (or holds more than its share): an idle client never strands
   a waiter.
-* :func:`retire_idle` lets an owner retire an idle client for another
+* :func:`retire_idle` lets an owner take an idle client out, to retire it, for another
   process's waiter, or for ``idle_timeout`` (only above the ``min_idle``
   floor) and ``max_lifetime``.
 * :func:`claim_warm` claims creation only for this node's share of the
@@ -133,20 +133,16 @@ def take(table: Table, rid: ResourceId) -> int:
     return offset
 
 
-def _retire(table: Table, rid: ResourceId, offset: int, index: int) -> None:
-    """Close ``rid`` (member bit, then CLOSED) and wake the key. In a section."""
-    table._close_slot(offset, rid.node * table.lane_capacity + rid.slot, index)
-
-
 def give_back(table: Table, rid: ResourceId, max_idle: int, max_live: int) -> bool:
     """Owner returns an active unit: keep the client idle (True) or retire it (False).
 
     One step: the unit becomes free only while the fleet-wide idle count is
     below ``max_idle`` and no other process waits at ``max_live`` for capacity
     this client holds (unless this node's own waiters, within its fair share,
-    will take it). Otherwise the resource is closed in the same step and the
-    caller closes the client. A resource that is no longer ours (reset, closed)
-    reads as retired.
+    will take it). Otherwise the unit stays active: the caller closes the
+    client and only then unregisters it, so the budget returns once the client
+    is really gone (a server never sees more than ``max_live`` connections). A
+    resource that is no longer ours (reset, closed) reads as retired.
     """
     offset = table.locate(rid)
     table.enter()
@@ -160,7 +156,6 @@ def give_back(table: Table, rid: ResourceId, max_idle: int, max_live: int) -> bo
             store(table.buf, offset + RES_ACTIVE, U32, max(0, hot[8] - 1))
             table.key_changed(index)
             return True
-        _retire(table, rid, offset, index)
         return False
     finally:
         table.leave()
@@ -177,7 +172,10 @@ def _keep(table: Table, index: int, max_idle: int, max_live: int) -> bool:
 
 
 def retire_idle(table: Table, rid: ResourceId, reason: int, max_live: int, min_idle: int) -> bool:
-    """Owner retires its idle client ``rid`` if ``reason`` still holds. True if closed.
+    """Owner takes its idle client ``rid`` for retirement if ``reason`` still holds.
+
+    True: the unit is now active (nobody else can reserve or take it); the
+    caller closes the client, then unregisters it.
 
     ``FOR_WAITER``: another node waits and the key is at ``max_live``, and no
     waiter of this node would take the client. ``FOR_IDLE_TIMEOUT``: the
@@ -207,7 +205,7 @@ def retire_idle(table: Table, rid: ResourceId, reason: int, max_live: int, min_i
         else:
             due = True
         if due:
-            _retire(table, rid, offset, index)
+            store(table.buf, offset + RES_ACTIVE, U32, 1)
         return due
     finally:
         table.leave()

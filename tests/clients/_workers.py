@@ -1,0 +1,141 @@
+"""What the client-pool tests' worker processes run (module-level, so spawn finds them).
+
+Each worker joins the test's fleet as its own node, builds a pool and reports
+through its channel. No test framework is imported here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from orbitive import Fleet, OrbitError
+from orbitive.clients import PoolOptions
+from orbitive.clients.psycopg import AsyncConnectionPool, ConnectionPool
+
+from .._processes import Channel
+
+#: A query of about 1 ms on the server.
+SLOW_QUERY = "SELECT pg_sleep(0.001)"
+FAST_QUERY = "SELECT 1"
+
+
+def psycopg_requests(
+    channel: Channel,
+    fleet_name: str,
+    capacity: int,
+    url: str,
+    tag: str,
+    options: dict[str, Any],
+    requests: int,
+    query: str,
+) -> None:
+    """Run ``requests`` queries through a ConnectionPool; report (ok, errors, statistics)."""
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ConnectionPool(
+            url, fleet=fleet, kwargs={"application_name": tag}, options=PoolOptions(**options)
+        )
+        channel.send("ready")
+        channel.recv()
+        ok, errors = 0, []
+        for _ in range(requests):
+            try:
+                with pool.connection() as conn:
+                    conn.execute(query).fetchall()
+                ok += 1
+            except OrbitError as error:
+                errors.append(repr(error))
+        stats = pool.statistics()
+        channel.send((ok, errors, stats.as_dict()))
+        channel.recv()  # the test has looked at the fleet; now close
+        pool.close()
+
+
+def psycopg_holder(
+    channel: Channel, fleet_name: str, capacity: int, url: str, tag: str, max_live: int, hold: int
+) -> None:
+    """Check out ``hold`` connections and keep them until killed."""
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ConnectionPool(
+            url,
+            fleet=fleet,
+            kwargs={"application_name": tag},
+            options=PoolOptions(max_live=max_live),
+        )
+        held = [pool.getconn() for _ in range(hold)]
+        channel.send(len(held))
+        while True:
+            time.sleep(60)
+
+
+def psycopg_idle_holder(
+    channel: Channel, fleet_name: str, capacity: int, url: str, tag: str, options: dict[str, Any]
+) -> None:
+    """Use ``max_live`` connections once, return them (idle here), then stay idle until told."""
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ConnectionPool(
+            url, fleet=fleet, kwargs={"application_name": tag}, options=PoolOptions(**options)
+        )
+        held = [pool.getconn() for _ in range(pool.options.max_live)]
+        for conn in held:
+            pool.putconn(conn)
+        channel.send(pool.statistics().local_idle)
+        channel.recv()
+        stats = pool.statistics()
+        pool.close()
+        channel.send(stats.as_dict())
+
+
+def psycopg_async_requests(
+    channel: Channel,
+    fleet_name: str,
+    capacity: int,
+    url: str,
+    tag: str,
+    max_live: int,
+    tasks: int,
+    per_task: int,
+) -> None:
+    """``tasks`` concurrent tasks x ``per_task`` queries; report (ok, errors, worst loop lag)."""
+    with Fleet.join(fleet_name, capacity) as fleet:
+        channel.send("ready")
+        channel.recv()
+        channel.send(asyncio.run(_async_load(fleet, url, tag, max_live, tasks, per_task)))
+
+
+async def _async_load(
+    fleet: Fleet, url: str, tag: str, max_live: int, tasks: int, per_task: int
+) -> tuple[int, list[str], float]:
+    options = PoolOptions(max_live=max_live, acquire_timeout=30.0)
+    async with AsyncConnectionPool(
+        url, fleet=fleet, kwargs={"application_name": tag}, options=options
+    ) as pool:
+        errors: list[str] = []
+        running = True
+        lag = 0.0
+
+        async def ticker() -> None:
+            nonlocal lag
+            loop = asyncio.get_running_loop()
+            while running:
+                started = loop.time()
+                await asyncio.sleep(0.005)
+                lag = max(lag, loop.time() - started - 0.005)
+
+        async def worker() -> int:
+            done = 0
+            for _ in range(per_task):
+                try:
+                    async with pool.connection() as conn:
+                        await conn.execute(SLOW_QUERY)
+                    done += 1
+                except OrbitError as error:
+                    errors.append(repr(error))
+            return done
+
+        tick = asyncio.ensure_future(ticker())
+        counts = await asyncio.gather(*(worker() for _ in range(tasks)))
+        running = False
+        await tick
+        return sum(counts), errors, lag
