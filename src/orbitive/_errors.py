@@ -345,4 +345,3 @@ class TooManyRequests(OrbitError):
 
 class ClientCreateError(OrbitError):
     """The user's ``create()`` raised; the original error is the ``__cause__``."""
-
