@@ -139,3 +139,37 @@ async def _async_load(
         running = False
         await tick
         return sum(counts), errors, lag
+
+
+def sqlalchemy_requests(
+    channel: Channel, fleet_name: str, capacity: int, url: str, tag: str, max_live: int,
+    requests: int,
+) -> None:  # fmt: skip
+    """Run ``requests`` queries through a SQLAlchemy engine on FleetPool; report (ok, errors)."""
+    import sqlalchemy  # noqa: PLC0415 - only this worker needs it
+
+    from orbitive.clients.sqlalchemy import FleetPool  # noqa: PLC0415 - as above
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        engine = sqlalchemy.create_engine(
+            url.replace("postgresql://", "postgresql+psycopg://"),
+            connect_args={"application_name": tag},
+            poolclass=FleetPool,
+            fleet=fleet,
+            fleet_key=url,
+            fleet_options=PoolOptions(max_live=max_live),
+            pool_pre_ping=True,
+        )
+        channel.send("ready")
+        channel.recv()
+        ok, errors = 0, []
+        for _ in range(requests):
+            try:
+                with engine.connect() as conn:
+                    conn.execute(sqlalchemy.text(SLOW_QUERY)).fetchall()
+                ok += 1
+            except OrbitError as error:
+                errors.append(repr(error))
+        status = engine.pool.status()
+        engine.dispose()
+        channel.send((ok, errors, status))

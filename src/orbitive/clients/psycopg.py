@@ -328,7 +328,7 @@ class AsyncConnectionPool(_Base):
         await self.close()
 
 
-def _watch(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> int:
+def watch_socket(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> int:
     """A duplicate of the connection's socket, to see the server end it; -1 if none."""
     try:
         return os.dup(conn.pgconn.socket)
@@ -336,7 +336,7 @@ def _watch(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> int:
         return -1
 
 
-def _await_gone(fd: int) -> None:
+def await_gone(fd: int) -> None:
     """Wait (at most :data:`CLOSE_WAIT_S`) until the server closed its end, then close ``fd``.
 
     A backend leaves ``pg_stat_activity`` before it closes its socket, so once
@@ -358,16 +358,16 @@ def _await_gone(fd: int) -> None:
 
 
 def _close(conn: psycopg.Connection[Any]) -> None:
-    fd = _watch(conn)
+    fd = watch_socket(conn)
     try:
         conn.close()
     finally:
-        _await_gone(fd)
+        await_gone(fd)
 
 
 async def _close_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    fd = _watch(conn)
+    fd = watch_socket(conn)
     try:
         await conn.close()
     finally:
-        await asyncio.to_thread(_await_gone, fd)
+        await asyncio.to_thread(await_gone, fd)
