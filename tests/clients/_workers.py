@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from orbitive import Fleet, OrbitError
-from orbitive.clients import PoolOptions
+from orbitive.clients import ClientPool, PoolOptions
 from orbitive.clients.psycopg import AsyncConnectionPool, ConnectionPool
 
 from .._processes import Channel
@@ -173,3 +173,21 @@ def sqlalchemy_requests(
         status = engine.pool.status()
         engine.dispose()
         channel.send((ok, errors, status))
+
+
+def fake_holder(channel: Channel, fleet_name: str, capacity: int, in_use: int, idle: int) -> None:
+    """Hold ``in_use`` fake clients and keep ``idle`` more idle, until killed."""
+    from ._fakes import FakeClient, close  # noqa: PLC0415 - spawn imports this module lean
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ClientPool(
+            fleet, "fake", create=FakeClient, close=close,
+            options=PoolOptions(max_live=in_use + idle + 1),
+        )  # fmt: skip
+        returned = [pool.getconn() for _ in range(idle)]
+        held = [pool.getconn() for _ in range(in_use)]
+        for client in returned:
+            pool.putconn(client)
+        channel.send(len(held))
+        while True:
+            time.sleep(60)
