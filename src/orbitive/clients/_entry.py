@@ -12,9 +12,11 @@ C = TypeVar("C")
 
 @dataclass(slots=True, eq=False)
 class Entry(Generic[C]):
-    """A client, its resource id and its ``time.monotonic()`` creation and idle times."""
+    """A client, its resource id, its ``time.monotonic()`` creation and idle times, and
+    how many checkouts it served."""
 
     client: C
     rid: ResourceId
     created_at: float
     idle_since: float = 0.0
+    uses: int = 0

@@ -11,6 +11,8 @@ from ..pool import Key
 
 #: The longest duration an option takes, in seconds (about 31.7 years).
 SECONDS_MAX: Final = 1e9
+#: Seconds an idle client stays with its owner while another process waits at max_live.
+HANDOFF_GRACE_S: Final = 0.05
 #: The largest size an option takes (a u32 table counter).
 SIZE_MAX: Final = (1 << 32) - 1
 
@@ -60,6 +62,12 @@ class PoolOptions:
             ``min_idle`` floor), float > 0.
         max_lifetime: seconds after creation when a client is closed once it
             is next idle, float > 0.
+        handoff_uses: while another process waits at ``max_live``, a client
+            still serves this many checkouts of its own process in a row
+            before it is handed over (closed, so the waiter can create); an
+            idle one is handed over within :data:`HANDOFF_GRACE_S` all the
+            same. 1 hands over at once (fairest, a new connection per turn);
+            larger amortises a connection over more requests. An int >= 1.
 
     Raises:
         InvalidPoolOptions: a size is not an int in range (bools refused), the
@@ -74,12 +82,14 @@ class PoolOptions:
     acquire_timeout: float = 30.0
     idle_timeout: float = 600.0
     max_lifetime: float = 3600.0
+    handoff_uses: int = 16
 
     def __post_init__(self) -> None:
         max_live = _size("max_live", self.max_live, 1)
         min_idle = _size("min_idle", self.min_idle, 0)
         max_idle = max_live if self.max_idle is None else _size("max_idle", self.max_idle, 0)
         _size("max_waiting", self.max_waiting, 1)
+        _size("handoff_uses", self.handoff_uses, 1)
         if not min_idle <= max_idle <= max_live:
             raise InvalidPoolOptions(
                 f"options must satisfy min_idle <= max_idle <= max_live, got "

@@ -171,6 +171,7 @@ class ClientPool(Generic[C]):
                         doomed.append(entry)  # the table closed it (reset): drop it
                         continue
                     self._out[id(entry.client)] = entry
+                    entry.uses += 1
                     return entry
             try:
                 return self._pool.claim_create(self.key, self.options.max_live)
@@ -188,7 +189,7 @@ class ClientPool(Generic[C]):
             except BaseException:
                 self._close_quietly(client)
                 raise
-        entry = Entry(client, rid, time.monotonic())
+        entry = Entry(client, rid, time.monotonic(), uses=1)
         with self._lock:
             self._out[id(client)] = entry
         self.counters.created += 1
@@ -348,7 +349,10 @@ class ClientPool(Generic[C]):
             return False
         options = self.options
         with self._lock:
-            kept = give_back(self.table, entry.rid, options.idle_limit, options.max_live)
+            kept = give_back(
+                self.table, entry.rid, options.idle_limit, options.max_live,
+                in_turn=entry.uses % options.handoff_uses != 0,
+            )  # fmt: skip
             if kept:
                 entry.idle_since = now
                 self._idle.append(entry)

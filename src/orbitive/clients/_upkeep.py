@@ -5,7 +5,9 @@ One daemon thread per ClientPool per process. Each round:
 1. reports members that died (``Pool.reap_dead``), so their clients and
    creation claims return without a supervisor (at most every interval);
 2. retires this process's idle clients while another process waits at
-   ``max_live`` (``retire_idle(FOR_WAITER)``): the waiter can then create;
+   ``max_live`` (``retire_idle(FOR_WAITER)``): the waiter can then create.
+   A client whose turn is over (``handoff_uses``) goes at once, any other
+   after :data:`HANDOFF_GRACE_S` of idleness;
 3. retires clients idle longer than ``idle_timeout`` (above the ``min_idle``
    floor) or older than ``max_lifetime``;
 4. refills the ``min_idle`` floor, claiming only this process's share of the
@@ -37,6 +39,7 @@ from ..pool._availability import (
 )
 from ._calls import run_anywhere
 from ._entry import Entry
+from ._options import HANDOFF_GRACE_S
 
 if TYPE_CHECKING:
     from ._pool import ClientPool
@@ -87,7 +90,13 @@ class Upkeep:
             pool.pool.reap_dead()
         options = pool.options
         if pool._idle:
-            self._retire_all(pool, FOR_WAITER, lambda entry: True)
+            self._retire_all(
+                pool,
+                FOR_WAITER,
+                lambda e: (
+                    e.uses % options.handoff_uses == 0 or now - e.idle_since >= HANDOFF_GRACE_S
+                ),
+            )
             self._retire_all(
                 pool, FOR_IDLE_TIMEOUT, lambda e: now - e.idle_since >= options.idle_timeout
             )

@@ -133,16 +133,20 @@ def take(table: Table, rid: ResourceId) -> int:
     return offset
 
 
-def give_back(table: Table, rid: ResourceId, max_idle: int, max_live: int) -> bool:
+def give_back(
+    table: Table, rid: ResourceId, max_idle: int, max_live: int, *, in_turn: bool = False
+) -> bool:
     """Owner returns an active unit: keep the client idle (True) or retire it (False).
 
     One step: the unit becomes free only while the fleet-wide idle count is
     below ``max_idle`` and no other process waits at ``max_live`` for capacity
-    this client holds (unless this node's own waiters, within its fair share,
-    will take it). Otherwise the unit stays active: the caller closes the
-    client and only then unregisters it, so the budget returns once the client
-    is really gone (a server never sees more than ``max_live`` connections). A
-    resource that is no longer ours (reset, closed) reads as retired.
+    this client holds. Exceptions: this node's own waiters, within its fair
+    share, will take it; or ``in_turn``, the owner has not used up its turn
+    with this client (``PoolOptions.handoff_uses``). Otherwise the unit stays
+    active: the caller closes the client and only then unregisters it, so the
+    budget returns once the client is really gone (a server never sees more
+    than ``max_live`` connections). A resource that is no longer ours (reset,
+    closed) reads as retired. The key's waiters are woken only if there are any.
     """
     offset = table.locate(rid)
     table.enter()
@@ -152,19 +156,27 @@ def give_back(table: Table, rid: ResourceId, max_idle: int, max_live: int) -> bo
         except (StaleError, NotOwnerError):  # closed or reset meanwhile: nothing to keep
             return False
         index = int(hot[7])
-        if hot[0] == LIVE and _keep(table, index, max_idle, max_live):
-            store(table.buf, offset + RES_ACTIVE, U32, max(0, hot[8] - 1))
+        if hot[0] != LIVE:
+            return False
+        waiters = table.claims_struct.unpack_from(
+            table.buf, table.key_offset(index) + table.key_waiters
+        )
+        # Fast path: nobody waits and max_idle cannot be reached (idle < live <= max_live).
+        if (any(waiters) or max_idle < max_live) and not _keep(
+            census(table, index), table.node, max_idle, max_live, in_turn
+        ):
+            return False
+        store(table.buf, offset + RES_ACTIVE, U32, max(0, hot[8] - 1))
+        if any(waiters):
             table.key_changed(index)
-            return True
-        return False
+        return True
     finally:
         table.leave()
 
 
-def _keep(table: Table, index: int, max_idle: int, max_live: int) -> bool:
-    counted = census(table, index)
-    node = table.node
-    if counted.others_waiting(node) and counted.live + counted.creating >= max_live:
+def _keep(counted: Census, node: int, max_idle: int, max_live: int, in_turn: bool) -> bool:
+    at_max = counted.live + counted.creating >= max_live
+    if not in_turn and counted.others_waiting(node) and at_max:
         # Kept only for a waiter of ours, who takes it at once, within our fair share.
         own = counted.waiters[node]
         return bool(own) and counted.live_by_node.get(node, 0) <= counted.fair_share(max_live)
