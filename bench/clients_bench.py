@@ -146,7 +146,12 @@ def _contender(
         client = stack.enter_context(
             psycopg.connect(url, autocommit=True, prepare_threshold=None, **kwargs)
         )
-        return lambda: client.execute(query).fetchall() and None
+
+        def direct() -> None:
+            client.execute(query).fetchall()
+
+        return direct
+    pool: Any
     if kind == "psycopg_pool":
         import psycopg_pool  # noqa: PLC0415 - only this contender needs it
 
