@@ -76,6 +76,7 @@ __all__ = [
     "PoolClosed",
     "PoolTimeout",
     "ReadinessUnavailable",
+    "RemoteRequestError",
     "SessionClosed",
     "StaleError",
     "StateFull",
@@ -321,6 +322,7 @@ class LockTimeout(OrbitError, TimeoutError):
 #   +-- TooManyRequests                              max_waiting callers already wait here
 #   +-- ClientCreateError                            the user's create() failed (its error
 #                                                    is the __cause__); no claim is left
+#   +-- RemoteRequestError                           the owner's handler failed a remote request
 
 
 class InvalidPoolOptions(OrbitError, ValueError, TypeError):
@@ -345,3 +347,7 @@ class TooManyRequests(OrbitError):
 
 class ClientCreateError(OrbitError):
     """The user's ``create()`` raised; the original error is the ``__cause__``."""
+
+
+class RemoteRequestError(OrbitError):
+    """Another process's handler raised while serving this process's remote request."""

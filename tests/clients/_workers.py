@@ -7,6 +7,8 @@ through its channel. No test framework is imported here.
 from __future__ import annotations
 
 import asyncio
+import functools
+import socket
 import time
 from typing import Any
 
@@ -191,3 +193,57 @@ def fake_holder(channel: Channel, fleet_name: str, capacity: int, in_use: int, i
         channel.send(len(held))
         while True:
             time.sleep(60)
+
+
+# -- remote mode: a TCP echo client -------------------------------------------------------
+
+
+def echo_connect(port: int) -> socket.socket:
+    """A client: one TCP connection to the test's echo server."""
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def echo(sock: socket.socket, request: bytes) -> bytes:
+    """The remote-mode handler: one round trip on the connection."""
+    sock.sendall(request)
+    reply = b""
+    while len(reply) < len(request):
+        reply += sock.recv(len(request) - len(reply))
+    return reply
+
+
+async def echo_async(sock: socket.socket, request: bytes) -> bytes:
+    """A coroutine handler: the round trip on the loop's socket helpers."""
+    loop = asyncio.get_running_loop()
+    sock.setblocking(False)
+    await loop.sock_sendall(sock, request)
+    reply = b""
+    while len(reply) < len(request):
+        reply += await loop.sock_recv(sock, len(request) - len(reply))
+    return reply
+
+
+def remote_owner(
+    channel: Channel, fleet_name: str, capacity: int, port: int, coroutine: bool
+) -> None:
+    """Own one idle echo connection and serve other processes' requests on it until told."""
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ClientPool(
+            fleet, "echo", create=functools.partial(echo_connect, port),
+            close=socket.socket.close, handler=echo_async if coroutine else echo,
+            options=PoolOptions(max_live=1),
+        )  # fmt: skip
+        if coroutine:
+            asyncio.run(_serve_until_told(channel, pool))
+        else:
+            assert pool.request(b"warm") == b"warm"
+            channel.send("ready")
+            channel.recv(None)
+        channel.send(pool.statistics().as_dict())
+        pool.close()
+
+
+async def _serve_until_told(channel: Channel, pool: ClientPool[socket.socket]) -> None:
+    assert await pool.request_async(b"warm") == b"warm"  # starts the server on this loop
+    channel.send("ready")
+    await asyncio.get_running_loop().run_in_executor(None, channel.recv, None)

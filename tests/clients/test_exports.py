@@ -23,6 +23,7 @@ ADDITIONS = {
         "InvalidPoolOptions",
         "PoolClosed",
         "PoolTimeout",
+        "RemoteRequestError",
         "TooManyRequests",
         "UnknownClient",
     },

@@ -21,6 +21,7 @@ from .._errors import (
     InvalidPoolOptions,
     PoolClosed,
     PoolTimeout,
+    RemoteRequestError,
     TooManyRequests,
     UnknownClient,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "PoolClosed",
     "PoolOptions",
     "PoolTimeout",
+    "RemoteRequestError",
     "TooManyRequests",
     "UnknownClient",
 ]
@@ -48,6 +50,7 @@ for _cls in (
     PoolClosed,
     PoolOptions,
     PoolTimeout,
+    RemoteRequestError,
     TooManyRequests,
     UnknownClient,
 ):

@@ -46,12 +46,13 @@ from .._errors import (
     UnknownClient,
 )
 from .._fleet import Fleet
-from ..pool import POOL_KIND, CreationPermit, Pool
+from ..pool import POOL_KIND, CreationPermit, Pool, ResourceId
 from ..pool._availability import add_waiter, give_back, take
 from ..pool._table import Table
 from ._calls import call_async, call_sync, check_callable, run_anywhere
 from ._entry import Entry
 from ._options import PoolOptions, pool_key, seconds
+from ._remote import AsyncServer, Server, request, request_async, start_server
 from ._stats import ClientPoolStatistics, Counters, collect
 from ._upkeep import Upkeep
 
@@ -78,6 +79,10 @@ class ClientPool(Generic[C]):
         check: called on checkout; returning False or raising discards the
             client and checks out another.
         reset: called on return; raising discards the client.
+        handler: remote mode, for request/response protocols:
+            ``handler(client, request: bytes) -> bytes`` (or a coroutine
+            function) serves :meth:`request` on any process's idle client;
+            this process then serves other processes' requests on its own.
         options: the :class:`PoolOptions` (defaults if None).
         kind: the pool table's SHM kind number.
 
@@ -104,14 +109,17 @@ class ClientPool(Generic[C]):
         *,
         check: Callable[[C], Any] | None = None,
         reset: Callable[[C], Any] | None = None,
+        handler: Callable[[C, bytes], Any] | None = None,
         options: PoolOptions | None = None,
         kind: int = POOL_KIND,
     ) -> None:
         self._closed = True  # until fully built
+        self._server: Server | AsyncServer | None = None
         check_callable("create", create, optional=False)
         check_callable("close", close, optional=False)
         check_callable("check", check, optional=True)
         check_callable("reset", reset, optional=True)
+        check_callable("handler", handler, optional=True)
         if options is None:
             options = PoolOptions()
         elif type(options) is not PoolOptions:
@@ -119,6 +127,7 @@ class ClientPool(Generic[C]):
         self.key = pool_key(key)
         self.options = options
         self._create, self._close, self._check, self._reset = create, close, check, reset
+        self._handler = handler
         self._fleet = fleet
         self._pool = Pool(fleet, kind=kind)
         self.counters = Counters()
@@ -134,14 +143,78 @@ class ClientPool(Generic[C]):
         self._tasks: set[asyncio.Task[None]] = set()
         self._fork = _fork.generation
         self._upkeep = Upkeep(self, UPKEEP_INTERVAL_S)
+        self._server = start_server(self)
 
     def _local(self) -> None:
         """Raise PoolClosed when closed; in a forked child, forget the parent's clients."""
         if self._closed:
             raise PoolClosed(f"client pool of key {self.key} is closed", key=self.key)
         if self._fork != _fork.generation:
-            # The parent's clients are the parent's: never use or close them here.
+            # The parent's clients (and its socket) are the parent's: never touch them here.
+            self._server = None
             self._start_local()
+
+    # -- remote mode ------------------------------------------------------------------
+
+    def request(self, payload: bytes, timeout: float | None = None) -> bytes:
+        """Run ``handler(client, payload)`` on an idle client of any process (remote mode).
+
+        In order: an idle client of ours; another process's idle client (the
+        lease and the payload travel to its owner over a Unix socket, and the
+        owner replies); a new client within ``max_live``; else wait.
+
+        Args:
+            payload: the request, bytes (at most 64 MiB).
+            timeout: seconds to wait at most; None: ``acquire_timeout``.
+
+        Returns:
+            The handler's reply, bytes.
+
+        Raises:
+            InvalidPoolOptions: no handler was given, or a bad payload or timeout.
+            RemoteRequestError: the owner's handler raised (a local handler's
+                error propagates as it is).
+            As :meth:`getconn`.
+        """
+        self.serving  # noqa: B018 - raises without a handler
+        return request(self, payload, timeout)
+
+    async def request_async(self, payload: bytes, timeout: float | None = None) -> bytes:
+        """Asyncio twin of :meth:`request`.
+
+        Raises:
+            As :meth:`request`.
+        """
+        self.serving  # noqa: B018 - raises without a handler
+        return await request_async(self, payload, timeout)
+
+    @property
+    def serving(self) -> Callable[[C, bytes], Any]:
+        """The remote-mode handler.
+
+        Raises:
+            InvalidPoolOptions: the pool was built without ``handler=``.
+        """
+        if self._handler is None:
+            raise InvalidPoolOptions(
+                "request() needs a ClientPool built with handler=", key="handler"
+            )
+        return self._handler
+
+    async def _serve_async(self) -> None:
+        """Start the owner's asyncio server on this loop (coroutine handlers, once)."""
+        server = self._server
+        if isinstance(server, AsyncServer) and server.server is None:
+            await server.start()
+
+    def _remote_client(self, rid: ResourceId) -> C | None:
+        """The idle client a borrower's accepted lease names (it stays in the idle list)."""
+        with self._lock:
+            for entry in self._idle:
+                if entry.rid == rid:
+                    entry.idle_since = time.monotonic()
+                    return entry.client
+        return None
 
     @property
     def table(self) -> Table:
@@ -157,29 +230,40 @@ class ClientPool(Generic[C]):
 
     def _step(self) -> Entry[C] | CreationPermit | None:
         """Take an idle client of ours, or claim creation, or None: at ``max_live``."""
-        table, doomed = self.table, []
+        entry = self._take_idle()
+        return entry if entry is not None else self._claim()
+
+    def _take_idle(self) -> Entry[C] | None:
+        """One of this process's idle clients, now in use (newest first), or None."""
+        table, doomed, busy = self.table, [], []
         try:
             with self._lock:
                 while self._idle:
                     entry = self._idle.pop()
                     try:
                         take(table, entry.rid)
-                    except BusyError:  # a borrower reserved it: leave it to them
-                        self._idle.insert(0, entry)
-                        break
+                    except BusyError:  # a borrower reserved it (remote mode): theirs now
+                        busy.append(entry)
+                        continue
                     except (StaleError, NotOwnerError, DrainingError):
                         doomed.append(entry)  # the table closed it (reset): drop it
                         continue
                     self._out[id(entry.client)] = entry
                     entry.uses += 1
                     return entry
-            try:
-                return self._pool.claim_create(self.key, self.options.max_live)
-            except CreationBudgetError:
-                return None
+            return None
         finally:
+            with self._lock:
+                self._idle[:0] = busy
             for entry in doomed:
                 self._close_quietly(entry.client)
+
+    def _claim(self) -> CreationPermit | None:
+        """A creation claim under ``max_live``, fleet-wide; None when at the bound."""
+        try:
+            return self._pool.claim_create(self.key, self.options.max_live)
+        except CreationBudgetError:
+            return None
 
     def _registered(self, permit: CreationPermit, client: C) -> Entry[C]:
         """Register a created client as in use (one active unit); the permit ends after."""
@@ -418,6 +502,7 @@ class ClientPool(Generic[C]):
         """
         deadline = self._deadline(timeout)
         self.counters.requests += 1
+        await self._serve_async()
         version: int | None = None
         try:
             while True:
@@ -580,6 +665,8 @@ class ClientPool(Generic[C]):
             return []
         self._closed = True
         self._upkeep.close()
+        if self._server is not None:
+            self._server.close()
         if self._fork != _fork.generation:
             return []  # the parent's clients
         with self._lock:

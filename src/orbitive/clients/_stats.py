@@ -26,6 +26,7 @@ class Counters:
     check_failures: int = 0
     reset_failures: int = 0
     close_errors: int = 0
+    borrowed: int = 0
 
 
 @final
@@ -40,7 +41,8 @@ class ClientPoolStatistics:
     were not reported yet (reported within the upkeep interval, 0.2 s).
 
     This process: ``local_idle``, ``local_in_use``, ``local_waiting``, then the
-    ``*_count`` counters since the pool was built.
+    ``*_count`` counters since the pool was built (``borrowed_count``: remote
+    requests another process's client served).
     """
 
     max_live: int
@@ -63,6 +65,7 @@ class ClientPoolStatistics:
     check_failures_count: int
     reset_failures_count: int
     close_errors_count: int
+    borrowed_count: int
 
     def as_dict(self) -> dict[str, int]:
         """The numbers by name, for a metrics exporter."""
@@ -100,4 +103,5 @@ def collect(pool: ClientPool[Any], local: tuple[int, int, int]) -> ClientPoolSta
         counters.check_failures,
         counters.reset_failures,
         counters.close_errors,
+        counters.borrowed,
     )
