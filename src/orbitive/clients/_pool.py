@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Final, Generic, TypeVar, final
 
 from .. import _fork
@@ -46,13 +46,14 @@ from .._errors import (
     UnknownClient,
 )
 from .._fleet import Fleet
-from ..pool import POOL_KIND, CreationPermit, Pool, ResourceId
+from ..pool import POOL_KIND, CreationPermit, Pool
 from ..pool._availability import add_waiter, give_back, take
 from ..pool._table import Table
+from ._async import made, retire, usable
 from ._calls import call_async, call_sync, check_callable, run_anywhere
 from ._entry import Entry
 from ._options import PoolOptions, pool_key, seconds
-from ._remote import AsyncServer, Server, request, request_async, start_server
+from ._remote import AsyncServer, Server, request, request_async, serve_async, start_server
 from ._stats import ClientPoolStatistics, Counters, collect
 from ._upkeep import Upkeep
 
@@ -200,21 +201,6 @@ class ClientPool(Generic[C]):
                 "request() needs a ClientPool built with handler=", key="handler"
             )
         return self._handler
-
-    async def _serve_async(self) -> None:
-        """Start the owner's asyncio server on this loop (coroutine handlers, once)."""
-        server = self._server
-        if isinstance(server, AsyncServer) and server.server is None:
-            await server.start()
-
-    def _remote_client(self, rid: ResourceId) -> C | None:
-        """The idle client a borrower's accepted lease names (it stays in the idle list)."""
-        with self._lock:
-            for entry in self._idle:
-                if entry.rid == rid:
-                    entry.idle_since = time.monotonic()
-                    return entry.client
-        return None
 
     @property
     def table(self) -> Table:
@@ -415,12 +401,7 @@ class ClientPool(Generic[C]):
         """The entry of a returned client; None when it cannot go back (fork, closed)."""
         if self._fork != _fork.generation:
             return None  # the parent's client: never touched here
-        with self._lock:
-            entry = self._out.pop(id(client), None)
-        if entry is None or entry.client is not client:
-            raise UnknownClient(
-                f"{type(client).__name__} object was not checked out of this pool", key=self.key
-            )
+        entry = self._pop_out(client)
         if self._closed:
             self._retire(entry)
             return None
@@ -448,13 +429,21 @@ class ClientPool(Generic[C]):
         Raises:
             UnknownClient: this pool did not check ``client`` out.
         """
+        self._retire(self._pop_out(client))
+
+    def _pop_out(self, client: C) -> Entry[C]:
+        """The entry of a checked-out client, no longer checked out.
+
+        Raises:
+            UnknownClient: ``client`` is not checked out of this pool.
+        """
         with self._lock:
             entry = self._out.pop(id(client), None)
         if entry is None or entry.client is not client:
             raise UnknownClient(
                 f"{type(client).__name__} object was not checked out of this pool", key=self.key
             )
-        self._retire(entry)
+        return entry
 
     def _unregister(self, entry: Entry[C]) -> None:
         """Close ``entry``'s resource in the table, once its client is closed."""
@@ -502,17 +491,17 @@ class ClientPool(Generic[C]):
         """
         deadline = self._deadline(timeout)
         self.counters.requests += 1
-        await self._serve_async()
+        await serve_async(self)
         version: int | None = None
         try:
             while True:
                 self._local()
                 step = self._step()
                 if isinstance(step, Entry):
-                    if await self._usable_async(step):
+                    if await usable(self, step):
                         return step.client
                 elif step is not None:
-                    return self._registered(step, await self._made_async(step)).client
+                    return self._registered(step, await made(self, step)).client
                 elif version is None:
                     version = self._start_waiting()
                 else:
@@ -523,52 +512,6 @@ class ClientPool(Generic[C]):
         finally:
             if version is not None:
                 self._stop_waiting()
-
-    async def _made_async(self, permit: CreationPermit) -> C:
-        creating = asyncio.ensure_future(call_async(self._create))
-        try:
-            return await asyncio.shield(creating)
-        except asyncio.CancelledError:
-            if not creating.done():  # the caller gave up: the client joins the idle ones
-                creating.add_done_callback(lambda done: self._adopt(permit, done))
-                raise
-            raise self._create_failed(permit, asyncio.CancelledError()) from None
-        except BaseException as error:
-            raise self._create_failed(permit, error) from error
-
-    def _adopt(self, permit: CreationPermit, done: asyncio.Future[Any]) -> None:
-        """A create whose caller was cancelled finished: keep its client idle, or close it."""
-        if done.cancelled() or done.exception() is not None or self._closed:
-            permit.finish()
-            if not done.cancelled() and done.exception() is None:
-                self._spawn(self._close_async(done.result()))
-            return
-        entry = self._registered(permit, done.result())
-        with self._lock:
-            self._out.pop(id(entry.client), None)
-        if not self._give_back(entry):
-            self._spawn(self._retire_async(entry))
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` as a task of the running loop, kept referenced until done."""
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _usable_async(self, entry: Entry[C]) -> bool:
-        if self._expired(entry, time.monotonic()):
-            await self.discard_async(entry.client)
-            return False
-        if self._check is None:
-            return True
-        try:
-            healthy = await call_async(self._check, entry.client) is not False
-        except Exception:
-            healthy = False
-        if not healthy:
-            self.counters.check_failures += 1
-            await self.discard_async(entry.client)
-        return healthy
 
     async def putconn_async(self, client: C) -> None:
         """Asyncio twin of :meth:`putconn`.
@@ -584,10 +527,10 @@ class ClientPool(Generic[C]):
                 await call_async(self._reset, client)
             except Exception:
                 self.counters.reset_failures += 1
-                await self._retire_async(entry)
+                await retire(self, entry)
                 return
         if not self._give_back(entry):
-            await self._retire_async(entry)
+            await retire(self, entry)
 
     async def discard_async(self, client: C) -> None:
         """Asyncio twin of :meth:`discard`.
@@ -595,24 +538,7 @@ class ClientPool(Generic[C]):
         Raises:
             UnknownClient: this pool did not check ``client`` out.
         """
-        with self._lock:
-            entry = self._out.pop(id(client), None)
-        if entry is None or entry.client is not client:
-            raise UnknownClient(
-                f"{type(client).__name__} object was not checked out of this pool", key=self.key
-            )
-        await self._retire_async(entry)
-
-    async def _retire_async(self, entry: Entry[C]) -> None:
-        await self._close_async(entry.client)
-        self._unregister(entry)
-
-    async def _close_async(self, client: C) -> None:
-        try:
-            await call_async(self._close, client)
-        except Exception:
-            self.counters.close_errors += 1
-        self.counters.closed += 1
+        await retire(self, self._pop_out(client))
 
     @contextlib.asynccontextmanager
     async def client_async(self, timeout: float | None = None) -> AsyncIterator[C]:
@@ -656,7 +582,7 @@ class ClientPool(Generic[C]):
         """Asyncio twin of :meth:`close`: the idle clients are closed on this loop."""
         idle = self._shut()
         for entry in idle:
-            await self._retire_async(entry)
+            await retire(self, entry)
         self._pool.close()
 
     def _shut(self) -> list[Entry[C]]:

@@ -26,6 +26,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Final
 
 from .._access import lock_dir
@@ -41,6 +42,7 @@ from .._errors import (
 )
 from ..pool import Lease, ResourceId
 from ..pool.session import accept_session, accept_session_async, open_session, open_session_async
+from ._async import made, usable
 from ._calls import call_async, call_sync
 
 if TYPE_CHECKING:
@@ -136,7 +138,7 @@ class Server:
                 conn.sendall(self._run(execution.id, request))
 
     def _run(self, rid: ResourceId, request: bytes) -> bytes:
-        client = self.pool._remote_client(rid)
+        client = remote_client(self.pool, rid)
         if client is None:
             return _answer(REFUSED, b"")
         try:
@@ -186,7 +188,7 @@ class AsyncServer:
             writer.close()
 
     async def _run(self, rid: ResourceId, request: bytes) -> bytes:
-        client = self.pool._remote_client(rid)
+        client = remote_client(self.pool, rid)
         if client is None:
             return _answer(REFUSED, b"")
         try:
@@ -200,6 +202,23 @@ class AsyncServer:
             self.server.close()
         with contextlib.suppress(OSError):
             os.unlink(self.path)
+
+
+def remote_client(pool: ClientPool[Any], rid: ResourceId) -> Any:
+    """The idle client a borrower's accepted lease names (it stays in the idle list)."""
+    with pool._lock:
+        for entry in pool._idle:
+            if entry.rid == rid:
+                entry.idle_since = time.monotonic()
+                return entry.client
+    return None
+
+
+async def serve_async(pool: ClientPool[Any]) -> None:
+    """Start the owner's asyncio server on this loop (coroutine handlers, once)."""
+    server = pool._server
+    if isinstance(server, AsyncServer) and server.server is None:
+        await server.start()
 
 
 def start_server(pool: ClientPool[Any]) -> Server | AsyncServer | None:
@@ -323,7 +342,7 @@ def _here(pool: ClientPool[Any], client: object, data: bytes) -> bytes:
 async def request_async(pool: ClientPool[Any], payload: object, timeout: float | None) -> bytes:
     """Asyncio twin of :func:`request`."""
     data = check_payload(payload)
-    await pool._serve_async()
+    await serve_async(pool)
     deadline = pool._deadline(timeout)
     version: int | None = None
     try:
@@ -331,7 +350,7 @@ async def request_async(pool: ClientPool[Any], payload: object, timeout: float |
             pool._local()
             entry = pool._take_idle()
             if entry is not None:
-                if await pool._usable_async(entry):
+                if await usable(pool, entry):
                     return await _here_async(pool, entry.client, data)
                 continue
             reply = await borrow_async(pool, data)
@@ -339,7 +358,7 @@ async def request_async(pool: ClientPool[Any], payload: object, timeout: float |
                 return reply
             permit = pool._claim()
             if permit is not None:
-                client = pool._registered(permit, await pool._made_async(permit)).client
+                client = pool._registered(permit, await made(pool, permit)).client
                 return await _here_async(pool, client, data)
             if version is None:
                 version = pool._start_waiting()
