@@ -204,7 +204,9 @@ def echo_connect(port: int) -> socket.socket:
 
 
 def echo(sock: socket.socket, request: bytes) -> bytes:
-    """The remote-mode handler: one round trip on the connection."""
+    """The remote-mode handler: one round trip on the connection (``b"boom"`` raises)."""
+    if request == b"boom":
+        raise OSError("the handler refused boom")
     sock.sendall(request)
     reply = b""
     while len(reply) < len(request):
@@ -247,3 +249,19 @@ async def _serve_until_told(channel: Channel, pool: ClientPool[socket.socket]) -
     assert await pool.request_async(b"warm") == b"warm"  # starts the server on this loop
     channel.send("ready")
     await asyncio.get_running_loop().run_in_executor(None, channel.recv, None)
+
+
+def stuck_creator(channel: Channel, fleet_name: str, capacity: int) -> None:
+    """Hold a creation claim for ever: ``create()`` never returns."""
+
+    def create() -> object:
+        channel.send("creating")
+        while True:
+            time.sleep(60)
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool: ClientPool[object] = ClientPool(
+            fleet, "fake", create=create, close=lambda client: None,
+            options=PoolOptions(max_live=1),
+        )  # fmt: skip
+        pool.getconn()

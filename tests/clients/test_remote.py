@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from orbitive import Fleet
-from orbitive.clients import ClientPool, InvalidPoolOptions, PoolOptions
+from orbitive.clients import ClientPool, InvalidPoolOptions, PoolOptions, RemoteRequestError
 
 from .._processes import Processes
 from ._workers import echo, echo_connect, remote_owner
@@ -75,6 +75,9 @@ def test_a_request_runs_on_the_idle_client_of_another_process(
             return list(await asyncio.gather(*(pool.request_async(b"a"), pool.request_async(b"b"))))
 
         assert asyncio.run(twice()) == [b"a", b"b"]
+        if not coroutine:  # the owner's handler raises: a named error here
+            with pytest.raises(RemoteRequestError, match="refused boom"):
+                pool.request(b"boom", timeout=5.0)
     owner.send("report")
     served = owner.recv(60)
     assert owner.wait(60) == 0
