@@ -14,7 +14,8 @@ After the 48-byte lease frame the borrower sends ``u32 length, payload``; the
 owner answers ``u8 status, u32 length, body``: status 0 is the reply, 1 the
 handler's error text (:class:`~orbitive.clients.RemoteRequestError`), 2 the
 lease refused (the borrower tries another way). Each owner listens on
-``{lock dir}/orbit-{fleet}-{kind}-clients-{node}.sock`` (mode 0700 directory).
+``{lock dir}/orbit-{fleet}-{kind}-clients-{node}-{key prefix}.sock`` (the
+lock directory is mode 0700).
 """
 
 from __future__ import annotations
@@ -59,9 +60,11 @@ MESSAGE_MAX: Final = 64 << 20
 REPLY_TIMEOUT_S: Final = 30.0
 
 
-def socket_path(fleet: str, kind: int, node: int) -> str:
-    """Where the owner on ``node`` serves remote requests."""
-    return str(lock_dir() / f"orbit-{fleet}-{kind}-clients-{node}.sock")
+def socket_path(pool: ClientPool[Any], node: int) -> str:
+    """Where the owner on ``node`` serves remote requests for ``pool``'s key."""
+    table = pool.pool
+    name = f"orbit-{table._fleet.name}-{table.kind}-clients-{node}-{str(pool.key)[:12]}.sock"
+    return str(lock_dir() / name)
 
 
 def check_payload(payload: object) -> bytes:
@@ -109,7 +112,7 @@ class Server:
 
     def __init__(self, pool: ClientPool[Any]) -> None:
         self.pool = pool
-        self.path = socket_path(pool.pool._fleet.name, pool.pool.kind, pool.pool.node)
+        self.path = socket_path(pool, pool.pool.node)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)  # a dead predecessor's socket: this node is ours now
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -134,6 +137,8 @@ class Server:
                 return
             with execution:
                 (size,) = LENGTH.unpack(_recv_exactly(conn, LENGTH.size))
+                if size > MESSAGE_MAX:
+                    return  # not a borrower of ours: the unit returns, nothing runs
                 request = _recv_exactly(conn, size)
                 conn.sendall(self._run(execution.id, request))
 
@@ -158,7 +163,7 @@ class AsyncServer:
 
     def __init__(self, pool: ClientPool[Any]) -> None:
         self.pool = pool
-        self.path = socket_path(pool.pool._fleet.name, pool.pool.kind, pool.pool.node)
+        self.path = socket_path(pool, pool.pool.node)
         self.server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -179,6 +184,8 @@ class AsyncServer:
                 return
             with execution:
                 (size,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
+                if size > MESSAGE_MAX:
+                    return
                 request = await reader.readexactly(size)
                 writer.write(await self._run(execution.id, request))
                 await writer.drain()
@@ -257,7 +264,7 @@ def borrow(pool: ClientPool[Any], request: bytes) -> bytes | None:
         sock.settimeout(REPLY_TIMEOUT_S)
         with sock:
             try:
-                sock.connect(socket_path(pool.pool._fleet.name, pool.pool.kind, lease.id.node))
+                sock.connect(socket_path(pool, lease.id.node))
             except OSError:
                 with contextlib.suppress(OrbitError):
                     pool.pool.cancel_reservation(lease)  # never delivered: take it back
@@ -280,7 +287,7 @@ async def borrow_async(pool: ClientPool[Any], request: bytes) -> bytes | None:
         RemoteRequestError: the owner's handler raised.
     """
     for lease in _leases(pool):
-        path = socket_path(pool.pool._fleet.name, pool.pool.kind, lease.id.node)
+        path = socket_path(pool, lease.id.node)
         try:
             reader, writer = await asyncio.open_unix_connection(path)
         except OSError:
