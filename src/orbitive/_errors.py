@@ -47,6 +47,7 @@ from typing import Any, ClassVar, Final, cast
 __all__ = [
     "AccessDenied",
     "BusyError",
+    "ClientCreateError",
     "CreationBudgetError",
     "DrainingError",
     "EntryTooLarge",
@@ -59,6 +60,7 @@ __all__ = [
     "InvalidLockOwner",
     "InvalidLockTtl",
     "InvalidName",
+    "InvalidPoolOptions",
     "InvalidStoreUrl",
     "InvalidTtl",
     "KeyEmpty",
@@ -73,11 +75,16 @@ __all__ = [
     "NotReservedError",
     "OrbitError",
     "OwnerEmpty",
+    "PoolClosed",
+    "PoolTimeout",
     "ReadinessUnavailable",
+    "RemoteRequestError",
     "SessionClosed",
     "StaleError",
     "StateFull",
     "StoreError",
+    "TooManyRequests",
+    "UnknownClient",
 ]
 
 
@@ -333,3 +340,44 @@ class InvalidStoreUrl(StoreError, ValueError):
 
 class LockTimeout(OrbitError, TimeoutError):
     """The blocking lock helper did not get the lock within its timeout."""
+
+
+# -- client pool (orbitive.clients) ----------------------------------------------
+#
+#   OrbitError
+#   +-- InvalidPoolOptions (ValueError, TypeError)   a bad option, callable or key
+#   +-- UnknownClient (ValueError)                   putconn of a client not checked out here
+#   +-- PoolTimeout (TimeoutError)                   no client within acquire_timeout
+#   +-- PoolClosed                                   the client pool was closed
+#   +-- TooManyRequests                              max_waiting callers already wait here
+#   +-- ClientCreateError                            the user's create() failed (its error
+#                                                    is the __cause__); no claim is left
+#   +-- RemoteRequestError                           the owner's handler failed a remote request
+
+
+class InvalidPoolOptions(OrbitError, ValueError, TypeError):
+    """A client pool option, callable or key breaks its documented rule."""
+
+
+class UnknownClient(OrbitError, ValueError):
+    """A client handed back to a pool that did not check it out (or already took it back)."""
+
+
+class PoolTimeout(OrbitError, TimeoutError):
+    """No client could be checked out within the timeout."""
+
+
+class PoolClosed(OrbitError):
+    """The client pool is closed: no checkout is possible."""
+
+
+class TooManyRequests(OrbitError):
+    """This process already has ``max_waiting`` callers waiting for a client."""
+
+
+class ClientCreateError(OrbitError):
+    """The user's ``create()`` raised; the original error is the ``__cause__``."""
+
+
+class RemoteRequestError(OrbitError):
+    """Another process's handler raised while serving this process's remote request."""

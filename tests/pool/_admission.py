@@ -17,8 +17,9 @@ from multiprocessing.synchronize import Event
 
 from orbitive import Fleet
 from orbitive._errors import BusyError
-from orbitive.cli._demo_pool import MESSAGE, Borrower, SessionServer, socket_path
 from orbitive.pool import Execution, Key, Pool, ResourceId
+
+from ._sessions import MESSAGE, Borrower, SessionServer, socket_path
 
 #: Longest a unit is held by the owner (seconds); the shortest is a tenth of it.
 HOLD = 0.002

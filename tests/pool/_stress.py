@@ -17,7 +17,6 @@ from multiprocessing.synchronize import Event
 
 from orbitive import Fleet
 from orbitive._errors import OrbitError
-from orbitive.cli._demo_pool import MESSAGE, Borrower, SessionServer, socket_path
 from orbitive.pool import (
     Candidate,
     Create,
@@ -32,6 +31,8 @@ from orbitive.pool import (
     Wait,
 )
 from orbitive.pool.session import open_session
+
+from ._sessions import MESSAGE, Borrower, SessionServer, socket_path
 
 PAYLOAD = b"p" * MESSAGE
 

@@ -55,7 +55,9 @@ def test_pool_resource_and_key_rows_match_the_constants() -> None:
     layout = Layout(247, 3, 8, 16)
     assert layout.key_interest == _layout.KEY_PARKED + 8  # 64 + round_up(F, 8)
     assert layout.key_claims == _layout.KEY_PARKED + 16
-    assert layout.key_members == layout.key_claims + 16  # claims + round_up(4 * F, 8)
+    assert layout.key_waiters == layout.key_claims + 16  # claims + round_up(4 * F, 8)
+    assert layout.key_members == layout.key_waiters + 16  # waiters + round_up(4 * F, 8)
+    assert "| 4 * F | waiters |" in text
 
 
 def test_session_frame_rows_match_the_frame_struct() -> None:

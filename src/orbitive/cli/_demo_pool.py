@@ -1,11 +1,12 @@
 """The pool scenario of ``orbit demo``: workers share warm TCP connections host-wide.
 
 The demo starts a real TCP echo server. Worker processes join one fleet and
-acquire a connection for each request with ``LocalFirst``: their own idle one
-(LocalReuse), another worker's over a Unix-socket session to its owner
-(RemoteReuse), a new one within the host-wide ``max_live`` (Create), or they
-wait. A sampler in the parent and the echo server itself check that live
-connections never exceed ``max_live``.
+send each request through a :class:`~orbitive.clients.ClientPool` in remote
+mode: it runs on the worker's own idle connection, or on another worker's idle
+one (the request travels to its owner over a Unix-socket session), or on a new
+connection within the host-wide ``max_live``, or it waits. A sampler in the
+parent and the echo server itself check that live connections never exceed
+``max_live``.
 """
 
 from __future__ import annotations
@@ -16,150 +17,20 @@ import multiprocessing
 import os
 import socket
 import socketserver
-import tempfile
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from typing import Final
 
-from .._errors import MalformedError, OrbitError
+from .._errors import OrbitError
 from .._fleet import Fleet
-from ..pool import (
-    Create,
-    Execution,
-    Key,
-    Lease,
-    Limits,
-    LocalFirst,
-    LocalReuse,
-    Pool,
-    Reject,
-    RemoteReuse,
-    ResourceId,
-    Wait,
-)
-from ..pool.session import SessionClosed, accept_session, open_session
+from ..clients import ClientPool, PoolOptions
+from ..pool import Key, Pool
 from ._lock import remove_stopped_fleet_files
 
 MESSAGE: Final = 64
-REFUSED: Final = b"\0" * MESSAGE
 KEY: Final = Key.digest(b"tcp://127.0.0.1/echo")
-
-#: What the owner does with one accepted session's payload: returns the reply.
-Handler = Callable[[Execution, bytes], bytes]
-
-
-class SessionServer:
-    """Serves leases on this process's resources over a Unix socket.
-
-    One thread per borrower connection reads a lease frame, accepts it, reads a
-    fixed-size payload, replies with ``handler(execution, payload)`` and
-    completes the execution, whatever the borrower does. A refused lease (stale,
-    draining, accepted already) gets ``REFUSED`` after its payload is skipped.
-    """
-
-    def __init__(self, pool: Pool, path: str, handler: Handler, size: int = MESSAGE) -> None:
-        self.pool, self.path, self.handler, self.size = pool, path, handler, size
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # a dead predecessor's socket
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(path)
-        self.listener.listen(64)
-        threading.Thread(target=self._accept_loop, daemon=True).start()
-
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn, contextlib.suppress(OSError, OrbitError):  # the process may be closing
-            while True:
-                try:
-                    execution = accept_session(self.pool, conn)
-                except (SessionClosed, MalformedError):
-                    return  # the borrower left, between frames or inside one
-                except OrbitError:
-                    conn.recv(self.size, socket.MSG_WAITALL)
-                    conn.sendall(REFUSED[: self.size])
-                    continue
-                with execution:
-                    payload = conn.recv(self.size, socket.MSG_WAITALL)
-                    if len(payload) < self.size:
-                        return  # gone mid-payload: the unit still returns
-                    conn.sendall(self.handler(execution, payload))
-
-    def close(self) -> None:
-        """Stop accepting new borrowers."""
-        self.listener.close()
-
-
-class Borrower:
-    """Carries leases to their owners over cached Unix-socket connections."""
-
-    def __init__(self, pool: Pool, path_of: Callable[[int], str]) -> None:
-        self.pool = pool
-        self.path_of = path_of
-        self.connections: dict[int, socket.socket] = {}
-
-    def use(self, lease: Lease, payload: bytes) -> bytes | None:
-        """Send ``lease`` and ``payload`` to the owner; its reply, or None on failure.
-
-        A lease the owner provably never accepted (no connection, or refused)
-        is cancelled, so no reserved unit is left behind.
-        """
-        conn = self._connection(lease.id.node)
-        reply = b""
-        if conn is not None:
-            try:
-                open_session(lease, conn, payload)
-                reply = conn.recv(len(payload), socket.MSG_WAITALL)
-            except OSError:
-                reply = b""
-        if conn is None or reply == REFUSED[: len(payload)]:
-            with contextlib.suppress(OrbitError):
-                self.pool.cancel_reservation(lease)
-            return None
-        if len(reply) < len(payload):
-            self.forget(lease.id.node)  # the owner died: the death report frees it
-            return None
-        return reply
-
-    def _connection(self, node: int) -> socket.socket | None:
-        conn = self.connections.get(node)
-        if conn is None:
-            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            conn.settimeout(30.0)
-            try:
-                conn.connect(self.path_of(node))
-            except OSError:
-                conn.close()
-                return None
-            self.connections[node] = conn
-        return conn
-
-    def forget(self, node: int) -> None:
-        """Drop the cached connection to ``node``."""
-        conn = self.connections.pop(node, None)
-        if conn is not None:
-            conn.close()
-
-    def close(self) -> None:
-        """Close every cached connection."""
-        for node in list(self.connections):
-            self.forget(node)
-
-
-def socket_path(directory: str, node: int) -> str:
-    """Where the owner on ``node`` serves sessions."""
-    return os.path.join(directory, f"{node}.sock")
 
 
 # -- the echo server ----------------------------------------------------------------------
@@ -200,51 +71,22 @@ class EchoServer(socketserver.ThreadingTCPServer):
 # -- workers ------------------------------------------------------------------------------
 
 
-@dataclass
-class _Worker:
-    pool: Pool
-    address: tuple[str, int]
-    borrower: Borrower
-    limits: Limits
-    connections: dict[ResourceId, socket.socket] = field(default_factory=dict)
-    plans: Counter[str] = field(default_factory=Counter)
-    echoed: int = 0
-    errors: int = 0
+def _connect(address: tuple[str, int]) -> socket.socket:
+    return socket.create_connection(address, timeout=30.0)
 
-    def echo(self, conn: socket.socket, payload: bytes) -> bytes:
-        conn.sendall(payload)
-        return conn.recv(MESSAGE, socket.MSG_WAITALL)
 
-    def serve(self, execution: Execution, payload: bytes) -> bytes:
-        """Session handler: echo a borrower's payload over our own warm connection."""
-        return self.echo(self.connections[execution.id], payload)
+def _close(conn: socket.socket) -> None:
+    """Close once the server has seen the end (it counts the connection closed first)."""
+    with contextlib.suppress(OSError), conn:
+        conn.shutdown(socket.SHUT_WR)
+        while conn.recv(MESSAGE):
+            pass
 
-    def request(self, payload: bytes) -> None:
-        plan = self.pool.acquire(KEY, self.limits, LocalFirst())
-        self.plans[type(plan).__name__] += 1
-        reply: bytes | None = None
-        match plan:
-            case LocalReuse(lease):
-                with self.pool.accept(lease) as execution:
-                    reply = self.echo(self.connections[execution.id], payload)
-            case RemoteReuse(lease):
-                reply = self.borrower.use(lease, payload)
-            case Create(permit):
-                with permit:
-                    conn = socket.create_connection(self.address, timeout=30.0)
-                    rid, execution = self.pool.register_active(KEY, 1)
-                self.connections[rid] = conn
-                with execution:
-                    reply = self.echo(conn, payload)
-            case Wait(version):
-                self.pool.wait_capacity(KEY, version, timeout=0.2)
-                return
-            case Reject():
-                return
-        if reply == payload:
-            self.echoed += 1
-        else:
-            self.errors += reply is not None
+
+def _echo(conn: socket.socket, payload: bytes) -> bytes:
+    """The remote-mode handler: one round trip on a warm connection."""
+    conn.sendall(payload)
+    return conn.recv(MESSAGE, socket.MSG_WAITALL)
 
 
 def _worker(
@@ -252,30 +94,31 @@ def _worker(
     capacity: int,
     address: tuple[str, int],
     max_live: int,
-    directory: str,
     seconds: float,
     stop: Event,
     out: Queue,  # type: ignore[type-arg]
 ) -> None:
-    with Fleet.join(fleet_name, capacity) as fleet, Pool(fleet) as pool:
-        path_of = functools.partial(socket_path, directory)
-        worker = _Worker(pool, address, Borrower(pool, path_of), Limits(max_live=max_live))
-        server = SessionServer(pool, path_of(pool.node), worker.serve)
+    options = PoolOptions(max_live=max_live, acquire_timeout=30.0)
+    with (
+        Fleet.join(fleet_name, capacity) as fleet,
+        ClientPool(
+            fleet, KEY, create=functools.partial(_connect, address), close=_close,
+            handler=_echo, options=options,
+        ) as pool,
+    ):  # fmt: skip
         payload = os.urandom(MESSAGE)
+        requests = echoed = errors = 0
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
+            requests += 1
             try:
-                worker.request(payload)
+                echoed += pool.request(payload) == payload
             except (OrbitError, OSError):
-                worker.errors += 1
-        worker.borrower.close()
-        out.put((dict(worker.plans), worker.echoed, worker.errors))
-        stop.wait(60.0)  # keep serving until every worker is done
-        server.close()
-        for rid, conn in worker.connections.items():
-            with contextlib.suppress(OrbitError):
-                pool.unregister(rid)
-            conn.close()
+                errors += 1
+        stats = pool.statistics()
+        out.put((requests, echoed, errors, stats.borrowed_count, stats.created_count,
+                 stats.retired_count))  # fmt: skip
+        stop.wait(60.0)  # keep serving other workers until every worker is done
 
 
 # -- the parent ---------------------------------------------------------------------------
@@ -314,11 +157,11 @@ def run_pool_demo(workers: int, seconds: float) -> int:
     max_live = max(1, workers // 2)
     name = f"pool-demo-{os.getpid()}"
     context = multiprocessing.get_context("spawn")
-    with EchoServer() as echo, tempfile.TemporaryDirectory(prefix="orbit-") as directory:
+    with EchoServer() as echo:
         threading.Thread(target=echo.serve_forever, daemon=True).start()
         with Fleet.join(name, workers + 1) as fleet, Pool(fleet) as pool:
             stop, out = context.Event(), context.Queue()
-            args = (name, workers + 1, echo.server_address, max_live, directory, seconds, stop, out)
+            args = (name, workers + 1, echo.server_address, max_live, seconds, stop, out)
             processes = [context.Process(target=_worker, args=args) for _ in range(workers)]
             sampler = _Sampler(pool)
             for process in processes:
@@ -341,25 +184,24 @@ def _summarise(
     workers: int,
     seconds: float,
     max_live: int,
-    results: list[tuple[dict[str, int], int, int]],
+    results: list[tuple[int, int, int, int, int, int]],
     sampler: _Sampler,
     server_max: int,
 ) -> int:
-    plans: Counter[str] = Counter()
-    for counts, _, _ in results:
-        plans.update(counts)
-    echoed = sum(r[1] for r in results)
-    errors = sum(r[2] for r in results)
-    kinds = ("LocalReuse", "RemoteReuse", "Create", "Wait", "Reject")
+    columns = (sum(column) for column in zip(*results, strict=True))
+    requests, echoed, errors, borrowed, created, retired = columns
     print(f"orbit demo (pool): {workers} workers, {seconds:g} s, fleet {name!r}")
     print(f"  max_live (host-wide)      {max_live}")
-    for kind in kinds:
-        print(f"  plans {kind:<19} {plans[kind]:>9,}")
-    print(f"  echo round trips          {echoed:>9,}  ({echoed / seconds:,.0f}/s)")
+    print(f"  requests                  {requests:>9,}  ({requests / seconds:,.0f}/s)")
+    print(f"  on the worker's own conn  {requests - borrowed - errors:>9,}")
+    print(f"  on another worker's conn  {borrowed:>9,}  (over a Unix-socket session)")
+    print(f"  connections created       {created:>9,}  (retired: {retired:,})")
+    print(f"  echo round trips          {echoed:>9,}")
     print(f"  errors                    {errors:>9,}")
     print(f"  highest live seen         {sampler.highest:>9,}  ({sampler.samples:,} samples)")
     print(f"  server's most open conns  {server_max:>9,}")
     ok = sampler.highest <= max_live and server_max <= max_live and errors == 0
+    ok = ok and echoed == requests
     verdict = "OK" if ok else "FAILED"
     print(f"verdict: {verdict}, live connections never exceeded max_live {max_live}"
           if ok else f"verdict: {verdict}, limit or echo broken")  # fmt: skip

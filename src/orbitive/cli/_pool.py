@@ -6,7 +6,7 @@ import argparse
 
 from .. import Fleet
 from .._region import object_name, object_size, read_prefix
-from ..pool import POOL_KIND, PoolStatistics
+from ..pool import POOL_KIND, Key, PoolStatistics
 from ..pool._layout import MAGIC
 from ..pool._stats import inspect
 from ._lock import KNOWN_KINDS, fleet_name, kind_number
@@ -45,11 +45,28 @@ def _life(node: int, alive: set[int]) -> str:
     return "alive" if node in alive else "dead"
 
 
+def _dead_by_key(stats: PoolStatistics, alive: set[int]) -> dict[Key, tuple[int, int]]:
+    """Per key, (resources, idle units) whose owner life is over: its node is free, or
+    another life holds it. Such resources count as dead, not live, until reported."""
+    lives = dict(stats.members)
+    dead: dict[Key, tuple[int, int]] = {}
+    for res in stats.resources:
+        if res.owner_node in alive and lives.get(res.owner_node) == res.owner_incarnation:
+            continue
+        count, idle = dead.get(res.key, (0, 0))
+        free = max(0, res.capacity - res.reserved - res.active) if res.state == "live" else 0
+        dead[res.key] = (count + (res.state == "live"), idle + free)
+    return dead
+
+
 def format_statistics(stats: PoolStatistics, alive: set[int]) -> list[str]:
     """The lines ``orbit pool`` prints for one snapshot; ``alive``: nodes a live process holds.
 
     A resource whose owner node is dead stays in the table until its death is
-    reported (``Pool.node_dead`` or ``watch_deaths``); the OWNER column says so.
+    reported (``Pool.node_dead``, ``watch_deaths`` or a client pool's upkeep); the
+    OWNER column says so, and the keys table counts it under DEAD, not LIVE.
+    Per key, as PgBouncer's ``SHOW POOLS``: LIVE, IDLE and IN USE resources of
+    live owners, WAITING client-pool callers, CREATING claims, DEAD resources.
     """
     lines = [
         f"pool of fleet {stats.fleet!r}, kind {stats.kind}, epoch {stats.epoch}",
@@ -65,12 +82,17 @@ def format_statistics(stats: PoolStatistics, alive: set[int]) -> list[str]:
         ),
         "",
         f"keys ({stats.keys_count})",
-        f"  {'KEY':<32}  {'LIVE':>4}  {'CREATING':>8}  {'VERSION':>10}  CLAIMS",
+        f"  {'KEY':<32}  {'LIVE':>4}  {'IDLE':>4}  {'IN USE':>6}  {'WAITING':>7}  "
+        f"{'CREATING':>8}  {'DEAD':>4}  {'VERSION':>10}  CLAIMS",
     ]
+    dead = _dead_by_key(stats, alive)
     for key in stats.keys:
         claims = ", ".join(f"node {node}: {count}" for node, count in key.claims) or "-"
+        gone, gone_idle = dead.get(key.key, (0, 0))
+        live, idle = key.live - gone, key.idle - gone_idle
         lines.append(
-            f"  {key.key!s:<32}  {key.live:>4}  {key.creating:>8}  {key.version:>10}  {claims}"
+            f"  {key.key!s:<32}  {live:>4}  {idle:>4}  {live - idle:>6}  {key.waiting:>7}  "
+            f"{key.creating:>8}  {gone:>4}  {key.version:>10}  {claims}"
         )
     lines += [
         "",

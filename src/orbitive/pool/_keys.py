@@ -61,6 +61,7 @@ class KeyTable:
         self.key_stride = layout.key_stride
         self.key_interest = layout.key_interest
         self.key_claims = layout.key_claims
+        self.key_waiters = layout.key_waiters
         self.key_members = layout.key_members
         self.member_bytes = layout.member_bytes
         self.member_mask = layout.member_mask
@@ -253,12 +254,16 @@ class KeyTable:
         self.node, self.incarnation = node, incarnation
 
     def _forget_node(self, node: int, *, claims: bool) -> list[int]:
-        """Zero a node's claims (when ``claims``) and waiting marks; keys whose claims fell."""
+        """Zero a node's claims (when ``claims``), waiting marks and waiter counts.
+
+        Returns the keys whose claims fell.
+        """
         changed = []
         for index in self.installed_keys():
             offset = self.key_offset(index)
             self.buf[offset + KEY_PARKED + node] = 0
             self.buf[offset + self.key_interest + node] = 0
+            store(self.buf, offset + self.key_waiters + 4 * node, U32, 0)
             at = offset + self.key_claims + 4 * node
             if claims and U32.unpack_from(self.buf, at)[0]:
                 store(self.buf, at, U32, 0)

@@ -42,7 +42,12 @@ Key slot (key_stride bytes; F8 = round8(F))::
     64              F               parked     per node: 1 while a thread of it waits
     64 + F8         F               interest   per node: 1 = bump the bell on change
     64 + 2*F8       4 * F           claims     per node: creation claims held (u32)
-    claims + 4F'    ceil(F*L/8)     members    bit per global resource index
+    claims + 4F'    4 * F           waiters    per node: client-pool waiters at max_live (u32)
+    waiters + 4F'   ceil(F*L/8)     members    bit per global resource index
+
+(4F' = round8(4 * F).) A key's idle count is not stored: it is the free units
+(capacity - reserved - active) of its live members, counted inside the step
+that needs it, so it can never disagree with the resources it counts.
 
 Resource slot (384 bytes; global index = node * L + slot)::
 
@@ -84,7 +89,7 @@ from .._region import store
 #: The default SHM kind of the pool table.
 POOL_KIND: Final = 247
 #: Bumped whenever any offset or meaning below changes.
-LAYOUT_VERSION: Final = 1
+LAYOUT_VERSION: Final = 2
 MAGIC: Final = b"POOL"
 HEADER_SIZE: Final = 64
 RESOURCE_SIZE: Final = 384
@@ -239,9 +244,14 @@ class Layout:
         return KEY_PARKED + 2 * _round(self.fleet_capacity, 8)
 
     @property
+    def key_waiters(self) -> int:
+        """Offset of the per-node waiter counters inside a key slot (layout version 2)."""
+        return self.key_claims + _round(4 * self.fleet_capacity, 8)
+
+    @property
     def key_members(self) -> int:
         """Offset of the member bitmap inside a key slot."""
-        return self.key_claims + _round(4 * self.fleet_capacity, 8)
+        return self.key_waiters + _round(4 * self.fleet_capacity, 8)
 
     @property
     def member_mask(self) -> int:

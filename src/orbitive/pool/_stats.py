@@ -9,7 +9,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import final
 
 from .._access import open_checked
@@ -39,7 +39,12 @@ _STATES = {1: "live", 2: "draining"}
 @final
 @dataclass(frozen=True, slots=True)
 class KeyStatistics:
-    """One installed key: its budget, version, claims and parked nodes."""
+    """One installed key: its budget, version, claims, parked nodes, idle units and waiters.
+
+    ``idle`` is the free units (capacity - reserved - active) of the key's live
+    resources; ``waiting`` the client-pool callers counted at ``max_live``,
+    ``waiters`` the same per node (nodes with any).
+    """
 
     index: int
     key: Key
@@ -48,6 +53,9 @@ class KeyStatistics:
     version: int
     claims: tuple[tuple[int, int], ...]  # (node, claims held) for nodes holding any
     waiting_nodes: int
+    idle: int = 0
+    waiting: int = 0
+    waiters: tuple[tuple[int, int], ...] = ()
 
 
 @final
@@ -103,6 +111,7 @@ def _keys(buf: mmap.mmap, layout: Layout) -> list[KeyStatistics]:
         if state != 1:
             continue
         claims = claims_struct.unpack_from(buf, offset + layout.key_claims)
+        waiters = claims_struct.unpack_from(buf, offset + layout.key_waiters)
         members = offset + layout.key_members
         bits = int.from_bytes(buf[members : members + layout.member_bytes], "little")
         live = (bits & mask).bit_count()
@@ -116,9 +125,23 @@ def _keys(buf: mmap.mmap, layout: Layout) -> list[KeyStatistics]:
                 changes,
                 tuple((node, count) for node, count in enumerate(claims) if count),
                 len(parked) - parked.count(0),
+                waiting=sum(waiters),
+                waiters=tuple((node, count) for node, count in enumerate(waiters) if count),
             )
         )
     return rows
+
+
+def _with_idle(
+    keys: list[KeyStatistics], resources: list[ResourceStatistics]
+) -> list[KeyStatistics]:
+    """Each key with its idle units: the free units of its live resources."""
+    idle: dict[Key, int] = {}
+    for res in resources:
+        if res.state == "live":
+            free = max(0, res.capacity - res.reserved - res.active)
+            idle[res.key] = idle.get(res.key, 0) + free
+    return [replace(key, idle=idle.get(key.key, 0)) for key in keys]
 
 
 def _resources(buf: mmap.mmap, layout: Layout) -> list[ResourceStatistics]:
@@ -152,8 +175,8 @@ def _resources(buf: mmap.mmap, layout: Layout) -> list[ResourceStatistics]:
 
 def collect(buf: mmap.mmap, layout: Layout, fleet: str) -> PoolStatistics:
     """Read the statistics of the table in ``buf`` (call under its critical section)."""
-    keys = _keys(buf, layout)
     resources = _resources(buf, layout)
+    keys = _with_idle(_keys(buf, layout), resources)
     members = []
     for node in range(layout.fleet_capacity):
         life = U64.unpack_from(buf, layout.doorbells + 8 * node)[0]

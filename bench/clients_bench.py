@@ -1,0 +1,339 @@
+"""The client pool against PgBouncer and per-process psycopg_pool, one workload, one run.
+
+8 worker processes run short queries (``SELECT 1``, and ``SELECT pg_sleep(0.001)``
+of about 1 ms) for a few seconds each, against:
+
+* PgBouncer (Debian's ``pgbouncer``, started here on 127.0.0.1) in transaction
+  mode with ``default_pool_size`` = the cap; each worker keeps one client
+  connection to it;
+* per-process psycopg_pool (``max_size`` = the cap in every process: uncapped,
+  8 x its size host-wide);
+* orbitive's ``ConnectionPool`` with the same host-wide cap (``check=None``,
+  as psycopg_pool's default).
+
+Reported: requests/s, p50/p99 latency of one checkout + query + return, and the
+peak server connections a sampler saw in ``pg_stat_activity``. Then the cost of
+a checkout/return of an idle local client beside a bare ``LockTable`` pair.
+
+Run: ``.venv/bin/python -m bench.clients_bench [--seconds S] [--json PATH]``;
+PostgreSQL and PgBouncer are started and stopped here (a missing binary skips
+that contender with the reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench._measure import Skip
+from bench._servers import Server, free_port, postgres_url, start_postgres
+from orbitive import Fleet
+from orbitive.clients import ClientPool, PoolOptions
+from orbitive.clients.psycopg import ConnectionPool
+from orbitive.lock import LockKey, LockOwner, LockTable
+
+WORKERS = 8
+CAP = 4
+QUERIES = {"SELECT 1": "SELECT 1", "~1 ms query": "SELECT pg_sleep(0.001)"}
+CONTEXT = multiprocessing.get_context("spawn")
+TAG = "orbit-bench-clients"
+
+
+# -- PgBouncer ------------------------------------------------------------------------
+
+
+def start_pgbouncer(pg_port: int) -> Server:
+    """PgBouncer in transaction mode, pool size CAP, in front of the server on ``pg_port``."""
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not Path(binary).exists():
+        raise Skip("pgbouncer not found (apt-get install pgbouncer)")
+    root = Path(tempfile.mkdtemp(prefix="orbit-bench-pgb-"))
+    port = free_port()
+    (root / "users.txt").write_text('"postgres" ""\n')
+    (root / "pgbouncer.ini").write_text(
+        f"[databases]\npostgres = host=127.0.0.1 port={pg_port} dbname=postgres user=postgres\n"
+        "[pgbouncer]\nlisten_addr = 127.0.0.1\n"
+        f"listen_port = {port}\nauth_type = trust\nauth_file = {root}/users.txt\n"
+        f"pool_mode = transaction\ndefault_pool_size = {CAP}\nmin_pool_size = 0\n"
+        "reserve_pool_size = 0\nmax_client_conn = 200\nunix_socket_dir =\n"
+        f"logfile = {root}/pgbouncer.log\nserver_reset_query =\n"
+    )
+    prefix = _drop_root(root)
+    process = subprocess.Popen(
+        [*prefix, binary, str(root / "pgbouncer.ini")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    server = Server("pgbouncer", port, process, root)
+    deadline = time.monotonic() + 20
+    while True:
+        with contextlib.suppress(psycopg.OperationalError):
+            psycopg.connect(_bouncer_url(port), connect_timeout=2).close()
+            return server
+        if process.poll() is not None or time.monotonic() > deadline:
+            server.stop()
+            raise Skip(f"pgbouncer did not start: {server.log_tail()}")
+        time.sleep(0.05)
+
+
+def _drop_root(root: Path) -> list[str]:
+    """PgBouncer refuses to run as root: run it as ``postgres`` (or ``nobody``)."""
+    if os.geteuid() != 0:
+        return []
+    import pwd  # noqa: PLC0415 - only as root
+
+    for name in ("postgres", "nobody"):
+        with contextlib.suppress(KeyError):
+            user = pwd.getpwnam(name)
+            for path in (root, *root.iterdir()):
+                os.chown(path, user.pw_uid, user.pw_gid)
+            return ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
+                    "--clear-groups", "--"]  # fmt: skip
+    raise Skip("running as root and no user to run pgbouncer as")
+
+
+def _bouncer_url(port: int) -> str:
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+
+# -- the workers ----------------------------------------------------------------------
+
+
+def _loop(use: Callable[[], None], until: float) -> list[float]:
+    latencies = []
+    while (started := time.perf_counter()) < until:
+        use()
+        latencies.append(time.perf_counter() - started)
+    return latencies
+
+
+def worker(conn: Connection, kind: str, url: str, fleet_name: str, query: str) -> None:
+    """One worker process: wait for the start time, run queries until the end, report."""
+    kwargs: dict[str, Any] = {"application_name": TAG}
+    with contextlib.ExitStack() as stack:
+        use = _contender(stack, kind, url, fleet_name, query, kwargs)
+        use()  # warm: connect before the clock starts
+        start, end = conn.recv()
+        time.sleep(max(0.0, start - time.time()))
+        conn.send(_loop(use, time.perf_counter() + (end - start)))
+
+
+def _contender(
+    stack: contextlib.ExitStack,
+    kind: str,
+    url: str,
+    fleet_name: str,
+    query: str,
+    kwargs: dict[str, Any],
+) -> Callable[[], None]:
+    if kind == "pgbouncer":
+        client = stack.enter_context(
+            psycopg.connect(url, autocommit=True, prepare_threshold=None, **kwargs)
+        )
+
+        def direct() -> None:
+            client.execute(query).fetchall()
+
+        return direct
+    pool: Any
+    if kind == "psycopg_pool":
+        import psycopg_pool  # noqa: PLC0415 - only this contender needs it
+
+        pool = stack.enter_context(
+            psycopg_pool.ConnectionPool(url, min_size=1, max_size=CAP, kwargs=kwargs, open=True)
+        )
+    else:
+        fleet = stack.enter_context(Fleet.join(fleet_name, 16))
+        pool = stack.enter_context(
+            ConnectionPool(url, fleet=fleet, kwargs=kwargs, options=PoolOptions(max_live=CAP),
+                           check=None)
+        )  # fmt: skip
+
+    def use() -> None:
+        with pool.connection() as client:
+            client.execute(query).fetchall()
+
+    return use
+
+
+class Peak:
+    """Samples the server's client backends (all but the sampler's) until stopped."""
+
+    def __init__(self, url: str) -> None:
+        self.highest = 0
+        self._conn = psycopg.connect(url, autocommit=True)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        sql = (
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
+            "AND pid <> pg_backend_pid()"
+        )
+        while not self._stop.is_set():
+            row = self._conn.execute(sql).fetchone()
+            self.highest = max(self.highest, int(row[0]) if row else 0)
+            time.sleep(0.002)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        self._conn.close()
+        return self.highest
+
+
+def run_contender(kind: str, url: str, pg: str, query: str, seconds: float) -> dict[str, Any]:
+    """8 workers of one contender on one query; throughput, p50, p99, peak connections."""
+    fleet_name = f"bench-clients-{os.getpid()}"
+    pipes, procs = [], []
+    for _ in range(WORKERS):
+        parent, child = CONTEXT.Pipe()
+        proc = CONTEXT.Process(target=worker, args=(child, kind, url, fleet_name, query))
+        proc.start()
+        pipes.append(parent)
+        procs.append(proc)
+    try:
+        time.sleep(1.0)  # every worker connected and warm
+        peak = Peak(pg)
+        start = time.time() + 0.5
+        for pipe in pipes:
+            pipe.send((start, start + seconds))
+        latencies = [lat for pipe in pipes for lat in pipe.recv()]
+        highest = peak.stop()
+    finally:
+        for proc in procs:
+            proc.join(30)
+            if proc.exitcode is None:
+                proc.kill()
+    latencies.sort()
+    return {
+        "contender": kind,
+        "query": query,
+        "requests_per_s": len(latencies) / seconds,
+        "p50_ms": 1000 * latencies[len(latencies) // 2],
+        "p99_ms": 1000 * latencies[int(len(latencies) * 0.99)],
+        "peak_connections": highest,
+    }
+
+
+# -- checkout/return against a LockTable pair -------------------------------------------
+
+
+def micro(rounds: int = 20000) -> dict[str, float]:
+    """Median µs of an idle local checkout + return, and of a LockTable acquire + release."""
+    name = f"bench-micro-{os.getpid()}"
+    with Fleet.join(name, 4) as fleet:
+        pool: ClientPool[object]
+        with ClientPool(fleet, "micro", create=object, close=lambda client: None) as pool:
+            with pool.client():
+                pass
+            checkout = _median(lambda: _cycle(pool), rounds)
+        table = LockTable(fleet)
+        key, owner = LockKey("bench", "micro"), LockOwner.random()
+
+        def pair() -> None:
+            table.release(table.try_acquire(key, owner, 30.0).lease)
+
+        lock_pair = _median(pair, rounds)
+        table.close()
+        table.unlink()
+    return {"checkout_return_us": checkout, "lock_pair_us": lock_pair}
+
+
+def _cycle(pool: ClientPool[object]) -> None:
+    client = pool.getconn()
+    pool.putconn(client)
+
+
+def _median(step: Callable[[], None], rounds: int) -> float:
+    runs = []
+    for _ in range(7):
+        started = time.perf_counter()
+        for _ in range(rounds // 7):
+            step()
+        runs.append((time.perf_counter() - started) / (rounds // 7) * 1e6)
+    return statistics.median(runs)
+
+
+def drained(url: str, timeout: float = 20.0) -> None:
+    """Wait until the server has no client backend but ours (the last run's are gone)."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        sql = (
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
+            "AND pid <> pg_backend_pid()"
+        )
+        while (row := conn.execute(sql).fetchone()) and row[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def run_row(kind: str, pg: Server, query: str, seconds: float) -> dict[str, Any] | None:
+    """One contender on one query, PgBouncer started for its row only (None: skipped)."""
+    url = postgres_url(pg)
+    drained(url)
+    if kind != "pgbouncer":
+        return run_contender(kind, url, url, query, seconds)
+    try:
+        bouncer = start_pgbouncer(pg.port)
+    except Skip as why:
+        print(f"PgBouncer skipped: {why}")
+        return None
+    try:
+        return run_contender(kind, _bouncer_url(bouncer.port), url, query, seconds)
+    finally:
+        bouncer.stop()
+
+
+def main() -> None:
+    """Run every contender on every query, print the table, optionally write JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    rows = []
+    pg = start_postgres()
+    try:
+        for label, query in QUERIES.items():
+            for kind in ("pgbouncer", "psycopg_pool", "orbitive"):
+                row = run_row(kind, pg, query, args.seconds)
+                if row is None:
+                    continue
+                row["query"] = label
+                rows.append(row)
+                print(
+                    f"{label:<12} {kind:<13} {row['requests_per_s']:>9,.0f} req/s  "
+                    f"p50 {row['p50_ms']:7.3f} ms  p99 {row['p99_ms']:8.3f} ms  "
+                    f"peak {row['peak_connections']} connections",
+                    flush=True,
+                )
+    finally:
+        pg.stop()
+    figures = micro()
+    ratio = figures["checkout_return_us"] / figures["lock_pair_us"]
+    print(
+        f"idle local checkout + return {figures['checkout_return_us']:.2f} µs, "
+        f"LockTable pair {figures['lock_pair_us']:.2f} µs ({ratio:.2f}x)"
+    )
+    if args.json is not None:
+        args.json.write_text(json.dumps({"rows": rows, "micro": figures}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

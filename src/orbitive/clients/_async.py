@@ -1,0 +1,87 @@
+"""The asyncio half of ClientPool's checkout: the steps that await the user's callables.
+
+``create``, ``check``, ``reset`` and ``close`` run on the loop when they are
+coroutine functions, else in a worker thread (:func:`~._calls.call_async`);
+the table steps are the same as the sync path's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from ..pool import CreationPermit
+from ._calls import call_async
+from ._entry import Entry
+
+if TYPE_CHECKING:
+    from ._pool import ClientPool
+
+
+async def made(pool: ClientPool[Any], permit: CreationPermit) -> Any:
+    """Run ``create`` for ``permit``; a cancelled caller's client joins the idle ones."""
+    creating = asyncio.ensure_future(call_async(pool._create))
+    try:
+        return await asyncio.shield(creating)
+    except asyncio.CancelledError:
+        if not creating.done():  # the caller gave up: the client joins the idle ones
+            creating.add_done_callback(lambda done: adopt(pool, permit, done))
+            raise
+        raise pool._create_failed(permit, asyncio.CancelledError()) from None
+    except BaseException as error:
+        raise pool._create_failed(permit, error) from error
+
+
+def adopt(pool: ClientPool[Any], permit: CreationPermit, done: asyncio.Future[Any]) -> None:
+    """A create whose caller was cancelled finished: keep its client idle, or close it."""
+    if done.cancelled() or done.exception() is not None or pool._closed:
+        permit.finish()
+        if not done.cancelled() and done.exception() is None:
+            spawn(pool, close_client(pool, done.result()))
+        return
+    entry = pool._registered(permit, done.result())
+    with pool._lock:
+        pool._out.pop(id(entry.client), None)
+    if not pool._give_back(entry):
+        spawn(pool, retire(pool, entry))
+
+
+def spawn(pool: ClientPool[Any], work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` as a task of the running loop, kept referenced until done."""
+    task = asyncio.get_running_loop().create_task(work)
+    pool._tasks.add(task)
+    task.add_done_callback(pool._tasks.discard)
+
+
+async def usable(pool: ClientPool[Any], entry: Entry[Any]) -> bool:
+    """Whether an idle client taken for checkout may be used (else it was discarded)."""
+    if pool._expired(entry, time.monotonic()):
+        await retire(pool, pool._pop_out(entry.client))
+        return False
+    if pool._check is None:
+        return True
+    try:
+        healthy = await call_async(pool._check, entry.client) is not False
+    except Exception:
+        healthy = False
+    if not healthy:
+        pool.counters.check_failures += 1
+        await retire(pool, pool._pop_out(entry.client))
+    return healthy
+
+
+async def retire(pool: ClientPool[Any], entry: Entry[Any]) -> None:
+    """Close the client, then its resource in the table."""
+    await close_client(pool, entry.client)
+    pool._unregister(entry)
+
+
+async def close_client(pool: ClientPool[Any], client: Any) -> None:
+    """``close(client)`` without blocking the loop; its errors are counted."""
+    try:
+        await call_async(pool._close, client)
+    except Exception:
+        pool.counters.close_errors += 1
+    pool.counters.closed += 1

@@ -1,0 +1,92 @@
+"""Calling the user's create, close, check and reset, from sync and asyncio code."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .._errors import InvalidPoolOptions
+
+
+def check_callable(name: str, value: object, *, optional: bool) -> None:
+    """Refuse a ``create``/``close``/``check``/``reset`` that cannot be called.
+
+    Raises:
+        InvalidPoolOptions: not callable (or None where it is required).
+    """
+    if value is None and optional:
+        return
+    if not callable(value):
+        raise InvalidPoolOptions(f"{name} must be callable, got {value!r:.60}", key=name)
+
+
+def call_sync(name: str, function: Callable[..., Any], *args: object) -> Any:
+    """Call ``function`` from sync code; an awaitable result is refused (use the async path).
+
+    Raises:
+        InvalidPoolOptions: ``function`` returned an awaitable.
+        Whatever ``function`` raises.
+    """
+    result = function(*args)
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()
+        raise InvalidPoolOptions(
+            f"{name} returned an awaitable; use client_async() for an asyncio client", key=name
+        )
+    return result
+
+
+async def call_async(function: Callable[..., Any], *args: object) -> Any:
+    """Call ``function`` without blocking the event loop.
+
+    A coroutine function runs on the loop; anything else runs in a worker
+    thread, and an awaitable it returns (a lambda around a coroutine) is then
+    awaited on the loop.
+    """
+    if inspect.iscoroutinefunction(function):
+        return await function(*args)
+    result = await asyncio.to_thread(function, *args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def run_anywhere(function: Callable[..., Any], *args: object) -> Any:
+    """Call ``function`` from sync code, running an awaitable result to completion.
+
+    The awaitable runs on a new event loop: in this thread when none runs here,
+    else in a helper thread (so a sync ``close()`` inside asyncio code works).
+
+    Raises:
+        Whatever ``function`` or its awaitable raises.
+    """
+    result = function(*args)
+    if not inspect.isawaitable(result):
+        return result
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_wait(result))
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, asyncio.run(_wait(result))))
+        except BaseException as error:  # handed to the calling thread
+            outcome.append((False, error))
+
+    helper = threading.Thread(target=run, name="orbit-clients-close")
+    helper.start()
+    helper.join()
+    done, value = outcome[0]
+    if not done:
+        raise value
+    return value
+
+
+async def _wait(awaitable: Any) -> Any:
+    return await awaitable

@@ -1,0 +1,135 @@
+"""The client pool's options, validated once, and the key a pool is built on."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final, final
+
+from .._errors import InvalidPoolOptions
+from ..pool import Key
+
+#: The longest duration an option takes, in seconds (about 31.7 years).
+SECONDS_MAX: Final = 1e9
+#: Seconds an idle client stays with its owner while another process waits at max_live.
+HANDOFF_GRACE_S: Final = 0.05
+#: The largest size an option takes (a u32 table counter).
+SIZE_MAX: Final = (1 << 32) - 1
+
+
+def _size(name: str, value: object, low: int) -> int:
+    if type(value) is not int or not low <= value <= SIZE_MAX:
+        raise InvalidPoolOptions(
+            f"{name} must be an int in {low}..{SIZE_MAX}, got {value!r:.60}", key=name
+        )
+    return value
+
+
+def _seconds(name: str, value: object) -> float:
+    if type(value) is not int and type(value) is not float:
+        raise InvalidPoolOptions(f"{name} must be seconds as a float, got {value!r:.60}", key=name)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past the float range
+        seconds = math.inf
+    if not 0.0 < seconds <= SECONDS_MAX:  # also false for NaN
+        raise InvalidPoolOptions(
+            f"{name} must be finite seconds in (0, {SECONDS_MAX:g}], got {value!r:.60}", key=name
+        )
+    return seconds
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class PoolOptions:
+    """How many clients a key may have, host-wide, and how long they live.
+
+    ``max_live``, ``min_idle`` and ``max_idle`` are fleet-wide values: every
+    process of the fleet counts against the same numbers, so 8 workers with
+    ``max_live=4`` open at most 4 clients between them, not 32.
+
+    Args:
+        max_live: clients alive at once across the fleet (in use, idle or being
+            created), an int >= 1.
+        min_idle: a warm floor the processes refill between them, each claiming
+            only its share of the deficit; 0..max_idle.
+        max_idle: idle clients kept across the fleet; a finished client beyond
+            it is closed. min_idle..max_live; None means ``max_live``.
+        max_waiting: callers of *this process* that may wait at ``max_live`` at
+            once; one more gets :class:`~orbitive.clients.TooManyRequests`. >= 1.
+        acquire_timeout: seconds a checkout waits at most (float, > 0).
+        idle_timeout: seconds an idle client may stay idle (above the
+            ``min_idle`` floor), float > 0.
+        max_lifetime: seconds after creation when a client is closed once it
+            is next idle, float > 0.
+        handoff_uses: while another process waits at ``max_live``, a client
+            still serves this many checkouts of its own process in a row
+            before it is handed over (closed, so the waiter can create); an
+            idle one is handed over within :data:`HANDOFF_GRACE_S` all the
+            same. 1 hands over at once (fairest, a new connection per turn);
+            larger amortises a connection over more requests. An int >= 1.
+
+    Raises:
+        InvalidPoolOptions: a size is not an int in range (bools refused), the
+            sizes break ``min_idle <= max_idle <= max_live``, or a duration is
+            not a finite number of seconds above zero (at most 1e9).
+    """
+
+    max_live: int = 4
+    min_idle: int = 0
+    max_idle: int | None = None
+    max_waiting: int = 1024
+    acquire_timeout: float = 30.0
+    idle_timeout: float = 600.0
+    max_lifetime: float = 3600.0
+    handoff_uses: int = 16
+
+    def __post_init__(self) -> None:
+        max_live = _size("max_live", self.max_live, 1)
+        min_idle = _size("min_idle", self.min_idle, 0)
+        max_idle = max_live if self.max_idle is None else _size("max_idle", self.max_idle, 0)
+        _size("max_waiting", self.max_waiting, 1)
+        _size("handoff_uses", self.handoff_uses, 1)
+        if not min_idle <= max_idle <= max_live:
+            raise InvalidPoolOptions(
+                f"options must satisfy min_idle <= max_idle <= max_live, got "
+                f"min_idle={min_idle}, max_idle={max_idle}, max_live={max_live}",
+                key="max_idle",
+            )
+        object.__setattr__(self, "max_idle", max_idle)
+        for name in ("acquire_timeout", "idle_timeout", "max_lifetime"):
+            object.__setattr__(self, name, _seconds(name, getattr(self, name)))
+
+    @property
+    def idle_limit(self) -> int:
+        """``max_idle`` as an int (it is never None once built)."""
+        return self.max_live if self.max_idle is None else self.max_idle
+
+
+def pool_key(key: object) -> Key:
+    """A pool :class:`~orbitive.pool.Key` from a Key, or the digest of bytes or a str.
+
+    Raises:
+        InvalidPoolOptions: anything else, or empty bytes or text.
+    """
+    if type(key) is Key:
+        return key
+    if isinstance(key, str):
+        try:
+            key = key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidPoolOptions(f"key {key!r:.60} is not encodable text", key="key") from None
+    if isinstance(key, bytes) and key:
+        return Key.digest(key)
+    raise InvalidPoolOptions(
+        f"key must be a Key, or non-empty bytes or str to digest, got {key!r:.60}", key="key"
+    )
+
+
+def seconds(name: str, value: object) -> float:
+    """``value`` as float seconds above zero, for a per-call timeout.
+
+    Raises:
+        InvalidPoolOptions: not finite seconds in (0, 1e9].
+    """
+    return _seconds(name, value)

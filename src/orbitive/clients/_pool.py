@@ -1,0 +1,625 @@
+"""ClientPool: a client pool whose limits hold across every process of a fleet.
+
+Each process keeps its own clients (a client is only ever used by the process
+that created it, so session state, prepared statements, ``LISTEN`` and advisory
+locks keep working) and the fleet's pool table counts them all under one key:
+
+* a created client is registered with one unit active (never visible as idle);
+* checkout takes one of this process's idle clients (:func:`take`), or claims
+  creation under ``max_live`` host-wide, or waits, counted as a waiter in the
+  table;
+* return decides in one table step whether the client stays idle (fleet-wide
+  idle below ``max_idle``, nobody elsewhere stranded at ``max_live``) or is
+  retired (:func:`give_back`);
+* an upkeep thread per pool (:mod:`._upkeep`) retires idle clients that a
+  waiter elsewhere needs, enforces ``idle_timeout`` and ``max_lifetime``,
+  refills the ``min_idle`` floor and reports dead members, so their clients
+  and claims come back without a supervisor.
+
+The decisions (:meth:`ClientPool._step`) do no I/O of the user's; the sync and
+asyncio checkouts are thin drivers that call ``create``/``check``/``reset`` and
+wait on the key's version word.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Final, Generic, TypeVar, final
+
+from .. import _fork
+from .._errors import (
+    BusyError,
+    ClientCreateError,
+    CreationBudgetError,
+    DrainingError,
+    InvalidPoolOptions,
+    NotOwnerError,
+    OrbitError,
+    PoolClosed,
+    PoolTimeout,
+    StaleError,
+    TooManyRequests,
+    UnknownClient,
+)
+from .._fleet import Fleet
+from ..pool import POOL_KIND, CreationPermit, Pool
+from ..pool._availability import add_waiter, give_back, take
+from ..pool._table import Table
+from ._async import made, retire, usable
+from ._calls import call_async, call_sync, check_callable, run_anywhere
+from ._entry import Entry
+from ._options import PoolOptions, pool_key, seconds
+from ._remote import AsyncServer, Server, request, request_async, serve_async, start_server
+from ._stats import ClientPoolStatistics, Counters, collect
+from ._upkeep import Upkeep
+
+C = TypeVar("C")
+
+#: Longest single sleep of a waiter: it re-checks at least this often.
+WAIT_SLICE_S: Final = 1.0
+#: How often the upkeep thread runs when nothing wakes it (death scans, timeouts).
+UPKEEP_INTERVAL_S: Final = 0.2
+
+
+@final
+class ClientPool(Generic[C]):
+    """A pool of clients (connections) capped host-wide across a fleet's processes.
+
+    Args:
+        fleet: the joined fleet (each worker process joins its own node).
+        key: what makes clients interchangeable: a :class:`~orbitive.pool.Key`,
+            or bytes or a str that is digested (a connection URL plus anything
+            that forbids reuse across contexts).
+        create: makes a new client; a coroutine function (or a callable that
+            returns an awaitable) only for :meth:`client_async`.
+        close: closes a client (its errors are swallowed and counted).
+        check: called on checkout; returning False or raising discards the
+            client and checks out another.
+        reset: called on return; raising discards the client.
+        handler: remote mode, for request/response protocols:
+            ``handler(client, request: bytes) -> bytes`` (or a coroutine
+            function) serves :meth:`request` on any process's idle client;
+            this process then serves other processes' requests on its own.
+        options: the :class:`PoolOptions` (defaults if None).
+        kind: the pool table's SHM kind number.
+
+    Raises:
+        InvalidPoolOptions: a bad key, callable or options object.
+        MalformedError, FleetError, LayoutMismatch, AccessDenied: as
+            :class:`~orbitive.pool.Pool`.
+
+    Example::
+
+        pool = ClientPool(fleet, "postgresql://db/app", create=connect,
+                          close=lambda conn: conn.close(),
+                          options=PoolOptions(max_live=4, max_idle=2))
+        with pool.client() as conn:
+            conn.execute("SELECT 1")
+    """
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        key: object,
+        create: Callable[[], Any],
+        close: Callable[[C], Any],
+        *,
+        check: Callable[[C], Any] | None = None,
+        reset: Callable[[C], Any] | None = None,
+        handler: Callable[[C, bytes], Any] | None = None,
+        options: PoolOptions | None = None,
+        kind: int = POOL_KIND,
+    ) -> None:
+        self._closed = True  # until fully built
+        self._server: Server | AsyncServer | None = None
+        check_callable("create", create, optional=False)
+        check_callable("close", close, optional=False)
+        check_callable("check", check, optional=True)
+        check_callable("reset", reset, optional=True)
+        check_callable("handler", handler, optional=True)
+        if options is None:
+            options = PoolOptions()
+        elif type(options) is not PoolOptions:
+            raise _bad_options(options)
+        self.key = pool_key(key)
+        self.options = options
+        self._create, self._close, self._check, self._reset = create, close, check, reset
+        self._handler = handler
+        self._fleet = fleet
+        self._pool = Pool(fleet, kind=kind)
+        self.counters = Counters()
+        self._closed = False
+        self._start_local()
+
+    def _start_local(self) -> None:
+        """This process's state: empty lists, a fresh lock, the upkeep thread."""
+        self._lock = threading.Lock()
+        self._idle: list[Entry[C]] = []  # most recently returned last
+        self._out: dict[int, Entry[C]] = {}  # by id(client)
+        self._waiters = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._fork = _fork.generation
+        self._upkeep = Upkeep(self, UPKEEP_INTERVAL_S)
+        self._server = start_server(self)
+
+    def _local(self) -> None:
+        """Raise PoolClosed when closed; in a forked child, forget the parent's clients."""
+        if self._closed:
+            raise PoolClosed(f"client pool of key {self.key} is closed", key=self.key)
+        if self._fork != _fork.generation:
+            # The parent's clients (and its socket) are the parent's: never touch them here.
+            self._server = None
+            self._start_local()
+
+    # -- remote mode ------------------------------------------------------------------
+
+    def request(self, payload: bytes, timeout: float | None = None) -> bytes:
+        """Run ``handler(client, payload)`` on an idle client of any process (remote mode).
+
+        In order: an idle client of ours; another process's idle client (the
+        lease and the payload travel to its owner over a Unix socket, and the
+        owner replies); a new client within ``max_live``; else wait.
+
+        Args:
+            payload: the request, bytes (at most 64 MiB).
+            timeout: seconds to wait at most; None: ``acquire_timeout``.
+
+        Returns:
+            The handler's reply, bytes.
+
+        Raises:
+            InvalidPoolOptions: no handler was given, or a bad payload or timeout.
+            RemoteRequestError: the owner's handler raised (a local handler's
+                error propagates as it is).
+            As :meth:`getconn`.
+        """
+        self.serving  # noqa: B018 - raises without a handler
+        return request(self, payload, timeout)
+
+    async def request_async(self, payload: bytes, timeout: float | None = None) -> bytes:
+        """Asyncio twin of :meth:`request`.
+
+        Raises:
+            As :meth:`request`.
+        """
+        self.serving  # noqa: B018 - raises without a handler
+        return await request_async(self, payload, timeout)
+
+    @property
+    def serving(self) -> Callable[[C, bytes], Any]:
+        """The remote-mode handler.
+
+        Raises:
+            InvalidPoolOptions: the pool was built without ``handler=``.
+        """
+        if self._handler is None:
+            raise InvalidPoolOptions(
+                "request() needs a ClientPool built with handler=", key="handler"
+            )
+        return self._handler
+
+    @property
+    def table(self) -> Table:
+        """The pool table this process uses (for the upkeep thread and statistics)."""
+        return self._pool._t()
+
+    @property
+    def pool(self) -> Pool:
+        """The underlying :class:`~orbitive.pool.Pool` handle."""
+        return self._pool
+
+    # -- the decision -----------------------------------------------------------------
+
+    def _step(self) -> Entry[C] | CreationPermit | None:
+        """Take an idle client of ours, or claim creation, or None: at ``max_live``."""
+        entry = self._take_idle()
+        return entry if entry is not None else self._claim()
+
+    def _take_idle(self) -> Entry[C] | None:
+        """One of this process's idle clients, now in use (newest first), or None."""
+        table, doomed, busy = self.table, [], []
+        try:
+            with self._lock:
+                while self._idle:
+                    entry = self._idle.pop()
+                    try:
+                        take(table, entry.rid)
+                    except BusyError:  # a borrower reserved it (remote mode): theirs now
+                        busy.append(entry)
+                        continue
+                    except (StaleError, NotOwnerError, DrainingError):
+                        doomed.append(entry)  # the table closed it (reset): drop it
+                        continue
+                    self._out[id(entry.client)] = entry
+                    entry.uses += 1
+                    return entry
+            return None
+        finally:
+            with self._lock:
+                self._idle[:0] = busy
+            for entry in doomed:
+                self._close_quietly(entry.client)
+
+    def _claim(self) -> CreationPermit | None:
+        """A creation claim under ``max_live``, fleet-wide; None when at the bound."""
+        try:
+            return self._pool.claim_create(self.key, self.options.max_live)
+        except CreationBudgetError:
+            return None
+
+    def _registered(self, permit: CreationPermit, client: C) -> Entry[C]:
+        """Register a created client as in use (one active unit); the permit ends after."""
+        with permit:
+            try:
+                rid = self.table.register(self.key, 1, 1)
+            except BaseException:
+                self._close_quietly(client)
+                raise
+        entry = Entry(client, rid, time.monotonic(), uses=1)
+        with self._lock:
+            self._out[id(client)] = entry
+        self.counters.created += 1
+        return entry
+
+    def _expired(self, entry: Entry[C], now: float) -> bool:
+        return now - entry.created_at >= self.options.max_lifetime
+
+    def _start_waiting(self) -> int:
+        with self._lock:
+            if self._waiters >= self.options.max_waiting:
+                self.counters.refused += 1
+                raise TooManyRequests(
+                    f"{self._waiters} callers of this process already wait for key "
+                    f"{self.key} (max_waiting {self.options.max_waiting})",
+                    key=self.key,
+                )
+            self._waiters += 1
+        try:
+            return add_waiter(self.table, self.key, 1)
+        except BaseException:
+            with self._lock:
+                self._waiters -= 1
+            raise
+
+    def _stop_waiting(self) -> None:
+        with self._lock:
+            self._waiters -= 1
+        with contextlib.suppress(OrbitError):
+            add_waiter(self.table, self.key, -1)
+
+    def _deadline(self, timeout: float | None) -> float:
+        wait = self.options.acquire_timeout if timeout is None else seconds("timeout", timeout)
+        return time.monotonic() + wait
+
+    def _timed_out(self, deadline: float) -> float:
+        """Seconds left before ``deadline``; PoolTimeout when none."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            self.counters.timeouts += 1
+            raise PoolTimeout(
+                f"no client for key {self.key} within the timeout "
+                f"(max_live {self.options.max_live} reached fleet-wide)",
+                key=self.key,
+            )
+        return min(remaining, WAIT_SLICE_S)
+
+    # -- sync checkout ----------------------------------------------------------------
+
+    def getconn(self, timeout: float | None = None) -> C:
+        """Check a client out; hand it back with :meth:`putconn`.
+
+        Args:
+            timeout: seconds to wait at most (float > 0); None: ``acquire_timeout``.
+
+        Returns:
+            One of this process's idle clients (checked with ``check``), or a
+            new one from ``create()``.
+
+        Raises:
+            PoolTimeout: none within the timeout.
+            PoolClosed: the pool is closed.
+            TooManyRequests: ``max_waiting`` callers of this process already wait.
+            ClientCreateError: ``create()`` raised (the claim is returned).
+            InvalidPoolOptions: a bad timeout, or ``create`` returned an awaitable.
+        """
+        deadline = self._deadline(timeout)
+        self.counters.requests += 1
+        version: int | None = None
+        try:
+            while True:
+                self._local()
+                step = self._step()
+                if isinstance(step, Entry):
+                    if self._usable(step):
+                        return step.client
+                elif step is not None:
+                    return self._registered(step, self._made(step)).client
+                elif version is None:
+                    version = self._start_waiting()
+                else:
+                    changed = self._pool.wait_capacity(self.key, version, self._timed_out(deadline))
+                    version = self._pool.version(self.key) if changed is None else changed
+        finally:
+            if version is not None:
+                self._stop_waiting()
+
+    def _made(self, permit: CreationPermit) -> C:
+        try:
+            return call_sync("create", self._create)  # type: ignore[no-any-return]
+        except BaseException as error:
+            raise self._create_failed(permit, error) from error
+
+    def _create_failed(self, permit: CreationPermit, error: BaseException) -> BaseException:
+        """Return the claim; the error to raise (ours as is, the user's wrapped)."""
+        permit.finish()
+        if isinstance(error, OrbitError) or not isinstance(error, Exception):
+            return error
+        self.counters.create_errors += 1
+        return ClientCreateError(
+            f"create() failed for key {self.key}: {error!r:.200}", key=self.key
+        )
+
+    def _usable(self, entry: Entry[C]) -> bool:
+        if self._expired(entry, time.monotonic()):
+            self.discard(entry.client)
+            return False
+        if self._check is None:
+            return True
+        try:
+            healthy = call_sync("check", self._check, entry.client) is not False
+        except Exception:
+            healthy = False
+        if not healthy:
+            self.counters.check_failures += 1
+            self.discard(entry.client)
+        return healthy
+
+    def putconn(self, client: C) -> None:
+        """Hand a client back: reset it, then keep it idle or close it (one table step).
+
+        Raises:
+            UnknownClient: this pool did not check ``client`` out (or took it back).
+        """
+        entry = self._checked_in(client)
+        if entry is None:
+            return
+        if self._reset is not None:
+            try:
+                call_sync("reset", self._reset, client)
+            except Exception:
+                self.counters.reset_failures += 1
+                self._retire(entry)
+                return
+        if not self._give_back(entry):
+            self._retire(entry)
+
+    def _checked_in(self, client: C) -> Entry[C] | None:
+        """The entry of a returned client; None when it cannot go back (fork, closed)."""
+        if self._fork != _fork.generation:
+            return None  # the parent's client: never touched here
+        entry = self._pop_out(client)
+        if self._closed:
+            self._retire(entry)
+            return None
+        return entry
+
+    def _give_back(self, entry: Entry[C]) -> bool:
+        """The table step of a return: True if kept idle, else the caller closes the client."""
+        now = time.monotonic()
+        if self._expired(entry, now):
+            return False
+        options = self.options
+        with self._lock:
+            kept = give_back(
+                self.table, entry.rid, options.idle_limit, options.max_live,
+                in_turn=entry.uses % options.handoff_uses != 0,
+            )  # fmt: skip
+            if kept:
+                entry.idle_since = now
+                self._idle.append(entry)
+        return kept
+
+    def discard(self, client: C) -> None:
+        """Close a checked-out client instead of returning it (it is broken, say).
+
+        Raises:
+            UnknownClient: this pool did not check ``client`` out.
+        """
+        self._retire(self._pop_out(client))
+
+    def _pop_out(self, client: C) -> Entry[C]:
+        """The entry of a checked-out client, no longer checked out.
+
+        Raises:
+            UnknownClient: ``client`` is not checked out of this pool.
+        """
+        with self._lock:
+            entry = self._out.pop(id(client), None)
+        if entry is None or entry.client is not client:
+            raise UnknownClient(
+                f"{type(client).__name__} object was not checked out of this pool", key=self.key
+            )
+        return entry
+
+    def _unregister(self, entry: Entry[C]) -> None:
+        """Close ``entry``'s resource in the table, once its client is closed."""
+        if self._fork == _fork.generation:
+            with contextlib.suppress(OrbitError):
+                self._pool.unregister(entry.rid)
+        self.counters.retired += 1
+
+    def _retire(self, entry: Entry[C]) -> None:
+        """Close the client, then its resource in the table (the budget returns last)."""
+        self._close_quietly(entry.client)
+        self._unregister(entry)
+
+    def _close_quietly(self, client: C) -> None:
+        try:
+            run_anywhere(self._close, client)
+        except Exception:
+            self.counters.close_errors += 1
+        self.counters.closed += 1
+
+    @contextlib.contextmanager
+    def client(self, timeout: float | None = None) -> Iterator[C]:
+        """``with pool.client() as c:`` check out, use, hand back (even if the block raised).
+
+        Raises:
+            As :meth:`getconn`.
+        """
+        client = self.getconn(timeout)
+        try:
+            yield client
+        finally:
+            self.putconn(client)
+
+    # -- asyncio checkout -------------------------------------------------------------
+
+    async def getconn_async(self, timeout: float | None = None) -> C:
+        """Asyncio twin of :meth:`getconn`; never blocks the event loop.
+
+        ``create``, ``check`` and ``reset`` run on the loop when they are
+        coroutine functions, else in a worker thread; waiting uses the pool's
+        readiness descriptor.
+
+        Raises:
+            As :meth:`getconn`.
+        """
+        deadline = self._deadline(timeout)
+        self.counters.requests += 1
+        await serve_async(self)
+        version: int | None = None
+        try:
+            while True:
+                self._local()
+                step = self._step()
+                if isinstance(step, Entry):
+                    if await usable(self, step):
+                        return step.client
+                elif step is not None:
+                    return self._registered(step, await made(self, step)).client
+                elif version is None:
+                    version = self._start_waiting()
+                else:
+                    changed = await self._pool.poll_capacity(
+                        self.key, version, self._timed_out(deadline)
+                    )
+                    version = self._pool.version(self.key) if changed is None else changed
+        finally:
+            if version is not None:
+                self._stop_waiting()
+
+    async def putconn_async(self, client: C) -> None:
+        """Asyncio twin of :meth:`putconn`.
+
+        Raises:
+            UnknownClient: this pool did not check ``client`` out.
+        """
+        entry = self._checked_in(client)
+        if entry is None:
+            return
+        if self._reset is not None:
+            try:
+                await call_async(self._reset, client)
+            except Exception:
+                self.counters.reset_failures += 1
+                await retire(self, entry)
+                return
+        if not self._give_back(entry):
+            await retire(self, entry)
+
+    async def discard_async(self, client: C) -> None:
+        """Asyncio twin of :meth:`discard`.
+
+        Raises:
+            UnknownClient: this pool did not check ``client`` out.
+        """
+        await retire(self, self._pop_out(client))
+
+    @contextlib.asynccontextmanager
+    async def client_async(self, timeout: float | None = None) -> AsyncIterator[C]:
+        """``async with pool.client_async() as c:`` the asyncio checkout.
+
+        Raises:
+            As :meth:`getconn`.
+        """
+        client = await self.getconn_async(timeout)
+        try:
+            yield client
+        finally:
+            await self.putconn_async(client)
+
+    # -- inspection and lifecycle -----------------------------------------------------
+
+    def statistics(self) -> ClientPoolStatistics:
+        """Fleet-wide live, idle, in use, waiting, creating and dead-owner counts of the key,
+        plus this process's own counters (see :class:`ClientPoolStatistics`).
+
+        Raises:
+            PoolClosed: the pool is closed.
+        """
+        self._local()
+        with self._lock:
+            local = (len(self._idle), len(self._out), self._waiters)
+        return collect(self, local)
+
+    def close(self) -> None:
+        """Stop the upkeep thread and close every idle client of this process. Idempotent.
+
+        Clients still checked out are closed when they are handed back. An
+        asyncio ``close`` callable is run to completion on a helper loop; inside
+        asyncio code prefer :meth:`close_async`.
+        """
+        for entry in self._shut():
+            self._retire(entry)
+        self._pool.close()
+
+    async def close_async(self) -> None:
+        """Asyncio twin of :meth:`close`: the idle clients are closed on this loop."""
+        idle = self._shut()
+        for entry in idle:
+            await retire(self, entry)
+        self._pool.close()
+
+    def _shut(self) -> list[Entry[C]]:
+        """Mark closed, stop the upkeep thread; the idle entries to retire (none twice)."""
+        if self._closed:
+            return []
+        self._closed = True
+        self._upkeep.close()
+        if self._server is not None:
+            self._server.close()
+        if self._fork != _fork.generation:
+            return []  # the parent's clients
+        with self._lock:
+            idle, self._idle = self._idle, []
+        return idle
+
+    def __enter__(self) -> ClientPool[C]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError(
+            "a ClientPool holds this process's clients and cannot be pickled; "
+            "build one in the other process"
+        )
+
+    def __repr__(self) -> str:
+        try:
+            state = "closed" if self._closed else f"idle={len(self._idle)} out={len(self._out)}"
+            return f"<ClientPool key={self.key} max_live={self.options.max_live} {state}>"
+        except Exception:  # a repr never raises
+            return "<ClientPool (unavailable)>"
+
+
+def _bad_options(options: object) -> OrbitError:
+    return InvalidPoolOptions(
+        f"options must be a PoolOptions, got {type(options).__name__}", key="options"
+    )

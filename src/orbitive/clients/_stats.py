@@ -1,0 +1,107 @@
+"""``ClientPool.statistics()``: the key's fleet-wide counts and this process's counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, final
+
+from ..pool._availability import key_census
+from ..pool._deaths import find_dead
+
+if TYPE_CHECKING:
+    from ._pool import ClientPool
+
+
+@dataclass(slots=True)
+class Counters:
+    """What this process's pool did since it was built (plain ints, no lock needed)."""
+
+    requests: int = 0
+    created: int = 0
+    closed: int = 0
+    retired: int = 0
+    timeouts: int = 0
+    refused: int = 0
+    create_errors: int = 0
+    check_failures: int = 0
+    reset_failures: int = 0
+    close_errors: int = 0
+    borrowed: int = 0
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ClientPoolStatistics:
+    """One key of a client pool at one moment (what ``orbit pool`` shows per key).
+
+    Fleet-wide (every process of the fleet): ``live`` clients registered by
+    owners that are alive, ``idle`` of them, ``in_use`` (live - idle),
+    ``waiting`` callers at ``max_live``, ``creating`` claims in progress, and
+    ``dead_owners_count``: clients still listed for processes that died and
+    were not reported yet (reported within the upkeep interval, 0.2 s).
+
+    This process: ``local_idle``, ``local_in_use``, ``local_waiting``, then the
+    ``*_count`` counters since the pool was built (``borrowed_count``: remote
+    requests another process's client served).
+    """
+
+    max_live: int
+    live: int
+    idle: int
+    in_use: int
+    waiting: int
+    creating: int
+    dead_owners_count: int
+    local_idle: int
+    local_in_use: int
+    local_waiting: int
+    requests_count: int
+    created_count: int
+    closed_count: int
+    retired_count: int
+    timeouts_count: int
+    refused_count: int
+    create_errors_count: int
+    check_failures_count: int
+    reset_failures_count: int
+    close_errors_count: int
+    borrowed_count: int
+
+    def as_dict(self) -> dict[str, int]:
+        """The numbers by name, for a metrics exporter."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+
+def collect(pool: ClientPool[Any], local: tuple[int, int, int]) -> ClientPoolStatistics:
+    """Read the key's census and the dead lives, and add this process's counters."""
+    table = pool.table
+    counted = key_census(table, pool.key)
+    dead = set(find_dead(table, pool.pool._fleet))
+    dead_clients = sum(
+        1
+        for candidate in pool.pool.candidates(pool.key)
+        if candidate.state == "live" and (candidate.owner_node, candidate.owner_incarnation) in dead
+    )
+    live = counted.live - dead_clients
+    counters = pool.counters
+    return ClientPoolStatistics(
+        pool.options.max_live,
+        live,
+        min(counted.idle, live),
+        max(0, live - counted.idle),
+        sum(counted.waiters),
+        counted.creating,
+        dead_clients,
+        *local,
+        counters.requests,
+        counters.created,
+        counters.closed,
+        counters.retired,
+        counters.timeouts,
+        counters.refused,
+        counters.create_errors,
+        counters.check_failures,
+        counters.reset_failures,
+        counters.close_errors,
+        counters.borrowed,
+    )

@@ -1,0 +1,373 @@
+"""psycopg 3 over :class:`~orbitive.clients.ClientPool`: a pool capped host-wide.
+
+Follows psycopg_pool's conventions (``with pool.connection() as conn`` yields
+a real :class:`psycopg.Connection`, commits on a clean exit and rolls back on
+an exception; ``getconn``/``putconn``; ``check``, ``reset`` and ``configure``
+callbacks; ``PoolTimeout``, ``PoolClosed``, ``TooManyRequests``), but
+``max_live``, ``min_idle`` and ``max_idle`` count every process of the fleet:
+
+    from orbitive import Fleet
+    from orbitive.clients import PoolOptions
+    from orbitive.clients.psycopg import ConnectionPool
+
+    pool = ConnectionPool("postgresql://app@db/main", fleet=Fleet.join("web", 16),
+                          options=PoolOptions(max_live=10, max_idle=4))
+    with pool.connection() as conn:
+        conn.execute("SELECT 1")
+
+On checkout a connection is checked (``check_connection``: an empty query,
+one round trip) unless ``check=None``. On return a transaction left open or
+failed is rolled back, a connection in an unknown state (a query still
+running, a broken socket) or a closed one is discarded, then ``reset(conn)``
+runs; a connection ``reset`` leaves in a transaction is discarded too.
+
+Needs the ``postgres`` extra (psycopg); imported only when this module is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import select
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, Final
+
+import psycopg
+from psycopg import pq
+
+from .._errors import InvalidPoolOptions
+from .._fleet import Fleet
+from ..pool import POOL_KIND, Key
+from ._options import PoolOptions
+from ._pool import ClientPool
+from ._stats import ClientPoolStatistics
+
+__all__ = ["AsyncConnectionPool", "ConnectionPool"]
+
+_IDLE: Final = pq.TransactionStatus.IDLE
+_OPEN: Final = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
+#: Longest wait, in seconds, for the server to end a closed connection's session.
+CLOSE_WAIT_S: Final = 2.0
+
+
+def connection_key(conninfo: str, kwargs: dict[str, Any], flavour: str) -> Key:
+    """The pool key of a connection target: conninfo, connect arguments and class.
+
+    Raises:
+        InvalidPoolOptions: ``conninfo`` is not a str or ``kwargs`` not a dict.
+    """
+    if not isinstance(conninfo, str):
+        raise InvalidPoolOptions(f"conninfo must be a str, got {conninfo!r:.60}", key="conninfo")
+    if not isinstance(kwargs, dict):
+        raise InvalidPoolOptions(f"kwargs must be a dict, got {kwargs!r:.60}", key="kwargs")
+    parts = sorted((str(name), repr(value)) for name, value in kwargs.items())
+    return Key.digest(f"psycopg\0{flavour}\0{conninfo}\0{parts!r}".encode())
+
+
+def check_connection(conn: psycopg.Connection[Any]) -> None:
+    """psycopg_pool's check: an empty query outside any transaction; raises if broken."""
+    if conn.autocommit:
+        conn.execute("")
+        return
+    conn.autocommit = True
+    try:
+        conn.execute("")
+    finally:
+        conn.autocommit = False
+
+
+async def check_connection_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Asyncio twin of :func:`check_connection`."""
+    if conn.autocommit:
+        await conn.execute("")
+        return
+    await conn.set_autocommit(True)
+    try:
+        await conn.execute("")
+    finally:
+        await conn.set_autocommit(False)
+
+
+def _returnable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """False for a closed connection or one in an unknown state (discard it)."""
+    if conn.closed:
+        return False
+    return conn.info.transaction_status in (_IDLE, *_OPEN)
+
+
+class _Base:
+    """What both pools share: options, key, the ClientPool and its inspection."""
+
+    _clients: ClientPool[Any]
+
+    def _build(
+        self,
+        fleet: Fleet,
+        key: object,
+        create: Callable[[], Any],
+        close: Callable[[Any], Any],
+        check: Callable[[Any], Any] | None,
+        reset: Callable[[Any], Any],
+        options: PoolOptions | None,
+        kind: int,
+    ) -> None:
+        self._clients = ClientPool(
+            fleet, key, create, close, check=check, reset=reset, options=options, kind=kind
+        )
+
+    @property
+    def clients(self) -> ClientPool[Any]:
+        """The underlying :class:`~orbitive.clients.ClientPool`."""
+        return self._clients
+
+    @property
+    def options(self) -> PoolOptions:
+        """The pool's options."""
+        return self._clients.options
+
+    def statistics(self) -> ClientPoolStatistics:
+        """As :meth:`ClientPool.statistics`."""
+        return self._clients.statistics()
+
+    def get_stats(self) -> dict[str, int]:
+        """psycopg_pool's spelling: :meth:`statistics` as a dict."""
+        return self.statistics().as_dict()
+
+
+class ConnectionPool(_Base):
+    """A psycopg connection pool whose limits hold across the fleet's processes.
+
+    Args:
+        conninfo: the libpq connection string or URL.
+        fleet: this process's joined fleet.
+        kwargs: more arguments for ``psycopg.Connection.connect`` (for example
+            ``{"application_name": "web"}``); part of the key.
+        options: host-wide sizes and timeouts (:class:`PoolOptions`).
+        configure: called with each new connection before first use.
+        check: called on checkout (default :func:`check_connection`; None skips).
+        reset: called with each returned connection, after the rollback.
+        key: overrides the key derived from conninfo and kwargs.
+        kind: the pool table's SHM kind number.
+
+    Raises:
+        InvalidPoolOptions, and as :class:`~orbitive.clients.ClientPool`.
+    """
+
+    def __init__(
+        self,
+        conninfo: str = "",
+        *,
+        fleet: Fleet,
+        kwargs: dict[str, Any] | None = None,
+        options: PoolOptions | None = None,
+        configure: Callable[[psycopg.Connection[Any]], None] | None = None,
+        check: Callable[[psycopg.Connection[Any]], None] | None = check_connection,
+        reset: Callable[[psycopg.Connection[Any]], None] | None = None,
+        key: object = None,
+        kind: int = POOL_KIND,
+    ) -> None:
+        kwargs = {} if kwargs is None else kwargs
+        derived = connection_key(conninfo, kwargs, "sync") if key is None else key
+        self.conninfo, self.kwargs = conninfo, dict(kwargs)
+        self._configure, self._reset_hook = configure, reset
+        self._build(fleet, derived, self._connect, _close, check, self._reset, options, kind)
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn = psycopg.Connection.connect(self.conninfo, **self.kwargs)
+        if self._configure is not None:
+            try:
+                self._configure(conn)
+                if conn.info.transaction_status in _OPEN:
+                    conn.rollback()
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+    def _reset(self, conn: psycopg.Connection[Any]) -> None:
+        if not _returnable(conn):
+            raise psycopg.InterfaceError("connection closed or in an unknown state")
+        if conn.info.transaction_status in _OPEN:
+            conn.rollback()
+        if self._reset_hook is not None:
+            self._reset_hook(conn)
+            if conn.info.transaction_status != _IDLE:
+                raise psycopg.ProgrammingError("reset() left the connection in a transaction")
+
+    @contextlib.contextmanager
+    def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+        """``with pool.connection() as conn``: commit on a clean exit, roll back on error.
+
+        Args:
+            timeout: seconds to wait for a connection; None: ``acquire_timeout``.
+
+        Raises:
+            PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError (the
+            connect error is its ``__cause__``), InvalidPoolOptions.
+        """
+        conn = self.getconn(timeout)
+        try:
+            yield conn
+            if not conn.closed and conn.info.transaction_status == pq.TransactionStatus.INTRANS:
+                conn.commit()
+        finally:
+            self.putconn(conn)
+
+    def getconn(self, timeout: float | None = None) -> psycopg.Connection[Any]:
+        """Check a connection out (give it back with :meth:`putconn`); raises as connection()."""
+        conn: psycopg.Connection[Any] = self._clients.getconn(timeout)
+        return conn
+
+    def putconn(self, conn: psycopg.Connection[Any]) -> None:
+        """Hand a connection back: rolled back, reset, kept idle or closed.
+
+        Raises:
+            UnknownClient: not checked out of this pool.
+        """
+        self._clients.putconn(conn)
+
+    def close(self) -> None:
+        """Close the idle connections of this process and stop using the pool. Idempotent."""
+        self._clients.close()
+
+    def __enter__(self) -> ConnectionPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncConnectionPool(_Base):
+    """Asyncio twin of :class:`ConnectionPool` over :class:`psycopg.AsyncConnection`.
+
+    ``configure``, ``check`` and ``reset`` are coroutine functions here. Every
+    wait happens on the event loop; nothing blocks it.
+
+    Raises:
+        As :class:`ConnectionPool`.
+    """
+
+    def __init__(
+        self,
+        conninfo: str = "",
+        *,
+        fleet: Fleet,
+        kwargs: dict[str, Any] | None = None,
+        options: PoolOptions | None = None,
+        configure: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
+        check: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]
+        | None = check_connection_async,
+        reset: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
+        key: object = None,
+        kind: int = POOL_KIND,
+    ) -> None:
+        kwargs = {} if kwargs is None else kwargs
+        derived = connection_key(conninfo, kwargs, "async") if key is None else key
+        self.conninfo, self.kwargs = conninfo, dict(kwargs)
+        self._configure, self._reset_hook = configure, reset
+        self._build(fleet, derived, self._connect, _close_async, check, self._reset, options, kind)
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.kwargs)
+        if self._configure is not None:
+            try:
+                await self._configure(conn)
+                if conn.info.transaction_status in _OPEN:
+                    await conn.rollback()
+            except BaseException:
+                await conn.close()
+                raise
+        return conn
+
+    async def _reset(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if not _returnable(conn):
+            raise psycopg.InterfaceError("connection closed or in an unknown state")
+        if conn.info.transaction_status in _OPEN:
+            await conn.rollback()
+        if self._reset_hook is not None:
+            await self._reset_hook(conn)
+            if conn.info.transaction_status != _IDLE:
+                raise psycopg.ProgrammingError("reset() left the connection in a transaction")
+
+    @contextlib.asynccontextmanager
+    async def connection(
+        self, timeout: float | None = None
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """``async with pool.connection() as conn``; as :meth:`ConnectionPool.connection`."""
+        conn = await self.getconn(timeout)
+        try:
+            yield conn
+            if not conn.closed and conn.info.transaction_status == pq.TransactionStatus.INTRANS:
+                await conn.commit()
+        finally:
+            await self.putconn(conn)
+
+    async def getconn(self, timeout: float | None = None) -> psycopg.AsyncConnection[Any]:
+        """Check a connection out; raises as :meth:`ConnectionPool.connection`."""
+        conn: psycopg.AsyncConnection[Any] = await self._clients.getconn_async(timeout)
+        return conn
+
+    async def putconn(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Hand a connection back (rolled back, reset, kept idle or closed).
+
+        Raises:
+            UnknownClient: not checked out of this pool.
+        """
+        await self._clients.putconn_async(conn)
+
+    async def close(self) -> None:
+        """Close the idle connections of this process and stop using the pool. Idempotent."""
+        await self._clients.close_async()
+
+    async def __aenter__(self) -> AsyncConnectionPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def watch_socket(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> int:
+    """A duplicate of the connection's socket, to see the server end it; -1 if none."""
+    try:
+        return os.dup(conn.pgconn.socket)
+    except (OSError, psycopg.Error):
+        return -1
+
+
+def await_gone(fd: int) -> None:
+    """Wait (at most :data:`CLOSE_WAIT_S`) until the server closed its end, then close ``fd``.
+
+    A backend leaves ``pg_stat_activity`` before it closes its socket, so once
+    this returns the server no longer counts the connection: only then does
+    the pool hand its budget to another process.
+    """
+    if fd < 0:
+        return
+    try:
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while (remaining := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([fd], [], [], remaining)
+            if not readable or not os.read(fd, 65536):
+                return
+    except OSError:  # reset by the server: gone as well
+        return
+    finally:
+        os.close(fd)
+
+
+def _close(conn: psycopg.Connection[Any]) -> None:
+    fd = watch_socket(conn)
+    try:
+        conn.close()
+    finally:
+        await_gone(fd)
+
+
+async def _close_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    fd = watch_socket(conn)
+    try:
+        await conn.close()
+    finally:
+        await asyncio.to_thread(await_gone, fd)

@@ -1,0 +1,289 @@
+"""The pool's availability steps: fleet-wide idle and waiter counts for a client pool.
+
+A client pool (:mod:`orbitive.clients`) keeps its idle clients as registered
+resources with a free unit. These steps give it what the plain lease steps
+cannot: decisions that depend on the whole key at one moment. Each runs in one
+critical section (the region's process mutex and ``flock``), like every other
+table step, so two processes never both see room under a bound.
+
+* ``idle`` is the number of free units (capacity - reserved - active) of the
+  key's live members. It is counted inside the step, never stored, so it can
+  never disagree with the resources it counts (the table's rule for reserved,
+  live and creating).
+* ``waiters`` are per-node u32 counters in the key slot (layout version 2): how
+  many of that node's callers wait because the key is at ``max_live``. A
+  node's counters are zeroed when its death is reported or a new life binds
+  the node, so a killed waiter never leaves a count behind.
+
+Rules (the reference design's availability extension):
+
+* :func:`give_back` keeps a finished client idle only while the fleet-wide
+  idle count is below ``max_idle``, and retires it instead when another
+  process waits at ``max_live`` and this one has no waiter of its own that
+  would take it (or holds more than its share): an idle client never strands
+  a waiter.
+* :func:`retire_idle` lets an owner take an idle client out, to retire it, for another
+  process's waiter, or for ``idle_timeout`` (only above the ``min_idle``
+  floor) and ``max_lifetime``.
+* :func:`claim_warm` claims creation only for this node's share of the
+  ``min_idle`` deficit: ``idle + creating`` stays at most ``min_idle``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from .._errors import BusyError, CreationBudgetError, DrainingError, NotOwnerError, StaleError
+from .._region import store
+from ._layout import (
+    LIVE,
+    PENDING,
+    PENDING_WORDS,
+    RES_ACTIVE,
+    RES_FENCES,
+    RES_HOT,
+    RESOURCE_SIZE,
+    U32,
+)
+from ._table import Table
+from ._values import Key, ResourceId
+
+#: Why an owner may retire an idle client (:func:`retire_idle`).
+FOR_WAITER: Final = 0  # another process waits at max_live
+FOR_IDLE_TIMEOUT: Final = 1  # idle too long: only above the min_idle floor
+FOR_LIFETIME: Final = 2  # too old: always
+
+
+@dataclass(frozen=True, slots=True)
+class Census:
+    """One key at one moment, counted inside a critical section."""
+
+    live: int
+    idle: int
+    creating: int
+    waiters: tuple[int, ...]  # per node
+    live_by_node: dict[int, int]
+
+    def others_waiting(self, node: int) -> int:
+        """Waiters of every node but ``node``."""
+        return sum(self.waiters) - self.waiters[node]
+
+    def fair_share(self, max_live: int) -> int:
+        """Clients one demanding node may keep while others wait (at least one)."""
+        demanding = {n for n, w in enumerate(self.waiters) if w} | set(self.live_by_node)
+        return max(1, max_live // max(1, len(demanding)))
+
+
+def census(table: Table, index: int) -> Census:
+    """Count key ``index``'s live, idle, creating and waiting units. In a section."""
+    buf = table.buf
+    members = table.members(index)
+    live = idle = 0
+    by_node: dict[int, int] = {}
+    lane, base = table.lane_capacity, table.res_base
+    while members:
+        low = members & -members
+        members ^= low
+        global_index = low.bit_length() - 1
+        offset = base + global_index * RESOURCE_SIZE
+        if buf[offset] != LIVE:
+            continue
+        hot = RES_HOT.unpack_from(buf, offset)
+        reserved = PENDING - PENDING_WORDS.unpack_from(buf, offset + RES_FENCES).count(0)
+        live += 1
+        idle += max(0, hot[6] - reserved - hot[8])
+        node = global_index // lane
+        by_node[node] = by_node.get(node, 0) + 1
+    at = table.key_offset(index)
+    claims = table.claims_struct.unpack_from(buf, at + table.key_claims)
+    waiters = table.claims_struct.unpack_from(buf, at + table.key_waiters)
+    return Census(live, idle, sum(claims), waiters, by_node)
+
+
+def _owned_live(table: Table, rid: ResourceId, offset: int) -> tuple[int, ...]:
+    """The slot's hot fields if it is ``rid``, ours and LIVE; else the refusal."""
+    hot = table._owned(rid, offset)
+    if hot[0] != LIVE:
+        raise DrainingError(f"resource {rid} is draining", node=rid.node, key=rid)
+    return hot
+
+
+def _free(table: Table, offset: int, hot: tuple[int, ...]) -> int:
+    reserved = PENDING - PENDING_WORDS.unpack_from(table.buf, offset + RES_FENCES).count(0)
+    return int(hot[6]) - reserved - int(hot[8])
+
+
+def take(table: Table, rid: ResourceId) -> int:
+    """Owner checks out its own idle client: one free unit becomes active. Returns the offset.
+
+    Raises:
+        MalformedError, StaleError, NotOwnerError, DrainingError.
+        BusyError: no free unit (a borrower reserved it).
+    """
+    offset = table.locate(rid)
+    table.enter()
+    try:
+        hot = _owned_live(table, rid, offset)
+        if _free(table, offset, hot) <= 0:
+            raise BusyError(f"resource {rid} has no free unit", node=rid.node, key=rid)
+        store(table.buf, offset + RES_ACTIVE, U32, hot[8] + 1)
+    finally:
+        table.leave()
+    return offset
+
+
+def give_back(
+    table: Table, rid: ResourceId, max_idle: int, max_live: int, *, in_turn: bool = False
+) -> bool:
+    """Owner returns an active unit: keep the client idle (True) or retire it (False).
+
+    One step: the unit becomes free only while the fleet-wide idle count is
+    below ``max_idle`` and no other process waits at ``max_live`` for capacity
+    this client holds. Exceptions: this node's own waiters, within its fair
+    share, will take it; or ``in_turn``, the owner has not used up its turn
+    with this client (``PoolOptions.handoff_uses``). Otherwise the unit stays
+    active: the caller closes the client and only then unregisters it, so the
+    budget returns once the client is really gone (a server never sees more
+    than ``max_live`` connections). A resource that is no longer ours (reset,
+    closed) reads as retired. The key's waiters are woken only if there are any.
+    """
+    offset = table.locate(rid)
+    table.enter()
+    try:
+        try:
+            hot = table._owned(rid, offset)
+        except (StaleError, NotOwnerError):  # closed or reset meanwhile: nothing to keep
+            return False
+        index = int(hot[7])
+        if hot[0] != LIVE:
+            return False
+        waiters = table.claims_struct.unpack_from(
+            table.buf, table.key_offset(index) + table.key_waiters
+        )
+        # Fast path: nobody waits and max_idle cannot be reached (idle < live <= max_live).
+        if (any(waiters) or max_idle < max_live) and not _keep(
+            census(table, index), table.node, max_idle, max_live, in_turn
+        ):
+            return False
+        store(table.buf, offset + RES_ACTIVE, U32, max(0, hot[8] - 1))
+        if any(waiters):
+            table.key_changed(index)
+        return True
+    finally:
+        table.leave()
+
+
+def _keep(counted: Census, node: int, max_idle: int, max_live: int, in_turn: bool) -> bool:
+    at_max = counted.live + counted.creating >= max_live
+    if not in_turn and counted.others_waiting(node) and at_max:
+        # Kept only for a waiter of ours, who takes it at once, within our fair share.
+        own = counted.waiters[node]
+        return bool(own) and counted.live_by_node.get(node, 0) <= counted.fair_share(max_live)
+    return counted.idle < max_idle
+
+
+def retire_idle(table: Table, rid: ResourceId, reason: int, max_live: int, min_idle: int) -> bool:
+    """Owner takes its idle client ``rid`` for retirement if ``reason`` still holds.
+
+    True: the unit is now active (nobody else can reserve or take it); the
+    caller closes the client, then unregisters it.
+
+    ``FOR_WAITER``: another node waits and the key is at ``max_live``, and no
+    waiter of this node would take the client. ``FOR_IDLE_TIMEOUT``: the
+    fleet-wide idle count is above ``min_idle``. ``FOR_LIFETIME``: always. A
+    client in use or reserved meanwhile is never retired.
+    """
+    offset = table.locate(rid)
+    table.enter()
+    try:
+        try:
+            hot = _owned_live(table, rid, offset)
+        except (StaleError, NotOwnerError, DrainingError):  # not ours to retire now
+            return False
+        if hot[8] or _free(table, offset, hot) < hot[6]:
+            return False  # in use or reserved
+        index = int(hot[7])
+        counted = census(table, index)
+        node = table.node
+        if reason == FOR_WAITER:
+            due = (
+                counted.others_waiting(node) > 0
+                and not counted.waiters[node]
+                and counted.live + counted.creating >= max_live
+            )
+        elif reason == FOR_IDLE_TIMEOUT:
+            due = counted.idle > min_idle
+        else:
+            due = True
+        if due:
+            store(table.buf, offset + RES_ACTIVE, U32, 1)
+        return due
+    finally:
+        table.leave()
+
+
+def claim_warm(table: Table, key: Key, max_live: int, min_idle: int) -> tuple[int, int]:
+    """Claim creation for the ``min_idle`` floor; returns (key index, epoch) as ``claim``.
+
+    Succeeds only while ``idle + creating < min_idle``, ``live + creating <
+    max_live`` and nobody waits (a waiter needs the capacity more).
+
+    Raises:
+        KeyFullError.
+        CreationBudgetError: the floor is met, or the key is at ``max_live``.
+    """
+    table.enter()
+    try:
+        index = table.find_key(key, True)
+        counted = census(table, index)
+        if (
+            counted.idle + counted.creating >= min_idle
+            or counted.live + counted.creating >= max_live
+            or any(counted.waiters)
+        ):
+            raise CreationBudgetError(
+                f"key {key}: {counted.idle} idle + {counted.creating} creating meet "
+                f"min_idle {min_idle} (or the key is at max_live {max_live})",
+                key=key,
+            )
+        at = table.key_offset(index) + table.key_claims + 4 * table.node
+        store(table.buf, at, U32, U32.unpack_from(table.buf, at)[0] + 1)
+        epoch = table.epoch()
+    finally:
+        table.leave()
+    return index, epoch
+
+
+def add_waiter(table: Table, key: Key, delta: int) -> int:
+    """Count one waiter of this node in or out (+1 / -1); returns the key's version.
+
+    Counting one in bumps the key, so owners holding idle clients notice.
+
+    Raises:
+        KeyFullError.
+    """
+    table.enter()
+    try:
+        index = table.find_key(key, True)
+        at = table.key_offset(index) + table.key_waiters + 4 * table.node
+        count = U32.unpack_from(table.buf, at)[0]
+        store(table.buf, at, U32, max(0, count + delta))
+        if delta > 0:
+            table.key_changed(index)
+        return table.changes(index)
+    finally:
+        table.leave()
+
+
+def key_census(table: Table, key: Key) -> Census:
+    """:func:`census` of ``key`` in its own section (installs the key).
+
+    Raises:
+        KeyFullError.
+    """
+    table.enter()
+    try:
+        return census(table, table.find_key(key, True))
+    finally:
+        table.leave()

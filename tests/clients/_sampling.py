@@ -1,0 +1,67 @@
+"""Witnesses that sample while a test runs: the server's own connection count."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import TracebackType
+
+import psycopg
+
+#: Seconds between two samples of pg_stat_activity.
+SAMPLE_EVERY_S = 0.005
+
+
+class ServerConnections:
+    """A thread counting the server's connections tagged ``tag`` until stopped.
+
+    ``highest`` is the largest count seen and ``samples`` how many were taken;
+    the sampler's own connection carries no tag.
+    """
+
+    def __init__(self, url: str, tag: str) -> None:
+        self.tag = tag
+        self.highest = 0
+        self.samples = 0
+        self._conn = psycopg.connect(url, autocommit=True)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def count(self) -> int:
+        """Connections tagged ``tag`` now (one query; callable while sampling)."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (self.tag,)
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.highest = max(self.highest, self.count())
+            self.samples += 1
+            time.sleep(SAMPLE_EVERY_S)
+
+    def wait_at_most(self, bound: int, timeout: float) -> int:
+        """Poll until at most ``bound`` connections are open; the last count seen."""
+        deadline = time.monotonic() + timeout
+        seen = self.count()
+        while seen > bound and time.monotonic() < deadline:
+            time.sleep(0.02)
+            seen = self.count()
+        return seen
+
+    def __enter__(self) -> ServerConnections:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._conn.close()

@@ -1,0 +1,267 @@
+"""What the client-pool tests' worker processes run (module-level, so spawn finds them).
+
+Each worker joins the test's fleet as its own node, builds a pool and reports
+through its channel. No test framework is imported here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import socket
+import time
+from typing import Any
+
+from orbitive import Fleet, OrbitError
+from orbitive.clients import ClientPool, PoolOptions
+from orbitive.clients.psycopg import AsyncConnectionPool, ConnectionPool
+
+from .._processes import Channel
+
+#: A query of about 1 ms on the server.
+SLOW_QUERY = "SELECT pg_sleep(0.001)"
+FAST_QUERY = "SELECT 1"
+
+
+def psycopg_requests(
+    channel: Channel,
+    fleet_name: str,
+    capacity: int,
+    url: str,
+    tag: str,
+    options: dict[str, Any],
+    requests: int,
+    query: str,
+) -> None:
+    """Run ``requests`` queries through a ConnectionPool; report (ok, errors, statistics)."""
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ConnectionPool(
+            url, fleet=fleet, kwargs={"application_name": tag}, options=PoolOptions(**options)
+        )
+        channel.send("ready")
+        channel.recv()
+        ok, errors = 0, []
+        for _ in range(requests):
+            try:
+                with pool.connection() as conn:
+                    conn.execute(query).fetchall()
+                ok += 1
+            except OrbitError as error:
+                errors.append(repr(error))
+        stats = pool.statistics()
+        channel.send((ok, errors, stats.as_dict()))
+        channel.recv()  # the test has looked at the fleet; now close
+        pool.close()
+
+
+def psycopg_holder(
+    channel: Channel, fleet_name: str, capacity: int, url: str, tag: str, max_live: int, hold: int
+) -> None:
+    """Check out ``hold`` connections and keep them until killed."""
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ConnectionPool(
+            url,
+            fleet=fleet,
+            kwargs={"application_name": tag},
+            options=PoolOptions(max_live=max_live),
+        )
+        held = [pool.getconn() for _ in range(hold)]
+        channel.send(len(held))
+        while True:
+            time.sleep(60)
+
+
+def psycopg_idle_holder(
+    channel: Channel, fleet_name: str, capacity: int, url: str, tag: str, options: dict[str, Any]
+) -> None:
+    """Use ``max_live`` connections once, return them (idle here), then stay idle until told."""
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ConnectionPool(
+            url, fleet=fleet, kwargs={"application_name": tag}, options=PoolOptions(**options)
+        )
+        held = [pool.getconn() for _ in range(pool.options.max_live)]
+        for conn in held:
+            pool.putconn(conn)
+        channel.send(pool.statistics().local_idle)
+        channel.recv()
+        stats = pool.statistics()
+        pool.close()
+        channel.send(stats.as_dict())
+
+
+def psycopg_async_requests(
+    channel: Channel,
+    fleet_name: str,
+    capacity: int,
+    url: str,
+    tag: str,
+    max_live: int,
+    tasks: int,
+    per_task: int,
+) -> None:
+    """``tasks`` concurrent tasks x ``per_task`` queries; report (ok, errors, worst loop lag)."""
+    with Fleet.join(fleet_name, capacity) as fleet:
+        channel.send("ready")
+        channel.recv()
+        channel.send(asyncio.run(_async_load(fleet, url, tag, max_live, tasks, per_task)))
+
+
+async def _async_load(
+    fleet: Fleet, url: str, tag: str, max_live: int, tasks: int, per_task: int
+) -> tuple[int, list[str], float]:
+    options = PoolOptions(max_live=max_live, acquire_timeout=30.0)
+    async with AsyncConnectionPool(
+        url, fleet=fleet, kwargs={"application_name": tag}, options=options
+    ) as pool:
+        errors: list[str] = []
+        running = True
+        lag = 0.0
+
+        async def ticker() -> None:
+            nonlocal lag
+            loop = asyncio.get_running_loop()
+            while running:
+                started = loop.time()
+                await asyncio.sleep(0.005)
+                lag = max(lag, loop.time() - started - 0.005)
+
+        async def worker() -> int:
+            done = 0
+            for _ in range(per_task):
+                try:
+                    async with pool.connection() as conn:
+                        await conn.execute(SLOW_QUERY)
+                    done += 1
+                except OrbitError as error:
+                    errors.append(repr(error))
+            return done
+
+        tick = asyncio.ensure_future(ticker())
+        counts = await asyncio.gather(*(worker() for _ in range(tasks)))
+        running = False
+        await tick
+        return sum(counts), errors, lag
+
+
+def sqlalchemy_requests(
+    channel: Channel, fleet_name: str, capacity: int, url: str, tag: str, max_live: int,
+    requests: int,
+) -> None:  # fmt: skip
+    """Run ``requests`` queries through a SQLAlchemy engine on FleetPool; report (ok, errors)."""
+    import sqlalchemy  # noqa: PLC0415 - only this worker needs it
+
+    from orbitive.clients.sqlalchemy import FleetPool  # noqa: PLC0415 - as above
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        engine = sqlalchemy.create_engine(
+            url.replace("postgresql://", "postgresql+psycopg://"),
+            connect_args={"application_name": tag},
+            poolclass=FleetPool,
+            fleet=fleet,
+            fleet_key=url,
+            fleet_options=PoolOptions(max_live=max_live),
+            pool_pre_ping=True,
+        )
+        channel.send("ready")
+        channel.recv()
+        ok, errors = 0, []
+        for _ in range(requests):
+            try:
+                with engine.connect() as conn:
+                    conn.execute(sqlalchemy.text(SLOW_QUERY)).fetchall()
+                ok += 1
+            except OrbitError as error:
+                errors.append(repr(error))
+        status = engine.pool.status()
+        engine.dispose()
+        channel.send((ok, errors, status))
+
+
+def fake_holder(channel: Channel, fleet_name: str, capacity: int, in_use: int, idle: int) -> None:
+    """Hold ``in_use`` fake clients and keep ``idle`` more idle, until killed."""
+    from ._fakes import FakeClient, close  # noqa: PLC0415 - spawn imports this module lean
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ClientPool(
+            fleet, "fake", create=FakeClient, close=close,
+            options=PoolOptions(max_live=in_use + idle + 1),
+        )  # fmt: skip
+        returned = [pool.getconn() for _ in range(idle)]
+        held = [pool.getconn() for _ in range(in_use)]
+        for client in returned:
+            pool.putconn(client)
+        channel.send(len(held))
+        while True:
+            time.sleep(60)
+
+
+# -- remote mode: a TCP echo client -------------------------------------------------------
+
+
+def echo_connect(port: int) -> socket.socket:
+    """A client: one TCP connection to the test's echo server."""
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def echo(sock: socket.socket, request: bytes) -> bytes:
+    """The remote-mode handler: one round trip on the connection (``b"boom"`` raises)."""
+    if request == b"boom":
+        raise OSError("the handler refused boom")
+    sock.sendall(request)
+    reply = b""
+    while len(reply) < len(request):
+        reply += sock.recv(len(request) - len(reply))
+    return reply
+
+
+async def echo_async(sock: socket.socket, request: bytes) -> bytes:
+    """A coroutine handler: the round trip on the loop's socket helpers."""
+    loop = asyncio.get_running_loop()
+    sock.setblocking(False)
+    await loop.sock_sendall(sock, request)
+    reply = b""
+    while len(reply) < len(request):
+        reply += await loop.sock_recv(sock, len(request) - len(reply))
+    return reply
+
+
+def remote_owner(
+    channel: Channel, fleet_name: str, capacity: int, port: int, coroutine: bool
+) -> None:
+    """Own one idle echo connection and serve other processes' requests on it until told."""
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ClientPool(
+            fleet, "echo", create=functools.partial(echo_connect, port),
+            close=socket.socket.close, handler=echo_async if coroutine else echo,
+            options=PoolOptions(max_live=1),
+        )  # fmt: skip
+        if coroutine:
+            asyncio.run(_serve_until_told(channel, pool))
+        else:
+            assert pool.request(b"warm") == b"warm"
+            channel.send("ready")
+            channel.recv(None)
+        channel.send(pool.statistics().as_dict())
+        pool.close()
+
+
+async def _serve_until_told(channel: Channel, pool: ClientPool[socket.socket]) -> None:
+    assert await pool.request_async(b"warm") == b"warm"  # starts the server on this loop
+    channel.send("ready")
+    await asyncio.get_running_loop().run_in_executor(None, channel.recv, None)
+
+
+def stuck_creator(channel: Channel, fleet_name: str, capacity: int) -> None:
+    """Hold a creation claim for ever: ``create()`` never returns."""
+
+    def create() -> object:
+        channel.send("creating")
+        while True:
+            time.sleep(60)
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool: ClientPool[object] = ClientPool(
+            fleet, "fake", create=create, close=lambda client: None,
+            options=PoolOptions(max_live=1),
+        )  # fmt: skip
+        pool.getconn()

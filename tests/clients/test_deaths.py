@@ -1,0 +1,61 @@
+"""A killed worker's clients and creation claims come back without a supervisor."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from orbitive import Fleet
+from orbitive.clients import ClientPool, PoolOptions, PoolTimeout
+
+from .._processes import Processes
+from ._fakes import FakeClient, close
+from ._workers import fake_holder, stuck_creator
+from .conftest import CAPACITY
+
+
+@pytest.fixture(autouse=True)
+def _counts() -> Iterator[None]:
+    FakeClient.reset_counts()
+    yield
+
+
+def _pool(fleet: Fleet, max_live: int) -> ClientPool[FakeClient]:
+    options = PoolOptions(max_live=max_live, acquire_timeout=10.0)
+    return ClientPool(fleet, "fake", create=FakeClient, close=close, options=options)
+
+
+def test_a_worker_killed_inside_create_returns_its_claim_within_a_second(
+    spawned: Processes, fleet: Fleet
+) -> None:
+    stuck = spawned.start(stuck_creator, fleet.name, CAPACITY)
+    assert stuck.recv(60) == "creating"
+    with _pool(fleet, 1) as pool:
+        assert pool.statistics().creating == 1
+        with pytest.raises(PoolTimeout):
+            pool.getconn(timeout=0.3)  # the claim holds the only unit of budget
+        assert stuck.kill() == -signal.SIGKILL
+        killed = time.monotonic()
+        with pool.client(timeout=5.0):
+            assert time.monotonic() - killed < 1.0
+        assert pool.statistics().creating == 0
+
+
+def test_a_killed_owners_idle_and_busy_clients_are_reported_dead_then_closed(
+    spawned: Processes, fleet: Fleet
+) -> None:
+    holder = spawned.start(fake_holder, fleet.name, CAPACITY, 2, 1)
+    assert holder.recv(60) == 2
+    with _pool(fleet, 4) as pool:
+        assert pool.statistics().live == 3
+        assert holder.kill() == -signal.SIGKILL
+        deadline = time.monotonic() + 5.0
+        while (stats := pool.statistics()).live + stats.dead_owners_count:
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.02)
+        held = [pool.getconn() for _ in range(4)]  # the whole budget is back
+        for client in held:
+            pool.putconn(client)

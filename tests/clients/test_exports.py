@@ -1,0 +1,63 @@
+"""orbitive.clients and its adapters export exactly their documented names, under their path."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+#: api.md's names for the client pool, plus the additions this package documents.
+API_NAMES = {
+    "orbitive.clients": {"ClientPool", "PoolOptions"},
+    "orbitive.clients.psycopg": {"ConnectionPool"},
+    "orbitive.clients.sqlalchemy": {"FleetPool"},
+}
+ADDITIONS = {
+    # statistics() and the named errors a caller catches.
+    "orbitive.clients": {
+        "ClientPoolStatistics",
+        "ClientCreateError",
+        "InvalidPoolOptions",
+        "PoolClosed",
+        "PoolTimeout",
+        "RemoteRequestError",
+        "TooManyRequests",
+        "UnknownClient",
+    },
+    "orbitive.clients.psycopg": {"AsyncConnectionPool"},
+    "orbitive.clients.sqlalchemy": set(),
+}
+
+
+@pytest.mark.parametrize("module_name", sorted(API_NAMES))
+def test_all_is_exactly_the_documented_names(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    assert len(set(module.__all__)) == len(module.__all__), "duplicate in __all__"
+    assert set(module.__all__) == API_NAMES[module_name] | ADDITIONS[module_name]
+    for name in module.__all__:
+        assert hasattr(module, name), name
+
+
+@pytest.mark.parametrize("module_name", sorted(API_NAMES))
+def test_public_classes_name_a_public_module_that_exports_them(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if inspect.isclass(obj):
+            home = importlib.import_module(obj.__module__)
+            assert obj.__module__ in API_NAMES, f"{module_name}.{name} claims {obj.__module__}"
+            assert getattr(home, name) is obj
+
+
+def test_the_core_package_does_not_import_the_adapters_dependencies() -> None:
+    code = (
+        "import sys, orbitive.clients, orbitive.pool; "
+        "print(any(m in sys.modules for m in ('psycopg', 'sqlalchemy')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert result.stdout.strip() == "False", result.stderr

@@ -1,0 +1,271 @@
+"""ClientPool in one process: reuse, bounds, timeouts, errors, callbacks, asyncio and fork."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from orbitive import Fleet
+from orbitive.clients import (
+    ClientCreateError,
+    ClientPool,
+    InvalidPoolOptions,
+    PoolClosed,
+    PoolOptions,
+    PoolTimeout,
+    TooManyRequests,
+    UnknownClient,
+)
+
+from ._fakes import FakeClient, close
+
+
+@pytest.fixture(autouse=True)
+def _counts() -> Iterator[None]:
+    FakeClient.reset_counts()
+    yield
+
+
+def _pool(fleet: Fleet, **options: object) -> ClientPool[FakeClient]:
+    return ClientPool(fleet, "fake", create=FakeClient, close=close, options=PoolOptions(**options))  # type: ignore[arg-type]
+
+
+def test_a_returned_client_is_reused_and_created_once(fleet: Fleet) -> None:
+    with _pool(fleet, max_live=2) as pool:
+        with pool.client() as first:
+            pass
+        with pool.client() as second:
+            assert second is first
+        stats = pool.statistics()
+        assert (stats.live, stats.idle, stats.in_use, stats.created_count) == (1, 1, 0, 1)
+    assert first.closed  # close() closes the idle ones
+
+
+def test_max_idle_closes_what_would_exceed_it(fleet: Fleet) -> None:
+    with _pool(fleet, max_live=3, max_idle=1) as pool:
+        held = [pool.getconn() for _ in range(3)]
+        assert pool.statistics().in_use == 3
+        for client in held:
+            pool.putconn(client)
+        stats = pool.statistics()
+        assert (stats.live, stats.idle, stats.local_idle) == (1, 1, 1)
+        assert sum(client.closed for client in held) == 2
+        assert FakeClient.open_now == 1
+
+
+def test_a_checkout_at_max_live_times_out_with_pool_timeout_and_leaves_no_waiter(
+    fleet: Fleet,
+) -> None:
+    with _pool(fleet, max_live=1) as pool, pool.client():
+        started = time.monotonic()
+        with pytest.raises(PoolTimeout):
+            pool.getconn(timeout=0.3)
+        assert 0.25 <= time.monotonic() - started < 5.0
+        stats = pool.statistics()
+        assert (stats.waiting, stats.local_waiting, stats.timeouts_count) == (0, 0, 1)
+
+
+def test_a_waiter_gets_the_client_another_thread_returns(fleet: Fleet) -> None:
+    with _pool(fleet, max_live=1) as pool:
+        held = pool.getconn()
+        got: list[FakeClient] = []
+        waiter = threading.Thread(target=lambda: got.append(pool.getconn(timeout=10.0)))
+        waiter.start()
+        time.sleep(0.1)
+        assert pool.statistics().waiting == 1
+        pool.putconn(held)
+        waiter.join(10.0)
+        assert got == [held]
+        pool.putconn(held)
+
+
+def test_max_waiting_refuses_one_more_waiter_of_this_process(fleet: Fleet) -> None:
+    with _pool(fleet, max_live=1, max_waiting=1) as pool, pool.client():
+
+        def wait() -> None:
+            with pytest.raises(PoolTimeout):
+                pool.getconn(1.0)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        deadline = time.monotonic() + 5.0
+        while pool.statistics().local_waiting < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with pytest.raises(TooManyRequests):
+            pool.getconn(timeout=1.0)
+        waiter.join()
+        assert pool.statistics().refused_count == 1
+
+
+def test_a_failing_create_raises_client_create_error_and_returns_its_claim(
+    fleet: Fleet,
+) -> None:
+    calls = []
+
+    def create() -> FakeClient:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionRefusedError("nobody listens")
+        return FakeClient()
+
+    with ClientPool(fleet, "fake", create=create, close=close) as pool:
+        with pytest.raises(ClientCreateError) as caught:
+            pool.getconn()
+        assert isinstance(caught.value.__cause__, ConnectionRefusedError)
+        stats = pool.statistics()
+        assert (stats.live, stats.creating, stats.create_errors_count) == (0, 0, 1)
+        with pool.client() as client:
+            assert isinstance(client, FakeClient)
+
+
+def test_check_and_reset_failures_discard_the_client(fleet: Fleet) -> None:
+    verdict = {"healthy": True}
+    with ClientPool(
+        fleet, "fake", create=FakeClient, close=close,
+        check=lambda client: verdict["healthy"],
+        reset=lambda client: client.uses == 0 or (_ for _ in ()).throw(OSError("dirty")),
+    ) as pool:  # fmt: skip
+        with pool.client() as first:
+            pass
+        verdict["healthy"] = False
+        with pool.client() as second:  # the check fails on first: a new one is made
+            verdict["healthy"] = True
+            second.uses = 1  # reset refuses it on return
+        assert first.closed and second is not first
+        stats = pool.statistics()
+        assert (stats.check_failures_count, stats.reset_failures_count) == (1, 1)
+        assert (stats.live, stats.idle) == (0, 0)
+        assert second.closed
+
+
+def test_unknown_and_twice_returned_clients_are_refused(fleet: Fleet) -> None:
+    with _pool(fleet, max_live=1) as pool:
+        with pytest.raises(UnknownClient):
+            pool.putconn(FakeClient())
+        client = pool.getconn()
+        pool.putconn(client)
+        with pytest.raises(UnknownClient):
+            pool.putconn(client)
+
+
+def test_a_closed_pool_refuses_checkouts_and_closes_what_comes_back(fleet: Fleet) -> None:
+    pool = _pool(fleet, max_live=2)
+    out = pool.getconn()
+    pool.close()
+    pool.close()
+    with pytest.raises(PoolClosed):
+        pool.getconn()
+    pool.putconn(out)
+    assert out.closed
+
+
+def test_max_lifetime_and_idle_timeout_replace_and_close_clients(fleet: Fleet) -> None:
+    with _pool(fleet, max_live=2, max_lifetime=0.2, idle_timeout=0.3) as pool:
+        with pool.client() as first:
+            time.sleep(0.25)
+        assert first.closed  # too old when it came back
+        with pool.client() as second:
+            pass
+        deadline = time.monotonic() + 5.0
+        while not second.closed:  # the upkeep thread closes it after idle_timeout
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert pool.statistics().live == 0
+
+
+def test_min_idle_is_a_warm_floor_refilled_by_the_upkeep_thread(fleet: Fleet) -> None:
+    with _pool(fleet, max_live=3, min_idle=2, idle_timeout=0.1) as pool:
+        deadline = time.monotonic() + 5.0
+        while pool.statistics().idle < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.5)  # idle_timeout passes, but the floor is kept
+        stats = pool.statistics()
+        assert (stats.idle, stats.live) == (2, 2)
+
+
+def test_threads_of_one_process_share_max_live(fleet: Fleet) -> None:
+    errors: list[BaseException] = []
+    with _pool(fleet, max_live=2) as pool:
+
+        def work() -> None:
+            try:
+                for _ in range(50):
+                    with pool.client() as client:
+                        client.uses += 1
+            except BaseException as error:  # reported below
+                errors.append(error)
+
+        threads = [threading.Thread(target=work) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    assert FakeClient.highest <= 2
+
+
+def test_asyncio_checkout_with_sync_and_async_create(fleet: Fleet) -> None:
+    async def make() -> FakeClient:
+        await asyncio.sleep(0)
+        return FakeClient()
+
+    async def scenario() -> None:
+        with _pool(fleet, max_live=2) as sync_made:
+            async with sync_made.client_async() as client:
+                assert isinstance(client, FakeClient)
+        with_async = ClientPool(fleet, "async", create=make, close=close)
+        try:
+
+            async def one() -> None:
+                async with with_async.client_async() as client:
+                    await asyncio.sleep(0.01)
+                    client.uses += 1
+
+            await asyncio.gather(*(one() for _ in range(10)))
+            assert with_async.statistics().live <= 4
+        finally:
+            await with_async.close_async()
+
+    asyncio.run(scenario())
+
+
+def test_the_sync_path_refuses_an_async_create_and_returns_its_claim(fleet: Fleet) -> None:
+    async def make() -> FakeClient:
+        return FakeClient()
+
+    with ClientPool(fleet, "async", create=make, close=close) as pool:
+        with pytest.raises(InvalidPoolOptions):
+            pool.getconn()
+        assert pool.statistics().creating == 0
+
+
+def test_a_forked_child_never_uses_or_closes_the_parents_clients(fleet: Fleet) -> None:
+    with _pool(fleet, max_live=4) as pool:
+        with pool.client() as parents:
+            pass
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report and leave without running finalisers
+            code = 1
+            try:
+                with pool.client() as childs:
+                    code = 0 if childs is not parents and not parents.closed else 2
+                pool.close()
+                code = code if not parents.closed else 3
+            finally:
+                os.write(write, bytes([code]))
+                os._exit(0)
+        os.close(write)
+        answer = os.read(read, 1)
+        os.close(read)
+        os.waitpid(pid, 0)
+        assert answer == b"\x00"
+        with pool.client() as again:
+            assert again is parents
