@@ -11,6 +11,11 @@ setup(
             include_dirs=["src/orbitive"],
             optional=True,
         ),
-        Extension("orbitive.pool._fastpath", ["src/orbitive/pool/_fastpath.c"], optional=True),
+        Extension(
+            "orbitive.pool._fastpath",
+            ["src/orbitive/pool/_fastpath.c"],
+            include_dirs=["src/orbitive"],
+            optional=True,
+        ),
     ]
 )

@@ -114,5 +114,6 @@ for _cls in (
     StaleError,
     Wait,
 ):
-    _cls.__module__ = __name__
+    if _cls.__module__ != __name__:  # the C Execution is named orbitive.pool.Execution already
+        _cls.__module__ = __name__
 del _cls

@@ -1,12 +1,18 @@
-/* orbitive.pool._fastpath: the pool table's three hot critical-section steps in C.
+/* orbitive.pool._fastpath: the pool table's three hot steps in C, and the
+ * operations over them that make Pool.reserve, Pool.accept and
+ * Execution.complete one C call each.
  *
  * Steps.reserve, Steps.accept and Steps.complete do the byte work of
  * Table.reserve, Table.accept and Table.complete in _table.py: the same checks
  * of one resource slot and the same writes in the same (commit-last) order.
- * The caller holds the critical section (process mutex + flock), checks the
- * resource id, reads the clock, raises the errors and announces key changes;
- * the Python steps in _table.py are the reference and the fallback when this
- * module is not built.
+ * Their caller holds the critical section, checks the resource id, reads the
+ * clock, raises the errors and announces key changes; the Python steps in
+ * _table.py are the reference and the fallback when this module is not built.
+ *
+ * Operations does all of that itself on its common path (the object's robust
+ * mutex, _robust.h; the wall clock; the key's change, woken with FUTEX_WAKE; the
+ * Lease and Execution objects); anything off that path is handed to the Pool's
+ * Python operation (_reserve, _accept_lease), which also raises every error.
  *
  * Nothing read from shared memory is used to address memory: the only
  * address is the slot offset the caller passes, checked against the resource
@@ -14,9 +20,13 @@
  * scanning that slot's sixteen fences.
  */
 #define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <string.h>
+#include "_robust.h"
+#include <limits.h>
+#include <linux/futex.h>
+#include <structmember.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the SHM layouts are little-endian; the pure-Python table is used instead"
@@ -27,6 +37,8 @@ enum { RESOURCE_SIZE = 384, PENDING = 16, LIVE = 1, DRAINING = 2 };
 enum { NODE_AT = 2, GENERATION_AT = 4, INCARNATION_AT = 8, CAPACITY_AT = 32 };
 enum { KEY_INDEX_AT = 36, ACTIVE_AT = 40, FENCE_AT = 48, LAST_RESERVE_AT = 56, EPOCH_AT = 64 };
 enum { FENCES_AT = 128, SINCE_AT = 256 };
+/* Key slot and bell offsets (_layout.py): the change word, the parked bytes. */
+enum { KEY_CHANGES = 24, KEY_PARKED = 64, BELL_PARKED = 8 };
 
 /* Step outcomes, mirrored in _table.py; every one but DONE left the slot untouched. */
 enum { DONE = 0, REFUSED = -1, BUSY = -2, NOT_PENDING = -3, DECLINED = -4 };
@@ -256,6 +268,608 @@ static PyObject *Steps_complete(Steps *t, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromLongLong(index);
 }
 
+/* -- the operations ------------------------------------------------------------------- */
+
+/* The value types (_values.py) and where their slots live in an instance. */
+typedef struct {
+    PyTypeObject *rid, *lease;
+    Py_ssize_t kind_at, node_at, slot_at, generation_at, epoch_at;
+    Py_ssize_t id_at, fence_at, holder_node_at, holder_incarnation_at;
+} Types;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *buf;        /* the pool table's mmap */
+    Py_buffer block;      /* its section block, held for life */
+    PyObject *pool;       /* the Pool: its Python operations take what this declines */
+    PyObject *table;      /* the Table: Executions complete through it after a decline */
+    PyObject *fork_dict, *generation;
+    PyObject *node_obj, *incarnation_obj;
+    Types types;
+    Py_ssize_t first, end, kind, fleet_capacity, lane_capacity;
+    Py_ssize_t key_base, key_stride, key_capacity, key_interest, bell;
+    uint64_t node, incarnation;
+    int closed, ready;
+} Operations;
+
+static PyTypeObject OperationsType, ExecutionType;
+static PyObject *generation_name, *python_reserve, *python_accept;
+static PyObject *fork_globals; /* orbitive._fork's globals: its generation, read per call */
+static PyObject *finalise_fn;  /* _guards.finalise, fetched with the first Execution */
+
+/* Fetch _guards.finalise while imports work (never at interpreter shutdown). */
+static int fetch_finalise(void)
+{
+    if (finalise_fn != NULL)
+        return 0;
+    PyObject *guards = PyImport_ImportModule("orbitive.pool._guards");
+    if (guards == NULL)
+        return -1;
+    finalise_fn = PyObject_GetAttrString(guards, "finalise");
+    Py_DECREF(guards);
+    return finalise_fn == NULL ? -1 : 0;
+}
+
+static inline PyObject *slot_of(PyObject *obj, Py_ssize_t at)
+{
+    return *(PyObject **)((char *)obj + at);
+}
+
+/* An exact int in 0..limit into *out; 0 when it is anything else. */
+static int small(PyObject *o, uint64_t limit, uint64_t *out)
+{
+    if (o == NULL || !PyLong_CheckExact(o))
+        return 0;
+    uint64_t v = AS_U64(o);
+    if (v == (uint64_t)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = v;
+    return v <= limit;
+}
+
+/* The table may run here: built, open, and in the process that built it. */
+static int usable(const Operations *o)
+{
+    return o->ready && !o->closed &&
+           PyDict_GetItemWithError(o->fork_dict, generation_name) == o->generation;
+}
+
+/* A ResourceId of this table: (node, generation, epoch) into id and its slot's offset. */
+static int parse_rid(const Operations *o, PyObject *rid, uint64_t *id, Py_ssize_t *offset)
+{
+    const Types *y = &o->types;
+    uint64_t kind, slot;
+    if (!Py_IS_TYPE(rid, y->rid) || !small(slot_of(rid, y->kind_at), 255, &kind) ||
+        kind != (uint64_t)o->kind ||
+        !small(slot_of(rid, y->node_at), (uint64_t)o->fleet_capacity - 1, &id[0]) ||
+        !small(slot_of(rid, y->slot_at), (uint64_t)o->lane_capacity - 1, &slot) ||
+        !small(slot_of(rid, y->generation_at), UINT32_MAX, &id[1]) ||
+        !small(slot_of(rid, y->epoch_at), UINT64_MAX - 1, &id[2]))
+        return 0;
+    *offset = o->first + ((Py_ssize_t)id[0] * o->lane_capacity + (Py_ssize_t)slot) * RESOURCE_SIZE;
+    return *offset <= o->end - RESOURCE_SIZE;
+}
+
+/* Lock the section with the table's mapping held; 0 (nothing held) to decline. */
+static int enter(Operations *o, Slot *s, Py_ssize_t offset)
+{
+    if (PyObject_GetBuffer(o->buf, &s->view, PyBUF_WRITABLE) < 0) {
+        PyErr_Clear(); /* a closed mapping: the Python operation says why */
+        return 0;
+    }
+    if (s->view.len < o->end || robust_lock(o->block.buf) != 0) {
+        PyBuffer_Release(&s->view);
+        return 0;
+    }
+    if (o->closed) {
+        robust_unlock(o->block.buf);
+        PyBuffer_Release(&s->view);
+        return 0;
+    }
+    s->p = (uint8_t *)s->view.buf + offset;
+    return 1;
+}
+
+static void leave(Operations *o, Slot *s)
+{
+    robust_unlock(o->block.buf);
+    PyBuffer_Release(&s->view);
+}
+
+/* time.time_ns() // 1_000_000 (_clock.wall_ms) */
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* _readiness_futex.bump: the word + 1, and a wake only when a node is parked. */
+static void bump(uint8_t *word, const uint8_t *parked, Py_ssize_t capacity)
+{
+    st32(word, ld32(word) + 1);
+    for (Py_ssize_t n = 0; n < capacity; n++) {
+        if (parked[n]) {
+            syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+            return;
+        }
+    }
+}
+
+/* KeyTable.key_changed: the key's version and waiters, then the nodes that asked. */
+static void key_changed(const Operations *o, uint8_t *b, uint64_t index)
+{
+    uint8_t *k = b + o->key_base + (Py_ssize_t)index * o->key_stride;
+    bump(k + KEY_CHANGES, k + KEY_PARKED, o->fleet_capacity);
+    uint8_t *interest = k + o->key_interest;
+    for (Py_ssize_t n = 0; n < o->fleet_capacity; n++) {
+        if (interest[n]) {
+            memset(interest, 0, (size_t)o->fleet_capacity);
+            bump(b + o->bell, b + o->bell + BELL_PARKED, o->fleet_capacity);
+            return;
+        }
+    }
+}
+
+/* An instance of a slotted value type with its slots set from values (references taken). */
+static PyObject *new_value(PyTypeObject *type, const Py_ssize_t *at, PyObject **values, int n)
+{
+    PyObject *obj = type->tp_alloc(type, 0);
+    for (int i = 0; i < n; i++) {
+        if (values[i] == NULL || obj == NULL) {
+            for (int j = 0; j < n; j++)
+                Py_XDECREF(values[j]);
+            Py_XDECREF(obj);
+            return NULL;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        *(PyObject **)((char *)obj + at[i]) = values[i];
+    return obj;
+}
+
+static PyObject *decline(const Operations *o, PyObject *name, PyObject *arg)
+{
+    if (o->pool == NULL) {
+        PyErr_SetString(PyExc_ValueError, "Operations is not initialised");
+        return NULL;
+    }
+    return PyObject_CallMethodOneArg(o->pool, name, arg);
+}
+
+PyDoc_STRVAR(ops_reserve_doc, "reserve(rid, /) -> Lease: Pool.reserve in one call.");
+
+static PyObject *Operations_reserve(Operations *o, PyObject *rid)
+{
+    uint64_t id[4], fence = 0; /* node, generation, epoch, now */
+    Py_ssize_t offset;
+    Slot s;
+    if (!usable(o) || !parse_rid(o, rid, id, &offset) || !enter(o, &s, offset))
+        return decline(o, python_reserve, rid);
+    id[3] = wall_ms();
+    int outcome = reserve(s.p, id, &fence);
+    leave(o, &s);
+    if (outcome != DONE) /* the Python operation raises StaleError, BusyError, ... */
+        return decline(o, python_reserve, rid);
+    const Types *y = &o->types;
+    Py_ssize_t at[4] = {y->id_at, y->fence_at, y->holder_node_at, y->holder_incarnation_at};
+    PyObject *values[4] = {Py_NewRef(rid), PyLong_FromUnsignedLongLong(fence),
+                           Py_NewRef(o->node_obj), Py_NewRef(o->incarnation_obj)};
+    return new_value(y->lease, at, values, 4);
+}
+
+/* -- Execution: one accepted unit; complete() is its only way back ------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *ops;   /* the Operations that accepted it, or NULL: complete through table */
+    PyObject *table; /* the Table (its run_soon and complete, for the finaliser) */
+    PyObject *id, *fence, *fork;
+    Py_ssize_t offset;
+    uint64_t generation, epoch;
+    int done;
+} Execution;
+
+static PyObject *new_execution(Operations *o, PyObject *rid, PyObject *fence, Py_ssize_t offset,
+                               const uint64_t *id)
+{
+    if (fetch_finalise() < 0)
+        return NULL;
+    Execution *e = PyObject_GC_New(Execution, &ExecutionType);
+    if (e == NULL)
+        return NULL;
+    e->ops = Py_NewRef((PyObject *)o);
+    e->table = Py_NewRef(o->table);
+    e->id = Py_NewRef(rid);
+    e->fence = Py_NewRef(fence);
+    e->fork = Py_NewRef(o->generation);
+    e->offset = offset;
+    e->generation = id[1];
+    e->epoch = id[2];
+    e->done = 0;
+    PyObject_GC_Track(e);
+    return (PyObject *)e;
+}
+
+PyDoc_STRVAR(ops_accept_doc, "accept(lease, /) -> Execution: Pool.accept in one call.");
+
+static PyObject *Operations_accept(Operations *o, PyObject *lease)
+{
+    uint64_t v[6]; /* node, generation, epoch, my node, my incarnation, fence */
+    Py_ssize_t offset;
+    Slot s;
+    const Types *y = &o->types;
+    PyObject *rid = Py_IS_TYPE(lease, y->lease) ? slot_of(lease, y->id_at) : NULL;
+    PyObject *fence = rid ? slot_of(lease, y->fence_at) : NULL;
+    if (!usable(o) || rid == NULL || !parse_rid(o, rid, v, &offset) ||
+        !small(fence, UINT64_MAX - 1, &v[5]) || v[5] == 0 || !enter(o, &s, offset))
+        return decline(o, python_accept, lease);
+    v[3] = o->node;
+    v[4] = o->incarnation;
+    int outcome = accept(s.p, v, 0);
+    leave(o, &s);
+    if (outcome != DONE) /* the Python operation raises NotReservedError, ... */
+        return decline(o, python_accept, lease);
+    return new_execution(o, rid, fence, offset, v);
+}
+
+/* Table.complete for the slot at offset: one active unit back, and the key's change. */
+static int ops_complete(Operations *o, Py_ssize_t offset, uint64_t generation, uint64_t epoch)
+{
+    Slot s;
+    if (!usable(o) || !enter(o, &s, offset))
+        return 0;
+    uint64_t id[2] = {generation, epoch};
+    long long index = complete(s.p, id);
+    if (index >= 0 && index < o->key_capacity)
+        key_changed(o, s.view.buf, (uint64_t)index);
+    leave(o, &s);
+    return 1;
+}
+
+PyDoc_STRVAR(execution_complete_doc,
+"complete() -> None\\n\\n"
+"Give the unit back and wake the key's waiters. Idempotent. Does nothing if the\\n"
+"resource was closed or its slot reused meanwhile, or in a forked child (the\\n"
+"parent's unit stays the parent's).");
+
+static PyObject *Execution_complete(Execution *e, PyObject *unused)
+{
+    if (e->done)
+        Py_RETURN_NONE;
+    e->done = 1;
+    if (PyDict_GetItemWithError(fork_globals, generation_name) != e->fork)
+        Py_RETURN_NONE;
+    if (e->ops != NULL && ops_complete((Operations *)e->ops, e->offset, e->generation, e->epoch))
+        Py_RETURN_NONE;
+    return PyObject_CallMethod(e->table, "complete", "nKK", e->offset,
+                               (unsigned long long)e->generation, (unsigned long long)e->epoch);
+}
+
+static PyObject *Execution_enter(PyObject *e, PyObject *unused)
+{
+    return Py_NewRef(e);
+}
+
+static PyObject *Execution_exit(Execution *e, PyObject *args)
+{
+    PyObject *done = Execution_complete(e, NULL);
+    if (done == NULL)
+        return NULL;
+    Py_DECREF(done);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Execution_get_done(Execution *e, void *unused)
+{
+    return PyBool_FromLong(e->done);
+}
+
+/* Dropped without complete(): _guards.finalise warns and gives the unit back. */
+static void Execution_finalize(Execution *e)
+{
+    if (e->done || e->table == NULL || finalise_fn == NULL)
+        return;
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    if (PyDict_GetItemWithError(fork_globals, generation_name) == e->fork) {
+        PyObject *done = PyObject_CallFunction(finalise_fn, "OOnKK", e, e->table, e->offset,
+                                               (unsigned long long)e->generation,
+                                               (unsigned long long)e->epoch);
+        if (done == NULL)
+            PyErr_WriteUnraisable((PyObject *)e);
+        Py_XDECREF(done);
+    }
+    e->done = 1;
+    PyErr_Restore(type, value, trace);
+}
+
+/* Execution(table, rid, fence, offset): a unit a Python step accepted (register_active,
+ * a session, a declined accept); it completes through table.complete. */
+static PyObject *Execution_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"table", "rid", "fence", "offset", NULL};
+    PyObject *table, *rid, *fence, *generation, *epoch;
+    Py_ssize_t offset;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOn", names, &table, &rid, &fence, &offset))
+        return NULL;
+    uint64_t id[3];
+    generation = PyObject_GetAttrString(rid, "generation");
+    epoch = generation ? PyObject_GetAttrString(rid, "epoch") : NULL;
+    int fits = epoch != NULL && small(generation, UINT32_MAX, &id[1]) &&
+               small(epoch, UINT64_MAX, &id[2]);
+    Py_XDECREF(generation);
+    Py_XDECREF(epoch);
+    if (!fits) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "rid must be a ResourceId");
+        return NULL;
+    }
+    PyObject *fork = PyDict_GetItemWithError(fork_globals, generation_name);
+    if (fork == NULL || fetch_finalise() < 0)
+        return NULL;
+    Execution *e = PyObject_GC_New(Execution, type);
+    if (e == NULL)
+        return NULL;
+    e->ops = NULL;
+    e->table = Py_NewRef(table);
+    e->id = Py_NewRef(rid);
+    e->fence = Py_NewRef(fence);
+    e->fork = Py_NewRef(fork);
+    e->offset = offset;
+    e->generation = id[1];
+    e->epoch = id[2];
+    e->done = 0;
+    PyObject_GC_Track(e);
+    return (PyObject *)e;
+}
+
+static PyObject *Execution_repr(Execution *e)
+{
+    return PyUnicode_FromFormat("<Execution %S fence=%S %s>", e->id, e->fence,
+                                e->done ? "done" : "active");
+}
+
+static int Execution_traverse(Execution *e, visitproc visit, void *arg)
+{
+    Py_VISIT(e->ops);
+    Py_VISIT(e->table);
+    return 0;
+}
+
+static int Execution_clear(Execution *e)
+{
+    Py_CLEAR(e->ops);
+    Py_CLEAR(e->table);
+    return 0;
+}
+
+static void Execution_dealloc(Execution *e)
+{
+    if (PyObject_CallFinalizerFromDealloc((PyObject *)e) < 0)
+        return; /* resurrected */
+    PyObject_GC_UnTrack(e);
+    Execution_clear(e);
+    Py_XDECREF(e->id);
+    Py_XDECREF(e->fence);
+    Py_XDECREF(e->fork);
+    PyObject_GC_Del(e);
+}
+
+static PyMethodDef Execution_methods[] = {
+    {"complete", (PyCFunction)Execution_complete, METH_NOARGS, execution_complete_doc},
+    {"__enter__", (PyCFunction)Execution_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)Execution_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Execution_members[] = {
+    {"id", T_OBJECT_EX, offsetof(Execution, id), READONLY, "the resource"},
+    {"fence", T_OBJECT_EX, offsetof(Execution, fence), READONLY,
+     "the fence this unit was accepted under"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef Execution_getset[] = {
+    {"done", (getter)Execution_get_done, NULL, "True once the unit was given back.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ExecutionType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "orbitive.pool.Execution",
+    .tp_doc = PyDoc_STR("One accepted unit of a resource, in use by its owner (the C twin of "
+                        "_guards.Execution, built by Operations.accept)."),
+    .tp_basicsize = sizeof(Execution),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_FINALIZE,
+    .tp_dealloc = (destructor)Execution_dealloc,
+    .tp_finalize = (destructor)Execution_finalize,
+    .tp_traverse = (traverseproc)Execution_traverse,
+    .tp_clear = (inquiry)Execution_clear,
+    .tp_repr = (reprfunc)Execution_repr,
+    .tp_new = Execution_new,
+    .tp_methods = Execution_methods,
+    .tp_members = Execution_members,
+    .tp_getset = Execution_getset,
+};
+
+PyDoc_STRVAR(ops_close_doc, "close() -> None: every later call declines (the pool is closed).");
+
+static PyObject *Operations_close(Operations *o, PyObject *unused)
+{
+    o->closed = 1;
+    Py_RETURN_NONE;
+}
+
+/* Where the instance slot ``name`` of a slotted type lives. */
+static int member_at(PyTypeObject *type, const char *name, Py_ssize_t *at)
+{
+    PyObject *descr = PyDict_GetItemString(type->tp_dict, name);
+    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type) ||
+        ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not an instance slot", type->tp_name, name);
+        return -1;
+    }
+    *at = ((PyMemberDescrObject *)descr)->d_member->offset;
+    return 0;
+}
+
+static int parse_types(PyObject *rid, PyObject *lease, Types *y)
+{
+    if (!PyType_Check(rid) || !PyType_Check(lease)) {
+        PyErr_SetString(PyExc_TypeError, "rid_type and lease_type must be classes");
+        return -1;
+    }
+    y->rid = (PyTypeObject *)rid;
+    y->lease = (PyTypeObject *)lease;
+    return member_at(y->rid, "kind", &y->kind_at) < 0 ||
+                   member_at(y->rid, "node", &y->node_at) < 0 ||
+                   member_at(y->rid, "slot", &y->slot_at) < 0 ||
+                   member_at(y->rid, "generation", &y->generation_at) < 0 ||
+                   member_at(y->rid, "epoch", &y->epoch_at) < 0 ||
+                   member_at(y->lease, "id", &y->id_at) < 0 ||
+                   member_at(y->lease, "fence", &y->fence_at) < 0 ||
+                   member_at(y->lease, "holder_node", &y->holder_node_at) < 0 ||
+                   member_at(y->lease, "holder_incarnation", &y->holder_incarnation_at) < 0
+               ? -1
+               : 0;
+}
+
+static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"buf", "block", "first", "end", "kind", "fleet_capacity",
+                            "lane_capacity", "key_base", "key_stride", "key_capacity",
+                            "key_interest", "bell", "node", "incarnation", "rid_type",
+                            "lease_type", "fork_module", "pool", "table", NULL};
+    PyObject *buf, *block, *rid_type, *lease_type, *fork_module, *pool, *table;
+    Operations g; /* parsed and checked here, copied into o only when consistent */
+    unsigned long long node, incarnation;
+    if (o->ready) {
+        PyErr_SetString(PyExc_TypeError, "Operations is initialised already");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOnnnnnnnnnnKKOOOOO", names, &buf, &block,
+                                     &g.first, &g.end, &g.kind, &g.fleet_capacity,
+                                     &g.lane_capacity, &g.key_base, &g.key_stride,
+                                     &g.key_capacity, &g.key_interest, &g.bell, &node,
+                                     &incarnation, &rid_type, &lease_type, &fork_module, &pool,
+                                     &table))
+        return -1;
+    if (g.first < 0 || g.end < g.first || g.end > (Py_ssize_t)1 << 40 ||
+        (g.end - g.first) % RESOURCE_SIZE || g.kind < 0 || g.kind > 255 ||
+        g.fleet_capacity < 1 || g.fleet_capacity > 0xFFFF || g.lane_capacity < 1 ||
+        g.lane_capacity > 1 << 16 ||
+        g.first + g.fleet_capacity * g.lane_capacity * RESOURCE_SIZE != g.end ||
+        g.key_capacity < 1 || g.key_capacity > 1 << 16 || g.key_base < 0 ||
+        g.key_stride < KEY_PARKED + g.fleet_capacity || g.key_stride > 1 << 20 ||
+        g.key_interest < KEY_PARKED + g.fleet_capacity ||
+        g.key_interest + g.fleet_capacity > g.key_stride ||
+        g.key_base + g.key_capacity * g.key_stride > g.first || g.bell < 0 ||
+        g.bell + BELL_PARKED + g.fleet_capacity > g.key_base || node >= (uint64_t)g.fleet_capacity) {
+        PyErr_SetString(PyExc_ValueError, "inconsistent pool table geometry");
+        return -1;
+    }
+    if (!PyModule_Check(fork_module) || parse_types(rid_type, lease_type, &o->types) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "fork_module must be a module");
+        return -1;
+    }
+    PyObject *fork_dict = PyModule_GetDict(fork_module);
+    PyObject *generation = PyDict_GetItemWithError(fork_dict, generation_name);
+    if (generation == NULL) {
+        PyErr_SetString(PyExc_TypeError, "fork_module has no generation");
+        return -1;
+    }
+    if (PyObject_GetBuffer(block, &o->block, PyBUF_WRITABLE) < 0)
+        return -1;
+    if (o->block.len < SECTION_BYTES) {
+        PyBuffer_Release(&o->block);
+        PyErr_SetString(PyExc_ValueError, "a section block is smaller than its layout");
+        return -1;
+    }
+    o->node_obj = PyLong_FromUnsignedLongLong(node);
+    o->incarnation_obj = PyLong_FromUnsignedLongLong(incarnation);
+    if (o->node_obj == NULL || o->incarnation_obj == NULL) {
+        PyBuffer_Release(&o->block);
+        return -1;
+    }
+    o->first = g.first;
+    o->end = g.end;
+    o->kind = g.kind;
+    o->fleet_capacity = g.fleet_capacity;
+    o->lane_capacity = g.lane_capacity;
+    o->key_base = g.key_base;
+    o->key_stride = g.key_stride;
+    o->key_capacity = g.key_capacity;
+    o->key_interest = g.key_interest;
+    o->bell = g.bell;
+    o->node = node;
+    o->incarnation = incarnation;
+    o->buf = Py_NewRef(buf);
+    o->pool = Py_NewRef(pool);
+    o->table = Py_NewRef(table);
+    o->fork_dict = Py_NewRef(fork_dict);
+    o->generation = Py_NewRef(generation);
+    Py_INCREF(o->types.rid);
+    Py_INCREF(o->types.lease);
+    o->ready = 1;
+    return 0;
+}
+
+static int Operations_traverse(Operations *o, visitproc visit, void *arg)
+{
+    Py_VISIT(o->pool);
+    Py_VISIT(o->table);
+    return 0;
+}
+
+static int Operations_clear(Operations *o)
+{
+    Py_CLEAR(o->pool);
+    Py_CLEAR(o->table);
+    return 0;
+}
+
+static void Operations_dealloc(Operations *o)
+{
+    PyObject_GC_UnTrack(o);
+    if (o->ready) {
+        PyBuffer_Release(&o->block);
+        Py_DECREF(o->types.rid);
+        Py_DECREF(o->types.lease);
+    }
+    Operations_clear(o);
+    Py_XDECREF(o->buf);
+    Py_XDECREF(o->fork_dict);
+    Py_XDECREF(o->generation);
+    Py_XDECREF(o->node_obj);
+    Py_XDECREF(o->incarnation_obj);
+    Py_TYPE(o)->tp_free((PyObject *)o);
+}
+
+static PyMethodDef Operations_methods[] = {
+    {"reserve", (PyCFunction)Operations_reserve, METH_O, ops_reserve_doc},
+    {"accept", (PyCFunction)Operations_accept, METH_O, ops_accept_doc},
+    {"close", (PyCFunction)Operations_close, METH_NOARGS, ops_close_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject OperationsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "orbitive.pool._fastpath.Operations",
+    .tp_doc = PyDoc_STR("Pool.reserve and Pool.accept, each one call, over one pool table."),
+    .tp_basicsize = sizeof(Operations),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Operations_init,
+    .tp_dealloc = (destructor)Operations_dealloc,
+    .tp_traverse = (traverseproc)Operations_traverse,
+    .tp_clear = (inquiry)Operations_clear,
+    .tp_methods = Operations_methods,
+};
+
 /* -- the type ------------------------------------------------------------------------- */
 
 static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
@@ -310,12 +924,24 @@ static struct PyModuleDef fastpath_module = {
 
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
-    if (PyType_Ready(&StepsType) < 0)
+    PyObject *fork = PyImport_ImportModule("orbitive._fork");
+    if (fork == NULL)
+        return NULL;
+    fork_globals = Py_NewRef(PyModule_GetDict(fork));
+    Py_DECREF(fork);
+    generation_name = PyUnicode_InternFromString("generation");
+    python_reserve = PyUnicode_InternFromString("_reserve");
+    python_accept = PyUnicode_InternFromString("_accept_lease");
+    if (generation_name == NULL || python_reserve == NULL || python_accept == NULL ||
+        PyType_Ready(&StepsType) < 0 || PyType_Ready(&OperationsType) < 0 ||
+        PyType_Ready(&ExecutionType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&fastpath_module);
     if (module == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(module, "Steps", (PyObject *)&StepsType) < 0) {
+    if (PyModule_AddObjectRef(module, "Steps", (PyObject *)&StepsType) < 0 ||
+        PyModule_AddObjectRef(module, "Operations", (PyObject *)&OperationsType) < 0 ||
+        PyModule_AddObjectRef(module, "Execution", (PyObject *)&ExecutionType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -1,6 +1,10 @@
-"""Type stub of the C steps in ``_fastpath.c`` (see that file and ``_table.py``)."""
+"""Type stub of the C steps, operations and Execution in ``_fastpath.c``."""
 
 from mmap import mmap
+from types import ModuleType, TracebackType
+
+from ._table import Table
+from ._values import Lease, ResourceId
 
 class Steps:
     def __init__(self, buf: mmap, first: int, end: int) -> None: ...
@@ -17,3 +21,45 @@ class Steps:
         /,
     ) -> int: ...
     def complete(self, offset: int, generation: int, epoch: int, /) -> int: ...
+
+class Operations:
+    def __init__(
+        self,
+        buf: mmap,
+        block: mmap,
+        first: int,
+        end: int,
+        kind: int,
+        fleet_capacity: int,
+        lane_capacity: int,
+        key_base: int,
+        key_stride: int,
+        key_capacity: int,
+        key_interest: int,
+        bell: int,
+        node: int,
+        incarnation: int,
+        rid_type: type[ResourceId],
+        lease_type: type[Lease],
+        fork_module: ModuleType,
+        pool: object,
+        table: Table,
+    ) -> None: ...
+    def reserve(self, rid: ResourceId, /) -> Lease: ...
+    def accept(self, lease: Lease, /) -> Execution: ...
+    def close(self) -> None: ...
+
+class Execution:
+    id: ResourceId
+    fence: int
+    def __init__(self, table: Table, rid: ResourceId, fence: int, offset: int) -> None: ...
+    @property
+    def done(self) -> bool: ...
+    def complete(self) -> None: ...
+    def __enter__(self) -> Execution: ...
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None: ...

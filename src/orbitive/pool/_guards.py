@@ -1,9 +1,17 @@
-"""Guards that give capacity back: an accepted unit (Execution) and a creation claim."""
+"""Guards that give capacity back: an accepted unit (Execution) and a creation claim.
+
+``Execution`` has a C twin in ``_fastpath.c``, built by the C ``Pool.accept``: the
+same attributes and methods, a C finaliser instead of ``__del__``, and a
+``complete()`` that is one C call. Where the C module is built, ``Execution`` is
+that twin (``PythonExecution`` is this module's reference); both call
+:func:`finalise` when one is dropped without ``complete()``.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from typing import final
+from typing import TYPE_CHECKING, final
 
 from .. import _fork
 from ._table import Table
@@ -56,24 +64,30 @@ class Execution:
     def __del__(self) -> None:
         if getattr(self, "_done", True) or self._fork != _fork.generation:
             return
-        message = f"{self!r} was never completed; its unit was given back by the finaliser"
+        finalise(self, self._table, self._offset, self.id.generation, self.id.epoch)
         self._done = True
-        table, offset, generation, epoch = (
-            self._table,
-            self._offset,
-            self.id.generation,
-            self.id.epoch,
-        )
-        table.run_soon(lambda: table.complete(offset, generation, epoch))
-        warnings.warn(
-            message,
-            ResourceWarning,
-            stacklevel=2,
-        )
 
     def __repr__(self) -> str:
         state = "done" if getattr(self, "_done", True) else "active"
         return f"<Execution {getattr(self, 'id', '?')} fence={getattr(self, 'fence', '?')} {state}>"
+
+
+def finalise(execution: object, table: Table, offset: int, generation: int, epoch: int) -> None:
+    """An Execution dropped without ``complete()``: give its unit back, and warn.
+
+    The step runs after the critical section this thread may be inside (a
+    finaliser can run anywhere), see ``Table.run_soon``.
+    """
+    message = f"{execution!r} was never completed; its unit was given back by the finaliser"
+    table.run_soon(lambda: table.complete(offset, generation, epoch))
+    warnings.warn(message, ResourceWarning, stacklevel=2)
+
+
+#: The reference twin (and ``Execution`` where the C module is not built).
+PythonExecution = Execution
+if not TYPE_CHECKING:
+    with contextlib.suppress(ImportError):  # not built (no C compiler): the Python twin
+        from ._fastpath import Execution
 
 
 @final

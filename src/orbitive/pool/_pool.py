@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Final, final
+from typing import TYPE_CHECKING, Final, final
 
 from .. import _fork
 from .._errors import (
@@ -35,7 +35,7 @@ from ._plan import (
     Wait,
 )
 from ._stats import PoolStatistics, collect
-from ._table import Table, table_for
+from ._table import Table, operations_for, table_for
 from ._values import (
     U64_MAX,
     Candidate,
@@ -50,6 +50,9 @@ from ._values import (
     check_units,
 )
 from ._waiting import Waiting
+
+if TYPE_CHECKING:
+    from ._fastpath import Operations
 
 _DEFAULT_LIMITS: Final = Limits()
 _DEFAULT_POLICY: Final = LocalFirst()
@@ -136,6 +139,7 @@ class Pool:
         self._waiting = Waiting.of(table)
         self._waiting.users += 1
         self._closed = False
+        self._bind(operations_for(self, table))
 
     def _t(self) -> Table:
         if self._fork != _fork.generation or self._closed:
@@ -155,9 +159,26 @@ class Pool:
                 fleet=self._fleet.name,
             )
         self._table.bind(self._fleet.node, self._fleet.incarnation)
+        self._bind(operations_for(self, self._table))
         self._waiting = Waiting.of(self._table)
         self._waiting.users += 1
         self._fork = _fork.generation
+
+    def _bind(self, operations: Operations | None) -> None:
+        """Make the C operations this pool's own reserve and accept (None: unbind).
+
+        Each then is one C call, which hands anything off its path to
+        :meth:`_reserve` or :meth:`_accept_lease`, the Python operations.
+        """
+        old = self.__dict__.get("_operations")
+        if old is not None:
+            old.close()
+        self._operations = operations
+        for name in ("reserve", "accept"):
+            if operations is None:
+                self.__dict__.pop(name, None)
+            else:
+                self.__dict__[name] = getattr(operations, name)
 
     # -- identity ---------------------------------------------------------------------
 
@@ -280,11 +301,12 @@ class Pool:
             LayoutMismatch: the slot's fence counter is at 2**64 - 1, which only
                 damaged memory holds; nothing is written.
         """
+        return self._reserve(rid)
+
+    def _reserve(self, rid: ResourceId) -> Lease:
         if type(rid) is not ResourceId:
             check_rid(rid)  # raises
-        table = self._table
-        if self._fork != _fork.generation or self._closed:
-            table = self._t()
+        table = self._t()
         return Lease(rid, table.reserve(rid), table.node, table.incarnation)
 
     def cancel_reservation(self, lease: Lease) -> None:
@@ -316,6 +338,9 @@ class Pool:
             LayoutMismatch: the slot's active count is at 2**32 - 1, which only
                 damaged memory holds; the fence stays pending.
         """
+        return self._accept_lease(lease)
+
+    def _accept_lease(self, lease: Lease) -> Execution:
         if (
             type(lease) is not Lease
             or type(lease.id) is not ResourceId
@@ -654,6 +679,7 @@ class Pool:
         if self._closed:
             return
         self._closed = True
+        self._bind(None)
         self._waiting.users -= 1
         if self._waiting.users <= 0:
             self._waiting.close()

@@ -26,9 +26,11 @@ active count at 2**32 - 1: only damaged memory holds those) raises
 
 The three hot steps, reserve, accept and complete, also exist in C
 (``_fastpath.c``, built when a compiler is present): the same checks and the
-same writes in the same order. The caller keeps the critical section, the
-clock, the errors and the key's change; the Python steps here are the
-reference, and they run whenever the C module is missing.
+same writes in the same order. Over them, ``Operations`` (:func:`operations_for`)
+makes ``Pool.reserve``, ``Pool.accept`` and ``Execution.complete`` one C call
+each on tables whose section is the robust mutex: section, clock, step, the
+key's change and the result objects. The Python steps here are the reference,
+and they run whenever the C module is missing or the C call declines.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 import weakref
 from typing import Final
 
+from .. import _fork
 from .._clock import wall_ms
 from .._errors import (
     BusyError,
@@ -50,8 +53,9 @@ from .._errors import (
     shown,
 )
 from .._fleet import Fleet
-from .._readiness import bump
+from .._readiness import BACKEND, bump
 from .._region import Region, store
+from .._section import ROBUST_MUTEX
 from ._keys import M64, KeyTable
 from ._layout import (
     BELL_PARKED,
@@ -83,12 +87,12 @@ from ._layout import (
     new_epoch,
     write_header,
 )
-from ._values import U64_MAX, Candidate, Key, ResourceId
+from ._values import U64_MAX, Candidate, Key, Lease, ResourceId
 
 try:
-    from ._fastpath import Steps
+    from ._fastpath import Operations, Steps
 except ImportError:  # not built (no C compiler): the Python steps are used
-    Steps = None  # type: ignore[assignment, misc]
+    Operations = Steps = None  # type: ignore[assignment, misc]
 
 _ZERO_PENDING: Final = bytes(2 * 8 * PENDING)
 
@@ -609,6 +613,41 @@ class Table(KeyTable):
 
 
 _tables: weakref.WeakKeyDictionary[Region, Table] = weakref.WeakKeyDictionary()
+
+
+def operations_for(pool: object, table: Table) -> Operations | None:
+    """``pool``'s reserve and accept over ``table`` as C calls, where they can run.
+
+    They need the C module, the table's section to be the robust mutex (the C
+    operations lock it themselves) and readiness to wake by futex (they bump
+    the key's change word themselves); otherwise None: the Python operations run.
+    """
+    section = table.region.section
+    if Operations is None or section is None or section.mechanism != ROBUST_MUTEX:
+        return None
+    if BACKEND.NAME != "futex" or table.node < 0:
+        return None
+    return Operations(
+        table.buf,
+        table.region.block,
+        table.res_base,
+        table.layout.size,
+        table.kind,
+        table.fleet_capacity,
+        table.lane_capacity,
+        table.key_base,
+        table.key_stride,
+        table.key_capacity,
+        table.key_interest,
+        table.bell,
+        table.node,
+        table.incarnation,
+        ResourceId,
+        Lease,
+        _fork,
+        pool,
+        table,
+    )
 
 
 def table_for(fleet: Fleet, layout: Layout) -> Table:

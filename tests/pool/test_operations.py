@@ -1,0 +1,217 @@
+"""The C operations (``Pool.reserve``, ``Pool.accept``, ``Execution.complete`` as one C call
+each) against the Python operations: same results, same errors, same table bytes.
+
+Two pools on fleets of one geometry get the same random operations on ids and
+leases both real and made up (another generation or epoch, a fence never handed
+out, odd field values): one runs the C operations, the other (``_bind(None)``)
+the Python reference with the Python ``Execution`` twin. After every operation
+the outcomes and every byte of the two tables but the reservation timestamps
+(each side reads the wall clock itself) must be equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import random
+from collections.abc import Iterator
+
+import pytest
+
+from orbitive import Fleet
+from orbitive._errors import OrbitError
+from orbitive.pool import Execution, Incarnation, Key, Lease, Pool, ResourceId
+from orbitive.pool._guards import PythonExecution
+from orbitive.pool._layout import RES_SINCE, RESOURCE_SIZE, write_header
+
+from .._capabilities import require_c_steps
+from .._fleets import new_fleet_name, remove_fleet_files
+
+KEYS = [Key(0xA11CE), Key(0xB0B)]
+EPOCH = 0x1234_5678_9ABC
+LIFE = 11
+#: Bytes 56..64 of a resource slot hold the last reservation's time, and RES_SINCE
+#: the pending entries' times: the two sides read the clock apart.
+LAST_RESERVE = slice(56, 64)
+
+
+@pytest.fixture(params=["join", "local"])
+def pools(request: pytest.FixtureRequest) -> Iterator[tuple[Pool, Pool]]:
+    names = [new_fleet_name(), new_fleet_name()]
+    make = Fleet.join if request.param == "join" else Fleet.local
+    fleets = [make(name, 2) for name in names]
+    fast, slow = (Pool(fleet, Incarnation(LIFE)) for fleet in fleets)
+    slow._bind(None)  # the Python reference
+    for pool in (fast, slow):  # one epoch and one owner life: equal bytes
+        table = pool._table
+        write_header(table.buf, table.layout, EPOCH)
+        table.bind(0, LIFE)
+    yield fast, slow
+    for pool, fleet, name in zip((fast, slow), fleets, names, strict=True):
+        pool.close()
+        fleet.close()
+        remove_fleet_files(name)
+
+
+def test_the_c_operations_are_the_pools_own(pools: tuple[Pool, Pool]) -> None:
+    fast, slow = pools
+    require_c_steps(fast._operations, "orbitive.pool._fastpath")
+    assert "reserve" in vars(fast) and "accept" in vars(fast)
+    assert "reserve" not in vars(slow)
+    rid = fast.register(KEYS[0], 1)
+    execution = fast.accept(fast.reserve(rid))
+    assert type(execution) is Execution and Execution is not PythonExecution
+    execution.complete()
+
+
+def table_bytes(pool: Pool) -> bytes:
+    """The pool table without its reservation timestamps."""
+    table = pool._table
+    data = bytearray(table.buf[: table.layout.size])
+    for offset in range(table.res_base, table.layout.size, RESOURCE_SIZE):
+        data[offset + LAST_RESERVE.start : offset + LAST_RESERVE.stop] = bytes(8)
+        data[offset + RES_SINCE : offset + RES_SINCE + 128] = bytes(128)
+    return bytes(data)
+
+
+def outcome(call: object) -> object:
+    """What a call gave: a value's shape, or the error's class."""
+    try:
+        result = call() if callable(call) else call
+    except OrbitError as error:
+        return type(error)
+    if isinstance(result, (Execution, PythonExecution)):
+        return ("execution", result.id, result.fence, result.done)
+    return result
+
+
+def odd_rid(rng: random.Random, rid: ResourceId) -> ResourceId:
+    field = rng.choice(["generation", "epoch", "slot", "node"])
+    return dataclasses.replace(rid, **{field: getattr(rid, field) + 1})
+
+
+@dataclasses.dataclass
+class Side:
+    """What one pool handed out so far."""
+
+    rids: list[ResourceId] = dataclasses.field(default_factory=list)
+    leases: list[Lease] = dataclasses.field(default_factory=list)
+    units: list[Execution] = dataclasses.field(default_factory=list)
+
+
+def run_both(pools: tuple[Pool, Pool], seed: int, steps: int) -> None:
+    rng = random.Random(seed)
+    sides = [Side() for _ in pools]
+    for _ in range(steps):
+        kind = rng.choice(["register"] + ["reserve"] * 4 + ["accept"] * 4 + ["complete"] * 4)
+        pick = rng.random()
+        results = []
+        for pool, mine in zip(pools, sides, strict=True):
+            rids, leases, units = mine.rids, mine.leases, mine.units
+            if kind == "register" or not rids:
+                result = outcome(pool.register(rng_key(pick), 1 + int(pick * 3)))
+                if isinstance(result, ResourceId):
+                    rids.append(result)
+            elif kind == "reserve":
+                rid = rids[int(pick * len(rids))]
+                if pick < 0.1:
+                    rid = odd_rid(random.Random(seed + len(rids)), rid)
+                result = outcome(_reserve(pool, rid))
+                if isinstance(result, Lease):
+                    leases.append(result)
+            elif kind == "accept" and leases:
+                lease = leases.pop(int(pick * len(leases)))
+                if pick < 0.1:
+                    lease = dataclasses.replace(lease, fence=lease.fence + 7)
+                found = lease
+                executed = _accept(pool, found)
+                result = outcome(executed)
+                if isinstance(executed, Execution):
+                    units.append(executed)
+            elif units:
+                unit = units.pop(int(pick * len(units)))
+                result = outcome(unit.complete)
+            else:
+                result = None
+            results.append(_comparable(result))
+        assert results[0] == results[1], (kind, results)
+        assert table_bytes(pools[0]) == table_bytes(pools[1]), kind
+    for mine in sides:
+        for unit in mine.units:
+            unit.complete()
+
+
+def _reserve(pool: Pool, rid: ResourceId) -> object:
+    try:
+        return pool.reserve(rid)
+    except OrbitError as error:
+        return error
+
+
+def _accept(pool: Pool, lease: Lease) -> object:
+    try:
+        return pool.accept(lease)
+    except OrbitError as error:
+        return error
+
+
+def _comparable(result: object) -> object:
+    if isinstance(result, OrbitError):
+        return type(result)
+    if isinstance(result, Lease):
+        return (result.id, result.fence)
+    return result
+
+
+def rng_key(pick: float) -> Key:
+    return KEYS[int(pick * len(KEYS))]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_c_and_python_operations_leave_the_same_table(pools: tuple[Pool, Pool], seed: int) -> None:
+    run_both(pools, seed, 300)
+
+
+@pytest.mark.parametrize("twin", ["c", "python"])
+def test_an_execution_dropped_without_complete_warns_and_gives_its_unit_back(
+    pools: tuple[Pool, Pool], twin: str
+) -> None:
+    pool = pools[0]
+    rid = pool.register(KEYS[0], 1)
+    lease = pool.reserve(rid)
+    if twin == "c":
+        execution: object = pool.accept(lease)
+    else:  # the Python twin over the same accepted unit
+        table = pool._table
+        execution = PythonExecution(table, rid, lease.fence, table.accept(rid, lease.fence))
+    with pytest.raises(OrbitError):
+        pool.reserve(rid)  # the one unit is in use
+    with pytest.warns(ResourceWarning, match="never completed"):
+        del execution
+        gc.collect()
+    pool.accept(pool.reserve(rid)).complete()  # the unit came back
+
+
+def test_the_c_execution_is_idempotent_and_a_context_manager(pools: tuple[Pool, Pool]) -> None:
+    pool = pools[0]
+    rid = pool.register(KEYS[1], 1)
+    with pool.accept(pool.reserve(rid)) as execution:
+        assert not execution.done
+        assert repr(execution).endswith("active>")
+    assert execution.done
+    execution.complete()  # a second complete gives nothing back twice
+    lease = pool.reserve(rid)
+    with pytest.raises(OrbitError):
+        pool.reserve(rid)
+    pool.accept(lease).complete()
+
+
+def test_after_close_the_c_operations_hand_over_and_refuse_by_name(
+    pools: tuple[Pool, Pool],
+) -> None:
+    pool = pools[0]
+    rid = pool.register(KEYS[0], 1)
+    pool.close()
+    assert "reserve" not in vars(pool)
+    with pytest.raises(OrbitError, match="closed"):
+        pool.reserve(rid)
