@@ -9,6 +9,7 @@ retry recognises its own attempt), and a black hole must end every call with
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -230,3 +231,49 @@ def test_a_call_waiting_for_a_black_holed_one_is_bounded_too(route: Route) -> No
         bounded_call(lambda: store.try_lock("n", "w1", LONG), BOUND_S)
         thread.join(BOUND_S + SLACK_S + 5.0)
         assert len(errors) == 1
+
+
+# -- the asyncio forms: the same answers and the same bound --------------------------------
+
+
+@pytest.mark.parametrize("arm", FAULTS.values(), ids=FAULTS.keys())
+def test_a_faulted_try_lock_async_still_grants_and_its_release_still_returns_true(
+    route: Route, proxied: Store, direct: Store, arm: Arm
+) -> None:
+    async def body() -> None:
+        arm(route.proxy)
+        lock = await proxied.try_lock_async("async-grant", "w1", LONG)
+        assert lock is not None  # the retry knows the committed grant is its own
+        info = direct.inspect("async-grant")
+        assert info is not None and info.fencing_token == lock.fencing_token
+        arm(route.proxy)
+        assert await lock.release() is True  # ... and the retried release its receipt
+        assert route.proxy.fired == 2
+
+    asyncio.run(body())
+    assert direct.inspect("async-grant") is None
+    assert proxied.statistics().lost_count == 0
+
+
+def test_every_async_call_into_a_black_hole_ends_unavailable_within_the_timeout(
+    route: Route,
+) -> None:
+    async def body() -> None:
+        with open_store(route.with_timeout(BOUND_S)) as store:
+            lock = await store.try_lock_async("mine", "w1", LONG)
+            assert lock is not None
+            route.proxy.black_hole()
+            for call in (
+                lambda: store.try_lock_async("free", "w1", LONG),
+                lambda: lock.renew(LONG),
+                lock.release,
+            ):
+                started = time.monotonic()
+                with pytest.raises(StoreError) as caught:
+                    await call()
+                elapsed = time.monotonic() - started
+                assert caught.value.kind is ErrorKind.UNAVAILABLE, caught.value
+                assert elapsed < BOUND_S + SLACK_S, f"{elapsed:.2f} s for a {BOUND_S:g} s bound"
+            route.proxy.heal()
+
+    asyncio.run(body())

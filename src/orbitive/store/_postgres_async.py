@@ -37,6 +37,7 @@ from .._errors import ErrorKind, StoreError
 from ._engine import Busy, Granted, LockInfo
 from ._engine_async import AsyncEngine
 from ._postgres import _ACQUIRE, _RELEASE, _RENEW, CONNECT_TIMEOUT_MIN_S, PostgresEngine
+from ._postgres_wait import AsyncDeadlineConnection
 from ._remote import Deadline, attempt_id, gave_up, timed_out
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class PostgresAsyncEngine(AsyncEngine[Granted]):
         self._conninfo = engine._conninfo
         self._timeout = engine._timeout
         self._mutex = threading.Lock()  # guards the map of connections, never awaited
-        self._connections: dict[_Loop, psycopg.AsyncConnection[Any]] = {}
+        self._connections: dict[_Loop, AsyncDeadlineConnection] = {}
         self._closed = False
         _fork.register(self)
 
@@ -90,10 +91,17 @@ class PostgresAsyncEngine(AsyncEngine[Granted]):
         deadline = Deadline(self._timeout)
         failure: BaseException | None = None
         for _ in deadline.attempts():
-            conn = await self._connection(deadline)
             try:
-                return await asyncio.wait_for(self._execute(conn, sql, params), deadline.left())
-            except (self._pg.OperationalError, asyncio.TimeoutError) as error:
+                conn = await self._connection(deadline)
+            except StoreError as error:  # no connection this attempt: the next one may make it
+                if error.kind is not ErrorKind.UNAVAILABLE:
+                    raise
+                failure = error.__cause__ or error  # the driver's reason, wrapped once below
+                continue
+            conn.deadline = deadline.at
+            try:
+                return await self._execute(conn, sql, params)
+            except self._pg.OperationalError as error:  # also the wait's timeout
                 self._drop(conn)
                 failure = error
             except self._pg.Error as error:
@@ -103,12 +111,12 @@ class PostgresAsyncEngine(AsyncEngine[Granted]):
 
     @staticmethod
     async def _execute(
-        conn: psycopg.AsyncConnection[Any], sql: str, params: dict[str, object]
+        conn: AsyncDeadlineConnection, sql: str, params: dict[str, object]
     ) -> tuple[Any, ...] | None:
         cursor = await conn.execute(sql, params)
         return await cursor.fetchone()
 
-    async def _connection(self, deadline: Deadline) -> psycopg.AsyncConnection[Any]:
+    async def _connection(self, deadline: Deadline) -> AsyncDeadlineConnection:
         if self._closed:
             raise StoreError("postgres store is closed", kind=ErrorKind.CLOSED)
         loop = asyncio.get_running_loop()
@@ -117,8 +125,8 @@ class PostgresAsyncEngine(AsyncEngine[Granted]):
             return conn
         seconds = max(CONNECT_TIMEOUT_MIN_S, math.ceil(deadline.left()))
         try:
-            fresh: psycopg.AsyncConnection[Any] = await asyncio.wait_for(
-                self._pg.AsyncConnection.connect(
+            fresh: AsyncDeadlineConnection = await asyncio.wait_for(
+                AsyncDeadlineConnection.connect(
                     self._conninfo, autocommit=True, connect_timeout=seconds
                 ),
                 max(deadline.left(), 0.0) + CONNECT_TIMEOUT_MIN_S,

@@ -1,4 +1,4 @@
-"""A psycopg connection whose every wait ends at the current call's deadline.
+"""psycopg connections (sync and asyncio) whose every wait ends at the call's deadline.
 
 psycopg runs each statement as a generator and waits for the socket in
 ``Connection.wait``, with no bound of its own: a connection that went silent
@@ -8,6 +8,11 @@ open. Since psycopg 3.2, ``wait`` takes a ``timeout`` and raises
 passes the time left before :attr:`DeadlineConnection.deadline`, so every step of a
 statement (send, read, commit) shares one budget. The connection is unusable after
 such a timeout (a reply may still be in flight): the engine drops it.
+
+The asyncio form matters even more: a task cancelled in a statement makes
+psycopg send the server a cancel request and wait up to 5 s for it and 5 s for
+the statement, over the same silent network; a bounded wait instead ends with
+the timeout error, and the engine drops the connection.
 
 Imported only once psycopg is known to be installed (``_postgres._psycopg``).
 """
@@ -41,3 +46,19 @@ class DeadlineConnection(psycopg.Connection[Any]):
             left = max(self.deadline - time.monotonic(), 0.0)
             timeout = left if timeout is None else min(timeout, left)
         return super().wait(gen, interval, timeout)
+
+
+class AsyncDeadlineConnection(psycopg.AsyncConnection[Any]):
+    """The asyncio twin of :class:`DeadlineConnection`."""
+
+    #: End of the current call; None while no call runs (no bound).
+    deadline: float | None = None
+
+    async def wait(
+        self, gen: PQGen[RV], interval: float = _WAIT_INTERVAL_S, timeout: float | None = None
+    ) -> RV:
+        """psycopg's wait, bounded by the time left before :attr:`deadline`."""
+        if self.deadline is not None:
+            left = max(self.deadline - time.monotonic(), 0.0)
+            timeout = left if timeout is None else min(timeout, left)
+        return await super().wait(gen, interval, timeout)
