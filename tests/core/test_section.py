@@ -225,3 +225,42 @@ def test_a_fork_while_another_thread_is_inside_a_section_never_deadlocks(
 ) -> None:
     del mechanism
     assert processes.start(fork_while_a_thread_is_inside, fleet_name).recv(timeout=30) == 0
+
+
+@pytest.mark.parametrize("path", ["region", "c-operation"])
+def test_a_thread_waiting_for_another_processs_section_does_not_hold_the_gil(
+    processes: Processes, fleet_name: str, path: str
+) -> None:
+    table = LockTable(Fleet.join(fleet_name, 4))
+    holder = processes.start(hold_table_section, fleet_name)
+    assert holder.recv() == "held"
+    entered = threading.Event()
+
+    def wait() -> None:
+        if path == "region":
+            table._state.acquire()
+            table._state.release()
+        else:
+            table.try_acquire(KEY, LockOwner(b"waiter"), 30.0)
+        entered.set()
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    spins, deadline = 0, time.monotonic() + 0.3
+    while time.monotonic() < deadline:  # this thread runs Python while the other one waits
+        spins += 1
+    assert not entered.is_set()
+    assert spins > 10_000, "the waiting thread held the GIL"
+    holder.send("go")
+    assert entered.wait(10.0)
+    waiter.join()
+    table.unlink()
+
+
+def hold_table_section(channel: Channel, fleet_name: str) -> None:
+    """Hold the lock table's section until told to let go."""
+    table = LockTable(Fleet.join(fleet_name, 4))
+    table._state.acquire()
+    channel.send("held")
+    channel.recv()
+    table._state.release()
