@@ -56,6 +56,10 @@ CREATING: Final = ".creating-"
 #: Seconds ``close`` waits for another thread's critical section before it closes
 #: anyway (a step takes microseconds; a longer wait is a section stuck in ``flock``).
 CLOSE_WAIT: Final = 1.0
+#: What a robust mutex's lock returns when its bytes are not a mutex any peer could
+#: have left: a foreign type word, a futex word naming this very thread, or a mutex
+#: a holder left unrepaired (``_robust.h``).
+_CORRUPT_MUTEX: Final = frozenset({errno.EINVAL, errno.EDEADLK, errno.ENOTRECOVERABLE})
 Init = Callable[[mmap.mmap], None]
 Validate = Callable[[mmap.mmap], None]
 
@@ -331,7 +335,8 @@ class Region:
         """Enter the critical section: process mutex, then the object's section.
 
         Raises:
-            FleetError: the region is closed (its mapping is gone).
+            FleetError: the region is closed (its mapping is gone), or its ``flock`` failed.
+            LayoutMismatch: the section's robust mutex is corrupt (see docs/format.md).
         """
         self._thread.inside = True
         self._mutex.acquire()
@@ -342,7 +347,7 @@ class Region:
                 try:
                     self.section.acquire()
                 except OSError as error:
-                    raise FleetError(f"shm object {self.name!r}: {error}") from error
+                    raise self._section_error(error) from error
                 if self._closed:  # closed while this thread waited for the section
                     self.section.release()
                     raise FleetError(f"shm object {self.name!r} is closed")
@@ -351,6 +356,15 @@ class Region:
             if self._closed and not isinstance(error, FleetError):
                 raise FleetError(f"shm object {self.name!r} is closed") from None
             raise
+
+    def _section_error(self, error: OSError) -> FleetError | LayoutMismatch:
+        """The named error of a section that failed to lock: a corrupt mutex, or another failure."""
+        if error.errno in _CORRUPT_MUTEX:
+            return LayoutMismatch(
+                f"shm object {self.name!r}: its section mutex is corrupt ({error.strerror}); "
+                "stop every member and remove the object (orbit clear)"
+            )
+        return FleetError(f"shm object {self.name!r}: {error}")
 
     def release(self) -> None:
         """Leave the critical section entered by :meth:`acquire`.
