@@ -38,7 +38,7 @@ from typing import Final
 
 from . import _fork
 from ._access import check_shm_dir, euid, open_checked
-from ._errors import FleetError, LayoutMismatch
+from ._errors import AccessDenied, FleetError, LayoutMismatch
 from ._robust import SECTION_BYTES
 from ._section import (
     Section,
@@ -109,13 +109,19 @@ def open_or_create(name: str, size: int, init: Callable[[int], None]) -> tuple[i
         ``(descriptor, created)``; the caller owns the descriptor.
 
     Raises:
-        AccessDenied: as for :func:`open_object`. FleetError: no space for it.
+        AccessDenied: as for :func:`open_object`, or something already has the new
+            object's random temporary name. FleetError: no space for it.
     """
     while True:
         with contextlib.suppress(FileNotFoundError):
             return open_object(name, create=False), False
         temporary = f"{name}{CREATING}{os.getpid()}-{secrets.token_hex(4)}"
-        fd = open_object(temporary, create=True)
+        try:
+            fd = open_object(temporary, create=True)
+        except FileExistsError:
+            raise AccessDenied(
+                f"shm object {temporary!r} exists: its random name was planted; refusing it"
+            ) from None
         try:
             _allocate(fd, name, size)
             init(fd)
