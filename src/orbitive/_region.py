@@ -126,8 +126,10 @@ def open_or_create(name: str, size: int, init: Callable[[int], None]) -> tuple[i
             _allocate(fd, name, size)
             init(fd)
             os.link(_path(temporary), _path(name))
-        except FileExistsError:
-            os.close(fd)  # another creator won: attach to its object
+        except (FileExistsError, FileNotFoundError):
+            # Another creator won: attach to its object. Or an ``orbit clear``
+            # took the temporary name for a dead creator's: create anew.
+            os.close(fd)
             continue
         except BaseException:
             os.close(fd)
@@ -191,6 +193,20 @@ def leftover_creations(fleet: str) -> list[str]:
         for entry in os.scandir(SHM_DIR)
         if entry.name.startswith(prefix) and CREATING in entry.name
     ]
+
+
+def creator_alive(name: str) -> bool:
+    """Whether the process that made the temporary name ``name`` still lives."""
+    pid = name.rpartition(CREATING)[2].partition("-")[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, and another user's
+    return True
 
 
 def object_size(name: str) -> int | None:
