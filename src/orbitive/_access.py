@@ -98,7 +98,8 @@ def open_checked(path: Path | str, *, create: bool, exclusive: bool = False) -> 
         An ``O_CLOEXEC`` descriptor the caller owns.
 
     Raises:
-        AccessDenied: symlink, foreign owner, wider mode, not a regular file.
+        AccessDenied: symlink, foreign owner, wider mode, not a regular file (a
+            directory too).
         FileNotFoundError: missing and ``create`` is false.
         FileExistsError: present and ``exclusive`` is true.
     """
@@ -108,6 +109,8 @@ def open_checked(path: Path | str, *, create: bool, exclusive: bool = False) -> 
     except OSError as error:
         if error.errno == errno.ELOOP:
             raise AccessDenied(f"{str(path)!r} is a symlink; refusing it") from None
+        if error.errno == errno.EISDIR:
+            raise AccessDenied(f"{str(path)!r} is a directory, not a regular file") from None
         if error.errno in (errno.EACCES, errno.EPERM):
             raise AccessDenied(f"{str(path)!r} is not ours to open ({error.strerror})") from None
         raise

@@ -172,3 +172,16 @@ def test_a_shared_memory_folder_of_another_user_is_refused(tmp_path: Path) -> No
 
 def test_the_real_shared_memory_folder_passes() -> None:
     check_shm_dir(SHM_DIR)
+
+
+@pytest.mark.parametrize("which", ["membership", "state"])
+def test_a_directory_under_an_object_name_is_access_denied(fleet_name: str, which: str) -> None:
+    members = SHM_DIR / members_name(fleet_name)
+    path = members if which == "membership" else shm_path(fleet_name, 228)
+    path.mkdir(mode=0o700)
+    try:
+        with pytest.raises(AccessDenied, match="directory"), Fleet.join(fleet_name, 2) as fleet:
+            LockTable(fleet)
+        assert path.is_dir()
+    finally:
+        path.rmdir()
