@@ -7,6 +7,10 @@ locking thread itself made ``pthread_mutex_lock`` wait for ever. Both twins
 (C and ctypes), on the table's C operations and on its Python ones, now refuse
 with :class:`LayoutMismatch`. Each case runs in a child, so a regression to a
 hang fails by timeout instead of wedging the suite.
+
+A changed mechanism byte let a new peer use flock while the others locked the
+mutex (or the reverse): no exclusion between them, silently. A flock object's
+mutex bytes are zero, so each direction is now refused.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pytest
 
 from orbitive import Fleet, LayoutMismatch
 from orbitive._robust import SECTION_MUTEX_AT
+from orbitive._section import FLOCK, ROBUST_MUTEX
 from orbitive.lock import Acquired, LockOwner, LockTable
 
 from .._children import KEY
@@ -80,3 +85,27 @@ def test_a_corrupt_mutex_is_layout_mismatch_and_a_harmless_one_still_locks(
         outcomes = child.recv(timeout=20.0)
     expected = "LayoutMismatch" if case in CORRUPTIONS else "acquired"
     assert outcomes == [expected, expected]
+
+
+def test_a_mechanism_byte_changed_to_flock_over_a_live_mutex_is_layout_mismatch(
+    fleet_name: str,
+) -> None:
+    with Fleet.join(fleet_name, 4) as fleet:
+        table = LockTable(fleet)
+        table._state.block[6] = FLOCK  # its peers keep locking the mutex
+        with Fleet.join(fleet_name, 4) as other, pytest.raises(LayoutMismatch, match="mutex"):
+            LockTable(other)
+        table.close()
+
+
+def test_a_mechanism_byte_changed_to_the_mutex_over_flock_is_layout_mismatch(
+    fleet_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORBIT_SECTION", "flock")
+    with Fleet.join(fleet_name, 4) as fleet:
+        table = LockTable(fleet)
+        table._state.block[6] = ROBUST_MUTEX  # its peers keep using flock
+        monkeypatch.delenv("ORBIT_SECTION")
+        with Fleet.join(fleet_name, 4) as other, pytest.raises(LayoutMismatch, match="corrupt"):
+            LockTable(other).try_acquire(KEY, LockOwner(b"me"), 30.0)
+        table.close()
