@@ -44,6 +44,8 @@ HARMLESS: dict[str, list[tuple[int, bytes]]] = {
     "owner died bit": [(0, struct.pack("<I", 0x40000000))],
     "robust list pointers": [(24, b"\x41" * 16)],
     "owner not recoverable, unlocked": [(8, struct.pack("<i", 0x7FFFFFFF))],
+    "owner field a dead thread, unlocked": [(8, struct.pack("<i", 0x3FFFFFF0))],
+    "owner field a live foreign pid, unlocked": [(8, struct.pack("<i", 1))],
 }
 
 
