@@ -111,7 +111,7 @@ def _read_capacity(fd: int, name: str) -> int:
     if magic == MEMBERS_MAGIC and version == MEMBERS_VERSION and capacity == CLEARING:
         raise LayoutMismatch(
             f"fleet {name!r}: {members_name(name)!r} is the placeholder of an 'orbit clear' "
-            f"that was interrupted; run 'orbit clear {name} --all --yes' again"
+            f"(running now, or interrupted: then run 'orbit clear {name} --all --yes' again)"
         )
     if magic != MEMBERS_MAGIC or version != MEMBERS_VERSION or not 1 <= capacity <= CAPACITY_MAX:
         raise LayoutMismatch(f"fleet {name!r}: {members_name(name)!r} is no membership object")

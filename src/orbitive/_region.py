@@ -381,6 +381,12 @@ class Region:
 
     def _section_error(self, error: OSError) -> FleetError | LayoutMismatch:
         """The named error of a section that failed to lock: a corrupt mutex, or another failure."""
+        if error.errno == errno.EDEADLK:
+            return LayoutMismatch(
+                f"shm object {self.name!r}: its section mutex names this very thread as its "
+                "holder: forged bytes, or a re-entry (a signal handler calling the table "
+                "inside one of its steps); waiting would never end"
+            )
         if error.errno in _CORRUPT_MUTEX:
             return LayoutMismatch(
                 f"shm object {self.name!r}: its section mutex is corrupt ({error.strerror}); "
