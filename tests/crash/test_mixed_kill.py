@@ -5,7 +5,8 @@ two threads that take one key, write their thread id into a shared witness,
 hold briefly, check the witness is still theirs, renew and release. The test
 kills churners with SIGKILL at random moments and checks, after every kill,
 that the table answers (no wedge), that at most one entry is live, and that the
-witness never names two live holders at once.
+witness never names two live holders at once. Some kills must land inside a
+section (the robust mutex is repaired: its recovery count grows).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import threading
 import time
 
 from orbitive import Fleet
+from orbitive._section import recoveries
 from orbitive.lock import Acquired, LockOwner, LockTable
 
 from .._children import KEY
@@ -25,6 +27,8 @@ from .._processes import Channel, Processes
 #: A short lease, so that a killed holder's tenure ends soon.
 TTL = 0.3
 KILLS = 40
+#: Kills at most, until one landed inside a section (the mutex repaired).
+MOST_KILLS = 200
 #: Witness layout: the tid of the holder at 0, a breach flag at 8.
 WITNESS_BYTES = 16
 
@@ -77,7 +81,9 @@ def test_mixed_c_and_python_churners_killed_at_random_never_hold_twice(fleet_nam
         children = [processes.start(churn, fleet_name, witness_fd, n % 2 == 1) for n in range(4)]
         for child in children:
             assert child.recv() == "running"
-        for kill in range(KILLS):
+        kills = 0
+        while kills < KILLS or (recoveries(table._state.block) < 1 and kills < MOST_KILLS):
+            kill, kills = kills, kills + 1
             time.sleep(rng.uniform(0.0, 0.02))
             victim = children[kill % len(children)]
             victim.kill()
@@ -88,6 +94,7 @@ def test_mixed_c_and_python_churners_killed_at_random_never_hold_twice(fleet_nam
             )
             assert replacement.recv() == "running"
     assert witness[8:16] == bytes(8), "two live holders at once"
+    assert recoveries(table._state.block) >= 1, f"no kill of {kills} landed in a section"
     time.sleep(TTL)  # every killed holder's tenure has ended
     assert isinstance(table.try_acquire(KEY, LockOwner(b"tester"), 30.0), Acquired)
     os.close(witness_fd)
