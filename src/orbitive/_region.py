@@ -56,10 +56,10 @@ CREATING: Final = ".creating-"
 #: Seconds ``close`` waits for another thread's critical section before it closes
 #: anyway (a step takes microseconds; a longer wait is a section stuck in ``flock``).
 CLOSE_WAIT: Final = 1.0
-#: What a robust mutex's lock returns when its bytes are not a mutex any peer could
-#: have left: a foreign type word, a futex word naming this very thread, or a mutex
-#: a holder left unrepaired (``_robust.h``).
-_CORRUPT_MUTEX: Final = frozenset({errno.EINVAL, errno.EDEADLK, errno.ENOTRECOVERABLE})
+#: What a robust mutex's lock or unlock returns when its bytes are not a mutex any
+#: peer could have left: a foreign type word, a futex word naming this very thread
+#: (or, on unlock, no longer naming it), a mutex a holder left unrepaired (``_robust.h``).
+_CORRUPT_MUTEX: Final = frozenset({errno.EINVAL, errno.EDEADLK, errno.ENOTRECOVERABLE, errno.EPERM})
 Init = Callable[[mmap.mmap], None]
 Validate = Callable[[mmap.mmap], None]
 
@@ -399,10 +399,16 @@ class Region:
 
         After a forced :meth:`close` of a flock section the descriptor is gone, and
         so is its lock.
+
+        Raises:
+            LayoutMismatch: the mutex's futex word no longer names this thread
+                (bytes forged while it held the section).
         """
         try:
             if self.section is not None:
                 self.section.release()
+        except OSError as error:
+            raise self._section_error(error) from error
         finally:
             self._leave()
 

@@ -87,9 +87,15 @@ static inline int robust_lock(uint8_t *block)
     return rc;
 }
 
+/* Unlock. A type word changed while this thread held the mutex is put back first
+ * (it is a constant, and the holder may write the mutex): unlocked as another kind
+ * of mutex, it would wake no waiter of another process, and they would wait for ever. */
 static inline int robust_unlock(uint8_t *block)
 {
-    return pthread_mutex_unlock((pthread_mutex_t *)(block + SECTION_MUTEX_AT));
+    pthread_mutex_t *mutex = (pthread_mutex_t *)(block + SECTION_MUTEX_AT);
+    if (ROBUST_KIND_OF(mutex) != robust_kind())
+        ROBUST_KIND_OF(mutex) = robust_kind();
+    return pthread_mutex_unlock(mutex);
 }
 
 /* Set OSError(rc, ...) for a failed lock or unlock (the section is unusable). */

@@ -165,8 +165,15 @@ class RobustMutex:
             raise robust_error(rc)
 
     def release(self) -> None:
-        """Unlock."""
+        """Unlock, first putting back a type word changed while this thread held it.
+
+        Raises:
+            OSError: ``EPERM`` when the futex word no longer names this thread.
+        """
         assert _libc is not None
+        if self._mutex.raw[_KIND_AT : _KIND_AT + 4] != _KIND:
+            at = SECTION_MUTEX_AT + _KIND_AT
+            self._block[at : at + 4] = _KIND
         rc = _libc.pthread_mutex_unlock(self._mutex)
         if rc != 0:
             raise robust_error(rc)

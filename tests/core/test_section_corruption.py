@@ -11,19 +11,24 @@ hang fails by timeout instead of wedging the suite.
 A changed mechanism byte let a new peer use flock while the others locked the
 mutex (or the reverse): no exclusion between them, silently. A flock object's
 mutex bytes are zero, so each direction is now refused.
+
+A type word changed while a peer held the mutex made that peer unlock it as
+another kind of mutex, waking no waiter of another process: they waited for
+ever. The holder now puts the word back before it unlocks.
 """
 
 from __future__ import annotations
 
 import struct
 import threading
+import time
 
 import pytest
 
 from orbitive import Fleet, LayoutMismatch
 from orbitive._robust import SECTION_MUTEX_AT
 from orbitive._section import FLOCK, ROBUST_MUTEX
-from orbitive.lock import Acquired, LockOwner, LockTable
+from orbitive.lock import Acquired, LockKey, LockOwner, LockTable, Occupied, _table
 
 from .._children import KEY
 from .._processes import Channel, Processes
@@ -111,3 +116,48 @@ def test_a_mechanism_byte_changed_to_the_mutex_over_flock_is_layout_mismatch(
         with Fleet.join(fleet_name, 4) as other, pytest.raises(LayoutMismatch, match="corrupt"):
             LockTable(other).try_acquire(KEY, LockOwner(b"me"), 30.0)
         table.close()
+
+
+def hold_while_corrupted(channel: Channel, fleet_name: str, twin: str) -> None:
+    """Take a key on the Python operations, pausing inside the section until told to go on."""
+    use_twin(twin)
+    table = LockTable(Fleet.join(fleet_name, 4))
+    table._bind(None)
+
+    def hook(point: str) -> None:
+        if point == "tombstoned":
+            channel.send("inside")
+            assert channel.recv() == "go on"
+
+    _table.crash_hook = hook
+    table.try_acquire(KEY, LockOwner(b"holder"), 30.0)
+    channel.send("done")
+    threading.Event().wait()
+
+
+@pytest.mark.parametrize("c_steps", [True, False], ids=["c-steps", "python-steps"])
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_type_word_changed_while_held_is_put_back_and_the_waiters_wake(
+    fleet_name: str, twin: str, c_steps: bool
+) -> None:
+    table = LockTable(Fleet.join(fleet_name, 4))
+    if not c_steps:
+        table._bind(None)
+    outcome: list[object] = []
+    other = LockKey("tests.corruption", "waiter")
+    waiter = threading.Thread(
+        target=lambda: outcome.append(table.try_acquire(other, LockOwner(b"w"), 30.0))
+    )
+    with Processes("fork") as processes:
+        holder = processes.start(hold_while_corrupted, fleet_name, twin)
+        assert holder.recv() == "inside"
+        waiter.start()
+        time.sleep(0.2)  # the waiter waits for the mutex the holder has
+        table._state.block[SECTION_MUTEX_AT + 16 : SECTION_MUTEX_AT + 20] = bytes(4)
+        holder.send("go on")
+        assert holder.recv() == "done"
+        waiter.join(timeout=10.0)
+        assert not waiter.is_alive(), "the holder's unlock woke no waiter"
+    assert len(outcome) == 1 and isinstance(outcome[0], Acquired)
+    assert isinstance(table.try_acquire(KEY, LockOwner(b"after"), 30.0), Occupied)
+    table.close()
