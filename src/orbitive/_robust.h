@@ -48,10 +48,17 @@ static inline int robust_kind(void)
     }
     return kind;
 }
-#define ROBUST_KIND_OF(mutex) ((mutex)->__data.__kind)
-#else
-static inline int robust_kind(void) { return 0; }
-#define ROBUST_KIND_OF(mutex) 0
+static inline int robust_kind_ok(const pthread_mutex_t *mutex)
+{
+    return mutex->__data.__kind == robust_kind();
+}
+static inline void robust_kind_restore(pthread_mutex_t *mutex)
+{
+    mutex->__data.__kind = robust_kind();
+}
+#else /* no known type word: sections of such C libraries use flock (_section.py) */
+static inline int robust_kind_ok(const pthread_mutex_t *mutex) { return mutex != NULL; }
+static inline void robust_kind_restore(pthread_mutex_t *mutex) { (void)mutex; }
 #endif
 
 /* Lock the mutex at block + SECTION_MUTEX_AT. Tries with the GIL held, and waits
@@ -63,7 +70,7 @@ static inline int robust_kind(void) { return 0; }
 static inline int robust_lock(uint8_t *block)
 {
     pthread_mutex_t *mutex = (pthread_mutex_t *)(block + SECTION_MUTEX_AT);
-    if (ROBUST_KIND_OF(mutex) != robust_kind())
+    if (!robust_kind_ok(mutex))
         return EINVAL;
     int rc = pthread_mutex_trylock(mutex);
     if (rc == EBUSY) {
@@ -93,8 +100,8 @@ static inline int robust_lock(uint8_t *block)
 static inline int robust_unlock(uint8_t *block)
 {
     pthread_mutex_t *mutex = (pthread_mutex_t *)(block + SECTION_MUTEX_AT);
-    if (ROBUST_KIND_OF(mutex) != robust_kind())
-        ROBUST_KIND_OF(mutex) = robust_kind();
+    if (!robust_kind_ok(mutex))
+        robust_kind_restore(mutex);
     return pthread_mutex_unlock(mutex);
 }
 
