@@ -9,8 +9,10 @@ Facts this module relies on:
 * In a sticky directory (``/dev/shm``, mode 1777) only an entry's owner (or root)
   can rename or remove it, so our objects cannot be swapped by another user; an
   object name another user took first is refused (its owner is not us).
-* Objects are created 0600 and never chmod'ed or chown'ed afterwards; an existing
-  object with wider bits or another owner is refused, never "repaired".
+* Objects are created 0600 (``fchmod`` on the new descriptor, so a umask such as
+  0277 cannot leave an object its peers cannot open) and never chmod'ed or chown'ed
+  afterwards; an existing object with wider bits or another owner is refused,
+  never "repaired".
 """
 
 from __future__ import annotations
@@ -91,14 +93,17 @@ def open_checked(path: Path | str, *, create: bool, exclusive: bool = False) -> 
 
     Args:
         path: the file.
-        create: create it with mode 0600 when missing.
-        exclusive: fail with ``FileExistsError`` when it exists (``O_EXCL``).
+        create: create it with mode 0600 when missing (less under a umask that
+            takes owner bits, unless ``exclusive``).
+        exclusive: fail with ``FileExistsError`` when it exists (``O_EXCL``); the
+            new file is then made 0600 whatever the umask, so peers can open it.
 
     Returns:
         An ``O_CLOEXEC`` descriptor the caller owns.
 
     Raises:
-        AccessDenied: symlink, foreign owner, wider mode, not a regular file.
+        AccessDenied: symlink, foreign owner, wider mode, not a regular file (a
+            directory too).
         FileNotFoundError: missing and ``create`` is false.
         FileExistsError: present and ``exclusive`` is true.
     """
@@ -108,10 +113,14 @@ def open_checked(path: Path | str, *, create: bool, exclusive: bool = False) -> 
     except OSError as error:
         if error.errno == errno.ELOOP:
             raise AccessDenied(f"{str(path)!r} is a symlink; refusing it") from None
+        if error.errno == errno.EISDIR:
+            raise AccessDenied(f"{str(path)!r} is a directory, not a regular file") from None
         if error.errno in (errno.EACCES, errno.EPERM):
             raise AccessDenied(f"{str(path)!r} is not ours to open ({error.strerror})") from None
         raise
     try:
+        if exclusive:  # ours and new: 0600 whatever this process's umask took away
+            os.fchmod(fd, 0o600)
         check_fd(fd, repr(str(path)))
     except BaseException:
         os.close(fd)

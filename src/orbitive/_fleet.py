@@ -42,7 +42,15 @@ from ._errors import (
     NodeOutsideFleet,
     shown,
 )
-from ._region import SHM_DIR, Init, Region, Validate, open_object, open_or_create
+from ._region import (
+    SHM_DIR,
+    Init,
+    Region,
+    Validate,
+    open_object,
+    open_or_create,
+    unlink_object,
+)
 
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,32}")
 #: Largest fleet capacity (node ids are 16-bit in every layout).
@@ -53,6 +61,8 @@ MEMBERS: Final = struct.Struct("<IHHI")
 MEMBERS_MAGIC: Final = 0x424D524F  # "ORMB"
 MEMBERS_VERSION: Final = 1
 INCARNATIONS_AT: Final = 64
+#: The capacity of the placeholder ``orbit clear`` holds while a fleet has no members object.
+CLEARING: Final = 0
 #: ``struct flock`` of 64-bit Linux: type, whence, start, length, pid (0 for OFD locks).
 _FLOCK: Final = struct.Struct("=hh4xqqi4x")
 _OFD_SETLK: Final = getattr(fcntl, "F_OFD_SETLK", 37)
@@ -98,6 +108,11 @@ def _read_capacity(fd: int, name: str) -> int:
     """
     raw = os.pread(fd, MEMBERS.size, 0)
     magic, version, _, capacity = MEMBERS.unpack(raw.ljust(MEMBERS.size, b"\0"))
+    if magic == MEMBERS_MAGIC and version == MEMBERS_VERSION and capacity == CLEARING:
+        raise LayoutMismatch(
+            f"fleet {name!r}: {members_name(name)!r} is the placeholder of an 'orbit clear' "
+            f"(running now, or interrupted: then run 'orbit clear {name} --all --yes' again)"
+        )
     if magic != MEMBERS_MAGIC or version != MEMBERS_VERSION or not 1 <= capacity <= CAPACITY_MAX:
         raise LayoutMismatch(f"fleet {name!r}: {members_name(name)!r} is no membership object")
     if os.fstat(fd).st_size < _members_bytes(capacity):
@@ -133,31 +148,65 @@ def capacity_advice(name: str) -> str:
     )
 
 
-def open_members(name: str, capacity: int) -> int:
-    """Open (or create) the membership object and check the capacity it records.
+def _open_members(name: str, capacity: int) -> tuple[int, bool]:
+    """Open (or create, recording ``capacity``) the membership object; (fd, created).
 
     Raises:
-        InvalidCapacity: the fleet already has another capacity.
-        LayoutMismatch, AccessDenied: as for ``_region.open_or_create``.
+        AccessDenied, FleetError: as for ``_region.open_or_create``.
     """
 
     def init(fd: int) -> None:
         os.pwrite(fd, MEMBERS.pack(MEMBERS_MAGIC, MEMBERS_VERSION, 0, capacity), 0)
 
-    fd, _ = open_or_create(members_name(name), _members_bytes(capacity), init)
-    try:
-        recorded = _read_capacity(fd, name)
-        if recorded != capacity:
-            raise InvalidCapacity(
-                f"fleet {name!r} has capacity {recorded}; joining with {capacity} would give "
-                f"its members different lane counts: join with capacity={recorded}; "
-                f"{capacity_advice(name)}",
-                fleet=name,
-            )
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return open_or_create(members_name(name), _members_bytes(capacity), init)
+
+
+def _check_recorded(fd: int, name: str, capacity: int) -> None:
+    """Refuse a membership object that records another capacity (or none).
+
+    Raises:
+        InvalidCapacity: the fleet already has another capacity.
+        LayoutMismatch: it is no membership object, or a clear's placeholder.
+    """
+    recorded = _read_capacity(fd, name)
+    if recorded != capacity:
+        raise InvalidCapacity(
+            f"fleet {name!r} has capacity {recorded}; joining with {capacity} would give "
+            f"its members different lane counts: join with capacity={recorded}; "
+            f"{capacity_advice(name)}",
+            fleet=name,
+        )
+
+
+def hold_membership(name: str) -> tuple[int, bool]:
+    """Hold fleet ``name``'s membership object exclusively: no member lives, none can join.
+
+    A fleet without one gets a placeholder (capacity :data:`CLEARING`), locked
+    before it has its name, so a first joiner waits for it instead of joining
+    while ``orbit clear`` removes the objects it attaches to.
+
+    Returns:
+        ``(descriptor, placeholder)`` for :func:`let_go_membership`.
+
+    Raises:
+        FleetError: a live member holds the membership object.
+        AccessDenied: the object is not ours alone.
+    """
+
+    def init(fd: int) -> None:
+        os.pwrite(fd, MEMBERS.pack(MEMBERS_MAGIC, MEMBERS_VERSION, 0, CLEARING), 0)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    fd, placeholder = open_or_create(members_name(name), _members_bytes(CLEARING), init)
+    if not placeholder:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise FleetError(
+                f"fleet {name!r} has a live member; stop it before clearing", fleet=name
+            ) from None
+    return fd, placeholder
 
 
 def _ofd_lock(fd: int, node: int, kind: int) -> bool:
@@ -176,6 +225,15 @@ def _ofd_held(fd: int, node: int) -> bool:
     query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, node, 1, 0)
     held: int = _FLOCK.unpack(fcntl.fcntl(fd, _OFD_GETLK, query))[0]
     return held != fcntl.F_UNLCK
+
+
+def let_go_membership(name: str, fd: int, placeholder: bool) -> None:
+    """End :func:`hold_membership`: remove the placeholder if it still has its name, close."""
+    try:
+        if placeholder and _same_object(fd, members_name(name)):
+            unlink_object(members_name(name))
+    finally:
+        os.close(fd)
 
 
 def _check_node(node: object, capacity: int) -> int:
@@ -288,12 +346,17 @@ class Fleet:
         return cls(check_fleet_name(name), _check_capacity(capacity), shared=True)
 
     def _enter(self) -> None:
-        """Open the membership object and hold it shared, as a member."""
+        """Open the membership object and hold it shared, as a member.
+
+        The recorded capacity is read once held: a clear's placeholder is unlinked
+        before the clear lets go, and the joiner then opens the fleet's new object.
+        """
         while True:
-            fd = open_members(self.name, self.capacity)
+            fd, _ = _open_members(self.name, self.capacity)
             fcntl.flock(fd, fcntl.LOCK_SH)
             if _same_object(fd, members_name(self.name)):
                 self._member_fd = fd
+                _check_recorded(fd, self.name, self.capacity)
                 return
             os.close(fd)  # cleared while we waited: join the fleet that now has the name
 

@@ -38,7 +38,7 @@ from typing import Final
 
 from . import _fork
 from ._access import check_shm_dir, euid, open_checked
-from ._errors import FleetError, LayoutMismatch
+from ._errors import AccessDenied, FleetError, LayoutMismatch
 from ._robust import SECTION_BYTES
 from ._section import (
     Section,
@@ -56,6 +56,10 @@ CREATING: Final = ".creating-"
 #: Seconds ``close`` waits for another thread's critical section before it closes
 #: anyway (a step takes microseconds; a longer wait is a section stuck in ``flock``).
 CLOSE_WAIT: Final = 1.0
+#: What a robust mutex's lock or unlock returns when its bytes are not a mutex any
+#: peer could have left: a foreign type word, a futex word naming this very thread
+#: (or, on unlock, no longer naming it), a mutex a holder left unrepaired (``_robust.h``).
+_CORRUPT_MUTEX: Final = frozenset({errno.EINVAL, errno.EDEADLK, errno.ENOTRECOVERABLE, errno.EPERM})
 Init = Callable[[mmap.mmap], None]
 Validate = Callable[[mmap.mmap], None]
 
@@ -105,19 +109,27 @@ def open_or_create(name: str, size: int, init: Callable[[int], None]) -> tuple[i
         ``(descriptor, created)``; the caller owns the descriptor.
 
     Raises:
-        AccessDenied: as for :func:`open_object`. FleetError: no space for it.
+        AccessDenied: as for :func:`open_object`, or something already has the new
+            object's random temporary name. FleetError: no space for it.
     """
     while True:
         with contextlib.suppress(FileNotFoundError):
             return open_object(name, create=False), False
         temporary = f"{name}{CREATING}{os.getpid()}-{secrets.token_hex(4)}"
-        fd = open_object(temporary, create=True)
+        try:
+            fd = open_object(temporary, create=True)
+        except FileExistsError:
+            raise AccessDenied(
+                f"shm object {temporary!r} exists: its random name was planted; refusing it"
+            ) from None
         try:
             _allocate(fd, name, size)
             init(fd)
             os.link(_path(temporary), _path(name))
-        except FileExistsError:
-            os.close(fd)  # another creator won: attach to its object
+        except (FileExistsError, FileNotFoundError):
+            # Another creator won: attach to its object. Or an ``orbit clear``
+            # took the temporary name for a dead creator's: create anew.
+            os.close(fd)
             continue
         except BaseException:
             os.close(fd)
@@ -181,6 +193,20 @@ def leftover_creations(fleet: str) -> list[str]:
         for entry in os.scandir(SHM_DIR)
         if entry.name.startswith(prefix) and CREATING in entry.name
     ]
+
+
+def creator_alive(name: str) -> bool:
+    """Whether the process that made the temporary name ``name`` still lives."""
+    pid = name.rpartition(CREATING)[2].partition("-")[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, and another user's
+    return True
 
 
 def object_size(name: str) -> int | None:
@@ -331,7 +357,8 @@ class Region:
         """Enter the critical section: process mutex, then the object's section.
 
         Raises:
-            FleetError: the region is closed (its mapping is gone).
+            FleetError: the region is closed (its mapping is gone), or its ``flock`` failed.
+            LayoutMismatch: the section's robust mutex is corrupt (see docs/format.md).
         """
         self._thread.inside = True
         self._mutex.acquire()
@@ -342,7 +369,7 @@ class Region:
                 try:
                     self.section.acquire()
                 except OSError as error:
-                    raise FleetError(f"shm object {self.name!r}: {error}") from error
+                    raise self._section_error(error) from error
                 if self._closed:  # closed while this thread waited for the section
                     self.section.release()
                     raise FleetError(f"shm object {self.name!r} is closed")
@@ -352,15 +379,36 @@ class Region:
                 raise FleetError(f"shm object {self.name!r} is closed") from None
             raise
 
+    def _section_error(self, error: OSError) -> FleetError | LayoutMismatch:
+        """The named error of a section that failed to lock: a corrupt mutex, or another failure."""
+        if error.errno == errno.EDEADLK:
+            return LayoutMismatch(
+                f"shm object {self.name!r}: its section mutex names this very thread as its "
+                "holder: forged bytes, or a re-entry (a signal handler calling the table "
+                "inside one of its steps); waiting would never end"
+            )
+        if error.errno in _CORRUPT_MUTEX:
+            return LayoutMismatch(
+                f"shm object {self.name!r}: its section mutex is corrupt ({error.strerror}); "
+                "stop every member and remove the object (orbit clear)"
+            )
+        return FleetError(f"shm object {self.name!r}: {error}")
+
     def release(self) -> None:
         """Leave the critical section entered by :meth:`acquire`.
 
         After a forced :meth:`close` of a flock section the descriptor is gone, and
         so is its lock.
+
+        Raises:
+            LayoutMismatch: the mutex's futex word no longer names this thread
+                (bytes forged while it held the section).
         """
         try:
             if self.section is not None:
                 self.section.release()
+        except OSError as error:
+            raise self._section_error(error) from error
         finally:
             self._leave()
 

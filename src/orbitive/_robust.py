@@ -22,7 +22,9 @@ from __future__ import annotations
 import ctypes
 import errno
 import mmap
+import os
 import platform
+import threading
 from collections.abc import Callable
 from typing import Final
 
@@ -32,6 +34,12 @@ SECTION_MUTEX_AT: Final = 64
 SECTION_BYTES: Final = 4096
 _MUTEXATTR_BYTES: Final = 64  # glibc's pthread_mutexattr_t is 4 bytes; room to spare
 _GLIBC_MUTEX_BYTES: Final = {"x86_64": 40, "aarch64": 48, "i686": 24, "armv7l": 24}
+#: Where glibc keeps the mutex's type word (``__data.__kind``): after four ints on
+#: 64-bit targets, after three on 32-bit ones.
+_GLIBC_KIND_AT: Final = {"x86_64": 16, "aarch64": 16, "i686": 12, "armv7l": 12}
+#: The futex word's owner bits and owner-died bit (linux/futex.h).
+_TID_MASK: Final = 0x3FFFFFFF
+_OWNER_DIED: Final = 0x40000000
 _PTHREAD_PROCESS_SHARED: Final = 1
 _PTHREAD_MUTEX_ROBUST: Final = 1
 
@@ -66,7 +74,50 @@ _libc: Final = _load_libc()
 
 
 def robust_error(rc: int) -> OSError:
-    return OSError(rc, f"the section mutex failed: {errno.errorcode.get(rc, rc)}")
+    return OSError(rc, os.strerror(rc))
+
+
+def _attributes() -> ctypes.Array[ctypes.c_char]:
+    """Process-shared, robust mutex attributes (the caller destroys them).
+
+    Raises:
+        OSError: glibc refused one of them.
+    """
+    assert _libc is not None
+    attr = ctypes.create_string_buffer(_MUTEXATTR_BYTES)
+    rc = _libc.pthread_mutexattr_init(attr)
+    if rc == 0:
+        rc = _libc.pthread_mutexattr_setpshared(attr, _PTHREAD_PROCESS_SHARED)
+        if rc == 0:
+            rc = _libc.pthread_mutexattr_setrobust(attr, _PTHREAD_MUTEX_ROBUST)
+        if rc != 0:
+            _libc.pthread_mutexattr_destroy(attr)
+    if rc != 0:
+        raise robust_error(rc)
+    return attr
+
+
+def _init(mutex: ctypes.Array[ctypes.c_char]) -> None:
+    """Initialise ``mutex`` as a process-shared, robust mutex."""
+    assert _libc is not None
+    attr = _attributes()
+    rc = _libc.pthread_mutex_init(mutex, attr)
+    _libc.pthread_mutexattr_destroy(attr)
+    if rc != 0:
+        raise robust_error(rc)
+
+
+def _robust_kind() -> bytes:
+    """The type word glibc writes for our attributes (see ``robust_kind`` in ``_robust.h``)."""
+    if _libc is None:
+        return b""
+    probe = ctypes.create_string_buffer(MUTEX_BYTES)
+    _init(probe)
+    return probe.raw[_KIND_AT : _KIND_AT + 4]
+
+
+_KIND_AT: Final = _GLIBC_KIND_AT.get(platform.machine(), 0)
+_KIND: Final = _robust_kind()
 
 
 class RobustMutex:
@@ -83,24 +134,24 @@ class RobustMutex:
 
     def create(self) -> None:
         """Initialise a new mutex (process-shared, robust)."""
-        assert _libc is not None
-        attr = ctypes.create_string_buffer(_MUTEXATTR_BYTES)
-        rc = _libc.pthread_mutexattr_init(attr)
-        if rc == 0:
-            rc = _libc.pthread_mutexattr_setpshared(attr, _PTHREAD_PROCESS_SHARED)
-            if rc == 0:
-                rc = _libc.pthread_mutexattr_setrobust(attr, _PTHREAD_MUTEX_ROBUST)
-            if rc == 0:
-                rc = _libc.pthread_mutex_init(self._mutex, attr)
-            _libc.pthread_mutexattr_destroy(attr)
-        if rc != 0:
-            raise robust_error(rc)
+        _init(self._mutex)
 
     def acquire(self) -> None:
-        """Lock, waiting without the GIL; repairs an ``EOWNERDEAD`` mutex."""
+        """Lock, waiting without the GIL; repairs an ``EOWNERDEAD`` mutex.
+
+        Raises:
+            OSError: ``EINVAL`` when the mutex's type word is corrupt, ``EDEADLK``
+                when its futex word names this very thread (waiting would never
+                end), ``ENOTRECOVERABLE`` as glibc says.
+        """
         assert _libc is not None
+        if self._mutex.raw[_KIND_AT : _KIND_AT + 4] != _KIND:
+            raise robust_error(errno.EINVAL)
         rc = _libc.pthread_mutex_trylock(self._mutex)
         if rc == errno.EBUSY:
+            word = int.from_bytes(self._mutex.raw[:4], "little")
+            if word & _TID_MASK == threading.get_native_id() and not word & _OWNER_DIED:
+                raise robust_error(errno.EDEADLK)
             rc = _libc.pthread_mutex_lock(self._mutex)
         if rc == errno.EOWNERDEAD:
             if recovery_hook is not None:
@@ -114,8 +165,15 @@ class RobustMutex:
             raise robust_error(rc)
 
     def release(self) -> None:
-        """Unlock."""
+        """Unlock, first putting back a type word changed while this thread held it.
+
+        Raises:
+            OSError: ``EPERM`` when the futex word no longer names this thread.
+        """
         assert _libc is not None
+        if self._mutex.raw[_KIND_AT : _KIND_AT + 4] != _KIND:
+            at = SECTION_MUTEX_AT + _KIND_AT
+            self._block[at : at + 4] = _KIND
         rc = _libc.pthread_mutex_unlock(self._mutex)
         if rc != 0:
             raise robust_error(rc)

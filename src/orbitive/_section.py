@@ -36,7 +36,7 @@ from typing import Final, Protocol
 
 from . import _robust
 from ._errors import LayoutMismatch
-from ._robust import SECTION_BYTES
+from ._robust import SECTION_BYTES, SECTION_MUTEX_AT
 
 try:
     from . import _robust_c
@@ -52,6 +52,9 @@ ROBUST_MUTEX: Final = 1
 FLOCK: Final = 2
 MECHANISMS: Final = {"mutex": ROBUST_MUTEX, "flock": FLOCK}
 _PAGE: Final = mmap.ALLOCATIONGRANULARITY
+#: Bytes after SECTION_MUTEX_AT that hold a mutex in any C library we know: all
+#: zero in an object created for flock, never all zero once a mutex is made there.
+_MUTEX_AREA: Final = 64
 
 
 def block_offset(size: int) -> int:
@@ -200,13 +203,19 @@ def attach_section(block: mmap.mmap, fd: int, what: str) -> Section:
     """Validate an existing object's section block and return its section.
 
     Raises:
-        LayoutMismatch: bad magic or version, an unknown mechanism, or a robust mutex
-            of another C library or size than this process's (or none usable here).
+        LayoutMismatch: bad magic or version, an unknown mechanism, flock recorded
+            over an initialised mutex (its peers may lock the mutex), or a robust
+            mutex of another C library or size than this process's (or none usable here).
     """
     magic, version, mechanism, glibc, mutex_bytes = BLOCK.unpack(block[: BLOCK.size])
     if magic != BLOCK_MAGIC or version != BLOCK_VERSION:
         raise LayoutMismatch(f"{what}: no section block (magic {magic:#x}, version {version})")
     if mechanism == FLOCK:
+        if any(block[SECTION_MUTEX_AT : SECTION_MUTEX_AT + _MUTEX_AREA]):
+            raise LayoutMismatch(
+                f"{what}: its section records flock but holds a mutex (a changed mechanism "
+                "byte: its peers may be locking the mutex)"
+            )
         return FlockSection(fd)
     if mechanism != ROBUST_MUTEX:
         raise LayoutMismatch(f"{what}: unknown section mechanism {mechanism}")

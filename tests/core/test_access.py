@@ -172,3 +172,46 @@ def test_a_shared_memory_folder_of_another_user_is_refused(tmp_path: Path) -> No
 
 def test_the_real_shared_memory_folder_passes() -> None:
     check_shm_dir(SHM_DIR)
+
+
+@pytest.mark.parametrize("which", ["membership", "state"])
+def test_a_directory_under_an_object_name_is_access_denied(fleet_name: str, which: str) -> None:
+    members = SHM_DIR / members_name(fleet_name)
+    path = members if which == "membership" else shm_path(fleet_name, 228)
+    path.mkdir(mode=0o700)
+    try:
+        with pytest.raises(AccessDenied, match="directory"), Fleet.join(fleet_name, 2) as fleet:
+            LockTable(fleet)
+        assert path.is_dir()
+    finally:
+        path.rmdir()
+
+
+def join_with_umask(channel: Channel, uid: int, fleet_name: str, umask: int) -> None:
+    """In a child: become ``uid``, set ``umask``, join and open the lock table."""
+    os.setgid(uid)
+    os.setuid(uid)
+    os.umask(umask)
+    try:
+        with Fleet.join(fleet_name, 2) as fleet:
+            LockTable(fleet).close()
+    except Exception as error:
+        channel.send(type(error).__name__)
+        return
+    channel.send("joined")
+
+
+@NEEDS_ROOT
+def test_objects_made_under_a_umask_that_takes_owner_bits_are_0600(
+    processes: Processes, fleet_name: str
+) -> None:
+    try:
+        for umask in (0o277, 0o022, 0o277):  # the creator, then peers of either umask
+            child = processes.start(join_with_umask, OTHER_UID, fleet_name, umask)
+            assert child.recv() == "joined"
+        paths = list(SHM_DIR.glob(f"orbit-{fleet_name}-*-{OTHER_UID}"))
+        assert len(paths) == 3
+        assert all(mode(path) == 0o600 for path in paths)
+    finally:
+        for path in SHM_DIR.glob(f"orbit-{fleet_name}-*-{OTHER_UID}"):
+            path.unlink()

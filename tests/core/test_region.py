@@ -5,17 +5,25 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import secrets
 import signal
 import threading
 import time
 
 import pytest
 
-from orbitive import Fleet
+from orbitive import Fleet, _region
 from orbitive._access import open_checked
-from orbitive._errors import FleetError
+from orbitive._errors import AccessDenied, FleetError
 from orbitive._fleet import members_name
-from orbitive._region import CLOSE_WAIT, Region, leftover_creations, object_name, read_prefix
+from orbitive._region import (
+    CLOSE_WAIT,
+    CREATING,
+    Region,
+    leftover_creations,
+    object_name,
+    read_prefix,
+)
 from orbitive.lock import LayoutMismatch, LockKey, LockLayout, LockTable
 
 from .._capabilities import NEEDS_SHM_DIR
@@ -245,3 +253,23 @@ def test_close_from_a_signal_handler_never_waits_for_its_own_thread(fleet_name: 
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         region.unlink()
+
+
+@pytest.mark.parametrize("planted", ["symlink", "file"])
+def test_a_name_planted_under_the_temporary_name_is_access_denied_and_left_alone(
+    fleet_name: str, monkeypatch: pytest.MonkeyPatch, planted: str
+) -> None:
+    monkeypatch.setattr(secrets, "token_hex", lambda _: "feedface")
+    name = f"{object_name(fleet_name, KIND)}{CREATING}{os.getpid()}-feedface"
+    trap = _region.SHM_DIR / name
+    if planted == "symlink":
+        trap.symlink_to(_region.SHM_DIR / f"orbit-{fleet_name}-target")
+    else:
+        trap.touch(mode=0o600)
+    try:
+        with pytest.raises(AccessDenied, match="planted"):
+            Region.open_shared(fleet_name, KIND, 4096, lambda buf: None, no_check)
+        assert trap.is_symlink() or trap.is_file()
+        assert not shm_path(fleet_name, KIND).exists()
+    finally:
+        trap.unlink()

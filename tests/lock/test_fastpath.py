@@ -16,7 +16,7 @@ import dataclasses
 import mmap
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -261,3 +261,28 @@ def test_the_c_operations_take_keywords_and_hand_odd_calls_to_python(
         fast.release(renewed, lease=renewed)  # type: ignore[misc]
     assert fast.release(lease=renewed) is True
     assert isinstance(fast.try_acquire(key, "a str owner", 60.0), Acquired)  # via Python
+
+
+def test_a_call_with_wrong_arguments_fails_as_on_the_python_path(
+    pair: tuple[LockTable, LockTable],
+) -> None:
+    fast, slow = pair
+    require_c_steps(fast._steps, "orbitive.lock._fastpath")
+    key, owner = KEYS[0], OWNERS[0]
+    lease = slow.try_acquire(key, owner, 60.0)
+    assert isinstance(lease, Acquired)
+    calls: list[Callable[[LockTable], object]] = [
+        lambda table: table.try_acquire(),  # type: ignore[call-arg]
+        lambda table: table.try_acquire(key, owner, 1.0, key=key),  # type: ignore[misc]
+        lambda table: table.try_acquire(key, owner, tll=1.0),  # type: ignore[call-arg]
+        lambda table: table.try_acquire(*range(12)),
+        lambda table: table.release(lease.lease, lease=lease.lease),  # type: ignore[misc]
+        lambda table: table.renew(lease.lease, 1.0, 2.0),  # type: ignore[call-arg]
+    ]
+    for call in calls:
+        messages = []
+        for table in pair:
+            with pytest.raises(TypeError) as raised:
+                call(table)
+            messages.append(str(raised.value))
+        assert messages[0] == messages[1]

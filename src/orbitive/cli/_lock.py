@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import math
-import os
 import selectors
 import sys
 import time
 from collections.abc import Iterator
 
 from .._errors import FleetError, InvalidName
-from .._fleet import check_fleet_name, members_name
+from .._fleet import check_fleet_name, hold_membership, let_go_membership, members_name
 from .._region import (
+    creator_alive,
     leftover_creations,
     listed_objects,
     object_name,
     object_size,
-    open_object,
     unlink_object,
 )
 from ..lock import LockEvent, LockKey, LockTable
@@ -179,7 +177,8 @@ def cmd_clear(args: argparse.Namespace) -> int:
         for kind in _kinds(args):
             removed += unlink_object(object_name(args.fleet, kind))
         for name in leftover_creations(args.fleet):
-            unlink_object(name)
+            if not creator_alive(name):
+                unlink_object(name)
         if args.all:
             unlink_object(members_name(args.fleet))
     print(f"removed {removed} object(s) of fleet {args.fleet!r}")
@@ -203,23 +202,17 @@ def _nothing_to_clear(args: argparse.Namespace) -> str:
 def _exclusive_membership(fleet: str) -> Iterator[None]:
     """Hold the membership object exclusively: no member is alive, from any environment.
 
-    With no membership object no process has joined since the last ``clear --all``.
+    A fleet with no membership object gets a placeholder for the while (see
+    ``hold_membership``), removed again before the hold ends.
+
+    Raises:
+        FleetError: a member is alive.
     """
+    fd, placeholder = hold_membership(fleet)
     try:
-        fd = open_object(members_name(fleet), create=False)
-    except FileNotFoundError:
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FleetError(
-                f"fleet {fleet!r} has a live member; stop it before clearing", fleet=fleet
-            ) from None
         yield
     finally:
-        os.close(fd)
+        let_go_membership(fleet, fd, placeholder)
 
 
 def remove_stopped_fleet_files(fleet: str) -> bool:

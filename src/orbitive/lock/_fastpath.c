@@ -12,9 +12,9 @@
  *
  * LockTable binds these methods as its own. Anything off that path (other
  * argument types, an error to raise, a fork, a closed table, the test-only
- * crash hook) hands the call, before or after the step, to the table's Python
- * operation (_try_acquire, _release, _renew), the reference, which also runs
- * when this module is not built.
+ * crash hook) hands the call, before or after the step, to the table class's
+ * method of the same name, which runs the Python operation (_try_acquire,
+ * _release, _renew), the reference, which also runs when this module is not built.
  *
  * Every length and offset read from shared memory is checked before use, and
  * the geometry is checked against the buffers' sizes on every call.
@@ -299,22 +299,30 @@ typedef struct {
 
 enum { MOST_ARGS = 8 };
 
-/* Hand the call to the table's Python operation ``name`` (the reference). */
+/* Hand the call, as it came, to the table class's Python method ``name``: the
+ * public one, which runs the Python operation (the reference), so that even a
+ * call with wrong arguments fails exactly as it does on the Python path. */
 static PyObject *decline(const Steps *t, PyObject *name, const Call *c)
 {
-    PyObject *call[MOST_ARGS + 1] = {t->table};
+    PyObject *small[MOST_ARGS + 1];
     Py_ssize_t total = c->nargs + (c->kwnames ? PyTuple_GET_SIZE(c->kwnames) : 0);
     if (t->table == NULL) {
         PyErr_SetString(PyExc_ValueError, "Steps is not initialised");
         return NULL;
     }
-    if (total > MOST_ARGS) {
-        PyErr_SetString(PyExc_TypeError, "too many arguments");
-        return NULL;
-    }
+    PyObject **call = total <= MOST_ARGS ? small : PyMem_New(PyObject *, total + 1);
+    if (call == NULL)
+        return PyErr_NoMemory();
+    call[0] = t->table;
     for (Py_ssize_t i = 0; i < total; i++)
         call[i + 1] = c->args[i];
-    return PyObject_VectorcallMethod(name, call, (size_t)c->nargs + 1, c->kwnames);
+    PyObject *method = PyObject_GetAttr((PyObject *)Py_TYPE(t->table), name);
+    PyObject *result =
+        method == NULL ? NULL : PyObject_Vectorcall(method, call, (size_t)c->nargs + 1, c->kwnames);
+    Py_XDECREF(method);
+    if (call != small)
+        PyMem_Free(call);
+    return result;
 }
 
 /* The call's n arguments in the order of names (keywords put in their places); 0 when
@@ -886,9 +894,9 @@ PyMODINIT_FUNC PyInit__fastpath(void)
 {
     generation_name = PyUnicode_InternFromString("generation");
     crash_hook_name = PyUnicode_InternFromString("crash_hook");
-    python_acquire = PyUnicode_InternFromString("_try_acquire");
-    python_release = PyUnicode_InternFromString("_release");
-    python_renew = PyUnicode_InternFromString("_renew");
+    python_acquire = PyUnicode_InternFromString("try_acquire");
+    python_release = PyUnicode_InternFromString("release");
+    python_renew = PyUnicode_InternFromString("renew");
     if (generation_name == NULL || crash_hook_name == NULL || python_acquire == NULL ||
         python_release == NULL || python_renew == NULL || PyType_Ready(&StepsType) < 0)
         return NULL;

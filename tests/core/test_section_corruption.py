@@ -1,0 +1,163 @@
+"""Hostile bytes in a robust mutex: every case is a named error, never a hang or a crash.
+
+glibc reads the mutex's type word on every lock: a foreign value (0, -1, a
+priority-inheriting or process-private kind) made it a mutex of another kind,
+which no longer excludes processes, wedges or aborts. A futex word naming the
+locking thread itself made ``pthread_mutex_lock`` wait for ever. Both twins
+(C and ctypes), on the table's C operations and on its Python ones, now refuse
+with :class:`LayoutMismatch`. Each case runs in a child, so a regression to a
+hang fails by timeout instead of wedging the suite.
+
+A changed mechanism byte let a new peer use flock while the others locked the
+mutex (or the reverse): no exclusion between them, silently. A flock object's
+mutex bytes are zero, so each direction is now refused.
+
+A type word changed while a peer held the mutex made that peer unlock it as
+another kind of mutex, waking no waiter of another process: they waited for
+ever. The holder now puts the word back before it unlocks.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+
+import pytest
+
+from orbitive import Fleet, LayoutMismatch
+from orbitive._robust import SECTION_MUTEX_AT
+from orbitive._section import FLOCK, ROBUST_MUTEX
+from orbitive.lock import Acquired, LockKey, LockOwner, LockTable, Occupied, _table
+
+from .._children import KEY
+from .._processes import Channel, Processes
+from .test_section import TWINS, use_twin
+
+#: (offset in the mutex, bytes) written over it; "self" is this thread's id as the futex word.
+CORRUPTIONS: dict[str, list[tuple[int, bytes]]] = {
+    "type word 0 (a plain private mutex)": [(16, struct.pack("<i", 0))],
+    "type word -1": [(16, struct.pack("<i", -1))],
+    "type word of a robust PI mutex": [(16, struct.pack("<i", 16 | 32 | 128))],
+    "every byte 0xff": [(0, b"\xff" * 40)],
+    "every byte 0": [(0, bytes(40))],
+    "type word 0 and an owner": [(16, struct.pack("<i", 0)), (8, struct.pack("<i", 12345))],
+    "futex word of this very thread": [],
+}
+#: Corruptions glibc tolerates: the next lock works and the table stays usable.
+HARMLESS: dict[str, list[tuple[int, bytes]]] = {
+    "owner died bit": [(0, struct.pack("<I", 0x40000000))],
+    "robust list pointers": [(24, b"\x41" * 16)],
+    "owner not recoverable, unlocked": [(8, struct.pack("<i", 0x7FFFFFFF))],
+    "owner field a dead thread, unlocked": [(8, struct.pack("<i", 0x3FFFFFF0))],
+    "owner field a live foreign pid, unlocked": [(8, struct.pack("<i", 1))],
+}
+
+
+def corrupt(table: LockTable, case: str) -> None:
+    writes = {**CORRUPTIONS, **HARMLESS}[case]
+    if not writes:
+        writes = [(0, struct.pack("<i", threading.get_native_id()))]
+    block = table._state.block
+    for at, data in writes:
+        block[SECTION_MUTEX_AT + at : SECTION_MUTEX_AT + at + len(data)] = data
+
+
+def try_corrupted(channel: Channel, fleet_name: str, case: str, twin: str, c_steps: bool) -> None:
+    use_twin(twin)
+    table = LockTable(Fleet.join(fleet_name, 4))
+    if not c_steps:
+        table._bind(None)
+    corrupt(table, case)
+    outcomes = []
+    for _ in range(2):  # the refusal is lasting, and the harmless cases stay usable
+        try:
+            result = table.try_acquire(KEY, LockOwner(b"me"), 30.0)
+            outcomes.append("acquired" if isinstance(result, Acquired) else "busy")
+            if isinstance(result, Acquired):
+                table.release(result.lease)
+        except LayoutMismatch:
+            outcomes.append("LayoutMismatch")
+    channel.send(outcomes)
+
+
+@pytest.mark.parametrize("c_steps", [True, False], ids=["c-steps", "python-steps"])
+@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("case", [*CORRUPTIONS, *HARMLESS])
+def test_a_corrupt_mutex_is_layout_mismatch_and_a_harmless_one_still_locks(
+    fleet_name: str, case: str, twin: str, c_steps: bool
+) -> None:
+    with Processes("fork") as processes:
+        child = processes.start(try_corrupted, fleet_name, case, twin, c_steps)
+        outcomes = child.recv(timeout=20.0)
+    expected = "LayoutMismatch" if case in CORRUPTIONS else "acquired"
+    assert outcomes == [expected, expected]
+
+
+def test_a_mechanism_byte_changed_to_flock_over_a_live_mutex_is_layout_mismatch(
+    fleet_name: str,
+) -> None:
+    with Fleet.join(fleet_name, 4) as fleet:
+        table = LockTable(fleet)
+        table._state.block[6] = FLOCK  # its peers keep locking the mutex
+        with Fleet.join(fleet_name, 4) as other, pytest.raises(LayoutMismatch, match="mutex"):
+            LockTable(other)
+        table.close()
+
+
+def test_a_mechanism_byte_changed_to_the_mutex_over_flock_is_layout_mismatch(
+    fleet_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORBIT_SECTION", "flock")
+    with Fleet.join(fleet_name, 4) as fleet:
+        table = LockTable(fleet)
+        table._state.block[6] = ROBUST_MUTEX  # its peers keep using flock
+        monkeypatch.delenv("ORBIT_SECTION")
+        with Fleet.join(fleet_name, 4) as other, pytest.raises(LayoutMismatch, match="corrupt"):
+            LockTable(other).try_acquire(KEY, LockOwner(b"me"), 30.0)
+        table.close()
+
+
+def hold_while_corrupted(channel: Channel, fleet_name: str, twin: str) -> None:
+    """Take a key on the Python operations, pausing inside the section until told to go on."""
+    use_twin(twin)
+    table = LockTable(Fleet.join(fleet_name, 4))
+    table._bind(None)
+
+    def hook(point: str) -> None:
+        if point == "tombstoned":
+            channel.send("inside")
+            assert channel.recv() == "go on"
+
+    _table.crash_hook = hook
+    table.try_acquire(KEY, LockOwner(b"holder"), 30.0)
+    channel.send("done")
+    threading.Event().wait()
+
+
+@pytest.mark.parametrize("c_steps", [True, False], ids=["c-steps", "python-steps"])
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_type_word_changed_while_held_is_put_back_and_the_waiters_wake(
+    fleet_name: str, twin: str, c_steps: bool
+) -> None:
+    table = LockTable(Fleet.join(fleet_name, 4))
+    if not c_steps:
+        table._bind(None)
+    outcome: list[object] = []
+    other = LockKey("tests.corruption", "waiter")
+    waiter = threading.Thread(
+        target=lambda: outcome.append(table.try_acquire(other, LockOwner(b"w"), 30.0))
+    )
+    with Processes("fork") as processes:
+        holder = processes.start(hold_while_corrupted, fleet_name, twin)
+        assert holder.recv() == "inside"
+        waiter.start()
+        time.sleep(0.2)  # the waiter waits for the mutex the holder has
+        table._state.block[SECTION_MUTEX_AT + 16 : SECTION_MUTEX_AT + 20] = bytes(4)
+        holder.send("go on")
+        assert holder.recv() == "done"
+        waiter.join(timeout=10.0)
+        assert not waiter.is_alive(), "the holder's unlock woke no waiter"
+    assert len(outcome) == 1 and isinstance(outcome[0], Acquired)
+    assert isinstance(table.try_acquire(KEY, LockOwner(b"after"), 30.0), Occupied)
+    table.close()
