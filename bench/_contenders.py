@@ -9,7 +9,6 @@ server or orbitive module is missing. Every contender is driven through the same
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import importlib
 import multiprocessing
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from orbitive import Fleet, OrbitError
+from orbitive import Fleet
 from orbitive.lock import Acquired, LockKey, LockOwner, LockTable
 
 from ._measure import Kind, Skip
@@ -133,8 +132,6 @@ def store_shm(ws: Workspace, keys: int) -> Prepared:
     name = ws.unique("bstore")
 
     def cleanup() -> None:
-        with contextlib.suppress(OrbitError), Fleet.join(name, 64) as fleet:
-            LockTable(fleet).unlink()
         remove_fleet_files(name)
 
     return _store(ws, keys, f"shm://{name}", cleanup)

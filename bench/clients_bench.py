@@ -42,6 +42,7 @@ import psycopg
 
 from bench._measure import Skip
 from bench._servers import Server, free_port, postgres_url, start_postgres
+from bench.readiness_wake import remove_fleet_files
 from orbitive import Fleet
 from orbitive.clients import ClientPool, PoolOptions
 from orbitive.clients.psycopg import ConnectionPool
@@ -222,6 +223,7 @@ def run_contender(kind: str, url: str, pg: str, query: str, seconds: float) -> d
             proc.join(30)
             if proc.exitcode is None:
                 proc.kill()
+        remove_fleet_files(fleet_name)
     latencies.sort()
     return {
         "contender": kind,
@@ -253,7 +255,7 @@ def micro(rounds: int = 20000) -> dict[str, float]:
 
         lock_pair = _median(pair, rounds)
         table.close()
-        table.unlink()
+    remove_fleet_files(name)
     return {"checkout_return_us": checkout, "lock_pair_us": lock_pair}
 
 

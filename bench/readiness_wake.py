@@ -26,9 +26,8 @@ import timeit
 from multiprocessing.connection import Connection
 
 from orbitive import Fleet
-from orbitive._fleet import members_name
 from orbitive._readiness import BACKENDS, Backend, Readiness
-from orbitive._region import Region, unlink_object
+from orbitive._region import SHM_DIR, Region
 
 KIND = 202
 SIZE = 4096
@@ -134,8 +133,9 @@ def remove_region(fleet: Fleet, region: Region) -> None:
 
 
 def remove_fleet_files(name: str) -> None:
-    """Remove the membership object of fleet ``name``."""
-    unlink_object(members_name(name))
+    """Remove every SHM object of fleet ``name`` (its tables and its membership object)."""
+    for path in SHM_DIR.glob(f"orbit-{name}-*"):
+        path.unlink(missing_ok=True)
 
 
 def usable_backends() -> tuple[list[Backend], dict[str, str]]:

@@ -40,7 +40,7 @@ from .._errors import (
     OrbitError,
     StoreError,
 )
-from .._fleet import Fleet, recorded_capacity
+from .._fleet import Fleet, check_fleet_name, recorded_capacity
 from .._section import object_bytes
 from ..lock import Acquired, LockKey, LockLayout, LockLease, LockOwner, LockTable
 from ..lock._layout import EVENT_HEADER_SIZE
@@ -91,11 +91,11 @@ class ShmEngine(Engine[LockLease]):
         try:
             self._fleet = _join(fleet, capacity)
         except InvalidName as error:
-            raise InvalidStoreUrl(f"shm://{fleet}: {error.message}") from error
+            raise InvalidStoreUrl(f"store URL {'shm://' + fleet!r}: {error.message}") from error
         except InvalidCapacity as error:
-            raise InvalidStoreUrl(f"shm://{fleet}: {error.message}") from error
+            raise InvalidStoreUrl(f"store URL {'shm://' + fleet!r}: {error.message}") from error
         except FleetError as error:
-            message = f"shm://{fleet}: {error.message}"
+            message = f"store URL {'shm://' + fleet!r}: {error.message}"
             raise StoreError(message, kind=ErrorKind.UNAVAILABLE) from error
         try:
             self._table = LockTable(self._fleet, STORE_LAYOUT)
@@ -191,6 +191,7 @@ class ShmEngine(Engine[LockLease]):
 
 
 def _join(fleet: str, capacity: int | None) -> Fleet:
+    check_fleet_name(fleet)  # before its name is used to look anything up
     if capacity is None:
         capacity = recorded_capacity(fleet) or SHM_CAPACITY_DEFAULT
     return Fleet.join(fleet, capacity=capacity)
