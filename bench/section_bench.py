@@ -22,10 +22,13 @@ import fcntl
 import mmap
 import os
 import statistics
-import time
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.lock_bench import per_pair_us as samples_us
 from orbitive import Fleet, _robust, _section
 
 try:
@@ -41,13 +44,7 @@ KIND = 203
 
 def per_pair_us(run: Callable[[int], None], pairs: int, repeats: int) -> float:
     """Median microseconds per pair over ``repeats`` timed runs of ``pairs`` pairs."""
-    run(min(pairs, 1000))  # warm up
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run(pairs)
-        samples.append((time.perf_counter() - started) / pairs * 1e6)
-    return statistics.median(samples)
+    return statistics.median(samples_us(run, pairs, repeats))
 
 
 def pairs_of(acquire: Callable[[], object], release: Callable[[], object]) -> Callable[[int], None]:

@@ -21,8 +21,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include "_robust.h"
+#include "_slots.h"
 #include <math.h>
-#include <structmember.h>
 #include <time.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -347,11 +347,6 @@ static int positional(const Call *c, const char *const *names, Py_ssize_t n, PyO
         if (out[i] == NULL)
             return 0;
     return 1;
-}
-
-static inline PyObject *slot_of(PyObject *obj, Py_ssize_t at)
-{
-    return *(PyObject **)((char *)obj + at);
 }
 
 /* The table may run here: built, open, in the process that built it, no crash hook. */
@@ -698,19 +693,6 @@ static PyObject *Steps_close(Steps *t, PyObject *unused)
 }
 
 /* -- the type ----------------------------------------------------------------------- */
-
-/* Where the instance slot ``name`` of a slotted type lives. */
-static int member_at(PyTypeObject *type, const char *name, Py_ssize_t *at)
-{
-    PyObject *descr = PyDict_GetItemString(type->tp_dict, name);
-    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type) ||
-        ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX) {
-        PyErr_Format(PyExc_TypeError, "%s.%s is not an instance slot", type->tp_name, name);
-        return -1;
-    }
-    *at = ((PyMemberDescrObject *)descr)->d_member->offset;
-    return 0;
-}
 
 /* Take (hold) or drop references to the five types. */
 static void types_ref(Types *y, int hold)

@@ -21,9 +21,9 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include "_robust.h"
+#include "_slots.h"
 #include <limits.h>
 #include <linux/futex.h>
-#include <structmember.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -310,11 +310,6 @@ static int fetch_finalise(void)
     return finalise_fn == NULL ? -1 : 0;
 }
 
-static inline PyObject *slot_of(PyObject *obj, Py_ssize_t at)
-{
-    return *(PyObject **)((char *)obj + at);
-}
-
 /* An exact int in 0..limit into *out; 0 when it is anything else. */
 static int small(PyObject *o, uint64_t limit, uint64_t *out)
 {
@@ -472,22 +467,24 @@ typedef struct {
     int done;
 } Execution;
 
-static PyObject *new_execution(Operations *o, PyObject *rid, PyObject *fence, Py_ssize_t offset,
-                               const uint64_t *id)
+/* A new Execution: accepted by ops (NULL: by a Python step), completing through table. */
+static PyObject *new_execution(PyTypeObject *type, PyObject *ops, PyObject *table, PyObject *rid,
+                               PyObject *fence, PyObject *fork, Py_ssize_t offset,
+                               uint64_t generation, uint64_t epoch)
 {
     if (fetch_finalise() < 0)
         return NULL;
-    Execution *e = PyObject_GC_New(Execution, &ExecutionType);
+    Execution *e = PyObject_GC_New(Execution, type);
     if (e == NULL)
         return NULL;
-    e->ops = Py_NewRef((PyObject *)o);
-    e->table = Py_NewRef(o->table);
+    e->ops = Py_XNewRef(ops);
+    e->table = Py_NewRef(table);
     e->id = Py_NewRef(rid);
     e->fence = Py_NewRef(fence);
-    e->fork = Py_NewRef(o->generation);
+    e->fork = Py_NewRef(fork);
     e->offset = offset;
-    e->generation = id[1];
-    e->epoch = id[2];
+    e->generation = generation;
+    e->epoch = epoch;
     e->done = 0;
     PyObject_GC_Track(e);
     return (PyObject *)e;
@@ -512,7 +509,8 @@ static PyObject *Operations_accept(Operations *o, PyObject *lease)
     leave(o, &s);
     if (outcome != DONE) /* the Python operation raises NotReservedError, ... */
         return decline(o, python_accept, lease);
-    return new_execution(o, rid, fence, offset, v);
+    return new_execution(&ExecutionType, (PyObject *)o, o->table, rid, fence, o->generation,
+                         offset, v[1], v[2]);
 }
 
 /* Table.complete for the slot at offset: one active unit back, and the key's change. */
@@ -608,22 +606,9 @@ static PyObject *Execution_new(PyTypeObject *type, PyObject *args, PyObject *kwa
         return NULL;
     }
     PyObject *fork = PyDict_GetItemWithError(fork_globals, generation_name);
-    if (fork == NULL || fetch_finalise() < 0)
+    if (fork == NULL)
         return NULL;
-    Execution *e = PyObject_GC_New(Execution, type);
-    if (e == NULL)
-        return NULL;
-    e->ops = NULL;
-    e->table = Py_NewRef(table);
-    e->id = Py_NewRef(rid);
-    e->fence = Py_NewRef(fence);
-    e->fork = Py_NewRef(fork);
-    e->offset = offset;
-    e->generation = id[1];
-    e->epoch = id[2];
-    e->done = 0;
-    PyObject_GC_Track(e);
-    return (PyObject *)e;
+    return new_execution(type, NULL, table, rid, fence, fork, offset, id[1], id[2]);
 }
 
 static PyObject *Execution_repr(Execution *e)
@@ -701,19 +686,6 @@ static PyObject *Operations_close(Operations *o, PyObject *unused)
 {
     o->closed = 1;
     Py_RETURN_NONE;
-}
-
-/* Where the instance slot ``name`` of a slotted type lives. */
-static int member_at(PyTypeObject *type, const char *name, Py_ssize_t *at)
-{
-    PyObject *descr = PyDict_GetItemString(type->tp_dict, name);
-    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type) ||
-        ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX) {
-        PyErr_Format(PyExc_TypeError, "%s.%s is not an instance slot", type->tp_name, name);
-        return -1;
-    }
-    *at = ((PyMemberDescrObject *)descr)->d_member->offset;
-    return 0;
 }
 
 static int parse_types(PyObject *rid, PyObject *lease, Types *y)
