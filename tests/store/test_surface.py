@@ -186,8 +186,9 @@ def test_lock_renew_refuses_with_named_errors_and_no_change(
     lock = surface_store.try_lock("surface/renewed", "surface-owner", 30.0)
     assert lock is not None
     try:
-        refused_leaves_state(surface_store, lock.renew, ttl, allowed=(InvalidLockTtl,))
-        assert not lock.lost
+        renewed = refused_leaves_state(surface_store, lock.renew, ttl, allowed=(InvalidLockTtl,))
+        if renewed is None:  # refused: the tenure is untouched (a renewal may be 1 ms long)
+            assert not lock.lost
     finally:
         lock.release()
 
