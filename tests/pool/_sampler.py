@@ -3,8 +3,23 @@
 from __future__ import annotations
 
 import threading
+import time
 
-from orbitive.pool import Pool
+from orbitive.pool import Candidate, Key, Pool
+
+
+def settled(pool: Pool, key: Key, seconds: float = 10.0) -> list[Candidate]:
+    """``key``'s candidates once every unit came back, or as they are after ``seconds``.
+
+    An owner completes each unit just after its reply went out, so the last
+    completions may still be on their way when the borrowers report.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        candidates = pool.candidates(key)
+        if all(c.reserved == c.active == 0 for c in candidates) or time.monotonic() > deadline:
+            return candidates
+        time.sleep(0.01)
 
 
 class Sampler:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from orbitive.pool import Candidate, Key, Pool
 
 from ._admission import borrower, owner
 from ._agent import Context
-from ._sampler import Sampler
+from ._sampler import Sampler, settled
 from .conftest import CAPACITY
 
 KEY = Key.digest(b"tcp://127.0.0.1:6379")
@@ -35,21 +34,6 @@ class LoadSampler(Sampler):
             self.highest = max(self.highest, load)
             if load > candidate.capacity:
                 self.breaches.append(candidate)
-
-
-def settled_load(pool: Pool) -> tuple[int, int]:
-    """The resource's (reserved, active) once the owner's last completions landed.
-
-    The owner completes each unit just after its reply went out, so the last ones
-    may still be on their way when the borrowers report; give them 10 s at most.
-    """
-    deadline = time.monotonic() + 10.0
-    while True:
-        [candidate] = pool.candidates(KEY)
-        load = (candidate.reserved, candidate.active)
-        if load == (0, 0) or time.monotonic() > deadline:
-            return load
-        time.sleep(0.01)
 
 
 def test_six_borrower_processes_never_over_admit_a_resource_of_three_units(
@@ -84,7 +68,8 @@ def test_six_borrower_processes_never_over_admit_a_resource_of_three_units(
         start.set()  # every borrower is mapped and waiting: go
         results = [out.get(timeout=120.0) for _ in range(BORROWERS)]
         sampler.stop()
-        assert settled_load(shm_pool) == (0, 0)  # every unit came back
+        [candidate] = settled(shm_pool, KEY)
+        assert (candidate.reserved, candidate.active) == (0, 0)  # every unit came back
         probe = shm_pool.reserve(rid)
         shm_pool.cancel_reservation(probe)
         finish.set()

@@ -7,7 +7,7 @@ from pathlib import Path
 from orbitive.pool import Key, Pool
 
 from ._agent import Context
-from ._sampler import Sampler
+from ._sampler import Sampler, settled
 from ._stress import stress_worker
 from .conftest import CAPACITY
 
@@ -79,7 +79,7 @@ def test_eight_workers_max_live_twelve_one_killed_mid_lease_nothing_lost(
         assert plans.get("Create", 0) > MAX_LIVE, plans  # retired resources were replaced
         assert sampler.samples > 0
         assert sampler.max_live <= MAX_LIVE  # live + creating may overlap by a registering claim
-        candidates = shm_pool.candidates(KEY)
+        candidates = settled(shm_pool, KEY)
         assert candidates, "the survivors' resources are still registered"
         for candidate in candidates:
             assert candidate.owner_node != victim_node
