@@ -23,13 +23,8 @@ static int RobustMutex_init(RobustMutex *self, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "RobustMutex is initialised already");
         return -1;
     }
-    if (PyObject_GetBuffer(block, &self->view, PyBUF_WRITABLE) < 0)
+    if (robust_block_hold(block, &self->view) < 0)
         return -1;
-    if (self->view.len < SECTION_BYTES) {
-        PyBuffer_Release(&self->view);
-        PyErr_SetString(PyExc_ValueError, "a section block is smaller than its layout");
-        return -1;
-    }
     self->block = self->view.buf;
     return 0;
 }

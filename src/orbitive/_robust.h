@@ -105,6 +105,20 @@ static inline int robust_unlock(uint8_t *block)
     return pthread_mutex_unlock(mutex);
 }
 
+/* Hold a writable view of a section block (the mapping stays mapped while it is held).
+ * Returns 0, or -1 with ValueError (too small) or the buffer protocol's error. */
+static inline int robust_block_hold(PyObject *block, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(block, view, PyBUF_WRITABLE) < 0)
+        return -1;
+    if (view->len < SECTION_BYTES) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "a section block is smaller than its layout");
+        return -1;
+    }
+    return 0;
+}
+
 /* Set OSError(rc, ...) for a failed lock or unlock (the section is unusable). */
 static inline void robust_error(int rc)
 {

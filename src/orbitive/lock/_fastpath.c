@@ -780,13 +780,8 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "fork_module has no generation");
         return -1;
     }
-    if (PyObject_GetBuffer(block, &t->block, PyBUF_WRITABLE) < 0)
+    if (robust_block_hold(block, &t->block) < 0)
         return -1;
-    if (t->block.len < SECTION_BYTES) {
-        PyBuffer_Release(&t->block);
-        PyErr_SetString(PyExc_ValueError, "a section block is smaller than its layout");
-        return -1;
-    }
     /* Every product below now fits: 2**20 x 2**17 and 2**16 x 2**20 x 2**21 < 2**62. */
     t->capacity = g.capacity;
     t->stride = g.stride;

@@ -754,13 +754,8 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "fork_module has no generation");
         return -1;
     }
-    if (PyObject_GetBuffer(block, &o->block, PyBUF_WRITABLE) < 0)
+    if (robust_block_hold(block, &o->block) < 0)
         return -1;
-    if (o->block.len < SECTION_BYTES) {
-        PyBuffer_Release(&o->block);
-        PyErr_SetString(PyExc_ValueError, "a section block is smaller than its layout");
-        return -1;
-    }
     o->node_obj = PyLong_FromUnsignedLongLong(node);
     o->incarnation_obj = PyLong_FromUnsignedLongLong(incarnation);
     if (o->node_obj == NULL || o->incarnation_obj == NULL) {
