@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import gc
 import json
+import mmap
 import os
+import random
 import signal
 import struct
 import sys
+import threading
 import time
 from multiprocessing.synchronize import Barrier
 from typing import Any
@@ -296,3 +299,81 @@ def sleep_forever(channel: Channel) -> None:
     """Block until killed."""
     channel.send("sleeping")
     time.sleep(3600)
+
+
+#: Witness of :func:`stripe_churn`, per tracked key: the holder's thread id, the last
+#: fencing token; after them, at ``STRIPE_BREACH_AT``, what went wrong first (0: nothing).
+STRIPE_WITNESS = struct.Struct("<QQ")
+
+
+def stripe_churn(
+    channel: Channel,
+    name: str,
+    layout: LockLayout,
+    tracked: list[LockKey],
+    expiring: list[LockKey],
+    witness: str,
+    python: bool,
+    seconds: float,
+) -> None:
+    """Two threads take and give back ``tracked`` keys, checking the witness; send counts.
+
+    Each holder writes its thread id into its key's witness entry (which must be
+    free), checks the fencing token grew, renews, clears the entry and releases
+    (which must succeed). Keys of ``expiring`` are taken for a millisecond and
+    left, so probes meet expired entries to reclaim. ``python``: the Python steps.
+    """
+    table = LockTable(Fleet.join(name, 8), layout)
+    if python:
+        table._bind(None)
+    with open(witness, "r+b") as file:
+        shared = mmap.mmap(file.fileno(), 0)
+    breach_at = STRIPE_WITNESS.size * len(tracked)
+    owner = LockOwner(f"churner-{os.getpid()}")
+    counts = [0, 0]
+    errors: list[str] = []
+
+    def breach(code: int) -> None:
+        if not int.from_bytes(shared[breach_at : breach_at + 8], "little"):
+            shared[breach_at : breach_at + 8] = code.to_bytes(8, "little")
+
+    def run(index: int) -> None:
+        try:
+            churn(index)
+        except BaseException as error:  # sent to the test, which fails on it
+            errors.append(repr(error))
+
+    def churn(index: int) -> None:
+        me = threading.get_native_id()
+        rng = random.Random(me)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if rng.random() < 0.1:
+                table.try_acquire(rng.choice(expiring), owner, 0.001)
+                continue
+            number = rng.randrange(len(tracked))
+            got = table.try_acquire(tracked[number], owner, 30.0)
+            if not isinstance(got, Acquired):
+                continue
+            at = number * STRIPE_WITNESS.size
+            holder, last = STRIPE_WITNESS.unpack_from(shared, at)
+            token = got.lease.lock_id & ((1 << 40) - 1)
+            if holder:
+                breach(1)  # two holders of one key
+            if token <= last:
+                breach(2)  # a fencing token that did not grow
+            STRIPE_WITNESS.pack_into(shared, at, me, token)
+            if table.renew(got.lease, 30.0) is None:
+                breach(3)
+            STRIPE_WITNESS.pack_into(shared, at, 0, token)
+            if not table.release(got.lease):
+                breach(4)
+            counts[index] += 1
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    table.close()
+    channel.send((counts, errors))

@@ -436,8 +436,12 @@ class Fleet:
 
     # -- regions -------------------------------------------------------------------------
 
-    def region(self, kind: int, size: int, init: Init, validate: Validate) -> Region:
+    def region(
+        self, kind: int, size: int, init: Init, validate: Validate, stripes: int = 1
+    ) -> Region:
         """The fleet's region for ``kind``, created or attached once per Fleet object.
+
+        ``stripes``: robust mutexes in its section block (a lock table's state has several).
 
         After an ``unlink()`` the next call attaches (or creates) the object that
         now has the name, as a new process would.
@@ -447,9 +451,9 @@ class Fleet:
             if self._closed:
                 raise FleetError(f"fleet {self.name!r} is closed", fleet=self.name)
             if self.shared:
-                region = Region.open_shared(self.name, kind, size, init, validate)
+                region = Region.open_shared(self.name, kind, size, init, validate, stripes)
             else:
-                region = Region.open_private(self.name, kind, size, init)
+                region = Region.open_private(self.name, kind, size, init, stripes)
             self._regions[kind] = region
         else:
             validate(region.buf)

@@ -231,8 +231,10 @@ def read_prefix(name: str, size: int) -> bytes:
     return data.ljust(size, b"\0")
 
 
-def map_section(fd: int, size: int, what: str) -> tuple[mmap.mmap, Section]:
+def map_section(fd: int, size: int, what: str, stripes: int = 1) -> tuple[mmap.mmap, Section]:
     """Map the section block of an existing object whose layout is ``size`` bytes.
+
+    ``stripes``: the count of stripe mutexes the layout makes (see ``_section``).
 
     Raises:
         LayoutMismatch: the object is not exactly that layout plus its block, or the
@@ -245,7 +247,7 @@ def map_section(fd: int, size: int, what: str) -> tuple[mmap.mmap, Section]:
         )
     block = mmap.mmap(fd, SECTION_BYTES, mmap.MAP_SHARED, offset=block_offset(size))
     try:
-        return block, attach_section(block, fd, what)
+        return block, attach_section(block, fd, what, stripes)
     except BaseException:
         block.close()
         raise
@@ -288,7 +290,7 @@ class Region:
 
     @classmethod
     def open_shared(
-        cls, fleet: str, kind: int, size: int, init: Init, validate: Validate
+        cls, fleet: str, kind: int, size: int, init: Init, validate: Validate, stripes: int = 1
     ) -> Region:
         """Create or attach ``orbit-{fleet}-{kind}-{uid}``.
 
@@ -302,6 +304,7 @@ class Region:
             init: writes the header into a new, zeroed mapping.
             validate: raises :class:`LayoutMismatch` when an existing mapping's
                 header differs from the expected layout.
+            stripes: robust mutexes in the section block (``_section``), 1..63.
 
         Raises:
             AccessDenied: foreign owner, wider mode or symlink (object untouched).
@@ -315,13 +318,13 @@ class Region:
             region.buf = region._map_layout(fd)
             init(region.buf)
             region.block = region._map_block(fd)
-            region.section = create_section(region.block, fd, mechanism)
+            region.section = create_section(region.block, fd, mechanism, stripes)
 
         try:
             fd, region.created = open_or_create(region.name, object_bytes(size), create)
             try:
                 if not region.created:
-                    region.block, region.section = map_section(fd, size, repr(region.name))
+                    region.block, region.section = map_section(fd, size, repr(region.name), stripes)
                     region.buf = region._map_layout(fd)
                     validate(region.buf)
             finally:
@@ -333,7 +336,7 @@ class Region:
         return region
 
     @classmethod
-    def open_private(cls, fleet: str, kind: int, size: int, init: Init) -> Region:
+    def open_private(cls, fleet: str, kind: int, size: int, init: Init, stripes: int = 1) -> Region:
         """Process-private anonymous memory with the same interface (``Fleet.local``)."""
         region = cls(fleet, kind, size, shared=False)
         # MAP_PRIVATE: a forked child gets a copy, not memory shared without a section.
@@ -341,7 +344,7 @@ class Region:
         region.created = True
         init(region.buf)
         region.block = mmap.mmap(-1, SECTION_BYTES, flags=mmap.MAP_PRIVATE)
-        region.section = private_section(region.block)
+        region.section = private_section(region.block, stripes)
         _fork.register(region)
         return region
 

@@ -1,8 +1,9 @@
 /* orbitive._robust_c: the C twin of _robust.py's RobustMutex (see _robust.h).
  *
- * RobustMutex(block) wraps the mutex in one region's section block (a writable
- * mapping of SECTION_BYTES bytes, kept exported while the object lives, so the
- * memory stays mapped under a thread that waits for the lock).
+ * RobustMutex(block, stripes) wraps the stripe mutexes of one region's section
+ * block (a writable mapping of SECTION_BYTES bytes, kept exported while the
+ * object lives, so the memory stays mapped under a thread that waits for a lock).
+ * acquire() locks every stripe in ascending order: the whole region.
  */
 #define PY_SSIZE_T_CLEAN
 #include "_robust.h"
@@ -11,14 +12,20 @@ typedef struct {
     PyObject_HEAD
     Py_buffer view;
     uint8_t *block;
+    int stripes;
 } RobustMutex;
 
 static int RobustMutex_init(RobustMutex *self, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {"block", NULL};
+    static char *names[] = {"block", "stripes", NULL};
     PyObject *block;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O", names, &block))
+    int stripes = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|i", names, &block, &stripes))
         return -1;
+    if (stripes < 1 || stripes > SECTION_STRIPES_MAX) {
+        PyErr_Format(PyExc_ValueError, "stripes must be 1..%d", SECTION_STRIPES_MAX);
+        return -1;
+    }
     if (self->block != NULL) {
         PyErr_SetString(PyExc_TypeError, "RobustMutex is initialised already");
         return -1;
@@ -26,6 +33,7 @@ static int RobustMutex_init(RobustMutex *self, PyObject *args, PyObject *kwargs)
     if (robust_block_hold(block, &self->view) < 0)
         return -1;
     self->block = self->view.buf;
+    self->stripes = stripes;
     return 0;
 }
 
@@ -38,7 +46,7 @@ static int ready(const RobustMutex *self)
     return 1;
 }
 
-PyDoc_STRVAR(create_doc, "create() -> None: initialise a new mutex (process-shared, robust).");
+PyDoc_STRVAR(create_doc, "create() -> None: initialise new stripe mutexes (process-shared, robust).");
 
 static PyObject *RobustMutex_create(RobustMutex *self, PyObject *unused)
 {
@@ -49,7 +57,8 @@ static PyObject *RobustMutex_create(RobustMutex *self, PyObject *unused)
     if ((rc = pthread_mutexattr_init(&attr)) == 0) {
         if ((rc = pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED)) == 0 &&
             (rc = pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST)) == 0)
-            rc = pthread_mutex_init((pthread_mutex_t *)(self->block + SECTION_MUTEX_AT), &attr);
+            for (int stripe = 0; rc == 0 && stripe < self->stripes; stripe++)
+                rc = pthread_mutex_init(robust_mutex(self->block, stripe), &attr);
         pthread_mutexattr_destroy(&attr);
     }
     if (rc != 0) {
@@ -59,13 +68,14 @@ static PyObject *RobustMutex_create(RobustMutex *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(acquire_doc, "acquire() -> None: lock, waiting without the GIL; repairs EOWNERDEAD.");
+PyDoc_STRVAR(acquire_doc,
+"acquire() -> None: lock every stripe, waiting without the GIL; repairs EOWNERDEAD.");
 
 static PyObject *RobustMutex_acquire(RobustMutex *self, PyObject *unused)
 {
     if (!ready(self))
         return NULL;
-    int rc = robust_lock(self->block);
+    int rc = robust_lock_range(self->block, 0, self->stripes - 1);
     if (rc != 0) {
         robust_error(rc);
         return NULL;
@@ -73,13 +83,13 @@ static PyObject *RobustMutex_acquire(RobustMutex *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(release_doc, "release() -> None: unlock.");
+PyDoc_STRVAR(release_doc, "release() -> None: unlock every stripe.");
 
 static PyObject *RobustMutex_release(RobustMutex *self, PyObject *unused)
 {
     if (!ready(self))
         return NULL;
-    int rc = robust_unlock(self->block);
+    int rc = robust_unlock_range(self->block, 0, self->stripes - 1);
     if (rc != 0) {
         robust_error(rc);
         return NULL;

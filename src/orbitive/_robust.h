@@ -1,6 +1,9 @@
-/* orbitive/_robust.h: the robust process-shared mutex of a region's section block.
+/* orbitive/_robust.h: the robust process-shared mutexes of a region's section block.
  *
  * The C twin of _robust.py's RobustMutex: lock, recover, unlock in the same order.
+ * A block holds one mutex per stripe (a lock table's state has several, every
+ * other region one), each in its own cache line; stripe i is at
+ * SECTION_MUTEX_AT + i * SECTION_STRIPE_BYTES.
  * Included by _robust.c and by the tables' _fastpath.c, so that a hot step takes
  * the section itself. The mutex lives in shared memory (docs/format.md, "Section
  * block"); the kernel's robust list hands it on when its holder dies, and the
@@ -16,10 +19,22 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Section block offsets, mirrored in _section.py. */
-enum { SECTION_RECOVERIES_AT = 16, SECTION_MUTEX_AT = 64, SECTION_BYTES = 4096 };
+enum {
+    SECTION_RECOVERIES_AT = 16,
+    SECTION_MUTEX_AT = 64,
+    SECTION_STRIPE_BYTES = 64,
+    SECTION_STRIPES_MAX = 63,
+    SECTION_BYTES = 4096
+};
+
+static inline pthread_mutex_t *robust_mutex(uint8_t *block, int stripe)
+{
+    return (pthread_mutex_t *)(block + SECTION_MUTEX_AT + stripe * SECTION_STRIPE_BYTES);
+}
 
 /* The futex word's owner bits and its owner-died bit (linux/futex.h). */
 #define ROBUST_TID_MASK 0x3fffffffu
@@ -61,15 +76,48 @@ static inline int robust_kind_ok(const pthread_mutex_t *mutex) { return mutex !=
 static inline void robust_kind_restore(pthread_mutex_t *mutex) { (void)mutex; }
 #endif
 
-/* Lock the mutex at block + SECTION_MUTEX_AT. Tries with the GIL held, and waits
+/* Wait for a mutex another thread holds, in slices of ROBUST_SLICE_NS: a wake can be
+ * lost (the kernel hands a dead holder's mutex on with one wake, and the woken waiter
+ * may be killed too before it takes the mutex), and a waiter that only slept until
+ * woken would then sleep for ever while the mutex is free. Before each slice the type
+ * word is checked as on entry: while it is foreign and the mutex held, the holder
+ * puts it back before it unlocks (robust_unlock), so the waiter sleeps a slice
+ * without handing glibc the bytes; foreign and unheld (or its holder dead), EINVAL. */
+#define ROBUST_SLICE_NS 50000000L
+static inline int robust_wait(pthread_mutex_t *mutex)
+{
+    for (;;) {
+        struct timespec until;
+        if (!robust_kind_ok(mutex)) {
+            uint32_t word = __atomic_load_n((uint32_t *)mutex, __ATOMIC_RELAXED);
+            if (!(word & ROBUST_TID_MASK) || (word & ROBUST_OWNER_DIED))
+                return EINVAL;
+            until.tv_sec = 0;
+            until.tv_nsec = ROBUST_SLICE_NS;
+            nanosleep(&until, NULL);
+            continue;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_nsec += ROBUST_SLICE_NS;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        int rc = pthread_mutex_clocklock(mutex, CLOCK_MONOTONIC, &until);
+        if (rc != ETIMEDOUT)
+            return rc;
+    }
+}
+
+/* Lock the mutex of one stripe. Tries with the GIL held, and waits
  * for another holder with the GIL released. Returns 0, or an errno value:
  * EINVAL when the mutex's type word is not the one this mutex was made with
  * (corrupt bytes), EDEADLK when its futex word names this very thread (a forged
  * word, or a re-entry from this thread: waiting would never end), ENOTRECOVERABLE
  * when a holder unlocked an EOWNERDEAD mutex without repairing it. */
-static inline int robust_lock(uint8_t *block)
+static inline int robust_lock(uint8_t *block, int stripe)
 {
-    pthread_mutex_t *mutex = (pthread_mutex_t *)(block + SECTION_MUTEX_AT);
+    pthread_mutex_t *mutex = robust_mutex(block, stripe);
     if (!robust_kind_ok(mutex))
         return EINVAL;
     int rc = pthread_mutex_trylock(mutex);
@@ -79,17 +127,13 @@ static inline int robust_lock(uint8_t *block)
             !(word & ROBUST_OWNER_DIED))
             return EDEADLK;
         Py_BEGIN_ALLOW_THREADS
-        rc = pthread_mutex_lock(mutex);
+        rc = robust_wait(mutex);
         Py_END_ALLOW_THREADS
     }
     if (rc == EOWNERDEAD) {
         rc = pthread_mutex_consistent(mutex);
-        if (rc == 0) {
-            uint64_t recoveries;
-            memcpy(&recoveries, block + SECTION_RECOVERIES_AT, 8);
-            recoveries++;
-            memcpy(block + SECTION_RECOVERIES_AT, &recoveries, 8);
-        }
+        if (rc == 0) /* atomic: another stripe's holder may count one at the same time */
+            __atomic_add_fetch((uint64_t *)(block + SECTION_RECOVERIES_AT), 1, __ATOMIC_RELAXED);
     }
     return rc;
 }
@@ -97,12 +141,39 @@ static inline int robust_lock(uint8_t *block)
 /* Unlock. A type word changed while this thread held the mutex is put back first
  * (it is a constant, and the holder may write the mutex): unlocked as another kind
  * of mutex, it would wake no waiter of another process, and they would wait for ever. */
-static inline int robust_unlock(uint8_t *block)
+static inline int robust_unlock(uint8_t *block, int stripe)
 {
-    pthread_mutex_t *mutex = (pthread_mutex_t *)(block + SECTION_MUTEX_AT);
+    pthread_mutex_t *mutex = robust_mutex(block, stripe);
     if (!robust_kind_ok(mutex))
         robust_kind_restore(mutex);
     return pthread_mutex_unlock(mutex);
+}
+
+/* Unlock stripes hi down to lo. Returns 0, or the first failure's errno value. */
+static inline int robust_unlock_range(uint8_t *block, int lo, int hi)
+{
+    int failed = 0;
+    for (int stripe = hi; stripe >= lo; stripe--) {
+        int rc = robust_unlock(block, stripe);
+        if (rc != 0 && failed == 0)
+            failed = rc;
+    }
+    return failed;
+}
+
+/* Lock stripes lo up to hi, in ascending order (every locker takes stripes in
+ * that order, so none waits in a cycle). On a failure the stripes already taken
+ * are unlocked again. Returns 0, or robust_lock's errno value. */
+static inline int robust_lock_range(uint8_t *block, int lo, int hi)
+{
+    for (int stripe = lo; stripe <= hi; stripe++) {
+        int rc = robust_lock(block, stripe);
+        if (rc != 0) {
+            robust_unlock_range(block, lo, stripe - 1);
+            return rc;
+        }
+    }
+    return 0;
 }
 
 /* Hold a writable view of a section block (the mapping stays mapped while it is held).

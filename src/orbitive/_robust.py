@@ -1,14 +1,16 @@
-"""The robust process-shared mutex of a region's section block, through ctypes.
+"""The robust process-shared mutexes of a region's section block, through ctypes.
 
 The Python twin of ``_robust.c`` (same names, same order): used where the C
 module is not built, and by the differential and recovery tests. Both lock the
-same ``pthread_mutex_t`` in shared memory, so peers with and without the C
-module exclude each other.
+same ``pthread_mutex_t`` values in shared memory, so peers with and without the
+C module exclude each other. A block holds one mutex per stripe, each in its own
+cache line (a lock table's state has several stripes, every other region one);
+:meth:`RobustMutex.acquire` locks them all, in ascending order.
 
 Facts this module relies on:
 
 * ``ctypes.CDLL`` releases the GIL for the duration of a foreign call, so a
-  thread waiting in ``pthread_mutex_lock`` for another process never blocks
+  thread waiting in ``pthread_mutex_clocklock`` for another process never blocks
   this process's other threads.
 * A robust mutex whose holder died locks with ``EOWNERDEAD``; unless the new
   holder calls ``pthread_mutex_consistent`` before unlocking, the mutex becomes
@@ -25,12 +27,15 @@ import mmap
 import os
 import platform
 import threading
+import time
 from collections.abc import Callable
 from typing import Final
 
 #: Section block offsets, mirrored in ``_robust.h``.
 SECTION_RECOVERIES_AT: Final = 16
 SECTION_MUTEX_AT: Final = 64
+SECTION_STRIPE_BYTES: Final = 64
+SECTION_STRIPES_MAX: Final = 63
 SECTION_BYTES: Final = 4096
 _MUTEXATTR_BYTES: Final = 64  # glibc's pthread_mutexattr_t is 4 bytes; room to spare
 _GLIBC_MUTEX_BYTES: Final = {"x86_64": 40, "aarch64": 48, "i686": 24, "armv7l": 24}
@@ -63,7 +68,7 @@ def _load_libc() -> ctypes.CDLL | None:
         return None
     try:
         libc = ctypes.CDLL(None)
-        for name in ("lock", "trylock", "unlock", "consistent", "init", "attr_setrobust"):
+        for name in ("clocklock", "trylock", "unlock", "consistent", "init", "attr_setrobust"):
             getattr(libc, f"pthread_mutex{'' if name.startswith('attr') else '_'}{name}")
     except (OSError, AttributeError):
         return None
@@ -71,6 +76,40 @@ def _load_libc() -> ctypes.CDLL | None:
 
 
 _libc: Final = _load_libc()
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = (("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long))
+
+
+#: A waiter wakes at least this often to look at the mutex again (``robust_wait`` in C).
+_SLICE_NS: Final = 50_000_000
+
+
+def _wait(mutex: ctypes.Array[ctypes.c_char]) -> int:
+    """Lock a mutex another thread holds, waiting in slices; glibc's return code.
+
+    A wake can be lost (the kernel hands a dead holder's mutex on with one wake,
+    and the woken waiter may be killed too before it takes the mutex): a waiter
+    that only slept until woken would then sleep for ever while the mutex is free.
+    Before each slice the type word is checked as on entry: while it is foreign
+    and the mutex held, the holder puts it back before it unlocks, so the waiter
+    sleeps a slice without handing glibc the bytes; foreign and unheld (or its
+    holder dead), ``EINVAL``.
+    """
+    assert _libc is not None
+    while True:
+        if mutex.raw[_KIND_AT : _KIND_AT + 4] != _KIND:
+            word = int.from_bytes(mutex.raw[:4], "little")
+            if not word & _TID_MASK or word & _OWNER_DIED:
+                return errno.EINVAL
+            time.sleep(_SLICE_NS / 1e9)
+            continue
+        until = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + _SLICE_NS
+        deadline = _Timespec(until // 1_000_000_000, until % 1_000_000_000)
+        rc: int = _libc.pthread_mutex_clocklock(mutex, time.CLOCK_MONOTONIC, ctypes.byref(deadline))
+        if rc != errno.ETIMEDOUT:
+            return rc
 
 
 def robust_error(rc: int) -> OSError:
@@ -121,42 +160,60 @@ _KIND: Final = _robust_kind()
 
 
 class RobustMutex:
-    """The robust process-shared mutex in one section block (a writable mapping)."""
+    """The robust process-shared stripe mutexes of one section block (a writable mapping)."""
 
-    def __init__(self, block: mmap.mmap) -> None:
+    def __init__(self, block: mmap.mmap, stripes: int = 1) -> None:
         if _libc is None:
             raise OSError(errno.ENOSYS, "robust mutexes need glibc's pthread functions")
         if len(block) < SECTION_BYTES:
             raise ValueError("a section block is smaller than its layout")
+        if not 1 <= stripes <= SECTION_STRIPES_MAX:
+            raise ValueError(f"stripes must be 1..{SECTION_STRIPES_MAX}")
         self._block = block
-        # An export of the mapping: it stays mapped while a thread waits on it.
-        self._mutex = (ctypes.c_char * MUTEX_BYTES).from_buffer(block, SECTION_MUTEX_AT)
+        # Exports of the mapping: it stays mapped while a thread waits on a mutex.
+        self._mutexes = [
+            (ctypes.c_char * MUTEX_BYTES).from_buffer(
+                block, SECTION_MUTEX_AT + stripe * SECTION_STRIPE_BYTES
+            )
+            for stripe in range(stripes)
+        ]
 
     def create(self) -> None:
-        """Initialise a new mutex (process-shared, robust)."""
-        _init(self._mutex)
+        """Initialise new stripe mutexes (process-shared, robust)."""
+        for mutex in self._mutexes:
+            _init(mutex)
 
     def acquire(self) -> None:
-        """Lock, waiting without the GIL; repairs an ``EOWNERDEAD`` mutex.
+        """Lock every stripe in ascending order, waiting without the GIL; repairs ``EOWNERDEAD``.
+
+        On a failure the stripes already locked are unlocked again.
 
         Raises:
-            OSError: ``EINVAL`` when the mutex's type word is corrupt, ``EDEADLK``
+            OSError: ``EINVAL`` when a mutex's type word is corrupt, ``EDEADLK``
                 when its futex word names this very thread (waiting would never
                 end), ``ENOTRECOVERABLE`` as glibc says.
         """
+        for taken, mutex in enumerate(self._mutexes):
+            try:
+                self._lock(mutex)
+            except OSError:
+                self._unlock_from(taken - 1)
+                raise
+
+    def _lock(self, mutex: ctypes.Array[ctypes.c_char]) -> None:
         assert _libc is not None
-        if self._mutex.raw[_KIND_AT : _KIND_AT + 4] != _KIND:
+        if mutex.raw[_KIND_AT : _KIND_AT + 4] != _KIND:
             raise robust_error(errno.EINVAL)
-        rc = _libc.pthread_mutex_trylock(self._mutex)
+        rc = _libc.pthread_mutex_trylock(mutex)
         if rc == errno.EBUSY:
-            word = int.from_bytes(self._mutex.raw[:4], "little")
+            word = int.from_bytes(mutex.raw[:4], "little")
             if word & _TID_MASK == threading.get_native_id() and not word & _OWNER_DIED:
                 raise robust_error(errno.EDEADLK)
-            rc = _libc.pthread_mutex_lock(self._mutex)
+            rc = _wait(mutex)
         if rc == errno.EOWNERDEAD:
             if recovery_hook is not None:
                 recovery_hook()
-            rc = _libc.pthread_mutex_consistent(self._mutex)
+            rc = _libc.pthread_mutex_consistent(mutex)
             if rc == 0:
                 at = SECTION_RECOVERIES_AT
                 recoveries = int.from_bytes(self._block[at : at + 8], "little") + 1
@@ -165,15 +222,25 @@ class RobustMutex:
             raise robust_error(rc)
 
     def release(self) -> None:
-        """Unlock, first putting back a type word changed while this thread held it.
+        """Unlock every stripe, in descending order.
+
+        A type word changed while this thread held a mutex is put back first.
 
         Raises:
-            OSError: ``EPERM`` when the futex word no longer names this thread.
+            OSError: ``EPERM`` when a futex word no longer names this thread
+                (the other stripes are unlocked all the same).
         """
+        self._unlock_from(len(self._mutexes) - 1)
+
+    def _unlock_from(self, last: int) -> None:
         assert _libc is not None
-        if self._mutex.raw[_KIND_AT : _KIND_AT + 4] != _KIND:
-            at = SECTION_MUTEX_AT + _KIND_AT
-            self._block[at : at + 4] = _KIND
-        rc = _libc.pthread_mutex_unlock(self._mutex)
-        if rc != 0:
-            raise robust_error(rc)
+        failed = 0
+        for stripe in range(last, -1, -1):
+            mutex = self._mutexes[stripe]
+            if mutex.raw[_KIND_AT : _KIND_AT + 4] != _KIND:
+                at = SECTION_MUTEX_AT + stripe * SECTION_STRIPE_BYTES + _KIND_AT
+                self._block[at : at + 4] = _KIND
+            rc = _libc.pthread_mutex_unlock(mutex)
+            failed = failed or rc
+        if failed:
+            raise robust_error(failed)

@@ -1,8 +1,9 @@
 """The critical section of a shared region, anchored in the region's own object.
 
 Every SHM object ends with a *section block* (one page, see docs/format.md): a
-magic, the mechanism every peer must use, the C library's mutex size, a count
-of recoveries, and (for the robust mutex) the ``pthread_mutex_t`` itself.
+magic, the mechanism every peer must use, the C library's mutex size, the
+number of stripes, a count of recoveries, and (for the robust mutex) one
+``pthread_mutex_t`` per stripe.
 Because the lock lives in the object, any two processes that map the object
 exclude each other, whatever their environment (``XDG_RUNTIME_DIR``,
 ``TMPDIR``, working folder): there is no lock file to disagree about.
@@ -22,6 +23,12 @@ Two mechanisms, both released by the kernel when their holder dies (seed 000,
 The mechanism is recorded when the object is created; a peer that cannot use
 the recorded one refuses with :class:`LayoutMismatch` instead of silently not
 excluding.
+
+Stripes. A lock table's state object has several robust mutexes, each guarding
+a contiguous run of slots, so that steps on keys far apart run at once in
+different processes (``lock/_fastpath.c`` locks only the stripes a key's probe
+covers). Everything else, and every Python step, enters the whole section:
+every stripe, in ascending order. A flock section has one stripe.
 """
 
 from __future__ import annotations
@@ -36,25 +43,25 @@ from typing import Final, Protocol
 
 from . import _robust
 from ._errors import LayoutMismatch
-from ._robust import SECTION_BYTES, SECTION_MUTEX_AT
+from ._robust import SECTION_BYTES, SECTION_MUTEX_AT, SECTION_STRIPES_MAX
 
 try:
     from . import _robust_c
 except ImportError:  # not built (no C compiler): ctypes on glibc, or flock
     _robust_c = None  # type: ignore[assignment, unused-ignore]
 
-#: Section block: magic, version, mechanism, C library, mutex bytes (then at 16
-#: the u64 recovery count and at 64 the mutex, see ``_robust``).
-BLOCK: Final = struct.Struct("<IHBBI")
+#: Section block: magic, version, mechanism, C library, mutex bytes, stripes (then
+#: at 16 the u64 recovery count and from 64 the stripe mutexes, see ``_robust``).
+BLOCK: Final = struct.Struct("<IHBBIH")
 BLOCK_MAGIC: Final = 0x4353524F  # "ORSC"
-BLOCK_VERSION: Final = 1
+BLOCK_VERSION: Final = 2
 ROBUST_MUTEX: Final = 1
 FLOCK: Final = 2
 MECHANISMS: Final = {"mutex": ROBUST_MUTEX, "flock": FLOCK}
 _PAGE: Final = mmap.ALLOCATIONGRANULARITY
-#: Bytes after SECTION_MUTEX_AT that hold a mutex in any C library we know: all
-#: zero in an object created for flock, never all zero once a mutex is made there.
-_MUTEX_AREA: Final = 64
+#: Bytes from SECTION_MUTEX_AT that hold the stripe mutexes: all zero in an object
+#: created for flock, never all zero once a mutex is made there.
+_MUTEX_AREA: Final = SECTION_BYTES - SECTION_MUTEX_AT
 
 
 def block_offset(size: int) -> int:
@@ -75,7 +82,7 @@ class Mutex(Protocol):
     def release(self) -> None: ...
 
 
-def _mutex_type() -> Callable[[mmap.mmap], Mutex] | None:
+def _mutex_type() -> Callable[[mmap.mmap, int], Mutex] | None:
     """The robust mutex implementation this process can use, C first."""
     if _robust_c is not None and _robust_c.GLIBC:
         return _robust_c.RobustMutex
@@ -105,6 +112,7 @@ class Section(Protocol):
     """One region's cross-process lock (threads are excluded by the region's own mutex)."""
 
     mechanism: int
+    stripes: int
 
     def acquire(self) -> None: ...
     def release(self) -> None: ...
@@ -113,7 +121,7 @@ class Section(Protocol):
 
 
 class MutexSection:
-    """The robust mutex in the block; nothing to close.
+    """The robust stripe mutexes in the block; nothing to close.
 
     A shared block's mutex is owned by a thread, not an open file, so a forked
     child simply locks it (waiting for a parent's thread if it must). A private
@@ -123,10 +131,13 @@ class MutexSection:
 
     mechanism = ROBUST_MUTEX
 
-    def __init__(self, block: mmap.mmap, *, create: bool, private: bool = False) -> None:
+    def __init__(
+        self, block: mmap.mmap, stripes: int, *, create: bool, private: bool = False
+    ) -> None:
         mutex_type = _mutex_type()
         assert mutex_type is not None
-        self.mutex: Mutex = mutex_type(block)
+        self.stripes = stripes
+        self.mutex: Mutex = mutex_type(block, stripes)
         self.private = private
         if create:
             self.mutex.create()
@@ -145,6 +156,7 @@ class FlockSection:
     """``flock`` on the object's own descriptor (kept open for the region's life)."""
 
     mechanism = FLOCK
+    stripes = 1
 
     def __init__(self, fd: int) -> None:
         self.fd = os.dup(fd)
@@ -174,40 +186,54 @@ class FlockSection:
             self.fd = -1
 
 
-def _write_block(block: mmap.mmap, mechanism: int) -> None:
+def _write_block(block: mmap.mmap, mechanism: int, stripes: int) -> None:
     block[: BLOCK.size] = BLOCK.pack(
-        BLOCK_MAGIC, BLOCK_VERSION, mechanism, _robust.GLIBC, _mutex_bytes()
+        BLOCK_MAGIC, BLOCK_VERSION, mechanism, _robust.GLIBC, _mutex_bytes(), stripes
     )
 
 
-def create_section(block: mmap.mmap, fd: int, mechanism: int) -> Section:
-    """Write a new object's section block and return its section."""
-    _write_block(block, mechanism)
+def _check_stripes(stripes: int) -> None:
+    if not 1 <= stripes <= SECTION_STRIPES_MAX:
+        raise ValueError(f"stripes must be 1..{SECTION_STRIPES_MAX}, got {stripes}")
+
+
+def create_section(block: mmap.mmap, fd: int, mechanism: int, stripes: int = 1) -> Section:
+    """Write a new object's section block and return its section.
+
+    ``stripes`` robust mutexes are made for the robust mechanism; flock has one stripe.
+    """
+    _check_stripes(stripes)
     if mechanism == ROBUST_MUTEX:
-        return MutexSection(block, create=True)
+        _write_block(block, mechanism, stripes)
+        return MutexSection(block, stripes, create=True)
+    _write_block(block, mechanism, 1)
     return FlockSection(fd)
 
 
-def private_section(block: mmap.mmap) -> Section | None:
-    """The section of process-private memory: a robust mutex where one can be locked.
+def private_section(block: mmap.mmap, stripes: int = 1) -> Section | None:
+    """The section of process-private memory: robust mutexes where they can be locked.
 
-    Without one the region's process mutex alone guards it (no other process maps it).
+    Without them the region's process mutex alone guards it (no other process maps it).
     """
+    _check_stripes(stripes)
     if _mutex_type() is None:
         return None
-    _write_block(block, ROBUST_MUTEX)
-    return MutexSection(block, create=True, private=True)
+    _write_block(block, ROBUST_MUTEX, stripes)
+    return MutexSection(block, stripes, create=True, private=True)
 
 
-def attach_section(block: mmap.mmap, fd: int, what: str) -> Section:
+def attach_section(block: mmap.mmap, fd: int, what: str, stripes: int = 1) -> Section:
     """Validate an existing object's section block and return its section.
+
+    ``stripes`` is the count the caller's layout makes robust sections with.
 
     Raises:
         LayoutMismatch: bad magic or version, an unknown mechanism, flock recorded
-            over an initialised mutex (its peers may lock the mutex), or a robust
-            mutex of another C library or size than this process's (or none usable here).
+            over an initialised mutex (its peers may lock the mutex), a robust
+            mutex of another C library or size than this process's (or none usable
+            here), or another stripe count than the layout's.
     """
-    magic, version, mechanism, glibc, mutex_bytes = BLOCK.unpack(block[: BLOCK.size])
+    magic, version, mechanism, glibc, mutex_bytes, found = BLOCK.unpack(block[: BLOCK.size])
     if magic != BLOCK_MAGIC or version != BLOCK_VERSION:
         raise LayoutMismatch(f"{what}: no section block (magic {magic:#x}, version {version})")
     if mechanism == FLOCK:
@@ -216,6 +242,8 @@ def attach_section(block: mmap.mmap, fd: int, what: str) -> Section:
                 f"{what}: its section records flock but holds a mutex (a changed mechanism "
                 "byte: its peers may be locking the mutex)"
             )
+        if found != 1:
+            raise LayoutMismatch(f"{what}: its flock section records {found} stripes, not 1")
         return FlockSection(fd)
     if mechanism != ROBUST_MUTEX:
         raise LayoutMismatch(f"{what}: unknown section mechanism {mechanism}")
@@ -225,10 +253,14 @@ def attach_section(block: mmap.mmap, fd: int, what: str) -> Section:
             f"({'glibc' if glibc else 'another C library'}), which this process cannot lock; "
             "every peer of a fleet must use the same C library"
         )
-    return MutexSection(block, create=False)
+    if found != stripes:
+        raise LayoutMismatch(
+            f"{what}: its section has {found} stripes, where this layout makes {stripes}"
+        )
+    return MutexSection(block, stripes, create=False)
 
 
 def recoveries(block: mmap.mmap) -> int:
-    """How many times a peer found the mutex's holder dead and repaired it."""
+    """How many times a peer found a stripe mutex's holder dead and repaired it."""
     at = _robust.SECTION_RECOVERIES_AT
     return int.from_bytes(block[at : at + 8], "little")

@@ -26,7 +26,7 @@ import time
 import pytest
 
 from orbitive import Fleet, LayoutMismatch
-from orbitive._robust import SECTION_MUTEX_AT
+from orbitive._robust import SECTION_MUTEX_AT, SECTION_STRIPE_BYTES
 from orbitive._section import FLOCK, ROBUST_MUTEX
 from orbitive.lock import Acquired, LockKey, LockOwner, LockTable, Occupied, _table
 
@@ -54,13 +54,23 @@ HARMLESS: dict[str, list[tuple[int, bytes]]] = {
 }
 
 
+def mutex_of(table: LockTable, key: LockKey) -> int:
+    """Where the mutex of the stripe holding ``key``'s home slot starts in the section block."""
+    section = table._state.section
+    assert section is not None
+    capacity = table.layout.capacity
+    stripe = (key.digest & (capacity - 1)) // (capacity // section.stripes)
+    return SECTION_MUTEX_AT + stripe * SECTION_STRIPE_BYTES
+
+
 def corrupt(table: LockTable, case: str) -> None:
+    """Corrupt the mutex of KEY's home stripe, which every step on KEY locks."""
     writes = {**CORRUPTIONS, **HARMLESS}[case]
     if not writes:
         writes = [(0, struct.pack("<i", threading.get_native_id()))]
-    block = table._state.block
+    block, mutex = table._state.block, mutex_of(table, KEY)
     for at, data in writes:
-        block[SECTION_MUTEX_AT + at : SECTION_MUTEX_AT + at + len(data)] = data
+        block[mutex + at : mutex + at + len(data)] = data
 
 
 def try_corrupted(channel: Channel, fleet_name: str, case: str, twin: str, c_steps: bool) -> None:
@@ -113,7 +123,9 @@ def test_a_mechanism_byte_changed_to_the_mutex_over_flock_is_layout_mismatch(
         table = LockTable(fleet)
         table._state.block[6] = ROBUST_MUTEX  # its peers keep using flock
         monkeypatch.delenv("ORBIT_SECTION")
-        with Fleet.join(fleet_name, 4) as other, pytest.raises(LayoutMismatch, match="corrupt"):
+        # A lock table's is refused on attach (one stripe recorded, not the layout's),
+        # any other region's on its first lock (no mutex in the zeroed bytes).
+        with Fleet.join(fleet_name, 4) as other, pytest.raises(LayoutMismatch, match="stripes"):
             LockTable(other).try_acquire(KEY, LockOwner(b"me"), 30.0)
         table.close()
 
@@ -153,7 +165,8 @@ def test_a_type_word_changed_while_held_is_put_back_and_the_waiters_wake(
         assert holder.recv() == "inside"
         waiter.start()
         time.sleep(0.2)  # the waiter waits for the mutex the holder has
-        table._state.block[SECTION_MUTEX_AT + 16 : SECTION_MUTEX_AT + 20] = bytes(4)
+        kind = mutex_of(table, other) + 16  # the mutex the waiter waits on
+        table._state.block[kind : kind + 4] = bytes(4)
         holder.send("go on")
         assert holder.recv() == "done"
         waiter.join(timeout=10.0)

@@ -171,8 +171,8 @@ def test_c_and_python_steps_agree_on_the_probe_bound_under_churn_near_full(
     walked_past: list[int] = []
     free_after = slow._free_after
 
-    def recording(slot: int, count: int, now: int) -> int:
-        walked_past.append(free_after(slot, count, now))
+    def recording(slot: int, count: int, now: int, digest: int) -> int:
+        walked_past.append(free_after(slot, count, now, digest))
         return walked_past[-1]
 
     slow._free_after = recording  # type: ignore[method-assign]
@@ -227,11 +227,11 @@ def test_steps_that_failed_to_initialise_refuse_to_run(table: LockTable) -> None
     block = mmap.mmap(-1, 4096)
     geometry = (3, 64, 16, 1, 128, 192, 8, 128, 64, 0, 0)
     with pytest.raises(ValueError, match="geometry"):
-        steps.__init__(b"", b"", block, *geometry, print, _TYPES, _fork, table, _table)  # type: ignore[misc]
+        steps.__init__(b"", b"", block, *geometry, print, 1, _TYPES, _fork, table, _table)  # type: ignore[misc]
     valid = (8, 128, 64, 1, 128, 192, 8, 160, 100, 0, 0)
     for types in ((int,) * 5, (int, int, tuple, int, int)):
         with pytest.raises(TypeError, match=r"tuple type|instance slot"):
-            steps.__init__(b"", b"", block, *valid, print, types, _fork, table, _table)  # type: ignore[misc]
+            steps.__init__(b"", b"", block, *valid, print, 1, types, _fork, table, _table)  # type: ignore[misc]
     key, owner = LockKey("tests.fast", "never"), LockOwner(b"owner")
     held = table.try_acquire(key, owner, 1.0)
     assert isinstance(held, Acquired)

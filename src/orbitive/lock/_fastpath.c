@@ -2,8 +2,9 @@
  *
  * Steps.try_acquire, Steps.release and Steps.renew are LockTable's public
  * operations of the same names on their common path: argument checks, the
- * clock, the section (the object's robust mutex, _robust.h), the table step
- * and the result objects. The step is byte for byte what _table.py does:
+ * clock, the stripes of the section the key's probe reads (robust mutexes in
+ * the object's section block, _robust.h; lock/_layout.py "Stripes"), the table
+ * step and the result objects. The step is byte for byte what _table.py does:
  * linear probing bounded by the header's max_probe, with lazy reclaim of
  * expired entries, counters advanced first, one transition frame published to
  * this node's ring lane (seqlock) with the readiness word bumped, then
@@ -18,6 +19,13 @@
  *
  * Every length and offset read from shared memory is checked before use, and
  * the geometry is checked against the buffers' sizes on every call.
+ *
+ * Steps on keys whose probes lie in different stripes run at once, in different
+ * processes. What they share changes only by atomic instructions: the header's
+ * counters and max_probe, the ring's readiness word and the section's recovery
+ * count. A Python step holds every stripe, so its plain loads and stores of the
+ * same words never meet one of these. Each process writes only its own ring lane,
+ * and its threads' C steps do so one at a time under the GIL.
  */
 #define PY_SSIZE_T_CLEAN
 #include "_robust.h"
@@ -27,6 +35,9 @@
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the SHM layouts are little-endian; the pure-Python table is used instead"
+#endif
+#ifdef Py_GIL_DISABLED
+#error "a process's ring lane writes rely on the GIL; the pure-Python table is used instead"
 #endif
 
 /* Layouts: docs/format.md, lock/_layout.py, lock/_events.py and _ring.py. */
@@ -42,6 +53,11 @@ enum { GENERATION_AT = 24, ACQUIRED = 1, RENEWED = 2, RELEASED = 3 };
 
 /* Step outcomes. */
 enum { DONE = 0, BUSY = 1, FULL = 2, EXHAUSTED = 3, CORRUPT = 4, ABSENT = 5 };
+
+/* The stripes a step holds: lo..hi, none while hi < lo. */
+typedef struct {
+    int lo, hi;
+} Held;
 
 /* The value types of _types.py, and where their slots live in an instance. */
 typedef struct {
@@ -60,9 +76,9 @@ typedef struct {
     Types types;
     Py_ssize_t capacity, stride, payload_max;
     Py_ssize_t lanes, heads_at, slots_at, ring_capacity, ring_stride, frame_bytes;
-    Py_ssize_t node;
+    Py_ssize_t node, stripe_slots;
     uint64_t id_base;
-    int closed, ready;
+    int stripes, closed, ready;
 } Steps;
 
 typedef struct {
@@ -116,13 +132,14 @@ static int holds_key(const uint8_t *p, const Entry *e)
 }
 
 /* _tombstone: mark slot TOMBSTONE; a run of tombstones before an EMPTY slot turns EMPTY. */
-static void tombstone(const Steps *t, uint8_t *s, Py_ssize_t slot)
+static void tombstone(const Steps *t, uint8_t *s, Py_ssize_t slot, uint64_t digest)
 {
     Py_ssize_t mask = t->capacity - 1;
+    Py_ssize_t floor = (Py_ssize_t)(digest & (uint64_t)mask) & ~(t->stripe_slots - 1);
     slot_at(t, s, slot)[0] = TOMBSTONE;
     if (!empty_head(slot_at(t, s, (slot + 1) & mask)))
         return;
-    for (Py_ssize_t i = 0; i < t->capacity; i++) {
+    for (Py_ssize_t i = ((slot - floor) & mask) + 1; i > 0; i--) {
         uint8_t *p = slot_at(t, s, slot);
         if (p[0] != TOMBSTONE)
             return;
@@ -134,21 +151,21 @@ static void tombstone(const Steps *t, uint8_t *s, Py_ssize_t slot)
 /* _bound: the stored max_probe, read as at most capacity - 1. */
 static Py_ssize_t bound(const Steps *t, const uint8_t *s)
 {
-    uint32_t stored = ld32(s + MAX_PROBE_AT);
+    uint32_t stored = __atomic_load_n((const uint32_t *)(s + MAX_PROBE_AT), __ATOMIC_ACQUIRE);
     return stored < (uint64_t)(t->capacity - 1) ? (Py_ssize_t)stored : t->capacity - 1;
 }
 
 /* _free_after: the first slot of count from slot on holding no live entry, else capacity. */
 static Py_ssize_t free_after(const Steps *t, uint8_t *s, Py_ssize_t slot, Py_ssize_t count,
-                             uint64_t now)
+                             const Entry *e)
 {
     Py_ssize_t mask = t->capacity - 1;
     for (Py_ssize_t i = 0; i < count; i++) {
         uint8_t *p = slot_at(t, s, slot);
         if (p[0] != OCCUPIED)
             return slot;
-        if (!live(t, p, now)) {
-            tombstone(t, s, slot);
+        if (!live(t, p, e->now)) {
+            tombstone(t, s, slot, e->digest);
             return slot;
         }
         slot = (slot + 1) & mask;
@@ -157,8 +174,9 @@ static Py_ssize_t free_after(const Steps *t, uint8_t *s, Py_ssize_t slot, Py_ssi
 }
 
 /* _probe: the slot of the key's live entry, else ~insertion_slot (~capacity: none).
- * Stops at EMPTY or after max_probe + 1 slots. */
-static Py_ssize_t probe(const Steps *t, uint8_t *s, const Entry *e)
+ * Stops at EMPTY or after max_probe + 1 slots. Past those, free_after may read any
+ * slot: without every stripe held (!all) the probe stops there and sets *wider. */
+static Py_ssize_t probe(const Steps *t, uint8_t *s, const Entry *e, int all, int *wider)
 {
     Py_ssize_t mask = t->capacity - 1, slot = (Py_ssize_t)(e->digest & (uint64_t)mask);
     Py_ssize_t insert_at = t->capacity, limit = bound(t, s);
@@ -173,13 +191,19 @@ static Py_ssize_t probe(const Steps *t, uint8_t *s, const Entry *e)
                 slot = (slot + 1) & mask;
                 continue;
             }
-            tombstone(t, s, slot);
+            tombstone(t, s, slot, e->digest);
         }
         if (insert_at == t->capacity)
             insert_at = slot;
         slot = (slot + 1) & mask;
     }
-    return ~(insert_at < t->capacity ? insert_at : free_after(t, s, slot, mask - limit, e->now));
+    if (insert_at < t->capacity)
+        return ~insert_at;
+    if (!all) {
+        *wider = 1;
+        return ~t->capacity;
+    }
+    return ~free_after(t, s, slot, mask - limit, e);
 }
 
 /* Ring.publish plus bump: one lock-event frame in the node's lane. *wake: a driver is parked. */
@@ -216,9 +240,8 @@ static int publish(const Steps *t, uint8_t *r, const Entry *e, uint8_t kind, uin
     fence();
     st64(head, counter + 1);
     fence();
-    uint32_t generation;
-    memcpy(&generation, r + GENERATION_AT, 4);
-    st32(r + GENERATION_AT, generation + 1);
+    /* Sequentially consistent, and so a full barrier: the parked bytes are read after it. */
+    __atomic_add_fetch((uint32_t *)(r + GENERATION_AT), 1, __ATOMIC_SEQ_CST);
     *wake = 0;
     for (Py_ssize_t n = 0; n < t->lanes; n++)
         if (r[RING_HEADER + n]) {
@@ -234,10 +257,13 @@ static void write_slot(const Steps *t, uint8_t *s, Py_ssize_t slot, const Entry 
 {
     uint64_t mask = (uint64_t)(t->capacity - 1);
     Py_ssize_t displacement = (Py_ssize_t)(((uint64_t)slot - e->digest) & mask);
-    if (displacement > bound(t, s)) {
-        st32(s + MAX_PROBE_AT, (uint32_t)displacement);
-        fence();
-    }
+    uint32_t *word = (uint32_t *)(s + MAX_PROBE_AT);
+    uint32_t stored = __atomic_load_n(word, __ATOMIC_RELAXED);
+    while ((Py_ssize_t)stored < displacement &&
+           !__atomic_compare_exchange_n(word, &stored, (uint32_t)displacement, 0,
+                                        __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+        ; /* another stripe's step changed it meanwhile: compare again */
+    fence();
     uint8_t *p = slot_at(t, s, slot);
     p[0] = TOMBSTONE;
     fence();
@@ -480,21 +506,108 @@ static PyObject *new_boxed(PyTypeObject *type, Py_ssize_t at, PyObject *value)
     return box;
 }
 
+/* -- counters --------------------------------------------------------------------- */
+
+static uint64_t load64(const uint8_t *p)
+{
+    return __atomic_load_n((const uint64_t *)p, __ATOMIC_RELAXED);
+}
+
+/* _next_ids for one counter: the u64 at p advanced by one, unless it has reached
+ * limit (0 then). Atomic: steps holding other stripes advance it at the same time. */
+static uint64_t advance(uint8_t *p, uint64_t limit)
+{
+    uint64_t *word = (uint64_t *)p, last = __atomic_load_n(word, __ATOMIC_RELAXED);
+    do {
+        if (last >= limit)
+            return 0;
+    } while (!__atomic_compare_exchange_n(word, &last, last + 1, 0, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_RELAXED));
+    return last + 1;
+}
+
+/* -- stripes ------------------------------------------------------------------------ */
+
+static int stripe_of(const Steps *t, Py_ssize_t slot) { return (int)(slot / t->stripe_slots); }
+
+static int holds_all(const Steps *t, const Held *h) { return h->lo == 0 && h->hi == t->stripes - 1; }
+
+static void let_go(Steps *t, Held *h)
+{
+    if (h->hi >= h->lo)
+        robust_unlock_range(t->block.buf, h->lo, h->hi);
+    h->lo = 0;
+    h->hi = -1;
+}
+
+/* Hold the stripes of slots home .. home + span, every stripe when that wraps. The
+ * stripes held already stay held and new ones above them are added, which keeps the
+ * ascending order; else all are let go and taken again from the lowest. Returns 0,
+ * or robust_lock's errno value (with nothing held). */
+static int hold(Steps *t, Held *h, Py_ssize_t home, Py_ssize_t span)
+{
+    int lo = 0, hi = t->stripes - 1, rc;
+    if (home + span < t->capacity) {
+        lo = stripe_of(t, home);
+        hi = stripe_of(t, home + span);
+    }
+    if (h->hi >= h->lo && lo >= h->lo) {
+        if (hi <= h->hi)
+            return 0;
+        if ((rc = robust_lock_range(t->block.buf, h->hi + 1, hi)) != 0)
+            let_go(t, h);
+        else
+            h->hi = hi;
+        return rc;
+    }
+    let_go(t, h);
+    if ((rc = robust_lock_range(t->block.buf, lo, hi)) == 0) {
+        h->lo = lo;
+        h->hi = hi;
+    }
+    return rc;
+}
+
+/* Hold the stripes e's probe reads: its home .. home + max_probe. max_probe only grows,
+ * and a step that raises it for e's key holds e's home stripe: read again once they are
+ * held, it is final unless it grew meanwhile (for another key), and then more are held. */
+static int cover(Steps *t, const uint8_t *s, const Entry *e, Held *h)
+{
+    Py_ssize_t home = (Py_ssize_t)(e->digest & (uint64_t)(t->capacity - 1));
+    for (;;) {
+        Py_ssize_t span = bound(t, s);
+        int rc = hold(t, h, home, span);
+        if (rc != 0 || bound(t, s) <= span)
+            return rc;
+    }
+}
+
+/* probe, with every stripe held when it must look past max_probe. *rc: a lock's errno. */
+static Py_ssize_t probe_held(Steps *t, uint8_t *s, const Entry *e, Held *h, int *rc)
+{
+    int wider = 0;
+    Py_ssize_t slot = probe(t, s, e, holds_all(t, h), &wider);
+    if (wider) {
+        if ((*rc = hold(t, h, 0, t->capacity)) != 0)
+            return ~t->capacity;
+        slot = probe(t, s, e, 1, &wider);
+    }
+    return slot;
+}
+
 /* -- the operations ---------------------------------------------------------------- */
 
-/* Lock the section, or decline (0) with nothing held. */
-static int enter(Steps *t, Maps *m)
+/* Map the buffers and hold e's stripes; 0 (nothing held) hands the call to Python. */
+static int enter(Steps *t, Maps *m, const Entry *e, Held *h)
 {
+    h->lo = 0;
+    h->hi = -1;
     if (maps_get(t, m) < 0) {
         PyErr_Clear(); /* a closed mapping: the Python operation says why */
         return 0;
     }
-    if (robust_lock(t->block.buf) != 0) {
-        maps_release(m);
-        return 0;
-    }
-    if (t->closed) { /* closed while this thread waited for the section */
-        robust_unlock(t->block.buf);
+    if (cover(t, m->s, e, h) != 0 || t->closed) { /* closed while this thread waited */
+        let_go(t, h);
         maps_release(m);
         return 0;
     }
@@ -502,7 +615,7 @@ static int enter(Steps *t, Maps *m)
 }
 
 /* Wake parked drivers (inside the section, as Ring.publish does), then leave it. */
-static int leave(Steps *t, Maps *m, int wake)
+static int leave(Steps *t, Maps *m, Held *h, int wake)
 {
     int failed = 0;
     if (wake) {
@@ -510,7 +623,7 @@ static int leave(Steps *t, Maps *m, int wake)
         failed = done == NULL ? -1 : 0;
         Py_XDECREF(done);
     }
-    robust_unlock(t->block.buf);
+    let_go(t, h);
     maps_release(m);
     return failed;
 }
@@ -526,16 +639,19 @@ static PyObject *Steps_try_acquire(Steps *t, PyObject *const *args, size_t nargs
     PyObject *a[3];
     Entry e;
     Maps m;
+    Held h;
     uint64_t ms, revision = 0, id_base = t->id_base, busy[4] = {0};
     PyObject *holder = NULL;
-    int outcome, wake = 0;
+    int outcome, wake = 0, rc = 0;
     if (!usable(t) || !positional(&c, names, 3, a) || !parse_entry(t, a[0], a[1], &e) ||
-        !ttl_ms(a[2], &ms) || !enter(t, &m))
+        !ttl_ms(a[2], &ms) || !enter(t, &m, &e, &h))
         return decline(t, python_acquire, &c);
     e.now = now_ms();
     e.expires = e.now + ms;
-    Py_ssize_t slot = probe(t, m.s, &e);
-    if (slot >= 0) {
+    Py_ssize_t slot = probe_held(t, m.s, &e, &h, &rc);
+    if (rc != 0) {
+        outcome = CORRUPT;
+    } else if (slot >= 0) {
         const uint8_t *p = slot_at(t, m.s, slot);
         outcome = BUSY;
         busy[0] = ld64(p + 16);
@@ -546,20 +662,20 @@ static PyObject *Steps_try_acquire(Steps *t, PyObject *const *args, size_t nargs
     } else if ((slot = ~slot) >= t->capacity) {
         outcome = FULL;
     } else {
-        uint64_t token = ld64(m.s + TOKEN_AT);
-        revision = ld64(m.s + REVISION_AT);
-        if (token >= TOKEN_MASK || revision == UINT64_MAX) {
+        uint64_t token = load64(m.s + TOKEN_AT);
+        revision = load64(m.s + REVISION_AT);
+        if (token >= TOKEN_MASK || revision == UINT64_MAX ||
+            (token = advance(m.s + TOKEN_AT, TOKEN_MASK)) == 0 ||
+            (revision = advance(m.s + REVISION_AT, UINT64_MAX)) == 0) {
             outcome = EXHAUSTED;
         } else {
-            st64(m.s + TOKEN_AT, ++token);
-            st64(m.s + REVISION_AT, ++revision);
             e.lock_id = id_base | token;
             outcome = publish(t, m.r, &e, ACQUIRED, revision, e.now, e.expires, &wake);
             if (outcome == DONE)
                 write_slot(t, m.s, slot, &e, revision);
         }
     }
-    if (leave(t, &m, wake) < 0) {
+    if (leave(t, &m, &h, wake) < 0) {
         Py_XDECREF(holder);
         return NULL;
     }
@@ -587,15 +703,24 @@ static int is_tenure(const uint8_t *p, const Entry *e)
 }
 
 /* _find_tenure: the slot holding exactly e's tenure (key, lock id, owner), or -1. */
-static Py_ssize_t find_tenure(const Steps *t, uint8_t *s, const Entry *e, Py_ssize_t hint)
+static Py_ssize_t find_tenure(Steps *t, uint8_t *s, const Entry *e, Py_ssize_t hint, Held *h,
+                              int *rc)
 {
     if (hint == (Py_ssize_t)(e->digest & (uint64_t)(t->capacity - 1))) {
         uint8_t *p = slot_at(t, s, hint);
         if (live(t, p, e->now) && holds_key(p, e))
             return is_tenure(p, e) ? hint : -1;
     }
-    Py_ssize_t slot = probe(t, s, e);
+    Py_ssize_t slot = probe_held(t, s, e, h, rc);
     return slot >= 0 && is_tenure(slot_at(t, s, slot), e) ? slot : -1;
+}
+
+/* The revision for a release or renewal, advanced; 0 when the counters are exhausted. */
+static uint64_t next_revision(uint8_t *s)
+{
+    if (load64(s + TOKEN_AT) > TOKEN_MASK || load64(s + REVISION_AT) == UINT64_MAX)
+        return 0;
+    return advance(s + REVISION_AT, UINT64_MAX);
 }
 
 PyDoc_STRVAR(release_doc,
@@ -609,25 +734,27 @@ static PyObject *Steps_release(Steps *t, PyObject *const *args, size_t nargsf,
     PyObject *a[1];
     Entry e;
     Maps m;
+    Held h;
     Py_ssize_t hint;
-    int outcome = ABSENT, wake = 0;
+    uint64_t revision;
+    int outcome = ABSENT, wake = 0, rc = 0;
     if (!usable(t) || !positional(&c, names, 1, a) || !parse_lease(t, a[0], &e, &hint) ||
-        !enter(t, &m))
+        !enter(t, &m, &e, &h))
         return decline(t, python_release, &c);
     e.now = now_ms();
-    Py_ssize_t slot = find_tenure(t, m.s, &e, hint);
-    if (slot >= 0) {
-        uint64_t token = ld64(m.s + TOKEN_AT), revision = ld64(m.s + REVISION_AT);
-        if (token > TOKEN_MASK || revision == UINT64_MAX) {
+    Py_ssize_t slot = find_tenure(t, m.s, &e, hint, &h, &rc);
+    if (rc != 0) {
+        outcome = CORRUPT;
+    } else if (slot >= 0) {
+        if ((revision = next_revision(m.s)) == 0) {
             outcome = EXHAUSTED;
         } else {
-            st64(m.s + REVISION_AT, ++revision);
             outcome = publish(t, m.r, &e, RELEASED, revision, 0, 0, &wake);
             if (outcome == DONE)
-                tombstone(t, m.s, slot);
+                tombstone(t, m.s, slot, e.digest);
         }
     }
-    if (leave(t, &m, wake) < 0)
+    if (leave(t, &m, &h, wake) < 0)
         return NULL;
     if (outcome == DONE)
         Py_RETURN_TRUE;
@@ -646,24 +773,24 @@ static PyObject *Steps_renew(Steps *t, PyObject *const *args, size_t nargsf, PyO
     PyObject *a[2];
     Entry e;
     Maps m;
+    Held h;
     Py_ssize_t hint;
     uint64_t ms, revision = 0, acquired = 0;
-    int outcome = ABSENT, wake = 0;
+    int outcome = ABSENT, wake = 0, rc = 0;
     if (!usable(t) || !positional(&c, names, 2, a) || !ttl_ms(a[1], &ms) ||
-        !parse_lease(t, a[0], &e, &hint) || !enter(t, &m))
+        !parse_lease(t, a[0], &e, &hint) || !enter(t, &m, &e, &h))
         return decline(t, python_renew, &c);
     e.now = now_ms();
     e.expires = e.now + ms;
-    Py_ssize_t slot = find_tenure(t, m.s, &e, hint);
-    if (slot >= 0) {
+    Py_ssize_t slot = find_tenure(t, m.s, &e, hint, &h, &rc);
+    if (rc != 0) {
+        outcome = CORRUPT;
+    } else if (slot >= 0) {
         uint8_t *p = slot_at(t, m.s, slot);
-        uint64_t token = ld64(m.s + TOKEN_AT);
-        revision = ld64(m.s + REVISION_AT);
         acquired = ld64(p + 32);
-        if (token > TOKEN_MASK || revision == UINT64_MAX) {
+        if ((revision = next_revision(m.s)) == 0) {
             outcome = EXHAUSTED;
         } else {
-            st64(m.s + REVISION_AT, ++revision);
             outcome = publish(t, m.r, &e, RENEWED, revision, acquired, e.expires, &wake);
             if (outcome == DONE) { /* _rewrite: TOMBSTONE, revision and expiry, OCCUPIED */
                 p[0] = TOMBSTONE;
@@ -675,7 +802,7 @@ static PyObject *Steps_renew(Steps *t, PyObject *const *args, size_t nargsf, PyO
             }
         }
     }
-    if (leave(t, &m, wake) < 0)
+    if (leave(t, &m, &h, wake) < 0)
         return NULL;
     if (outcome == DONE)
         return new_lease(t, e.key, e.owner_obj, e.lock_id, revision, acquired, e.expires, slot);
@@ -740,8 +867,8 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"state", "ring", "block", "capacity", "stride", "payload_max",
                             "lanes", "heads_at", "slots_at", "ring_capacity", "ring_stride",
-                            "frame_bytes", "node", "id_base", "wake", "types", "fork_module",
-                            "table", "table_module", NULL};
+                            "frame_bytes", "node", "id_base", "wake", "stripes", "types",
+                            "fork_module", "table", "table_module", NULL};
     PyObject *state, *ring, *block, *wake, *types, *fork_module, *table, *table_module;
     unsigned long long id_base;
     Steps g; /* parsed and checked here, copied into t only when consistent */
@@ -749,11 +876,11 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "Steps is initialised already");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOnnnnnnnnnnKOOOOO", names, &state, &ring,
-                                     &block, &g.capacity, &g.stride, &g.payload_max, &g.lanes,
-                                     &g.heads_at, &g.slots_at, &g.ring_capacity, &g.ring_stride,
-                                     &g.frame_bytes, &g.node, &id_base, &wake, &types,
-                                     &fork_module, &table, &table_module))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOnnnnnnnnnnKOiOOOO", names, &state,
+                                     &ring, &block, &g.capacity, &g.stride, &g.payload_max,
+                                     &g.lanes, &g.heads_at, &g.slots_at, &g.ring_capacity,
+                                     &g.ring_stride, &g.frame_bytes, &g.node, &id_base, &wake,
+                                     &g.stripes, &types, &fork_module, &table, &table_module))
         return -1;
     int pow2 = g.capacity > 0 && !(g.capacity & (g.capacity - 1)) && g.capacity <= 1 << 20 &&
                g.ring_capacity > 0 && !(g.ring_capacity & (g.ring_capacity - 1)) &&
@@ -764,7 +891,8 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
         g.slots_at < g.heads_at + g.lanes * LANE_HEAD || g.slots_at > 1 << 30 ||
         g.frame_bytes < EVENT_HEADER + g.payload_max || g.frame_bytes > 1 << 20 ||
         g.ring_stride < FRAME_HEADER + g.frame_bytes || g.ring_stride > 1 << 21 || g.node < 0 ||
-        g.node >= g.lanes) {
+        g.node >= g.lanes || g.stripes < 1 || g.stripes > SECTION_STRIPES_MAX ||
+        (g.stripes & (g.stripes - 1)) || g.stripes > g.capacity) {
         PyErr_SetString(PyExc_ValueError, "inconsistent lock table or ring geometry");
         return -1;
     }
@@ -793,6 +921,8 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
     t->ring_stride = g.ring_stride;
     t->frame_bytes = g.frame_bytes;
     t->node = g.node;
+    t->stripes = g.stripes;
+    t->stripe_slots = g.capacity / g.stripes;
     t->id_base = id_base;
     t->state = Py_NewRef(state);
     t->ring = Py_NewRef(ring);

@@ -24,6 +24,7 @@ class Steps:
         node: int,
         id_base: int,
         wake: Callable[[], None],
+        stripes: int,
         types: tuple[type, ...],
         fork_module: ModuleType,
         table: object,

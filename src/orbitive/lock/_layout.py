@@ -35,7 +35,16 @@ entry's displacement ``(slot - home) & (capacity - 1)`` before the entry is writ
 ``capacity - 1``.
 Invariant (crash safety, seed 000 "tombstone before rewrite"): a slot is set
 TOMBSTONE before any of its bytes change and OCCUPIED only after all of them
-are written, all inside the critical section (process mutex + flock).
+are written, all inside the critical section.
+
+Stripes. The state's section block has :attr:`LockLayout.stripes` robust
+mutexes; stripe ``i`` guards the ``stripe_slots`` slots from ``i * stripe_slots``
+on. A step on one key holds the stripes of the slots its probe reads (from the
+key's home to ``home + max_probe``, every stripe when that wraps); the header's
+counters and ``max_probe`` change only by atomic instructions, so steps holding
+disjoint stripes run at once. A run of tombstones is cleared back no further
+than the first slot of the home's stripe (the step holds it). Every other step
+holds every stripe.
 """
 
 from __future__ import annotations
@@ -67,6 +76,8 @@ COUNTERS_OFFSET: Final = 24
 #: u32 probe bound: the largest displacement of any entry written since creation or reset.
 MAX_PROBE_OFFSET: Final = 20
 MAX_PROBE: Final = struct.Struct("<I")
+#: Most stripes of the state's section (each a robust mutex in its section block).
+STRIPES_MAX: Final = 32
 #: state, reserved, namespace_len, label_len, owner_len, digest, lock_id,
 #: state_revision, acquired_at_ms, expires_at_ms
 SLOT: Final = struct.Struct("<BxHHHQQQQQ")
@@ -162,6 +173,11 @@ class LockLayout:
     def slot_size(self) -> int:
         """Bytes per state slot: header plus payload, rounded up to 64."""
         return (SLOT_HEADER_SIZE + self.payload_max + 63) // 64 * 64
+
+    @property
+    def stripes(self) -> int:
+        """Robust mutexes of the state's section: ``min(32, capacity)``."""
+        return min(STRIPES_MAX, self.capacity)
 
     @property
     def state_size(self) -> int:

@@ -9,12 +9,13 @@ Invariant (seed 000 "Crash-safe"): inside the critical section the counters
 are advanced first, then the transition is published, then the slot is set
 TOMBSTONE, rewritten, and set OCCUPIED last. A process killed anywhere in that
 sequence leaves the key absent or intact, never half-written, and the kernel
-drops its ``flock``; at worst a fencing token and a revision are consumed.
+releases its lock; at worst a fencing token and a revision are consumed.
 
 The three hot operations, try_acquire, release and renew, are each one C call
 (``_fastpath.c``, built when a compiler is present) on tables whose section is
-the robust mutex: checks, clock, section, step and result objects, the same
-bytes in the same order as the Python steps here. Those are the reference;
+the robust mutex: checks, clock, the stripes of the key's probe (see
+``_layout``), step and result objects, the same bytes in the same order as the
+Python steps here, which hold the whole section (every stripe). Those are the reference;
 they run when the C module is missing, for observers, for anything the C call
 declines (other argument types, errors to raise, a fork, a closed fleet), and
 while the test-only :data:`crash_hook` is set.
@@ -166,13 +167,21 @@ class LockTable:
         self.fleet = fleet
         self.layout = layout
         self._state = fleet.region(
-            layout.state_kind, layout.state_size, layout.init_state, layout.validate_state
+            layout.state_kind,
+            layout.state_size,
+            layout.init_state,
+            layout.validate_state,
+            layout.stripes,
         )
         self._buf = self._state.buf
         self._ring = Ring(fleet, layout.ring_geometry(fleet.capacity), _EVENT)
         self._fork_generation = _fork.generation
         self._mask = layout.capacity - 1
         self._stride = layout.slot_size
+        section = self._state.section
+        # The slots of one stripe (its first slot: digest & _stripe_floor).
+        stripe_slots = layout.capacity // (1 if section is None else section.stripes)
+        self._stripe_floor = self._mask & ~(stripe_slots - 1)
         self._payload_max = layout.payload_max
         self._refresh_node()
         self._closed = False
@@ -221,6 +230,7 @@ class LockTable:
             self._node,
             self._id_base,
             self._ring.wake,
+            section.stripes,
             _TYPES,
             _fork,
             self,
@@ -519,18 +529,20 @@ class LockTable:
                         return slot
                     slot = (slot + 1) & mask
                     continue
-                self._tombstone(slot)
+                self._tombstone(slot, key.digest)
             if insert_at > mask:
                 insert_at = slot
             slot = (slot + 1) & mask
-        return ~(insert_at if insert_at <= mask else self._free_after(slot, mask - bound, now))
+        if insert_at <= mask:
+            return ~insert_at
+        return ~self._free_after(slot, mask - bound, now, key.digest)
 
     def _bound(self) -> int:
         """The stored ``max_probe``, read as at most ``capacity - 1`` (never trusted further)."""
         stored: int = _unpack_max_probe(self._buf, MAX_PROBE_OFFSET)[0]
         return min(stored, self._mask)
 
-    def _free_after(self, slot: int, count: int, now: int) -> int:
+    def _free_after(self, slot: int, count: int, now: int, digest: int) -> int:
         """The first reusable slot of the ``count`` from ``slot`` on, else ``capacity``.
 
         Past the probe bound no entry of the key can lie, so every slot that
@@ -541,7 +553,7 @@ class LockTable:
             if buf[HEADER_SIZE + slot * stride] != OCCUPIED:
                 return slot
             if self._read_live(slot, now) is None:
-                self._tombstone(slot)
+                self._tombstone(slot, digest)
                 return slot
             slot = (slot + 1) & mask
         return mask + 1
@@ -707,20 +719,22 @@ class LockTable:
             lease = self._lease_at(slot)
         _, revision = self._next_ids(False)
         self._publish(_events.RELEASED, revision, lease, (0, 0))
-        self._tombstone(slot)
+        self._tombstone(slot, lease.key.digest)
 
-    def _tombstone(self, slot: int) -> None:
+    def _tombstone(self, slot: int, digest: int) -> None:
         """Mark ``slot`` TOMBSTONE; when the next slot is EMPTY, turn the run EMPTY.
 
         A tombstone followed by EMPTY ends every probe sequence through it
         anyway, so clearing it (and tombstones before it) keeps chains short.
+        The run is cleared back no further than the first slot of the stripe
+        of ``digest``'s home: the slots a C step on that key holds (``_layout``).
         """
         buf, mask, stride = self._buf, self._mask, self._stride
         buf[HEADER_SIZE + slot * stride] = TOMBSTONE
         following = HEADER_SIZE + ((slot + 1) & mask) * stride
         if buf[following : following + 8] != _EMPTY_HEAD:
             return
-        for _ in range(mask + 1):
+        for _ in range(((slot - (digest & self._stripe_floor)) & mask) + 1):
             offset = HEADER_SIZE + slot * stride
             if buf[offset] != TOMBSTONE:
                 return

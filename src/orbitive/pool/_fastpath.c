@@ -354,12 +354,12 @@ static int enter(Operations *o, Slot *s, Py_ssize_t offset)
         PyErr_Clear(); /* a closed mapping: the Python operation says why */
         return 0;
     }
-    if (s->view.len < o->end || robust_lock(o->block.buf) != 0) {
+    if (s->view.len < o->end || robust_lock(o->block.buf, 0) != 0) {
         PyBuffer_Release(&s->view);
         return 0;
     }
     if (o->closed) {
-        robust_unlock(o->block.buf);
+        robust_unlock(o->block.buf, 0);
         PyBuffer_Release(&s->view);
         return 0;
     }
@@ -369,7 +369,7 @@ static int enter(Operations *o, Slot *s, Py_ssize_t offset)
 
 static void leave(Operations *o, Slot *s)
 {
-    robust_unlock(o->block.buf);
+    robust_unlock(o->block.buf, 0);
     PyBuffer_Release(&s->view);
 }
 
