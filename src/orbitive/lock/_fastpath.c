@@ -42,7 +42,7 @@
 
 /* Layouts: docs/format.md, lock/_layout.py, lock/_events.py and _ring.py. */
 enum { EMPTY = 0, OCCUPIED = 1, TOMBSTONE = 2 };
-enum { STATE_HEADER = 64, SLOT_HEADER = 48, MAX_PROBE_AT = 20, TOKEN_AT = 24, REVISION_AT = 32 };
+enum { STATE_HEADER = 128, SLOT_HEADER = 48, MAX_PROBE_AT = 20, TOKEN_AT = 64, REVISION_AT = 72 };
 enum { RING_HEADER = 64, LANE_HEAD = 64, FRAME_HEADER = 32, EVENT_HEADER = 35 };
 enum { GENERATION_AT = 24, ACQUIRED = 1, RENEWED = 2, RELEASED = 3 };
 #define EVENT_MAGIC UINT32_C(0x4F4C434B)

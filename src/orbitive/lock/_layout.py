@@ -3,18 +3,20 @@
 State object ``orbit-{fleet}-{state_kind}-{uid}`` (little-endian; version
 :data:`STATE_VERSION`)::
 
-    header, 64 bytes
+    header, 128 bytes: two cache lines, read-mostly fields in the first and the
+    counters every acquisition writes in the second (see "Stripes" below)
       off size field          meaning
         0    4 magic          0x4F4C5354 "OLST"
         4    2 version        STATE_VERSION
-        6    2 header_size    64
+        6    2 header_size    128
         8    4 capacity       slots, a power of two
        12    4 slot_size      round_up(48 + payload_max, 64)
        16    4 payload_max    namespace + label + owner bytes per slot
        20    4 max_probe      largest displacement ever written (probe bound)
-       24    8 last_token     last fencing token issued (first acquisition gets 1)
-       32    8 last_revision  last state_revision issued
-       40   24 reserved       zero
+       24   40 reserved       zero
+       64    8 last_token     last fencing token issued (first acquisition gets 1)
+       72    8 last_revision  last state_revision issued
+       80   48 reserved       zero
     slots, capacity x slot_size; one slot:
         0    1 state          0 EMPTY (with zero lengths), 1 OCCUPIED, 2 TOMBSTONE
         1    1 reserved
@@ -60,8 +62,8 @@ from .._region import store
 from .._ring import RingGeometry
 
 STATE_MAGIC: Final = 0x4F4C5354
-STATE_VERSION: Final = 2
-HEADER_SIZE: Final = 64
+STATE_VERSION: Final = 3
+HEADER_SIZE: Final = 128
 SLOT_HEADER_SIZE: Final = 48
 EMPTY: Final = 0
 OCCUPIED: Final = 1
@@ -72,7 +74,7 @@ EVENT_HEADER_SIZE: Final = 35
 
 HEADER: Final = struct.Struct("<IHHIII")  # magic .. payload_max (20 bytes)
 COUNTERS: Final = struct.Struct("<QQ")  # last_token, last_revision
-COUNTERS_OFFSET: Final = 24
+COUNTERS_OFFSET: Final = 64
 #: u32 probe bound: the largest displacement of any entry written since creation or reset.
 MAX_PROBE_OFFSET: Final = 20
 MAX_PROBE: Final = struct.Struct("<I")
@@ -217,7 +219,8 @@ class LockLayout:
                 f"lock state kind {self.state_kind}: header {found} differs from {self.header()}",
                 kind=self.state_kind,
             )
-        if any(buf[40:HEADER_SIZE]):
+        counters_end = COUNTERS_OFFSET + COUNTERS.size
+        if any(buf[MAX_PROBE_OFFSET + 4 : COUNTERS_OFFSET]) or any(buf[counters_end:HEADER_SIZE]):
             raise LayoutMismatch(
                 f"lock state kind {self.state_kind}: reserved header bytes are not zero",
                 kind=self.state_kind,
