@@ -23,8 +23,10 @@ import time
 from collections import Counter
 
 from orbitive import Fleet
+from orbitive._robust import SECTION_MUTEX_AT, SECTION_STRIPE_BYTES, RobustMutex, _libc
 from orbitive._section import recoveries
-from orbitive.lock import Acquired, LockOwner, LockTable
+from orbitive.lock import Acquired, LockKey, LockOwner, LockTable
+from orbitive.lock._layout import MAX_PROBE_OFFSET
 
 from .._capabilities import require_c_steps
 from .._processes import Channel, Processes
@@ -130,4 +132,54 @@ def test_c_churners_on_edge_keys_killed_at_random_leave_a_working_table(fleet_na
         assert isinstance(got, Acquired), (key, got)
         assert table.release(got.lease)
     os.close(witness_fd)
+    table.unlink()
+
+
+def acquire_once(channel: Channel, fleet_name: str, key: LockKey) -> None:
+    """Send this thread's id, then take ``key`` on the C steps (it waits, until killed)."""
+    table = LockTable(Fleet.join(fleet_name, 8), EDGE)
+    channel.send(threading.get_native_id())
+    table.try_acquire(key, LockOwner(b"victim"), 30.0)
+    channel.send("acquired")
+
+
+def _home_keys(home: int, count: int) -> list[LockKey]:
+    keys = (LockKey("tests.stripe-kill", f"home-{n}") for n in range(100_000))
+    return [key for key in keys if key.digest & (EDGE.capacity - 1) == home][:count]
+
+
+def test_a_step_killed_while_it_takes_every_stripe_leaves_each_one_repaired(
+    fleet_name: str,
+) -> None:
+    slots = EDGE.capacity // EDGE.stripes
+    resident, victim_key = _home_keys(slots, 2)  # both at home on stripe 1's first slot
+    table = LockTable(Fleet.join(fleet_name, 8), EDGE)
+    require_c_steps(table._steps, "orbitive.lock._fastpath")
+    assert isinstance(table.try_acquire(resident, LockOwner(b"resident"), 600.0), Acquired)
+    bound = table._buf[MAX_PROBE_OFFSET : MAX_PROBE_OFFSET + 4]
+    assert bound == bytes(4)  # the victim's probe: its home slot only, then every stripe
+    block = table._state.block
+    stripes = RobustMutex(block, EDGE.stripes)
+    assert _libc is not None
+    stripes._lock(stripes._mutexes[2])
+
+    def owner_of(stripe: int) -> int:
+        at = SECTION_MUTEX_AT + stripe * SECTION_STRIPE_BYTES
+        return int.from_bytes(block[at : at + 4], "little") & 0x3FFFFFFF
+
+    before = recoveries(block)
+    with Processes("fork") as processes:
+        victim = processes.start(acquire_once, fleet_name, victim_key)
+        tid: int = victim.recv()
+        deadline = time.monotonic() + 10.0
+        while owner_of(1) != tid and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # it holds stripes 0 and 1 and waits for stripe 2
+        assert [owner_of(0), owner_of(1)] == [tid, tid]
+        assert victim.kill() < 0
+    _libc.pthread_mutex_unlock(stripes._mutexes[2])
+    _check(table)
+    assert recoveries(block) == before + 2
+    got = table.try_acquire(victim_key, LockOwner(b"after"), 30.0)
+    assert isinstance(got, Acquired) and got.lease.slot == slots + 1
     table.unlink()
