@@ -64,7 +64,9 @@ def _hold(table: LockTable, witness: mmap.mmap, owner: LockOwner) -> None:
         at = number * WITNESS.size
         ends, last = WITNESS.unpack_from(witness, at)
         token = got.lease.lock_id & ((1 << 40) - 1)
-        if round(got.lease.acquired_at * 1000) < ends or token <= last:
+        # Read while this tenure was live (else a successor's entry may be there already).
+        judged = _before(got.lease.expires_at)
+        if judged and (round(got.lease.acquired_at * 1000) < ends or token <= last):
             witness[BREACH_AT:] = (1 + number).to_bytes(8, "little")
         WITNESS.pack_into(witness, at, round(got.lease.expires_at * 1000), token)
         renewed = table.renew(got.lease, TTL)
