@@ -219,6 +219,8 @@ class RobustMutex:
             if recovery_hook is not None:
                 recovery_hook()
             rc = _libc.pthread_mutex_consistent(mutex)
+            # A plain add (ctypes has no atomics): a repair a C locker of another stripe
+            # counts at the same instant may be lost; the count is statistics only.
             if rc == 0:
                 at = SECTION_RECOVERIES_AT
                 recoveries = int.from_bytes(self._block[at : at + 8], "little") + 1
