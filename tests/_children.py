@@ -377,3 +377,21 @@ def stripe_churn(
         thread.join()
     table.close()
     channel.send((counts, errors))
+
+
+def cycle_key(
+    channel: Channel, name: str, layout: LockLayout, key: LockKey, seconds: float
+) -> None:
+    """Take and give back ``key`` on the C steps for ``seconds``; send how many times."""
+    table = LockTable(Fleet.join(name, 8), layout)
+    owner = LockOwner(f"cycler-{os.getpid()}")
+    channel.send("running")
+    cycles = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got = table.try_acquire(key, owner, 30.0)
+        assert isinstance(got, Acquired), got
+        assert table.release(got.lease)
+        cycles += 1
+    table.close()
+    channel.send(cycles)

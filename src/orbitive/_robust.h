@@ -76,17 +76,28 @@ static inline int robust_kind_ok(const pthread_mutex_t *mutex) { return mutex !=
 static inline void robust_kind_restore(pthread_mutex_t *mutex) { (void)mutex; }
 #endif
 
+/* Whether the futex word names this very thread as a live holder (a forged word, or a
+ * re-entry from this thread): a wait for it would never end. */
+static inline int robust_names_me(pthread_mutex_t *mutex)
+{
+    uint32_t word = __atomic_load_n((uint32_t *)mutex, __ATOMIC_RELAXED);
+    return (word & ROBUST_TID_MASK) == (uint32_t)syscall(SYS_gettid) && !(word & ROBUST_OWNER_DIED);
+}
+
 /* Wait for a mutex another thread holds, in slices of ROBUST_SLICE_NS: a wake can be
  * lost (the kernel hands a dead holder's mutex on with one wake, and the woken waiter
  * may be killed too before it takes the mutex), and a waiter that only slept until
- * woken would then sleep for ever while the mutex is free. Before each slice the type
- * word is checked as on entry: while it is foreign and the mutex held, the holder
- * puts it back before it unlocks (robust_unlock), so the waiter sleeps a slice
- * without handing glibc the bytes; foreign and unheld (or its holder dead), EINVAL. */
+ * woken would then sleep for ever while the mutex is free. Before each slice the
+ * mutex is checked as on entry: a futex word naming this thread is EDEADLK; while
+ * the type word is foreign and the mutex held, the holder puts it back before it
+ * unlocks (robust_unlock), so the waiter sleeps a slice without handing glibc the
+ * bytes; foreign and unheld (or its holder dead), EINVAL. */
 #define ROBUST_SLICE_NS 50000000L
 static inline int robust_wait(pthread_mutex_t *mutex)
 {
     for (;;) {
+        if (robust_names_me(mutex))
+            return EDEADLK;
         struct timespec until;
         if (!robust_kind_ok(mutex)) {
             uint32_t word = __atomic_load_n((uint32_t *)mutex, __ATOMIC_RELAXED);
@@ -112,9 +123,9 @@ static inline int robust_wait(pthread_mutex_t *mutex)
 /* Lock the mutex of one stripe. Tries with the GIL held, and waits
  * for another holder with the GIL released. Returns 0, or an errno value:
  * EINVAL when the mutex's type word is not the one this mutex was made with
- * (corrupt bytes), EDEADLK when its futex word names this very thread (a forged
- * word, or a re-entry from this thread: waiting would never end), ENOTRECOVERABLE
- * when a holder unlocked an EOWNERDEAD mutex without repairing it. */
+ * (corrupt bytes), EDEADLK when its futex word names this very thread, before or
+ * while it waits (robust_names_me), ENOTRECOVERABLE when a holder unlocked an
+ * EOWNERDEAD mutex without repairing it. */
 static inline int robust_lock(uint8_t *block, int stripe)
 {
     pthread_mutex_t *mutex = robust_mutex(block, stripe);
@@ -122,10 +133,6 @@ static inline int robust_lock(uint8_t *block, int stripe)
         return EINVAL;
     int rc = pthread_mutex_trylock(mutex);
     if (rc == EBUSY) {
-        uint32_t word = __atomic_load_n((uint32_t *)mutex, __ATOMIC_RELAXED);
-        if ((word & ROBUST_TID_MASK) == (uint32_t)syscall(SYS_gettid) &&
-            !(word & ROBUST_OWNER_DIED))
-            return EDEADLK;
         Py_BEGIN_ALLOW_THREADS
         rc = robust_wait(mutex);
         Py_END_ALLOW_THREADS

@@ -92,13 +92,15 @@ def _wait(mutex: ctypes.Array[ctypes.c_char]) -> int:
     A wake can be lost (the kernel hands a dead holder's mutex on with one wake,
     and the woken waiter may be killed too before it takes the mutex): a waiter
     that only slept until woken would then sleep for ever while the mutex is free.
-    Before each slice the type word is checked as on entry: while it is foreign
-    and the mutex held, the holder puts it back before it unlocks, so the waiter
-    sleeps a slice without handing glibc the bytes; foreign and unheld (or its
-    holder dead), ``EINVAL``.
+    Before each slice the mutex is checked as on entry: a futex word naming this
+    thread is ``EDEADLK``; while the type word is foreign and the mutex held, the
+    holder puts it back before it unlocks, so the waiter sleeps a slice without
+    handing glibc the bytes; foreign and unheld (or its holder dead), ``EINVAL``.
     """
     assert _libc is not None
     while True:
+        if _names_me(mutex):
+            return errno.EDEADLK
         if mutex.raw[_KIND_AT : _KIND_AT + 4] != _KIND:
             word = int.from_bytes(mutex.raw[:4], "little")
             if not word & _TID_MASK or word & _OWNER_DIED:
@@ -110,6 +112,12 @@ def _wait(mutex: ctypes.Array[ctypes.c_char]) -> int:
         rc: int = _libc.pthread_mutex_clocklock(mutex, time.CLOCK_MONOTONIC, ctypes.byref(deadline))
         if rc != errno.ETIMEDOUT:
             return rc
+
+
+def _names_me(mutex: ctypes.Array[ctypes.c_char]) -> bool:
+    """Whether the futex word names this very thread as a live holder (``robust_names_me``)."""
+    word = int.from_bytes(mutex.raw[:4], "little")
+    return word & _TID_MASK == threading.get_native_id() and not word & _OWNER_DIED
 
 
 def robust_error(rc: int) -> OSError:
@@ -190,8 +198,8 @@ class RobustMutex:
 
         Raises:
             OSError: ``EINVAL`` when a mutex's type word is corrupt, ``EDEADLK``
-                when its futex word names this very thread (waiting would never
-                end), ``ENOTRECOVERABLE`` as glibc says.
+                when its futex word names this very thread, before or while it
+                waits (waiting would never end), ``ENOTRECOVERABLE`` as glibc says.
         """
         for taken, mutex in enumerate(self._mutexes):
             try:
@@ -206,14 +214,13 @@ class RobustMutex:
             raise robust_error(errno.EINVAL)
         rc = _libc.pthread_mutex_trylock(mutex)
         if rc == errno.EBUSY:
-            word = int.from_bytes(mutex.raw[:4], "little")
-            if word & _TID_MASK == threading.get_native_id() and not word & _OWNER_DIED:
-                raise robust_error(errno.EDEADLK)
             rc = _wait(mutex)
         if rc == errno.EOWNERDEAD:
             if recovery_hook is not None:
                 recovery_hook()
             rc = _libc.pthread_mutex_consistent(mutex)
+            # A plain add (ctypes has no atomics): a repair a C locker of another stripe
+            # counts at the same instant may be lost; the count is statistics only.
             if rc == 0:
                 at = SECTION_RECOVERIES_AT
                 recoveries = int.from_bytes(self._block[at : at + 8], "little") + 1

@@ -15,6 +15,10 @@ mutex bytes are zero, so each direction is now refused.
 A type word changed while a peer held the mutex made that peer unlock it as
 another kind of mutex, waking no waiter of another process: they waited for
 ever. The holder now puts the word back before it unlocks.
+
+A futex word forged to name a thread that is already waiting for the mutex was
+checked only before the wait: the waiter then waited, slice after slice, for
+itself. It now looks at the word after every slice.
 """
 
 from __future__ import annotations
@@ -173,4 +177,39 @@ def test_a_type_word_changed_while_held_is_put_back_and_the_waiters_wake(
         assert not waiter.is_alive(), "the holder's unlock woke no waiter"
     assert len(outcome) == 1 and isinstance(outcome[0], Acquired)
     assert isinstance(table.try_acquire(KEY, LockOwner(b"after"), 30.0), Occupied)
+    table.close()
+
+
+def wait_for_the_holder(channel: Channel, fleet_name: str, twin: str, c_steps: bool) -> None:
+    """Send this thread's id, then take KEY (waiting for the holder); send the outcome."""
+    use_twin(twin)
+    table = LockTable(Fleet.join(fleet_name, 4))
+    if not c_steps:
+        table._bind(None)
+    channel.send(threading.get_native_id())
+    try:
+        table.try_acquire(KEY, LockOwner(b"waiter"), 30.0)
+        channel.send("acquired")
+    except LayoutMismatch:
+        channel.send("LayoutMismatch")
+
+
+@pytest.mark.parametrize("c_steps", [True, False], ids=["c-steps", "python-steps"])
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_futex_word_forged_to_name_its_waiter_while_it_waits_is_layout_mismatch(
+    fleet_name: str, twin: str, c_steps: bool
+) -> None:
+    table = LockTable(Fleet.join(fleet_name, 4))
+    section = table._state.section
+    assert section is not None and section.mechanism == ROBUST_MUTEX
+    with Processes("fork") as processes:
+        holder = processes.start(hold_while_corrupted, fleet_name, twin)
+        assert holder.recv() == "inside"  # it holds every stripe
+        waiter = processes.start(wait_for_the_holder, fleet_name, twin, c_steps)
+        tid: int = waiter.recv()
+        time.sleep(0.2)  # the waiter waits for a stripe the holder has
+        for stripe in range(section.stripes):
+            at = SECTION_MUTEX_AT + stripe * SECTION_STRIPE_BYTES
+            table._state.block[at : at + 4] = struct.pack("<I", tid)
+        assert waiter.recv(timeout=5.0) == "LayoutMismatch"
     table.close()

@@ -54,9 +54,11 @@ enum { GENERATION_AT = 24, ACQUIRED = 1, RENEWED = 2, RELEASED = 3 };
 /* Step outcomes. */
 enum { DONE = 0, BUSY = 1, FULL = 2, EXHAUSTED = 3, CORRUPT = 4, ABSENT = 5 };
 
-/* The stripes a step holds: lo..hi, none while hi < lo. */
+/* The stripes a step holds: lo..hi, none while hi < lo; and the probe bound they
+ * cover (max_probe as read when they were held: it may grow after, for other keys). */
 typedef struct {
     int lo, hi;
+    Py_ssize_t span;
 } Held;
 
 /* The value types of _types.py, and where their slots live in an instance. */
@@ -174,12 +176,15 @@ static Py_ssize_t free_after(const Steps *t, uint8_t *s, Py_ssize_t slot, Py_ssi
 }
 
 /* _probe: the slot of the key's live entry, else ~insertion_slot (~capacity: none).
- * Stops at EMPTY or after max_probe + 1 slots. Past those, free_after may read any
- * slot: without every stripe held (!all) the probe stops there and sets *wider. */
-static Py_ssize_t probe(const Steps *t, uint8_t *s, const Entry *e, int all, int *wider)
+ * Stops at EMPTY or after limit + 1 slots (limit: the bound the held stripes cover,
+ * never max_probe read again, which another stripe's insert may have raised since).
+ * Past those, free_after may read any slot: without every stripe held (!all) the
+ * probe stops there and sets *wider. */
+static Py_ssize_t probe(const Steps *t, uint8_t *s, const Entry *e, Py_ssize_t limit, int all,
+                        int *wider)
 {
     Py_ssize_t mask = t->capacity - 1, slot = (Py_ssize_t)(e->digest & (uint64_t)mask);
-    Py_ssize_t insert_at = t->capacity, limit = bound(t, s);
+    Py_ssize_t insert_at = t->capacity;
     for (Py_ssize_t i = 0; i <= limit; i++) {
         uint8_t *p = slot_at(t, s, slot);
         if (p[0] == EMPTY && empty_head(p))
@@ -568,16 +573,17 @@ static int hold(Steps *t, Held *h, Py_ssize_t home, Py_ssize_t span)
     return rc;
 }
 
-/* Hold the stripes e's probe reads: its home .. home + max_probe. max_probe only grows,
- * and a step that raises it for e's key holds e's home stripe: read again once they are
- * held, it is final unless it grew meanwhile (for another key), and then more are held. */
+/* Hold the stripes e's probe reads: its home .. home + max_probe, recorded in h->span.
+ * max_probe only grows, and a step that raises it for e's key holds e's home stripe:
+ * read again once they are held, it is final for e unless it grew meanwhile, and then
+ * more are held. Growing later, it is another key's: the probe keeps to h->span. */
 static int cover(Steps *t, const uint8_t *s, const Entry *e, Held *h)
 {
     Py_ssize_t home = (Py_ssize_t)(e->digest & (uint64_t)(t->capacity - 1));
     for (;;) {
-        Py_ssize_t span = bound(t, s);
-        int rc = hold(t, h, home, span);
-        if (rc != 0 || bound(t, s) <= span)
+        h->span = bound(t, s);
+        int rc = hold(t, h, home, h->span);
+        if (rc != 0 || bound(t, s) <= h->span)
             return rc;
     }
 }
@@ -586,11 +592,12 @@ static int cover(Steps *t, const uint8_t *s, const Entry *e, Held *h)
 static Py_ssize_t probe_held(Steps *t, uint8_t *s, const Entry *e, Held *h, int *rc)
 {
     int wider = 0;
-    Py_ssize_t slot = probe(t, s, e, holds_all(t, h), &wider);
+    Py_ssize_t slot = probe(t, s, e, h->span, holds_all(t, h), &wider);
     if (wider) {
         if ((*rc = hold(t, h, 0, t->capacity)) != 0)
             return ~t->capacity;
-        slot = probe(t, s, e, 1, &wider);
+        h->span = bound(t, s); /* every stripe held: no other step changes it now */
+        slot = probe(t, s, e, h->span, 1, &wider);
     }
     return slot;
 }
