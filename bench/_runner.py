@@ -24,7 +24,7 @@ Job = Callable[[Workspace], list[Result]]
 FULL = Settings(0.3, 7, 1.0, 3, 400, 5, None)
 QUICK = Settings(0.03, 3, 0.15, 1, 60, 2, ("orbitive LockTable", "fcntl.flock pair"))
 #: (processes, keys) of the contention runs.
-CONTENTION = ((1, 1), (2, 1), (4, 1), (8, 1), (8, 64))
+CONTENTION = ((1, 1), (2, 1), (4, 1), (8, 1), (1, 64), (8, 64))
 
 
 def uncontended(contender: Contender, settings: Settings) -> Job:

@@ -25,6 +25,7 @@ CONTENTION_GROUPS = {
     "2 processes, 1 key",
     "4 processes, 1 key",
     "8 processes, 1 key",
+    "1 process, 64 keys",
     "8 processes, 64 keys",
 }
 
