@@ -669,9 +669,9 @@ static PyObject *Steps_try_acquire(Steps *t, PyObject *const *args, size_t nargs
     } else if ((slot = ~slot) >= t->capacity) {
         outcome = FULL;
     } else {
-        uint64_t token = load64(m.s + TOKEN_AT);
-        revision = load64(m.s + REVISION_AT);
-        if (token >= TOKEN_MASK || revision == UINT64_MAX ||
+        uint64_t token;
+        /* The revision is checked first, so that a token is not spent on a refusal. */
+        if (load64(m.s + REVISION_AT) == UINT64_MAX ||
             (token = advance(m.s + TOKEN_AT, TOKEN_MASK)) == 0 ||
             (revision = advance(m.s + REVISION_AT, UINT64_MAX)) == 0) {
             outcome = EXHAUSTED;
@@ -725,9 +725,7 @@ static Py_ssize_t find_tenure(Steps *t, uint8_t *s, const Entry *e, Py_ssize_t h
 /* The revision for a release or renewal, advanced; 0 when the counters are exhausted. */
 static uint64_t next_revision(uint8_t *s)
 {
-    if (load64(s + TOKEN_AT) > TOKEN_MASK || load64(s + REVISION_AT) == UINT64_MAX)
-        return 0;
-    return advance(s + REVISION_AT, UINT64_MAX);
+    return load64(s + TOKEN_AT) > TOKEN_MASK ? 0 : advance(s + REVISION_AT, UINT64_MAX);
 }
 
 PyDoc_STRVAR(release_doc,
