@@ -21,6 +21,7 @@ from typing import Any
 from orbitive import Fleet
 from orbitive._readiness import BACKEND
 from orbitive.pool import POOL_KIND, CreationPermit, Execution, Key, Lease, Pool, ResourceId
+from orbitive.pool._availability import add_waiter
 
 Context = ForkContext | SpawnContext
 Handles = dict[int, Execution | CreationPermit]
@@ -93,6 +94,7 @@ OPS: dict[str, Callable[..., Any]] = {
     "candidates": lambda pool, handles, key: pool.candidates(key),
     "budget": lambda pool, handles, key: pool.budget(key),
     "version": lambda pool, handles, key: pool.version(key),
+    "add_waiter": lambda pool, handles, key, delta: add_waiter(pool._t(), key, delta),
     "acquire": lambda pool, handles, key, limits: pool.acquire(key, limits),
     "wait": _wait,
     "wait_cpu": _wait_cpu,

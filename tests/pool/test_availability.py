@@ -1,0 +1,63 @@
+"""A client pool's return step wakes only the waiters that can take the unit it frees.
+
+An idle client is usable only by its owner's process, or, in remote mode, by any
+process that reserves it. Other processes' plain waiters wait for capacity, which
+only an unregister returns: a return that keeps the client idle must not wake them
+(a fleet at ``max_live`` would otherwise pay a round of every waiter per checkout).
+Run with the C operations and with the Python ones (``_bind(None)``), on real
+processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from orbitive.pool import Key, Pool
+from orbitive.pool._availability import add_waiter
+
+from ._agent import Agent
+from .test_operations import unit_steps
+
+KEY = Key(0xC11E47)
+
+
+@pytest.fixture(params=["c", "python"])
+def owner(request: pytest.FixtureRequest, shm_pool: Pool) -> Pool:
+    if request.param == "python":
+        shm_pool._bind(None)
+    return shm_pool
+
+
+def kept_return_changes_version(pool: Pool, borrowers: bool) -> bool:
+    """Take the idle client, give it back in turn (kept); whether the key's version moved."""
+    take, give_back = unit_steps(pool)
+    rid = pool.candidates(KEY)[0].id
+    take(rid)
+    before = pool.version(KEY)
+    assert give_back(rid, 1, 1, True, borrowers) is True  # kept idle: its turn is not over
+    return pool.version(KEY) != before
+
+
+def test_a_kept_return_wakes_no_plain_waiter_of_another_process(
+    owner: Pool, agents: Callable[[], Agent]
+) -> None:
+    owner._t().register(KEY, 1, 0)
+    waiter = agents()
+    waiter.call("add_waiter", KEY, 1)
+    assert not kept_return_changes_version(owner, borrowers=False)
+    assert kept_return_changes_version(owner, borrowers=True)  # remote mode: they may reserve it
+    waiter.call("add_waiter", KEY, -1)
+
+
+def test_a_kept_return_wakes_a_waiter_of_its_own_process(owner: Pool) -> None:
+    owner._t().register(KEY, 1, 0)
+    add_waiter(owner._t(), KEY, 1)
+    assert kept_return_changes_version(owner, borrowers=False)
+    add_waiter(owner._t(), KEY, -1)
+
+
+def test_with_nobody_waiting_a_return_changes_nothing_but_the_unit(owner: Pool) -> None:
+    owner._t().register(KEY, 1, 0)
+    assert not kept_return_changes_version(owner, borrowers=True)
