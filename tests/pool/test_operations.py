@@ -1,5 +1,6 @@
-"""The C operations (``Pool.reserve``, ``Pool.accept``, ``Execution.complete`` as one C call
-each) against the Python operations: same results, same errors, same table bytes.
+"""The C operations (``Pool.reserve``, ``Pool.accept``, ``Execution.complete``, and a client
+pool's ``take`` and ``give_back``, as one C call each) against the Python operations: same
+results, same errors, same table bytes.
 
 Two pools on fleets of one geometry get the same random operations on ids and
 leases both real and made up (another generation or epoch, a fence never handed
@@ -14,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import gc
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from orbitive import Fleet
 from orbitive._errors import OrbitError
 from orbitive.pool import Execution, Incarnation, Key, Lease, Pool, ResourceId
+from orbitive.pool._availability import add_waiter
 from orbitive.pool._guards import PythonExecution
 from orbitive.pool._layout import RES_SINCE, RESOURCE_SIZE, write_header
 
@@ -58,6 +60,7 @@ def test_the_c_operations_are_the_pools_own(pools: tuple[Pool, Pool]) -> None:
     require_c_steps(fast._operations, "orbitive.pool._fastpath")
     assert "reserve" in vars(fast) and "accept" in vars(fast)
     assert "reserve" not in vars(slow)
+    assert slow._operations is None
     rid = fast.register(KEYS[0], 1)
     execution = fast.accept(fast.reserve(rid))
     assert type(execution) is Execution and Execution is not PythonExecution
@@ -99,16 +102,46 @@ class Side:
     units: list[Execution] = dataclasses.field(default_factory=list)
 
 
+KINDS = ["register"] + ["reserve", "accept", "complete"] * 4 + ["take", "give_back"] * 3
+KINDS += ["waiter"]
+
+
+def unit_steps(pool: Pool) -> tuple[Callable[..., None], Callable[..., bool]]:
+    """The pool's owner take and give-back: the C operations, or the Python ones."""
+    operations = pool._operations
+    if operations is None:
+        return pool._take, pool._give_back
+    return operations.take, operations.give_back
+
+
+def run_availability(pool: Pool, kind: str, rid: ResourceId, pick: float) -> object:
+    """One take, give-back (each bound tried) or waiter count in or out."""
+    take, give_back = unit_steps(pool)
+    if kind == "take":
+        return outcome(lambda: take(rid))
+    if kind == "give_back":
+        max_live = 1 + int(pick * 4)
+        max_idle = max_live if pick < 0.6 else int(pick * 10) % (max_live + 1)
+        return outcome(lambda: give_back(rid, max_idle, max_live, pick < 0.3, pick > 0.8))
+    delta = 1 if pick < 0.6 else -1
+    return outcome(lambda: add_waiter(pool._table, rng_key(pick), delta))
+
+
 def run_both(pools: tuple[Pool, Pool], seed: int, steps: int) -> None:
     rng = random.Random(seed)
     sides = [Side() for _ in pools]
     for _ in range(steps):
-        kind = rng.choice(["register"] + ["reserve"] * 4 + ["accept"] * 4 + ["complete"] * 4)
+        kind = rng.choice(KINDS)
         pick = rng.random()
         results = []
         for pool, mine in zip(pools, sides, strict=True):
             rids, leases, units = mine.rids, mine.leases, mine.units
-            if kind == "register" or not rids:
+            if kind in ("take", "give_back", "waiter") and rids:
+                rid = rids[int(pick * len(rids))]
+                if pick < 0.1:
+                    rid = odd_rid(random.Random(seed + len(rids)), rid)
+                result = run_availability(pool, kind, rid, pick)
+            elif kind == "register" or not rids:
                 result = outcome(pool.register(rng_key(pick), 1 + int(pick * 3)))
                 if isinstance(result, ResourceId):
                     rids.append(result)

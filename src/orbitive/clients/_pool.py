@@ -47,7 +47,7 @@ from .._errors import (
 )
 from .._fleet import Fleet
 from ..pool import POOL_KIND, CreationPermit, Pool
-from ..pool._availability import add_waiter, give_back, take
+from ..pool._availability import add_waiter
 from ..pool._table import Table
 from ._async import made, retire, usable
 from ._calls import call_async, call_sync, check_callable, run_anywhere
@@ -127,6 +127,9 @@ class ClientPool(Generic[C]):
             raise _bad_options(options)
         self.key = pool_key(key)
         self.options = options
+        # The options the fast paths read, as plain attributes.
+        self._max_live, self._idle_limit = options.max_live, options.idle_limit
+        self._max_lifetime, self._handoff_uses = options.max_lifetime, options.handoff_uses
         self._create, self._close, self._check, self._reset = create, close, check, reset
         self._handler = handler
         self._fleet = fleet
@@ -136,7 +139,8 @@ class ClientPool(Generic[C]):
         self._start_local()
 
     def _start_local(self) -> None:
-        """This process's state: empty lists, a fresh lock, the upkeep thread."""
+        """This process's state: empty lists, a fresh lock, the table steps, the upkeep thread."""
+        self._bind_steps()
         self._lock = threading.Lock()
         self._idle: list[Entry[C]] = []  # most recently returned last
         self._out: dict[int, Entry[C]] = {}  # by id(client)
@@ -145,6 +149,18 @@ class ClientPool(Generic[C]):
         self._fork = _fork.generation
         self._upkeep = Upkeep(self, UPKEEP_INTERVAL_S)
         self._server = start_server(self)
+
+    def _bind_steps(self) -> None:
+        """The owner's take and give-back steps: one C call each where built, else Python.
+
+        Bound per process life (``_start_local``): the C operations belong to the
+        Pool's table in this process, and decline to the Python ones in a child.
+        """
+        pool = self._pool
+        pool._t()  # a forked child's Pool revives here and builds its own operations
+        operations = pool._operations
+        self._take_unit = pool._take if operations is None else operations.take
+        self._give_back_unit = pool._give_back if operations is None else operations.give_back
 
     def _local(self) -> None:
         """Raise PoolClosed when closed; in a forked child, forget the parent's clients."""
@@ -221,13 +237,29 @@ class ClientPool(Generic[C]):
 
     def _take_idle(self) -> Entry[C] | None:
         """One of this process's idle clients, now in use (newest first), or None."""
-        table, doomed, busy = self.table, [], []
+        with self._lock:
+            if not self._idle:
+                return None
+            entry = self._idle.pop()
+            try:
+                self._take_unit(entry.rid)
+            except (BusyError, StaleError, NotOwnerError, DrainingError):
+                self._idle.append(entry)  # the careful loop sorts it out
+            else:
+                self._out[id(entry.client)] = entry
+                entry.uses += 1
+                return entry
+        return self._take_idle_sorting()
+
+    def _take_idle_sorting(self) -> Entry[C] | None:
+        """:meth:`_take_idle` past idle clients that a borrower reserved or the table closed."""
+        doomed, busy = [], []
         try:
             with self._lock:
                 while self._idle:
                     entry = self._idle.pop()
                     try:
-                        take(table, entry.rid)
+                        self._take_unit(entry.rid)
                     except BusyError:  # a borrower reserved it (remote mode): theirs now
                         busy.append(entry)
                         continue
@@ -266,7 +298,7 @@ class ClientPool(Generic[C]):
         return entry
 
     def _expired(self, entry: Entry[C], now: float) -> bool:
-        return now - entry.created_at >= self.options.max_lifetime
+        return now - entry.created_at >= self._max_lifetime
 
     def _start_waiting(self) -> int:
         with self._lock:
@@ -326,8 +358,18 @@ class ClientPool(Generic[C]):
             ClientCreateError: ``create()`` raised (the claim is returned).
             InvalidPoolOptions: a bad timeout, or ``create`` returned an awaitable.
         """
-        deadline = self._deadline(timeout)
         self.counters.requests += 1
+        if timeout is not None:
+            seconds("timeout", timeout)
+        if self._fork == _fork.generation and not self._closed:  # the idle fast path
+            entry = self._take_idle()
+            if entry is not None and self._usable(entry):
+                return entry.client
+        return self._getconn_waiting(timeout)
+
+    def _getconn_waiting(self, timeout: float | None) -> C:
+        """:meth:`getconn` past the fast path: take, create or wait until the deadline."""
+        deadline = self._deadline(timeout)
         version: int | None = None
         try:
             while True:
@@ -364,7 +406,7 @@ class ClientPool(Generic[C]):
         )
 
     def _usable(self, entry: Entry[C]) -> bool:
-        if self._expired(entry, time.monotonic()):
+        if time.monotonic() - entry.created_at >= self._max_lifetime:
             self.discard(entry.client)
             return False
         if self._check is None:
@@ -410,13 +452,12 @@ class ClientPool(Generic[C]):
     def _give_back(self, entry: Entry[C]) -> bool:
         """The table step of a return: True if kept idle, else the caller closes the client."""
         now = time.monotonic()
-        if self._expired(entry, now):
+        if now - entry.created_at >= self._max_lifetime:
             return False
-        options = self.options
         with self._lock:
-            kept = give_back(
-                self.table, entry.rid, options.idle_limit, options.max_live,
-                in_turn=entry.uses % options.handoff_uses != 0,
+            kept = self._give_back_unit(
+                entry.rid, self._idle_limit, self._max_live,
+                entry.uses % self._handoff_uses != 0, self._handler is not None,
             )  # fmt: skip
             if kept:
                 entry.idle_since = now
@@ -437,8 +478,7 @@ class ClientPool(Generic[C]):
         Raises:
             UnknownClient: ``client`` is not checked out of this pool.
         """
-        with self._lock:
-            entry = self._out.pop(id(client), None)
+        entry = self._out.pop(id(client), None)  # one dict step: atomic, no lock needed
         if entry is None or entry.client is not client:
             raise UnknownClient(
                 f"{type(client).__name__} object was not checked out of this pool", key=self.key

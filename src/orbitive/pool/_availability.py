@@ -114,8 +114,10 @@ def _free(table: Table, offset: int, hot: tuple[int, ...]) -> int:
     return int(hot[6]) - reserved - int(hot[8])
 
 
-def take(table: Table, rid: ResourceId) -> int:
-    """Owner checks out its own idle client: one free unit becomes active. Returns the offset.
+def take(table: Table, rid: ResourceId) -> None:
+    """Owner checks out its own idle client: one free unit becomes active.
+
+    The reference of the C ``Operations.take`` (``_fastpath.c``: ``take``).
 
     Raises:
         MalformedError, StaleError, NotOwnerError, DrainingError.
@@ -130,11 +132,15 @@ def take(table: Table, rid: ResourceId) -> int:
         store(table.buf, offset + RES_ACTIVE, U32, hot[8] + 1)
     finally:
         table.leave()
-    return offset
 
 
 def give_back(
-    table: Table, rid: ResourceId, max_idle: int, max_live: int, *, in_turn: bool = False
+    table: Table,
+    rid: ResourceId,
+    max_idle: int,
+    max_live: int,
+    in_turn: bool = False,
+    borrowers: bool = False,
 ) -> bool:
     """Owner returns an active unit: keep the client idle (True) or retire it (False).
 
@@ -146,7 +152,18 @@ def give_back(
     active: the caller closes the client and only then unregisters it, so the
     budget returns once the client is really gone (a server never sees more
     than ``max_live`` connections). A resource that is no longer ours (reset,
-    closed) reads as retired. The key's waiters are woken only if there are any.
+    closed) reads as retired.
+
+    A kept unit wakes the key's waiters only when one of them can take it: a
+    waiter of this node, or, with ``borrowers`` (remote mode, where any process
+    may reserve it), a waiter of any node. Other processes' plain waiters wait
+    for capacity, which only an unregister returns; waking them on every
+    return would make each checkout cost every waiter of the fleet a round.
+
+    The reference of the C ``Operations.give_back`` (``_fastpath.c``:
+    ``give_back``), which does the common case (nobody waits, ``max_idle`` is
+    ``max_live``) itself and hands every other case to this step. A key index
+    past the key table (damage) reads as retired.
     """
     offset = table.locate(rid)
     table.enter()
@@ -156,7 +173,7 @@ def give_back(
         except (StaleError, NotOwnerError):  # closed or reset meanwhile: nothing to keep
             return False
         index = int(hot[7])
-        if hot[0] != LIVE:
+        if hot[0] != LIVE or index >= table.key_capacity:
             return False
         waiters = table.claims_struct.unpack_from(
             table.buf, table.key_offset(index) + table.key_waiters
@@ -167,7 +184,7 @@ def give_back(
         ):
             return False
         store(table.buf, offset + RES_ACTIVE, U32, max(0, hot[8] - 1))
-        if any(waiters):
+        if waiters[table.node] or (borrowers and any(waiters)):
             table.key_changed(index)
         return True
     finally:

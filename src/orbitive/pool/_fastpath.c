@@ -13,11 +13,16 @@
  * mutex, _robust.h; the wall clock; the key's change, woken with FUTEX_WAKE; the
  * Lease and Execution objects); anything off that path is handed to the Pool's
  * Python operation (_reserve, _accept_lease), which also raises every error.
+ * Operations.take and Operations.give_back are a client pool's own checkout
+ * and return (_availability.take and give_back, the references, in the same
+ * order of checks and writes); give_back does only the case where nobody waits
+ * on the key and hands the rest (the census) to Pool._give_back.
  *
- * Nothing read from shared memory is used to address memory: the only
- * address is the slot offset the caller passes, checked against the resource
- * area and the buffer's size on every call, and the pending entry found by
- * scanning that slot's sixteen fences.
+ * Nothing read from shared memory is used to address memory unchecked: the
+ * addresses are the slot offset the caller passes, checked against the
+ * resource area and the buffer's size on every call, the pending entry found
+ * by scanning that slot's sixteen fences, and the key slot of the key index
+ * a give_back reads, checked against the key table's capacity first.
  */
 #define PY_SSIZE_T_CLEAN
 #include "_robust.h"
@@ -287,13 +292,14 @@ typedef struct {
     PyObject *node_obj, *incarnation_obj;
     Types types;
     Py_ssize_t first, end, kind, fleet_capacity, lane_capacity;
-    Py_ssize_t key_base, key_stride, key_capacity, key_interest, bell;
+    Py_ssize_t key_base, key_stride, key_capacity, key_interest, key_waiters, bell;
     uint64_t node, incarnation;
     int closed, ready;
 } Operations;
 
 static PyTypeObject OperationsType, ExecutionType;
-static PyObject *generation_name, *python_reserve, *python_accept;
+static PyObject *generation_name, *python_reserve, *python_accept, *python_take;
+static PyObject *python_give_back;
 static PyObject *fork_globals; /* orbitive._fork's globals: its generation, read per call */
 static PyObject *finalise_fn;  /* _guards.finalise, fetched with the first Execution */
 
@@ -513,6 +519,101 @@ static PyObject *Operations_accept(Operations *o, PyObject *lease)
                          offset, v[1], v[2]);
 }
 
+/* -- the availability steps: a client pool's own checkout and return (_availability.py) -- */
+
+/* The slot is the LIVE registration v = (node, generation, epoch) and this process owns
+ * it (its node and incarnation): _availability._owned_live without the errors. */
+static int owned_live(const Operations *o, const uint8_t *p, const uint64_t *v)
+{
+    return p[0] == LIVE && is_registration(p, v) && v[0] == o->node &&
+           ld64(p + INCARNATION_AT) == o->incarnation;
+}
+
+/* _availability.take: DONE (one free unit is active now), REFUSED (not that LIVE
+ * registration of ours) or BUSY (no free unit: a borrower reserved it). */
+static int take(const Operations *o, uint8_t *p, const uint64_t *v)
+{
+    if (!owned_live(o, p, v))
+        return REFUSED;
+    int free;
+    find_entry(p, 0, &free);
+    int64_t reserved = PENDING - free;
+    uint32_t active = ld32(p + ACTIVE_AT);
+    if ((int64_t)ld32(p + CAPACITY_AT) - reserved - (int64_t)active <= 0)
+        return BUSY;
+    st32(p + ACTIVE_AT, active + 1);
+    return DONE;
+}
+
+/* _availability.give_back's fast path for v = (node, generation, epoch, max_idle,
+ * max_live): DONE (the unit is free again; nobody waits, so nobody is woken), or
+ * DECLINED: the Python step decides (not ours or not LIVE, a damaged key index, a
+ * waiter counted on the key, or max_idle below max_live, which need the census). */
+static int give_back(const Operations *o, uint8_t *b, uint8_t *p, const uint64_t *v)
+{
+    uint64_t index = ld32(p + KEY_INDEX_AT);
+    if (!owned_live(o, p, v) || index >= (uint64_t)o->key_capacity || v[3] < v[4])
+        return DECLINED;
+    const uint8_t *waiters = b + o->key_base + (Py_ssize_t)index * o->key_stride + o->key_waiters;
+    for (Py_ssize_t n = 0; n < o->fleet_capacity; n++)
+        if (ld32(waiters + 4 * n))
+            return DECLINED;
+    uint32_t active = ld32(p + ACTIVE_AT);
+    st32(p + ACTIVE_AT, active ? active - 1 : 0);
+    return DONE;
+}
+
+PyDoc_STRVAR(ops_take_doc,
+"take(rid, /) -> None: _availability.take in one call (else Pool._take).");
+
+static PyObject *Operations_take(Operations *o, PyObject *rid)
+{
+    uint64_t id[3]; /* node, generation, epoch */
+    Py_ssize_t offset;
+    Slot s;
+    if (!usable(o) || !parse_rid(o, rid, id, &offset) || !enter(o, &s, offset))
+        return decline(o, python_take, rid);
+    int outcome = take(o, s.p, id);
+    leave(o, &s);
+    if (outcome != DONE) /* the Python operation raises BusyError, StaleError, ... */
+        return decline(o, python_take, rid);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(ops_give_back_doc,
+"give_back(rid, max_idle, max_live, in_turn, borrowers, /) -> bool: _availability.give_back\n"
+"in one call where nobody waits (else Pool._give_back).");
+
+/* The Python operation, Pool._give_back(rid, max_idle, max_live, in_turn, borrowers). */
+static PyObject *decline_give_back(const Operations *o, PyObject *const *args)
+{
+    if (o->pool == NULL) {
+        PyErr_SetString(PyExc_ValueError, "Operations is not initialised");
+        return NULL;
+    }
+    PyObject *call[6] = {o->pool, args[0], args[1], args[2], args[3], args[4]};
+    return PyObject_VectorcallMethod(python_give_back, call, 6, NULL);
+}
+
+static PyObject *Operations_give_back(Operations *o, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t v[5]; /* node, generation, epoch, max_idle, max_live */
+    Py_ssize_t offset;
+    Slot s;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "give_back takes 5 arguments");
+        return NULL;
+    }
+    if (!usable(o) || !parse_rid(o, args[0], v, &offset) || !small(args[1], UINT32_MAX, &v[3]) ||
+        !small(args[2], UINT32_MAX, &v[4]) || !enter(o, &s, offset))
+        return decline_give_back(o, args);
+    int outcome = give_back(o, s.view.buf, s.p, v);
+    leave(o, &s);
+    if (outcome != DONE)
+        return decline_give_back(o, args);
+    Py_RETURN_TRUE;
+}
+
 /* Table.complete for the slot at offset: one active unit back, and the key's change. */
 static int ops_complete(Operations *o, Py_ssize_t offset, uint64_t generation, uint64_t epoch)
 {
@@ -713,7 +814,8 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"buf", "block", "first", "end", "kind", "fleet_capacity",
                             "lane_capacity", "key_base", "key_stride", "key_capacity",
-                            "key_interest", "bell", "node", "incarnation", "rid_type",
+                            "key_interest", "key_waiters", "bell", "node", "incarnation",
+                            "rid_type",
                             "lease_type", "fork_module", "pool", "table", NULL};
     PyObject *buf, *block, *rid_type, *lease_type, *fork_module, *pool, *table;
     Operations g; /* parsed and checked here, copied into o only when consistent */
@@ -722,10 +824,11 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "Operations is initialised already");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOnnnnnnnnnnKKOOOOO", names, &buf, &block,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOnnnnnnnnnnnKKOOOOO", names, &buf, &block,
                                      &g.first, &g.end, &g.kind, &g.fleet_capacity,
                                      &g.lane_capacity, &g.key_base, &g.key_stride,
-                                     &g.key_capacity, &g.key_interest, &g.bell, &node,
+                                     &g.key_capacity, &g.key_interest, &g.key_waiters,
+                                     &g.bell, &node,
                                      &incarnation, &rid_type, &lease_type, &fork_module, &pool,
                                      &table))
         return -1;
@@ -737,7 +840,8 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
         g.key_capacity < 1 || g.key_capacity > 1 << 16 || g.key_base < 0 ||
         g.key_stride < KEY_PARKED + g.fleet_capacity || g.key_stride > 1 << 20 ||
         g.key_interest < KEY_PARKED + g.fleet_capacity ||
-        g.key_interest + g.fleet_capacity > g.key_stride ||
+        g.key_interest + g.fleet_capacity > g.key_stride || g.key_waiters < KEY_PARKED ||
+        g.key_waiters + 4 * g.fleet_capacity > g.key_stride ||
         g.key_base + g.key_capacity * g.key_stride > g.first || g.bell < 0 ||
         g.bell + BELL_PARKED + g.fleet_capacity > g.key_base || node >= (uint64_t)g.fleet_capacity) {
         PyErr_SetString(PyExc_ValueError, "inconsistent pool table geometry");
@@ -771,6 +875,7 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
     o->key_stride = g.key_stride;
     o->key_capacity = g.key_capacity;
     o->key_interest = g.key_interest;
+    o->key_waiters = g.key_waiters;
     o->bell = g.bell;
     o->node = node;
     o->incarnation = incarnation;
@@ -819,6 +924,9 @@ static void Operations_dealloc(Operations *o)
 static PyMethodDef Operations_methods[] = {
     {"reserve", (PyCFunction)Operations_reserve, METH_O, ops_reserve_doc},
     {"accept", (PyCFunction)Operations_accept, METH_O, ops_accept_doc},
+    {"take", (PyCFunction)Operations_take, METH_O, ops_take_doc},
+    {"give_back", (PyCFunction)(void (*)(void))Operations_give_back, METH_FASTCALL,
+     ops_give_back_doc},
     {"close", (PyCFunction)Operations_close, METH_NOARGS, ops_close_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -899,7 +1007,10 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     generation_name = PyUnicode_InternFromString("generation");
     python_reserve = PyUnicode_InternFromString("_reserve");
     python_accept = PyUnicode_InternFromString("_accept_lease");
+    python_take = PyUnicode_InternFromString("_take");
+    python_give_back = PyUnicode_InternFromString("_give_back");
     if (generation_name == NULL || python_reserve == NULL || python_accept == NULL ||
+        python_take == NULL || python_give_back == NULL ||
         PyType_Ready(&StepsType) < 0 || PyType_Ready(&OperationsType) < 0 ||
         PyType_Ready(&ExecutionType) < 0)
         return NULL;

@@ -19,6 +19,7 @@ from .._errors import (
     shown,
 )
 from .._fleet import Fleet
+from ._availability import give_back, take
 from ._deaths import DeathWatch, find_dead
 from ._guards import CreationPermit, Execution
 from ._layout import POOL_KIND, Layout, check_capacity, env_geometry
@@ -354,6 +355,17 @@ class Pool:
         """:meth:`accept` of a fence >= 1; the session codec decodes a frame straight to it."""
         table = self._t()
         return Execution(table, rid, fence, table.accept(rid, fence))
+
+    def _take(self, rid: ResourceId) -> None:
+        """The Python operation behind ``Operations.take``: ``_availability.take``."""
+        take(self._t(), check_rid(rid))
+
+    def _give_back(
+        self, rid: ResourceId, max_idle: int, max_live: int, in_turn: bool, borrowers: bool
+    ) -> bool:
+        """The Python operation behind ``Operations.give_back``: ``_availability.give_back``."""
+        table = self._t()
+        return give_back(table, check_rid(rid), max_idle, max_live, in_turn, borrowers)
 
     # -- resources --------------------------------------------------------------------
 

@@ -639,6 +639,7 @@ def operations_for(pool: object, table: Table) -> Operations | None:
         table.key_stride,
         table.key_capacity,
         table.key_interest,
+        table.key_waiters,
         table.bell,
         table.node,
         table.incarnation,
