@@ -5,15 +5,20 @@ of about 1 ms) for a few seconds each, against:
 
 * PgBouncer (Debian's ``pgbouncer``, started here on 127.0.0.1) in transaction
   mode with ``default_pool_size`` = the cap; each worker keeps one client
-  connection to it;
+  connection to it (no client-side pool, and no prepared statements, which
+  transaction mode cannot keep);
 * per-process psycopg_pool (``max_size`` = the cap in every process: uncapped,
   8 x its size host-wide);
 * orbitive's ``ConnectionPool`` with the same host-wide cap (``check=None``,
   as psycopg_pool's default).
 
-Reported: requests/s, p50/p99 latency of one checkout + query + return, and the
-peak server connections a sampler saw in ``pg_stat_activity``. Then the cost of
-a checkout/return of an idle local client beside a bare ``LockTable`` pair.
+Every contender runs the same request: one autocommit statement (a pool's
+``connection()`` block then commits nothing, as a direct connection would not).
+
+Reported: requests/s, p50/p99/p99.9 and the longest latency of one checkout +
+query + return, and the peak server connections a sampler saw in
+``pg_stat_activity``. Then the cost of a checkout/return of an idle local
+client beside a bare ``LockTable`` pair.
 
 Run: ``.venv/bin/python -m bench.clients_bench [--seconds S] [--json PATH]``;
 PostgreSQL and PgBouncer are started and stopped here (a missing binary skips
@@ -126,7 +131,7 @@ def _loop(use: Callable[[], None], until: float) -> list[float]:
 
 def worker(conn: Connection, kind: str, url: str, fleet_name: str, query: str) -> None:
     """One worker process: wait for the start time, run queries until the end, report."""
-    kwargs: dict[str, Any] = {"application_name": TAG}
+    kwargs: dict[str, Any] = {"application_name": TAG, "autocommit": True}
     with contextlib.ExitStack() as stack:
         use = _contender(stack, kind, url, fleet_name, query, kwargs)
         use()  # warm: connect before the clock starts
@@ -144,9 +149,7 @@ def _contender(
     kwargs: dict[str, Any],
 ) -> Callable[[], None]:
     if kind == "pgbouncer":
-        client = stack.enter_context(
-            psycopg.connect(url, autocommit=True, prepare_threshold=None, **kwargs)
-        )
+        client = stack.enter_context(psycopg.connect(url, prepare_threshold=None, **kwargs))
 
         def direct() -> None:
             client.execute(query).fetchall()
@@ -231,6 +234,8 @@ def run_contender(kind: str, url: str, pg: str, query: str, seconds: float) -> d
         "requests_per_s": len(latencies) / seconds,
         "p50_ms": 1000 * latencies[len(latencies) // 2],
         "p99_ms": 1000 * latencies[int(len(latencies) * 0.99)],
+        "p999_ms": 1000 * latencies[int(len(latencies) * 0.999)],
+        "max_ms": 1000 * latencies[-1],
         "peak_connections": highest,
     }
 
@@ -321,7 +326,8 @@ def main() -> None:
                 rows.append(row)
                 print(
                     f"{label:<12} {kind:<13} {row['requests_per_s']:>9,.0f} req/s  "
-                    f"p50 {row['p50_ms']:7.3f} ms  p99 {row['p99_ms']:8.3f} ms  "
+                    f"p50 {row['p50_ms']:6.2f}  p99 {row['p99_ms']:7.2f}  "
+                    f"p99.9 {row['p999_ms']:7.2f}  max {row['max_ms']:7.1f} ms  "
                     f"peak {row['peak_connections']} connections",
                     flush=True,
                 )
