@@ -265,3 +265,16 @@ def stuck_creator(channel: Channel, fleet_name: str, capacity: int) -> None:
             options=PoolOptions(max_live=1),
         )  # fmt: skip
         pool.getconn()
+
+
+def counted_waiter(channel: Channel, fleet_name: str, capacity: int) -> None:
+    """Count one waiter of this node on the fake pool's key until told to stop (or killed)."""
+    from orbitive.clients._options import pool_key  # noqa: PLC0415 - spawn imports this lean
+    from orbitive.pool import Pool  # noqa: PLC0415
+    from orbitive.pool._availability import add_waiter  # noqa: PLC0415
+
+    with Fleet.join(fleet_name, capacity) as fleet, Pool(fleet) as pool:
+        add_waiter(pool._t(), pool_key("fake"), 1)
+        channel.send("waiting")
+        channel.recv(None)
+        add_waiter(pool._t(), pool_key("fake"), -1)

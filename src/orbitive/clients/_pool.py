@@ -40,17 +40,15 @@ from .._errors import (
     NotOwnerError,
     OrbitError,
     PoolClosed,
-    PoolTimeout,
     StaleError,
-    TooManyRequests,
     UnknownClient,
 )
 from .._fleet import Fleet
 from ..pool import POOL_KIND, CreationPermit, Pool
-from ..pool._availability import add_waiter
 from ..pool._table import Table
-from ._async import made, retire, usable
+from ._async import retire
 from ._calls import call_async, call_sync, check_callable, run_anywhere
+from ._checkout import checkout, checkout_async
 from ._entry import Entry
 from ._options import PoolOptions, pool_key, seconds
 from ._remote import AsyncServer, Server, request, request_async, serve_async, start_server
@@ -59,8 +57,6 @@ from ._upkeep import Upkeep
 
 C = TypeVar("C")
 
-#: Longest single sleep of a waiter: it re-checks at least this often.
-WAIT_SLICE_S: Final = 1.0
 #: How often the upkeep thread runs when nothing wakes it (death scans, timeouts).
 UPKEEP_INTERVAL_S: Final = 0.2
 
@@ -145,6 +141,7 @@ class ClientPool(Generic[C]):
         self._idle: list[Entry[C]] = []  # most recently returned last
         self._out: dict[int, Entry[C]] = {}  # by id(client)
         self._waiters = 0
+        self._handed_over = False  # the last return closed its client (_checkout.polite)
         self._tasks: set[asyncio.Task[None]] = set()
         self._fork = _fork.generation
         self._upkeep = Upkeep(self, UPKEEP_INTERVAL_S)
@@ -230,10 +227,15 @@ class ClientPool(Generic[C]):
 
     # -- the decision -----------------------------------------------------------------
 
-    def _step(self) -> Entry[C] | CreationPermit | None:
-        """Take an idle client of ours, or claim creation, or None: at ``max_live``."""
+    def _step(self, polite: bool = False) -> Entry[C] | CreationPermit | None:
+        """Take an idle client of ours, or claim creation, or None: at ``max_live``.
+
+        ``polite``: no claim this time (see :func:`._checkout.polite`).
+        """
         entry = self._take_idle()
-        return entry if entry is not None else self._claim()
+        if entry is not None or polite:
+            return entry
+        return self._claim()
 
     def _take_idle(self) -> Entry[C] | None:
         """One of this process's idle clients, now in use (newest first), or None."""
@@ -300,45 +302,6 @@ class ClientPool(Generic[C]):
     def _expired(self, entry: Entry[C], now: float) -> bool:
         return now - entry.created_at >= self._max_lifetime
 
-    def _start_waiting(self) -> int:
-        with self._lock:
-            if self._waiters >= self.options.max_waiting:
-                self.counters.refused += 1
-                raise TooManyRequests(
-                    f"{self._waiters} callers of this process already wait for key "
-                    f"{self.key} (max_waiting {self.options.max_waiting})",
-                    key=self.key,
-                )
-            self._waiters += 1
-        try:
-            return add_waiter(self.table, self.key, 1)
-        except BaseException:
-            with self._lock:
-                self._waiters -= 1
-            raise
-
-    def _stop_waiting(self) -> None:
-        with self._lock:
-            self._waiters -= 1
-        with contextlib.suppress(OrbitError):
-            add_waiter(self.table, self.key, -1)
-
-    def _deadline(self, timeout: float | None) -> float:
-        wait = self.options.acquire_timeout if timeout is None else seconds("timeout", timeout)
-        return time.monotonic() + wait
-
-    def _timed_out(self, deadline: float) -> float:
-        """Seconds left before ``deadline``; PoolTimeout when none."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            self.counters.timeouts += 1
-            raise PoolTimeout(
-                f"no client for key {self.key} within the timeout "
-                f"(max_live {self.options.max_live} reached fleet-wide)",
-                key=self.key,
-            )
-        return min(remaining, WAIT_SLICE_S)
-
     # -- sync checkout ----------------------------------------------------------------
 
     def getconn(self, timeout: float | None = None) -> C:
@@ -365,29 +328,7 @@ class ClientPool(Generic[C]):
             entry = self._take_idle()
             if entry is not None and self._usable(entry):
                 return entry.client
-        return self._getconn_waiting(timeout)
-
-    def _getconn_waiting(self, timeout: float | None) -> C:
-        """:meth:`getconn` past the fast path: take, create or wait until the deadline."""
-        deadline = self._deadline(timeout)
-        version: int | None = None
-        try:
-            while True:
-                self._local()
-                step = self._step()
-                if isinstance(step, Entry):
-                    if self._usable(step):
-                        return step.client
-                elif step is not None:
-                    return self._registered(step, self._made(step)).client
-                elif version is None:
-                    version = self._start_waiting()
-                else:
-                    changed = self._pool.wait_capacity(self.key, version, self._timed_out(deadline))
-                    version = self._pool.version(self.key) if changed is None else changed
-        finally:
-            if version is not None:
-                self._stop_waiting()
+        return checkout(self, timeout)  # type: ignore[no-any-return]
 
     def _made(self, permit: CreationPermit) -> C:
         try:
@@ -462,6 +403,8 @@ class ClientPool(Generic[C]):
             if kept:
                 entry.idle_since = now
                 self._idle.append(entry)
+            else:
+                self._handed_over = True
         return kept
 
     def discard(self, client: C) -> None:
@@ -529,29 +472,11 @@ class ClientPool(Generic[C]):
         Raises:
             As :meth:`getconn`.
         """
-        deadline = self._deadline(timeout)
         self.counters.requests += 1
+        if timeout is not None:
+            seconds("timeout", timeout)
         await serve_async(self)
-        version: int | None = None
-        try:
-            while True:
-                self._local()
-                step = self._step()
-                if isinstance(step, Entry):
-                    if await usable(self, step):
-                        return step.client
-                elif step is not None:
-                    return self._registered(step, await made(self, step)).client
-                elif version is None:
-                    version = self._start_waiting()
-                else:
-                    changed = await self._pool.poll_capacity(
-                        self.key, version, self._timed_out(deadline)
-                    )
-                    version = self._pool.version(self.key) if changed is None else changed
-        finally:
-            if version is not None:
-                self._stop_waiting()
+        return await checkout_async(self, timeout)  # type: ignore[no-any-return]
 
     async def putconn_async(self, client: C) -> None:
         """Asyncio twin of :meth:`putconn`.

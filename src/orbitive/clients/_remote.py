@@ -48,6 +48,7 @@ from ..pool import Lease, ResourceId
 from ..pool.session import accept_session, accept_session_async, open_session, open_session_async
 from ._async import made, usable
 from ._calls import call_async, call_sync
+from ._checkout import deadline, start_waiting, stop_waiting, time_left
 
 if TYPE_CHECKING:
     from ._pool import ClientPool
@@ -340,7 +341,7 @@ async def borrow_async(pool: ClientPool[Any], request: bytes) -> bytes | None:
 def request(pool: ClientPool[Any], payload: object, timeout: float | None) -> bytes:
     """:meth:`ClientPool.request`: ours, theirs, a new one, or wait (see the module)."""
     data = check_payload(payload)
-    deadline = pool._deadline(timeout)
+    end = deadline(pool, timeout)
     version: int | None = None
     try:
         while True:
@@ -357,13 +358,13 @@ def request(pool: ClientPool[Any], payload: object, timeout: float | None) -> by
             if permit is not None:
                 return _here(pool, pool._registered(permit, pool._made(permit)).client, data)
             if version is None:
-                version = pool._start_waiting()
+                version = start_waiting(pool)
                 continue
-            changed = pool.pool.wait_capacity(pool.key, version, pool._timed_out(deadline))
+            changed = pool.pool.wait_capacity(pool.key, version, time_left(pool, end))
             version = pool.pool.version(pool.key) if changed is None else changed
     finally:
         if version is not None:
-            pool._stop_waiting()
+            stop_waiting(pool)
 
 
 def _here(pool: ClientPool[Any], client: object, data: bytes) -> bytes:
@@ -377,7 +378,7 @@ async def request_async(pool: ClientPool[Any], payload: object, timeout: float |
     """Asyncio twin of :func:`request`."""
     data = check_payload(payload)
     await serve_async(pool)
-    deadline = pool._deadline(timeout)
+    end = deadline(pool, timeout)
     version: int | None = None
     try:
         while True:
@@ -395,13 +396,13 @@ async def request_async(pool: ClientPool[Any], payload: object, timeout: float |
                 client = pool._registered(permit, await made(pool, permit)).client
                 return await _here_async(pool, client, data)
             if version is None:
-                version = pool._start_waiting()
+                version = start_waiting(pool)
                 continue
-            changed = await pool.pool.poll_capacity(pool.key, version, pool._timed_out(deadline))
+            changed = await pool.pool.poll_capacity(pool.key, version, time_left(pool, end))
             version = pool.pool.version(pool.key) if changed is None else changed
     finally:
         if version is not None:
-            pool._stop_waiting()
+            stop_waiting(pool)
 
 
 async def _here_async(pool: ClientPool[Any], client: object, data: bytes) -> bytes:

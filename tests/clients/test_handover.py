@@ -1,0 +1,84 @@
+"""Handing a client over: the process that closed its client for another process's waiter
+lets that waiter create first, instead of claiming the freed capacity back at once.
+
+Another process counts a waiter on the key (as a checkout parked at ``max_live``
+does). With ``handoff_uses=1`` every return then closes the client for it, and the
+next checkout of the returning process waits one change of the key (at most
+``HANDOFF_GRACE_S``) before it claims. Without a waiter elsewhere nothing waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from orbitive import Fleet
+from orbitive.clients import ClientPool, PoolOptions
+from orbitive.clients._options import HANDOFF_GRACE_S
+
+from .._processes import Processes
+from ._fakes import FakeClient, close
+from ._workers import counted_waiter
+from .conftest import CAPACITY
+
+
+@pytest.fixture(autouse=True)
+def _counts() -> Iterator[None]:
+    FakeClient.reset_counts()
+    yield
+
+
+def _pool(fleet: Fleet, **options: object) -> ClientPool[FakeClient]:
+    return ClientPool(
+        fleet, "fake", create=FakeClient, close=close,
+        options=PoolOptions(max_live=1, handoff_uses=1, **options),  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def checkout_after_return(pool: ClientPool[FakeClient], mode: str) -> float:
+    """Return the held client, check one out again; seconds the second checkout took."""
+    client = pool.getconn()
+    pool.putconn(client)
+    started = time.monotonic()
+    if mode == "sync":
+        again = pool.getconn(timeout=5.0)
+        elapsed = time.monotonic() - started
+        pool.putconn(again)
+        return elapsed
+
+    async def run() -> float:
+        again = await pool.getconn_async(timeout=5.0)
+        elapsed = time.monotonic() - started
+        await pool.putconn_async(again)
+        return elapsed
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_after_a_handover_the_next_checkout_waits_before_it_claims(
+    spawned: Processes, fleet: Fleet, mode: str
+) -> None:
+    waiter = spawned.start(counted_waiter, fleet.name, CAPACITY)
+    assert waiter.recv(60) == "waiting"
+    with _pool(fleet) as pool:
+        elapsed = checkout_after_return(pool, mode)
+        assert pool.counters.retired >= 1  # the return closed the client for the waiter
+        assert elapsed >= 0.8 * HANDOFF_GRACE_S  # and the next checkout let it go first
+        assert pool.counters.created == 2  # then created: the waiter never claimed
+    waiter.send("stop")
+
+
+def test_without_a_waiter_elsewhere_a_return_that_closes_never_delays_the_next_checkout(
+    fleet: Fleet,
+) -> None:
+    with _pool(fleet, max_idle=0) as pool:  # every return closes its client
+        started = time.monotonic()
+        for _ in range(20):
+            with pool.client():
+                pass
+        assert pool.counters.retired == 20
+        assert time.monotonic() - started < 10 * HANDOFF_GRACE_S  # 20 polite waits: 20x
