@@ -10,7 +10,10 @@ of about 1 ms) for a few seconds each, against:
 * per-process psycopg_pool (``max_size`` = the cap in every process: uncapped,
   8 x its size host-wide);
 * orbitive's ``ConnectionPool`` with the same host-wide cap (``check=None``,
-  as psycopg_pool's default).
+  as psycopg_pool's default), with the default ``handoff_uses`` and, as
+  ``orbitive/N``, with ``handoff_uses=N`` (``--handoff-uses``, default 256): how
+  many checkouts a process may still make with a client while another process
+  waits at the cap, before it closes the client for that waiter.
 
 Every contender runs the same request: one autocommit statement (a pool's
 ``connection()`` block then commits nothing, as a direct connection would not).
@@ -20,7 +23,7 @@ query + return, and the peak server connections a sampler saw in
 ``pg_stat_activity``. Then the cost of a checkout/return of an idle local
 client beside a bare ``LockTable`` pair.
 
-Run: ``.venv/bin/python -m bench.clients_bench [--seconds S] [--json PATH]``;
+Run: ``.venv/bin/python -m bench.clients_bench [--seconds S] [--handoff-uses N] [--json PATH]``;
 PostgreSQL and PgBouncer are started and stopped here (a missing binary skips
 that contender with the reason).
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -163,11 +167,14 @@ def _contender(
             psycopg_pool.ConnectionPool(url, min_size=1, max_size=CAP, kwargs=kwargs, open=True)
         )
     else:
+        _, _, uses = kind.partition("/")
+        options = PoolOptions(max_live=CAP)
+        if uses:
+            options = dataclasses.replace(options, handoff_uses=int(uses))
         fleet = stack.enter_context(Fleet.join(fleet_name, 16))
         pool = stack.enter_context(
-            ConnectionPool(url, fleet=fleet, kwargs=kwargs, options=PoolOptions(max_live=CAP),
-                           check=None)
-        )  # fmt: skip
+            ConnectionPool(url, fleet=fleet, kwargs=kwargs, options=options, check=None)
+        )
 
     def use() -> None:
         with pool.connection() as client:
@@ -312,13 +319,14 @@ def main() -> None:
     """Run every contender on every query, print the table, optionally write JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--handoff-uses", type=int, default=256)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = []
     pg = start_postgres()
     try:
         for label, query in QUERIES.items():
-            for kind in ("pgbouncer", "psycopg_pool", "orbitive"):
+            for kind in ("pgbouncer", "psycopg_pool", "orbitive", f"orbitive/{args.handoff_uses}"):
                 row = run_row(kind, pg, query, args.seconds)
                 if row is None:
                     continue
