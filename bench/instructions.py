@@ -8,8 +8,9 @@ System calls count as the instructions of their user-space side only.
 
 Workloads: ``flock`` (a bare ``fcntl.flock`` lock + unlock pair from Python, the
 floor), ``lock`` (``LockTable.try_acquire`` + ``release``), ``section``
-(``Region.acquire`` + ``release`` on the robust mutex) and ``pool`` (the pool's
-local reuse cycle, ``reserve`` + ``accept`` + ``complete``).
+(``Region.acquire`` + ``release`` on the robust mutex), ``pool`` (the pool's
+local reuse cycle, ``reserve`` + ``accept`` + ``complete``) and ``clients`` (a
+``ClientPool`` checkout + return of an idle local client).
 """
 
 from __future__ import annotations
@@ -28,39 +29,44 @@ from pathlib import Path
 from orbitive import Fleet
 from orbitive.lock import Acquired, LockKey, LockOwner, LockTable
 
-WORKLOADS = ("flock", "lock", "section", "pool")
+WORKLOADS = ("flock", "lock", "section", "pool", "clients")
 _COLLECTED = re.compile(r"Collected : (\d+)")
 
 
-def _prepare(workload: str, fleet: Fleet) -> Callable[[], None]:
-    """One operation of ``workload`` on ``fleet``, set up and warmed."""
-    if workload == "flock":
-        fd = os.open(tempfile.mkstemp()[1], os.O_RDWR)
+def _flock(fleet: Fleet) -> Callable[[], None]:
+    fd = os.open(tempfile.mkstemp()[1], os.O_RDWR)
 
-        def pair() -> None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            fcntl.flock(fd, fcntl.LOCK_UN)
+    def pair() -> None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_UN)
 
-        return pair
-    if workload == "section":
-        region = LockTable(fleet)._state
+    return pair
 
-        def section() -> None:
-            region.acquire()
-            region.release()
 
-        return section
-    if workload == "lock":
-        table = LockTable(fleet)
-        key, owner = LockKey("bench", "key"), LockOwner(b"bench-owner")
-        acquire, release = table.try_acquire, table.release
+def _section(fleet: Fleet) -> Callable[[], None]:
+    region = LockTable(fleet)._state
 
-        def lock() -> None:
-            result = acquire(key, owner, 30.0)
-            assert isinstance(result, Acquired)
-            release(result.lease)
+    def section() -> None:
+        region.acquire()
+        region.release()
 
-        return lock
+    return section
+
+
+def _lock(fleet: Fleet) -> Callable[[], None]:
+    table = LockTable(fleet)
+    key, owner = LockKey("bench", "key"), LockOwner(b"bench-owner")
+    acquire, release = table.try_acquire, table.release
+
+    def lock() -> None:
+        result = acquire(key, owner, 30.0)
+        assert isinstance(result, Acquired)
+        release(result.lease)
+
+    return lock
+
+
+def _pool(fleet: Fleet) -> Callable[[], None]:
     from orbitive.pool import Key, Pool  # noqa: PLC0415 - only this workload needs it
 
     pool = Pool(fleet)
@@ -73,9 +79,31 @@ def _prepare(workload: str, fleet: Fleet) -> Callable[[], None]:
     return cycle
 
 
+def _clients(fleet: Fleet) -> Callable[[], None]:
+    from orbitive.clients import ClientPool  # noqa: PLC0415 - only this workload needs it
+
+    pool: ClientPool[object] = ClientPool(fleet, "bench", create=object, close=lambda c: None)
+    getconn, putconn = pool.getconn, pool.putconn
+
+    def checkout() -> None:
+        putconn(getconn())
+
+    return checkout
+
+
+#: One warmed-up operation of each workload on a fleet.
+PREPARE: dict[str, Callable[[Fleet], Callable[[], None]]] = {
+    "flock": _flock,
+    "lock": _lock,
+    "section": _section,
+    "pool": _pool,
+    "clients": _clients,
+}
+
+
 def _run_child(workload: str, count: int, fleet_name: str) -> None:
     fleet = Fleet.join(fleet_name, 4)
-    operation = _prepare(workload, fleet)
+    operation = PREPARE[workload](fleet)
     for _ in range(100):
         operation()
     for _ in range(count):
