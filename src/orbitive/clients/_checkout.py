@@ -7,15 +7,21 @@ version word, in slices of at most :data:`WAIT_SLICE_S`, until the deadline.
 
 A checkout right after this process closed its client for another process's
 waiter is *polite* (:func:`polite`): it lets that waiter create first.
+
+:func:`plan` holds the decisions and does none of the user's I/O; the sync and
+asyncio drivers run its actions (check a client, create one, wait) their way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Generator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from .._errors import OrbitError, PoolTimeout, TooManyRequests
+from ..pool import CreationPermit
 from ..pool._availability import add_waiter, key_census
 from ._async import made, usable
 from ._entry import Entry
@@ -28,8 +34,39 @@ if TYPE_CHECKING:
 WAIT_SLICE_S: Final = 1.0
 
 
-def checkout(pool: ClientPool[Any], timeout: float | None) -> Any:
-    """:meth:`ClientPool.getconn` past its fast path (raises as it documents)."""
+@dataclass(frozen=True, slots=True)
+class Use:
+    """Check an idle client taken for checkout (answer: whether it is usable)."""
+
+    entry: Entry[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """Run ``create`` under this claim (answer: the new client)."""
+
+    permit: CreationPermit
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Sleep until the key's version differs from ``version``, at most ``seconds``
+    (answer: the new version, or None)."""
+
+    version: int
+    seconds: float
+
+
+Action = Use | Create | Wait
+
+
+def plan(pool: ClientPool[Any], timeout: float | None) -> Generator[Action, Any, Any]:
+    """The checkout's decisions, without the I/O: yields what to do, returns the client.
+
+    The sync and asyncio drivers (:func:`checkout`, :func:`checkout_async`) do
+    each action their way and send the answer back; closing the generator
+    counts a waiter out.
+    """
     end, is_polite = deadline(pool, timeout), polite(pool)
     version: int | None = None
     try:
@@ -37,45 +74,57 @@ def checkout(pool: ClientPool[Any], timeout: float | None) -> Any:
             pool._local()
             step = pool._step(is_polite)
             if isinstance(step, Entry):
-                if pool._usable(step):
+                if (yield Use(step)):
                     return step.client
             elif step is not None:
-                return pool._registered(step, pool._made(step)).client
+                return pool._registered(step, (yield Create(step))).client
             elif version is None:
                 version = start_waiting(pool)
             else:
-                wait = wait_slice(pool, end, is_polite)
-                changed = pool.pool.wait_capacity(pool.key, version, wait)
+                changed = yield Wait(version, wait_slice(pool, end, is_polite))
                 version = pool.pool.version(pool.key) if changed is None else changed
                 is_polite = False
     finally:
         if version is not None:
             stop_waiting(pool)
+
+
+def checkout(pool: ClientPool[Any], timeout: float | None) -> Any:
+    """:meth:`ClientPool.getconn` past its fast path (raises as it documents)."""
+    steps = plan(pool, timeout)
+    try:
+        action = next(steps)
+        while True:
+            if isinstance(action, Use):
+                action = steps.send(pool._usable(action.entry))
+            elif isinstance(action, Create):
+                action = steps.send(pool._made(action.permit))
+            else:
+                changed = pool.pool.wait_capacity(pool.key, action.version, action.seconds)
+                action = steps.send(changed)
+    except StopIteration as done:
+        return done.value
+    finally:
+        steps.close()
 
 
 async def checkout_async(pool: ClientPool[Any], timeout: float | None) -> Any:
     """Asyncio twin of :func:`checkout`: waits on the pool's readiness descriptor."""
-    end, is_polite = deadline(pool, timeout), polite(pool)
-    version: int | None = None
+    steps = plan(pool, timeout)
     try:
+        action = next(steps)
         while True:
-            pool._local()
-            step = pool._step(is_polite)
-            if isinstance(step, Entry):
-                if await usable(pool, step):
-                    return step.client
-            elif step is not None:
-                return pool._registered(step, await made(pool, step)).client
-            elif version is None:
-                version = start_waiting(pool)
+            if isinstance(action, Use):
+                action = steps.send(await usable(pool, action.entry))
+            elif isinstance(action, Create):
+                action = steps.send(await made(pool, action.permit))
             else:
-                wait = wait_slice(pool, end, is_polite)
-                changed = await pool.pool.poll_capacity(pool.key, version, wait)
-                version = pool.pool.version(pool.key) if changed is None else changed
-                is_polite = False
+                changed = await pool.pool.poll_capacity(pool.key, action.version, action.seconds)
+                action = steps.send(changed)
+    except StopIteration as done:
+        return done.value
     finally:
-        if version is not None:
-            stop_waiting(pool)
+        steps.close()
 
 
 def polite(pool: ClientPool[Any]) -> bool:
