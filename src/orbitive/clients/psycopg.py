@@ -90,11 +90,15 @@ async def check_connection_async(conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.set_autocommit(False)
 
 
-def _returnable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    """False for a closed connection or one in an unknown state (discard it)."""
-    if conn.closed:
-        return False
-    return conn.info.transaction_status in (_IDLE, *_OPEN)
+def _status(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> int:
+    """The libpq transaction status as an int (``conn.info`` builds an enum per read)."""
+    return conn.pgconn.transaction_status
+
+
+def _returnable(status: int) -> bool:
+    """False for a connection in an unknown state (discard it): a query still running,
+    a broken socket, or closed (``UNKNOWN``)."""
+    return status in (_IDLE, *_OPEN)
 
 
 class _Base:
@@ -187,9 +191,10 @@ class ConnectionPool(_Base):
         return conn
 
     def _reset(self, conn: psycopg.Connection[Any]) -> None:
-        if not _returnable(conn):
+        status = _status(conn)
+        if not _returnable(status):
             raise psycopg.InterfaceError("connection closed or in an unknown state")
-        if conn.info.transaction_status in _OPEN:
+        if status in _OPEN:
             conn.rollback()
         if self._reset_hook is not None:
             self._reset_hook(conn)
@@ -210,7 +215,7 @@ class ConnectionPool(_Base):
         conn = self.getconn(timeout)
         try:
             yield conn
-            if not conn.closed and conn.info.transaction_status == pq.TransactionStatus.INTRANS:
+            if _status(conn) == pq.TransactionStatus.INTRANS:
                 conn.commit()
         finally:
             self.putconn(conn)
@@ -282,9 +287,10 @@ class AsyncConnectionPool(_Base):
         return conn
 
     async def _reset(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        if not _returnable(conn):
+        status = _status(conn)
+        if not _returnable(status):
             raise psycopg.InterfaceError("connection closed or in an unknown state")
-        if conn.info.transaction_status in _OPEN:
+        if status in _OPEN:
             await conn.rollback()
         if self._reset_hook is not None:
             await self._reset_hook(conn)
@@ -299,7 +305,7 @@ class AsyncConnectionPool(_Base):
         conn = await self.getconn(timeout)
         try:
             yield conn
-            if not conn.closed and conn.info.transaction_status == pq.TransactionStatus.INTRANS:
+            if _status(conn) == pq.TransactionStatus.INTRANS:
                 await conn.commit()
         finally:
             await self.putconn(conn)
