@@ -7,34 +7,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, final
 
 from .. import _fork
-from .._errors import (
-    BusyError,
-    CreationBudgetError,
-    DrainingError,
-    FleetError,
-    KeyFullError,
-    MalformedError,
-    NodeOutsideFleet,
-    StaleError,
-    shown,
-)
+from .._errors import FleetError, MalformedError, NodeOutsideFleet, shown
 from .._fleet import Fleet
+from ._acquire import acquire, budget, snapshot
 from ._availability import give_back, take
 from ._deaths import DeathWatch, find_dead
 from ._guards import CreationPermit, Execution
 from ._layout import POOL_KIND, Layout, check_capacity, env_geometry
-from ._plan import (
-    Create,
-    Decision,
-    Limits,
-    LocalFirst,
-    LocalReuse,
-    Plan,
-    Policy,
-    Reject,
-    RemoteReuse,
-    Wait,
-)
+from ._plan import Limits, LocalFirst, Plan, Policy
 from ._stats import PoolStatistics, collect
 from ._table import Table, operations_for, table_for
 from ._values import (
@@ -57,14 +37,6 @@ if TYPE_CHECKING:
 
 _DEFAULT_LIMITS: Final = Limits()
 _DEFAULT_POLICY: Final = LocalFirst()
-
-
-def _decide_of(policy: object) -> object:
-    """``policy.decide``, or None when reading it fails in any way (a hostile ``__getattr__``)."""
-    try:
-        return getattr(policy, "decide", None)
-    except Exception:
-        return None
 
 
 @final
@@ -241,47 +213,7 @@ class Pool:
                 case Wait(version):
                     pool.wait_capacity(key, version, timeout=5.0)
         """
-        check_key(key)
-        if type(limits) is not Limits:
-            raise MalformedError(f"limits must be Limits, got {type(limits).__name__}")
-        if isinstance(policy, type) or not callable(_decide_of(policy)):
-            raise MalformedError(
-                f"policy must be an object with a decide method, got {shown(policy)}"
-            )
-        version = 0
-        for _ in range(limits.attempts):
-            candidates, live, creating, version = self._snapshot(key, install=True)
-            decision = policy.decide(key, candidates, (live, creating), limits)
-            plan = self._commit(key, decision, limits, version)
-            if plan is not None:
-                return plan
-        return Wait(version)
-
-    def _commit(self, key: Key, decision: Decision, limits: Limits, version: int) -> Plan | None:
-        if type(decision) is not Decision:
-            raise MalformedError(f"a policy must return a Decision, got {shown(decision)}")
-        if decision.action == "reuse" and decision.id is not None:
-            try:
-                lease = self.reserve(decision.id)
-            except (BusyError, StaleError, DrainingError):
-                return None
-            table = self._table
-            mine = table.owner(decision.id) == (table.node, table.incarnation)
-            return LocalReuse(lease) if mine else RemoteReuse(lease)
-        if decision.action == "create":
-            try:
-                return Create(self.claim_create(key, limits.max_live))
-            except CreationBudgetError:
-                return None
-        if decision.action == "wait":
-            return Wait(version)
-        if decision.action == "reject":
-            return Reject(decision.reason)
-        raise MalformedError(f"a policy returned an incomplete decision {shown(decision)}")
-
-    def _snapshot(self, key: Key, *, install: bool) -> tuple[list[Candidate], int, int, int]:
-        found = self._t().snapshot(key, install)
-        return ([], 0, 0, 0) if found is None else found
+        return acquire(self, key, limits, policy)
 
     # -- leases -----------------------------------------------------------------------
 
@@ -473,15 +405,11 @@ class Pool:
 
     def candidates(self, key: Key) -> list[Candidate]:
         """Every live or draining resource under ``key`` (a snapshot, not a lease)."""
-        return self._snapshot(check_key(key), install=False)[0]
+        return snapshot(self, check_key(key), install=False)[0]
 
     def budget(self, key: Key) -> tuple[int, int]:
         """(live, creating) for ``key``, fleet-wide; installs the key, (0, 0) if full."""
-        try:
-            _, live, creating, _ = self._snapshot(check_key(key), install=True)
-        except KeyFullError:
-            return 0, 0
-        return live, creating
+        return budget(self, check_key(key))
 
     def owners(self) -> list[tuple[int, int]]:
         """Sorted distinct (node, incarnation) owning live or draining resources.
