@@ -7,18 +7,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, final
 
 from .. import _fork
-from .._errors import FleetError, MalformedError, NodeOutsideFleet, shown
+from .._errors import FleetError, MalformedError, shown
 from .._fleet import Fleet
 from ._acquire import acquire, budget, snapshot
 from ._availability import give_back, take
-from ._deaths import DeathWatch, find_dead
+from ._deaths import DeathWatch, node_dead, reap_dead
 from ._guards import CreationPermit, Execution
 from ._layout import POOL_KIND, Layout, check_capacity, env_geometry
 from ._plan import Limits, LocalFirst, Plan, Policy
 from ._stats import PoolStatistics, collect
 from ._table import Table, operations_for, table_for
 from ._values import (
-    U64_MAX,
     Candidate,
     Incarnation,
     Key,
@@ -529,19 +528,7 @@ class Pool:
             NodeOutsideFleet: node out of range. MalformedError: ``incarnation``
                 is neither such an int (bools refused) nor an Incarnation.
         """
-        table = self._t()
-        if type(node) is not int or not 0 <= node < table.fleet_capacity:
-            raise NodeOutsideFleet(
-                f"node must be in 0..{table.fleet_capacity - 1}, got {shown(node)}"
-            )
-        if type(incarnation) is Incarnation:
-            incarnation = incarnation.value
-        elif type(incarnation) is not int or not 1 <= incarnation <= U64_MAX:
-            raise MalformedError(
-                f"incarnation must be an int in 1..{U64_MAX} or an Incarnation, "
-                f"got {shown(incarnation)}"
-            )
-        return table.node_dead(node, incarnation)
+        return node_dead(self._t(), node, incarnation)
 
     def reap_dead(self) -> list[tuple[int, int]]:
         """Find members that died (their node lock is free, or a newer life holds the
@@ -554,11 +541,7 @@ class Pool:
         Returns:
             The (node, incarnation) lives reported.
         """
-        table = self._t()
-        dead = find_dead(table, self._fleet)
-        for node, life in dead:
-            table.node_dead(node, life)
-        return dead
+        return reap_dead(self._t(), self._fleet)
 
     def watch_deaths(
         self,
