@@ -7,16 +7,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, final
 
 from .. import _fork
-from .._errors import FleetError, MalformedError, shown
+from .._errors import FleetError
 from .._fleet import Fleet
 from ._acquire import acquire, budget, snapshot
 from ._availability import give_back, take
 from ._deaths import DeathWatch, node_dead, reap_dead
 from ._guards import CreationPermit, Execution
-from ._layout import POOL_KIND, Layout, check_capacity, env_geometry
+from ._layout import POOL_KIND
+from ._opening import open_table
 from ._plan import Limits, LocalFirst, Plan, Policy
 from ._stats import PoolStatistics, collect
-from ._table import Table, operations_for, table_for
+from ._table import Table, operations_for
 from ._values import (
     Candidate,
     Incarnation,
@@ -83,35 +84,11 @@ class Pool:
         lane_capacity: int | None = None,
     ) -> None:
         self._closed = True  # until fully built
-        if not isinstance(fleet, Fleet):
-            raise MalformedError(f"Pool needs a Fleet, got {type(fleet).__name__}")
-        if incarnation is not None and type(incarnation) is not Incarnation:
-            raise MalformedError(f"incarnation must be an Incarnation, got {shown(incarnation)}")
-        if type(kind) is not int or not 0 <= kind <= 255:
-            raise MalformedError(f"pool kind must be an int in 0..255, got {shown(kind)}")
-        if fleet.shared and fleet.node < 0:
-            raise FleetError(
-                f"fleet {fleet.name!r} is an observer (no node): it cannot own or lease "
-                "resources; use `orbit pool` to inspect the table",
-                fleet=fleet.name,
-            )
-        keys, lane = env_geometry()
-        layout = Layout(
-            kind,
-            fleet.capacity,
-            keys if key_capacity is None else check_capacity(key_capacity, "key_capacity"),
-            lane if lane_capacity is None else check_capacity(lane_capacity, "lane_capacity"),
-        )
+        self._table = open_table(fleet, incarnation, kind, key_capacity, lane_capacity)
         self._fleet = fleet
         self._explicit = incarnation is not None
-        self._table = table = table_for(fleet, layout)
-        life = fleet.incarnation if incarnation is None else incarnation.value
-        table.bind(fleet.node, life)
-        self._fork = _fork.generation
-        self._waiting = Waiting.of(table)
-        self._waiting.users += 1
         self._closed = False
-        self._bind(operations_for(self, table))
+        self._attach()
 
     def _t(self) -> Table:
         if self._fork != _fork.generation or self._closed:
@@ -131,10 +108,13 @@ class Pool:
                 fleet=self._fleet.name,
             )
         self._table.bind(self._fleet.node, self._fleet.incarnation)
-        self._bind(operations_for(self, self._table))
-        self._waiting = Waiting.of(self._table)
-        self._waiting.users += 1
+        self._attach()
+
+    def _attach(self) -> None:
+        """Take this process's waiting machinery and C operations for the bound table."""
         self._fork = _fork.generation
+        self._waiting = Waiting.use(self._table)
+        self._bind(operations_for(self, self._table))
 
     def _bind(self, operations: Operations | None) -> None:
         """Make the C operations this pool's own reserve and accept (None: unbind).
@@ -603,9 +583,7 @@ class Pool:
             return
         self._closed = True
         self._bind(None)
-        self._waiting.users -= 1
-        if self._waiting.users <= 0:
-            self._waiting.close()
+        self._waiting.release()
 
     def __enter__(self) -> Pool:
         return self

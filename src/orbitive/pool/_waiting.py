@@ -114,12 +114,22 @@ class Waiting:
         self._loops: set[asyncio.AbstractEventLoop] = set()
 
     @classmethod
-    def of(cls, table: Table) -> Waiting:
-        """The table's instance in this process (a forked child gets a fresh one)."""
+    def use(cls, table: Table) -> Waiting:
+        """The table's instance in this process, one user more; :meth:`release` it.
+
+        A forked child gets a fresh instance.
+        """
         found = table.extras.get("waiting")
         if not isinstance(found, Waiting):
             found = table.extras["waiting"] = cls(table)
+        found.users += 1
         return found
+
+    def release(self) -> None:
+        """One user fewer; the last one stops the driver thread (:meth:`close`)."""
+        self.users -= 1
+        if self.users <= 0:
+            self.close()
 
     # -- blocking ---------------------------------------------------------------------
 
