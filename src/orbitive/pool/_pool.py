@@ -30,7 +30,7 @@ from ._values import (
     check_seconds,
     check_units,
 )
-from ._waiting import Waiting
+from ._waiting import Waiting, check_wait
 
 if TYPE_CHECKING:
     from ._fastpath import Operations
@@ -275,8 +275,7 @@ class Pool:
         self, rid: ResourceId, max_idle: int, max_live: int, in_turn: bool, borrowers: bool
     ) -> bool:
         """The Python operation behind ``Operations.give_back``: ``_availability.give_back``."""
-        table = self._t()
-        return give_back(table, check_rid(rid), max_idle, max_live, in_turn, borrowers)
+        return give_back(self._t(), check_rid(rid), max_idle, max_live, in_turn, borrowers)
 
     # -- resources --------------------------------------------------------------------
 
@@ -403,13 +402,7 @@ class Pool:
         Raises:
             KeyFullError: no room to install the key.
         """
-        table = self._t()
-        table.enter()
-        try:
-            index = table.find_key(check_key(key), True)
-        finally:
-            table.leave()
-        return table.changes(index)
+        return self._table.changes(self._index(key))
 
     def statistics(self) -> PoolStatistics:
         """A frozen snapshot of the whole table (what ``orbit pool`` prints)."""
@@ -423,12 +416,7 @@ class Pool:
     # -- waiting ----------------------------------------------------------------------
 
     def _index(self, key: Key) -> int:
-        table = self._t()
-        table.enter()
-        try:
-            return table.find_key(check_key(key), True)
-        finally:
-            table.leave()
+        return self._t().index(check_key(key))
 
     def wait_capacity(self, key: Key, since: int, timeout: float | None = None) -> int | None:
         """Park this thread until ``key``'s version differs from ``since``.
@@ -451,8 +439,7 @@ class Pool:
             MalformedError: bad arguments (a timeout above 1e9 seconds too).
             KeyFullError: cannot install the key.
         """
-        since = check_units(since, "since", 0)
-        seconds = None if timeout is None else check_seconds(timeout, "timeout")
+        since, seconds = check_wait(since, timeout)
         return self._waiting.wait(self._index(key), since, seconds)
 
     async def poll_capacity(self, key: Key, since: int, timeout: float | None = None) -> int | None:
@@ -464,8 +451,7 @@ class Pool:
         Raises:
             As :meth:`wait_capacity`.
         """
-        since = check_units(since, "since", 0)
-        seconds = None if timeout is None else check_seconds(timeout, "timeout")
+        since, seconds = check_wait(since, timeout)
         return await self._waiting.poll(self._index(key), since, seconds)
 
     def fileno(self) -> int:

@@ -28,6 +28,7 @@ from typing import Final, final
 from .._readiness import Readiness, wait_word
 from ._layout import BELL_PARKED, KEY_CHANGES
 from ._table import Table
+from ._values import check_seconds, check_units
 
 
 @final
@@ -95,6 +96,12 @@ def sort_waiters(
         else:
             waiting.append(waiter)
     return ready, waiting
+
+
+def check_wait(since: int, timeout: float | None) -> tuple[int, float | None]:
+    """(since, seconds or None) of a wait, checked (``Pool.wait_capacity`` raises as it says)."""
+    since = check_units(since, "since", 0)
+    return since, None if timeout is None else check_seconds(timeout, "timeout")
 
 
 def _resolve(future: asyncio.Future[int | None], value: int | None) -> None:
