@@ -1,4 +1,4 @@
-"""The public pool handle: validates arguments and runs one table step per verb."""
+"""The public pool handle: each verb checks its arguments, then one table step or one delegate."""
 
 from __future__ import annotations
 
