@@ -1,4 +1,7 @@
-"""Noticing members that died, so their resources and claims come back unsupervised.
+"""Member deaths: reporting a life over, finding the lives that are, watching for more.
+
+A reported death closes the resources that life owned and returns its creation
+claims, so they come back unsupervised.
 
 Facts this relies on:
 
@@ -21,10 +24,32 @@ import threading
 from collections.abc import Callable
 from typing import final
 
-from .._errors import MalformedError, OrbitError, shown
+from .._errors import MalformedError, NodeOutsideFleet, OrbitError, shown
 from .._fleet import Fleet
 from ._table import Table
-from ._values import check_seconds
+from ._values import U64_MAX, Incarnation, check_seconds
+
+
+def node_dead(table: Table, node: int, incarnation: int | Incarnation) -> int:
+    """:meth:`Pool.node_dead`: check the life, then close its resources (raises as it documents)."""
+    if type(node) is not int or not 0 <= node < table.fleet_capacity:
+        raise NodeOutsideFleet(f"node must be in 0..{table.fleet_capacity - 1}, got {shown(node)}")
+    if type(incarnation) is Incarnation:
+        incarnation = incarnation.value
+    elif type(incarnation) is not int or not 1 <= incarnation <= U64_MAX:
+        raise MalformedError(
+            f"incarnation must be an int in 1..{U64_MAX} or an Incarnation, "
+            f"got {shown(incarnation)}"
+        )
+    return table.node_dead(node, incarnation)
+
+
+def reap_dead(table: Table, fleet: Fleet) -> list[tuple[int, int]]:
+    """:meth:`Pool.reap_dead`: report every life :func:`find_dead` proves over."""
+    dead = find_dead(table, fleet)
+    for node, life in dead:
+        table.node_dead(node, life)
+    return dead
 
 
 def find_dead(table: Table, fleet: Fleet) -> list[tuple[int, int]]:

@@ -160,6 +160,18 @@ class KeyTable:
             self.keys[key] = index
         return index
 
+    def index(self, key: Key) -> int:
+        """Index of ``key``'s slot, installing it, in a critical section of its own.
+
+        Raises:
+            As :meth:`find_key` with ``install``.
+        """
+        self.enter()
+        try:
+            return self.find_key(key, True)
+        finally:
+            self.leave()
+
     def _probe(self, lo: int, hi: int, install: bool) -> int:
         mask = self.key_capacity - 1
         rotated = (hi << 32 | hi >> 32) & M64

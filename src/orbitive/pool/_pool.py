@@ -1,4 +1,4 @@
-"""The public pool handle: validates arguments and runs one table step per verb."""
+"""The public pool handle: each verb checks its arguments, then one table step or one delegate."""
 
 from __future__ import annotations
 
@@ -7,38 +7,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, final
 
 from .. import _fork
-from .._errors import (
-    BusyError,
-    CreationBudgetError,
-    DrainingError,
-    FleetError,
-    KeyFullError,
-    MalformedError,
-    NodeOutsideFleet,
-    StaleError,
-    shown,
-)
+from .._errors import FleetError
 from .._fleet import Fleet
+from ._acquire import acquire, budget, snapshot
 from ._availability import give_back, take
-from ._deaths import DeathWatch, find_dead
+from ._deaths import DeathWatch, node_dead, reap_dead
 from ._guards import CreationPermit, Execution
-from ._layout import POOL_KIND, Layout, check_capacity, env_geometry
-from ._plan import (
-    Create,
-    Decision,
-    Limits,
-    LocalFirst,
-    LocalReuse,
-    Plan,
-    Policy,
-    Reject,
-    RemoteReuse,
-    Wait,
-)
+from ._layout import POOL_KIND
+from ._opening import open_table
+from ._plan import Limits, LocalFirst, Plan, Policy
 from ._stats import PoolStatistics, collect
-from ._table import Table, operations_for, table_for
+from ._table import Table, operations_for
 from ._values import (
-    U64_MAX,
     Candidate,
     Incarnation,
     Key,
@@ -50,21 +30,13 @@ from ._values import (
     check_seconds,
     check_units,
 )
-from ._waiting import Waiting
+from ._waiting import Waiting, check_wait
 
 if TYPE_CHECKING:
     from ._fastpath import Operations
 
 _DEFAULT_LIMITS: Final = Limits()
 _DEFAULT_POLICY: Final = LocalFirst()
-
-
-def _decide_of(policy: object) -> object:
-    """``policy.decide``, or None when reading it fails in any way (a hostile ``__getattr__``)."""
-    try:
-        return getattr(policy, "decide", None)
-    except Exception:
-        return None
 
 
 @final
@@ -112,35 +84,11 @@ class Pool:
         lane_capacity: int | None = None,
     ) -> None:
         self._closed = True  # until fully built
-        if not isinstance(fleet, Fleet):
-            raise MalformedError(f"Pool needs a Fleet, got {type(fleet).__name__}")
-        if incarnation is not None and type(incarnation) is not Incarnation:
-            raise MalformedError(f"incarnation must be an Incarnation, got {shown(incarnation)}")
-        if type(kind) is not int or not 0 <= kind <= 255:
-            raise MalformedError(f"pool kind must be an int in 0..255, got {shown(kind)}")
-        if fleet.shared and fleet.node < 0:
-            raise FleetError(
-                f"fleet {fleet.name!r} is an observer (no node): it cannot own or lease "
-                "resources; use `orbit pool` to inspect the table",
-                fleet=fleet.name,
-            )
-        keys, lane = env_geometry()
-        layout = Layout(
-            kind,
-            fleet.capacity,
-            keys if key_capacity is None else check_capacity(key_capacity, "key_capacity"),
-            lane if lane_capacity is None else check_capacity(lane_capacity, "lane_capacity"),
-        )
+        self._table = open_table(fleet, incarnation, kind, key_capacity, lane_capacity)
         self._fleet = fleet
         self._explicit = incarnation is not None
-        self._table = table = table_for(fleet, layout)
-        life = fleet.incarnation if incarnation is None else incarnation.value
-        table.bind(fleet.node, life)
-        self._fork = _fork.generation
-        self._waiting = Waiting.of(table)
-        self._waiting.users += 1
         self._closed = False
-        self._bind(operations_for(self, table))
+        self._attach()
 
     def _t(self) -> Table:
         if self._fork != _fork.generation or self._closed:
@@ -160,10 +108,13 @@ class Pool:
                 fleet=self._fleet.name,
             )
         self._table.bind(self._fleet.node, self._fleet.incarnation)
-        self._bind(operations_for(self, self._table))
-        self._waiting = Waiting.of(self._table)
-        self._waiting.users += 1
+        self._attach()
+
+    def _attach(self) -> None:
+        """Take this process's waiting machinery and C operations for the bound table."""
         self._fork = _fork.generation
+        self._waiting = Waiting.use(self._table)
+        self._bind(operations_for(self, self._table))
 
     def _bind(self, operations: Operations | None) -> None:
         """Make the C operations this pool's own reserve and accept (None: unbind).
@@ -241,47 +192,7 @@ class Pool:
                 case Wait(version):
                     pool.wait_capacity(key, version, timeout=5.0)
         """
-        check_key(key)
-        if type(limits) is not Limits:
-            raise MalformedError(f"limits must be Limits, got {type(limits).__name__}")
-        if isinstance(policy, type) or not callable(_decide_of(policy)):
-            raise MalformedError(
-                f"policy must be an object with a decide method, got {shown(policy)}"
-            )
-        version = 0
-        for _ in range(limits.attempts):
-            candidates, live, creating, version = self._snapshot(key, install=True)
-            decision = policy.decide(key, candidates, (live, creating), limits)
-            plan = self._commit(key, decision, limits, version)
-            if plan is not None:
-                return plan
-        return Wait(version)
-
-    def _commit(self, key: Key, decision: Decision, limits: Limits, version: int) -> Plan | None:
-        if type(decision) is not Decision:
-            raise MalformedError(f"a policy must return a Decision, got {shown(decision)}")
-        if decision.action == "reuse" and decision.id is not None:
-            try:
-                lease = self.reserve(decision.id)
-            except (BusyError, StaleError, DrainingError):
-                return None
-            table = self._table
-            mine = table.owner(decision.id) == (table.node, table.incarnation)
-            return LocalReuse(lease) if mine else RemoteReuse(lease)
-        if decision.action == "create":
-            try:
-                return Create(self.claim_create(key, limits.max_live))
-            except CreationBudgetError:
-                return None
-        if decision.action == "wait":
-            return Wait(version)
-        if decision.action == "reject":
-            return Reject(decision.reason)
-        raise MalformedError(f"a policy returned an incomplete decision {shown(decision)}")
-
-    def _snapshot(self, key: Key, *, install: bool) -> tuple[list[Candidate], int, int, int]:
-        found = self._t().snapshot(key, install)
-        return ([], 0, 0, 0) if found is None else found
+        return acquire(self, key, limits, policy)
 
     # -- leases -----------------------------------------------------------------------
 
@@ -364,8 +275,7 @@ class Pool:
         self, rid: ResourceId, max_idle: int, max_live: int, in_turn: bool, borrowers: bool
     ) -> bool:
         """The Python operation behind ``Operations.give_back``: ``_availability.give_back``."""
-        table = self._t()
-        return give_back(table, check_rid(rid), max_idle, max_live, in_turn, borrowers)
+        return give_back(self._t(), check_rid(rid), max_idle, max_live, in_turn, borrowers)
 
     # -- resources --------------------------------------------------------------------
 
@@ -473,15 +383,11 @@ class Pool:
 
     def candidates(self, key: Key) -> list[Candidate]:
         """Every live or draining resource under ``key`` (a snapshot, not a lease)."""
-        return self._snapshot(check_key(key), install=False)[0]
+        return snapshot(self, check_key(key), install=False)[0]
 
     def budget(self, key: Key) -> tuple[int, int]:
         """(live, creating) for ``key``, fleet-wide; installs the key, (0, 0) if full."""
-        try:
-            _, live, creating, _ = self._snapshot(check_key(key), install=True)
-        except KeyFullError:
-            return 0, 0
-        return live, creating
+        return budget(self, check_key(key))
 
     def owners(self) -> list[tuple[int, int]]:
         """Sorted distinct (node, incarnation) owning live or draining resources.
@@ -496,13 +402,7 @@ class Pool:
         Raises:
             KeyFullError: no room to install the key.
         """
-        table = self._t()
-        table.enter()
-        try:
-            index = table.find_key(check_key(key), True)
-        finally:
-            table.leave()
-        return table.changes(index)
+        return self._table.changes(self._index(key))
 
     def statistics(self) -> PoolStatistics:
         """A frozen snapshot of the whole table (what ``orbit pool`` prints)."""
@@ -516,12 +416,7 @@ class Pool:
     # -- waiting ----------------------------------------------------------------------
 
     def _index(self, key: Key) -> int:
-        table = self._t()
-        table.enter()
-        try:
-            return table.find_key(check_key(key), True)
-        finally:
-            table.leave()
+        return self._t().index(check_key(key))
 
     def wait_capacity(self, key: Key, since: int, timeout: float | None = None) -> int | None:
         """Park this thread until ``key``'s version differs from ``since``.
@@ -544,8 +439,7 @@ class Pool:
             MalformedError: bad arguments (a timeout above 1e9 seconds too).
             KeyFullError: cannot install the key.
         """
-        since = check_units(since, "since", 0)
-        seconds = None if timeout is None else check_seconds(timeout, "timeout")
+        since, seconds = check_wait(since, timeout)
         return self._waiting.wait(self._index(key), since, seconds)
 
     async def poll_capacity(self, key: Key, since: int, timeout: float | None = None) -> int | None:
@@ -557,8 +451,7 @@ class Pool:
         Raises:
             As :meth:`wait_capacity`.
         """
-        since = check_units(since, "since", 0)
-        seconds = None if timeout is None else check_seconds(timeout, "timeout")
+        since, seconds = check_wait(since, timeout)
         return await self._waiting.poll(self._index(key), since, seconds)
 
     def fileno(self) -> int:
@@ -601,19 +494,7 @@ class Pool:
             NodeOutsideFleet: node out of range. MalformedError: ``incarnation``
                 is neither such an int (bools refused) nor an Incarnation.
         """
-        table = self._t()
-        if type(node) is not int or not 0 <= node < table.fleet_capacity:
-            raise NodeOutsideFleet(
-                f"node must be in 0..{table.fleet_capacity - 1}, got {shown(node)}"
-            )
-        if type(incarnation) is Incarnation:
-            incarnation = incarnation.value
-        elif type(incarnation) is not int or not 1 <= incarnation <= U64_MAX:
-            raise MalformedError(
-                f"incarnation must be an int in 1..{U64_MAX} or an Incarnation, "
-                f"got {shown(incarnation)}"
-            )
-        return table.node_dead(node, incarnation)
+        return node_dead(self._t(), node, incarnation)
 
     def reap_dead(self) -> list[tuple[int, int]]:
         """Find members that died (their node lock is free, or a newer life holds the
@@ -626,11 +507,7 @@ class Pool:
         Returns:
             The (node, incarnation) lives reported.
         """
-        table = self._t()
-        dead = find_dead(table, self._fleet)
-        for node, life in dead:
-            table.node_dead(node, life)
-        return dead
+        return reap_dead(self._t(), self._fleet)
 
     def watch_deaths(
         self,
@@ -692,9 +569,7 @@ class Pool:
             return
         self._closed = True
         self._bind(None)
-        self._waiting.users -= 1
-        if self._waiting.users <= 0:
-            self._waiting.close()
+        self._waiting.release()
 
     def __enter__(self) -> Pool:
         return self

@@ -28,6 +28,7 @@ from typing import Final, final
 from .._readiness import Readiness, wait_word
 from ._layout import BELL_PARKED, KEY_CHANGES
 from ._table import Table
+from ._values import check_seconds, check_units
 
 
 @final
@@ -97,6 +98,12 @@ def sort_waiters(
     return ready, waiting
 
 
+def check_wait(since: int, timeout: float | None) -> tuple[int, float | None]:
+    """(since, seconds or None) of a wait, checked (``Pool.wait_capacity`` raises as it says)."""
+    since = check_units(since, "since", 0)
+    return since, None if timeout is None else check_seconds(timeout, "timeout")
+
+
 def _resolve(future: asyncio.Future[int | None], value: int | None) -> None:
     if not future.done():
         future.set_result(value)
@@ -114,12 +121,22 @@ class Waiting:
         self._loops: set[asyncio.AbstractEventLoop] = set()
 
     @classmethod
-    def of(cls, table: Table) -> Waiting:
-        """The table's instance in this process (a forked child gets a fresh one)."""
+    def use(cls, table: Table) -> Waiting:
+        """The table's instance in this process, one user more; :meth:`release` it.
+
+        A forked child gets a fresh instance.
+        """
         found = table.extras.get("waiting")
         if not isinstance(found, Waiting):
             found = table.extras["waiting"] = cls(table)
+        found.users += 1
         return found
+
+    def release(self) -> None:
+        """One user fewer; the last one stops the driver thread (:meth:`close`)."""
+        self.users -= 1
+        if self.users <= 0:
+            self.close()
 
     # -- blocking ---------------------------------------------------------------------
 
