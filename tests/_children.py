@@ -23,7 +23,7 @@ from typing import Any
 
 from orbitive import Fleet, OrbitError
 from orbitive._ring import Ring, RingGeometry
-from orbitive.lock import Acquired, LockKey, LockLayout, LockOwner, LockTable, _table
+from orbitive.lock import Acquired, LockKey, LockLayout, LockOwner, LockTable, _steps
 
 from ._processes import Channel, Child, Processes
 
@@ -193,7 +193,7 @@ def stop_in_critical_section(channel: Channel, name: str, capacity: int, operati
             channel.send("stopped")
             os.kill(os.getpid(), signal.SIGSTOP)
 
-    _table.crash_hook = hook
+    _steps.crash_hook = hook
     if lease is None:
         table.try_acquire(KEY, LockOwner(b"victim"), ttl=60.0)
     else:

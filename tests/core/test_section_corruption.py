@@ -32,7 +32,7 @@ import pytest
 from orbitive import Fleet, LayoutMismatch
 from orbitive._robust import SECTION_MUTEX_AT, SECTION_STRIPE_BYTES
 from orbitive._section import FLOCK, ROBUST_MUTEX
-from orbitive.lock import Acquired, LockKey, LockOwner, LockTable, Occupied, _table
+from orbitive.lock import Acquired, LockKey, LockOwner, LockTable, Occupied, _steps
 
 from .._children import KEY
 from .._processes import Channel, Processes
@@ -145,7 +145,7 @@ def hold_while_corrupted(channel: Channel, fleet_name: str, twin: str) -> None:
             channel.send("inside")
             assert channel.recv() == "go on"
 
-    _table.crash_hook = hook
+    _steps.crash_hook = hook
     table.try_acquire(KEY, LockOwner(b"holder"), 30.0)
     channel.send("done")
     threading.Event().wait()

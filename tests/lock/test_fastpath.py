@@ -33,7 +33,7 @@ from orbitive.lock import (
     _table,
 )
 from orbitive.lock._layout import HEADER_SIZE, MAX_PROBE_OFFSET
-from orbitive.lock._table import _TYPES
+from orbitive.lock._opening import _TYPES
 
 from .._capabilities import require_c_steps
 from .._fleets import new_fleet_name, remove_fleet_files
@@ -169,13 +169,13 @@ def test_c_and_python_steps_agree_on_the_probe_bound_under_churn_near_full(
 ) -> None:
     slow = churn_pair[1]
     walked_past: list[int] = []
-    free_after = slow._free_after
+    free_after = slow._reference.free_after
 
     def recording(slot: int, count: int, now: int, digest: int) -> int:
         walked_past.append(free_after(slot, count, now, digest))
         return walked_past[-1]
 
-    slow._free_after = recording  # type: ignore[method-assign]
+    slow._reference.free_after = recording  # type: ignore[method-assign]
     results = run_both(churn_pair, seed, COLLIDING, 500)
     assert StateFull in results  # the table was full at times
     assert any(slot < CHURN.capacity for slot in walked_past)  # inserts went past the bound

@@ -22,8 +22,9 @@ from .._errors import (
     OwnerEmpty,
     StateFull,
 )
+from ._inspection import LockTableStatistics
 from ._layout import LockLayout
-from ._table import LockTable, LockTableStatistics
+from ._table import LockTable
 from ._types import Acquired, Fence, LockEvent, LockKey, LockLease, LockOwner, LockPoll, Occupied
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Transition frames of the lock event ring: encoding and validating decoding.
+"""Transition frames of the lock event ring: encoding, validating decoding and polling.
 
 Frame ``kind``: 1 acquired, 2 renewed, 3 released; frame ``ver``: the
 transition's state_revision. Payload (little-endian, version :data:`EVENT_VERSION`)::
@@ -22,8 +22,8 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from .._ring import Frame
-from ._types import LockEvent, LockKey, LockOwner, Transition
+from .._ring import Frame, Ring
+from ._types import LockEvent, LockKey, LockOwner, LockPoll, Transition
 
 EVENT_MAGIC: Final = 0x4F4C434B
 EVENT_VERSION: Final = 1
@@ -72,3 +72,18 @@ def decode(frame: Frame, payload_max: int) -> LockEvent | None:
         node=frame.node,
         counter=frame.counter,
     )
+
+
+def poll(ring: Ring, cursors: list[int], payload_max: int) -> LockPoll:
+    """The events published past ``cursors`` (advanced), sorted by state_revision."""
+    read = ring.read(cursors)
+    events = []
+    malformed = 0
+    for frame in read.frames:
+        event = decode(frame, payload_max)
+        if event is None:
+            malformed += 1
+        else:
+            events.append(event)
+    events.sort(key=lambda event: event.state_revision)
+    return LockPoll(tuple(events), read.overwritten, read.unavailable, malformed)

@@ -4,7 +4,8 @@
  * operations of the same names on their common path: argument checks, the
  * clock, the stripes of the section the key's probe reads (robust mutexes in
  * the object's section block, _robust.h; lock/_layout.py "Stripes"), the table
- * step and the result objects. The step is byte for byte what _table.py does:
+ * step and the result objects. The step is byte for byte what ReferenceSteps in
+ * lock/_steps.py does (the comment over each C function names its Python twin):
  * linear probing bounded by the header's max_probe, with lazy reclaim of
  * expired entries, counters advanced first, one transition frame published to
  * this node's ring lane (seqlock) with the readiness word bumped, then
@@ -14,8 +15,9 @@
  * LockTable binds these methods as its own. Anything off that path (other
  * argument types, an error to raise, a fork, a closed table, the test-only
  * crash hook) hands the call, before or after the step, to the table class's
- * method of the same name, which runs the Python operation (_try_acquire,
- * _release, _renew), the reference, which also runs when this module is not built.
+ * method of the same name (lock/_table.py), which runs the Python operation
+ * (_try_acquire, _release, _renew) over the steps of lock/_steps.py, the reference,
+ * which also runs when this module is not built.
  *
  * Every length and offset read from shared memory is checked before use, and
  * the geometry is checked against the buffers' sizes on every call.
@@ -74,7 +76,7 @@ typedef struct {
     Py_buffer block; /* the state object's section block, held for life */
     PyObject *wake;  /* Ring.wake: called when a driver is parked */
     PyObject *fork_dict, *generation; /* _fork's globals, and its generation at creation */
-    PyObject *table, *table_dict;     /* the LockTable, and _table's globals (crash_hook) */
+    PyObject *table, *table_dict;     /* the LockTable, and _steps's globals (crash_hook) */
     Types types;
     Py_ssize_t capacity, stride, payload_max;
     Py_ssize_t lanes, heads_at, slots_at, ring_capacity, ring_stride, frame_bytes;
@@ -116,7 +118,7 @@ static int empty_head(const uint8_t *p)
     return memcmp(p, zero, 8) == 0;
 }
 
-/* _read_live: a valid, unexpired OCCUPIED entry. */
+/* read_live: a valid, unexpired OCCUPIED entry. */
 static int live(const Steps *t, const uint8_t *p, uint64_t now)
 {
     Py_ssize_t ns = ld16(p + 2), lb = ld16(p + 4), ow = ld16(p + 6);
@@ -125,7 +127,7 @@ static int live(const Steps *t, const uint8_t *p, uint64_t now)
            acquired < expires && expires > now;
 }
 
-/* _holds_key: the live entry at p stores exactly e's key. */
+/* holds_key: the live entry at p stores exactly e's key. */
 static int holds_key(const uint8_t *p, const Entry *e)
 {
     return ld64(p + 8) == e->digest && ld16(p + 2) == e->ns_len &&
@@ -133,7 +135,7 @@ static int holds_key(const uint8_t *p, const Entry *e)
            memcmp(p + SLOT_HEADER, e->ident, (size_t)e->ident_len) == 0;
 }
 
-/* _tombstone: mark slot TOMBSTONE; a run of tombstones before an EMPTY slot turns EMPTY. */
+/* tombstone: mark slot TOMBSTONE; a run of tombstones before an EMPTY slot turns EMPTY. */
 static void tombstone(const Steps *t, uint8_t *s, Py_ssize_t slot, uint64_t digest)
 {
     Py_ssize_t mask = t->capacity - 1;
@@ -150,14 +152,14 @@ static void tombstone(const Steps *t, uint8_t *s, Py_ssize_t slot, uint64_t dige
     }
 }
 
-/* _bound: the stored max_probe, read as at most capacity - 1. */
+/* bound: the stored max_probe, read as at most capacity - 1. */
 static Py_ssize_t bound(const Steps *t, const uint8_t *s)
 {
     uint32_t stored = __atomic_load_n((const uint32_t *)(s + MAX_PROBE_AT), __ATOMIC_ACQUIRE);
     return stored < (uint64_t)(t->capacity - 1) ? (Py_ssize_t)stored : t->capacity - 1;
 }
 
-/* _free_after: the first slot of count from slot on holding no live entry, else capacity. */
+/* free_after: the first slot of count from slot on holding no live entry, else capacity. */
 static Py_ssize_t free_after(const Steps *t, uint8_t *s, Py_ssize_t slot, Py_ssize_t count,
                              const Entry *e)
 {
@@ -175,7 +177,7 @@ static Py_ssize_t free_after(const Steps *t, uint8_t *s, Py_ssize_t slot, Py_ssi
     return t->capacity;
 }
 
-/* _probe: the slot of the key's live entry, else ~insertion_slot (~capacity: none).
+/* probe: the slot of the key's live entry, else ~insertion_slot (~capacity: none).
  * Stops at EMPTY or after limit + 1 slots (limit: the bound the held stripes cover,
  * never max_probe read again, which another stripe's insert may have raised since).
  * Past those, free_after may read any slot: without every stripe held (!all) the
@@ -211,7 +213,8 @@ static Py_ssize_t probe(const Steps *t, uint8_t *s, const Entry *e, Py_ssize_t l
     return ~free_after(t, s, slot, mask - limit, e);
 }
 
-/* Ring.publish plus bump: one lock-event frame in the node's lane. *wake: a driver is parked. */
+/* publish (Ring.publish plus bump): one lock-event frame in the node's lane.
+ * *wake: a driver is parked. */
 static int publish(const Steps *t, uint8_t *r, const Entry *e, uint8_t kind, uint64_t revision,
                    uint64_t t1, uint64_t t2, int *wake)
 {
@@ -256,7 +259,7 @@ static int publish(const Steps *t, uint8_t *r, const Entry *e, uint8_t kind, uin
     return DONE;
 }
 
-/* The insert half of _insert: max_probe raised, then TOMBSTONE, rewrite, OCCUPIED last. */
+/* The insert half of insert (raise_bound, then the slot): max_probe raised, then TOMBSTONE, rewrite, OCCUPIED last. */
 static void write_slot(const Steps *t, uint8_t *s, Py_ssize_t slot, const Entry *e,
                        uint64_t revision)
 {
@@ -518,7 +521,7 @@ static uint64_t load64(const uint8_t *p)
     return __atomic_load_n((const uint64_t *)p, __ATOMIC_RELAXED);
 }
 
-/* _next_ids for one counter: the u64 at p advanced by one, unless it has reached
+/* next_ids for one counter: the u64 at p advanced by one, unless it has reached
  * limit (0 then). Atomic: steps holding other stripes advance it at the same time. */
 static uint64_t advance(uint8_t *p, uint64_t limit)
 {
@@ -709,7 +712,7 @@ static int is_tenure(const uint8_t *p, const Entry *e)
            memcmp(p + SLOT_HEADER + e->ident_len, e->owner, (size_t)e->owner_len) == 0;
 }
 
-/* _find_tenure: the slot holding exactly e's tenure (key, lock id, owner), or -1. */
+/* find_tenure: the slot holding exactly e's tenure (key, lock id, owner), or -1. */
 static Py_ssize_t find_tenure(Steps *t, uint8_t *s, const Entry *e, Py_ssize_t hint, Held *h,
                               int *rc)
 {
@@ -797,7 +800,7 @@ static PyObject *Steps_renew(Steps *t, PyObject *const *args, size_t nargsf, PyO
             outcome = EXHAUSTED;
         } else {
             outcome = publish(t, m.r, &e, RENEWED, revision, acquired, e.expires, &wake);
-            if (outcome == DONE) { /* _rewrite: TOMBSTONE, revision and expiry, OCCUPIED */
+            if (outcome == DONE) { /* rewrite: TOMBSTONE, revision and expiry, OCCUPIED */
                 p[0] = TOMBSTONE;
                 fence();
                 st64(p + 24, revision);
@@ -873,8 +876,8 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
     static char *names[] = {"state", "ring", "block", "capacity", "stride", "payload_max",
                             "lanes", "heads_at", "slots_at", "ring_capacity", "ring_stride",
                             "frame_bytes", "node", "id_base", "wake", "stripes", "types",
-                            "fork_module", "table", "table_module", NULL};
-    PyObject *state, *ring, *block, *wake, *types, *fork_module, *table, *table_module;
+                            "fork_module", "table", "steps_module", NULL};
+    PyObject *state, *ring, *block, *wake, *types, *fork_module, *table, *steps_module;
     unsigned long long id_base;
     Steps g; /* parsed and checked here, copied into t only when consistent */
     if (t->ready) {
@@ -885,7 +888,7 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
                                      &ring, &block, &g.capacity, &g.stride, &g.payload_max,
                                      &g.lanes, &g.heads_at, &g.slots_at, &g.ring_capacity,
                                      &g.ring_stride, &g.frame_bytes, &g.node, &id_base, &wake,
-                                     &g.stripes, &types, &fork_module, &table, &table_module))
+                                     &g.stripes, &types, &fork_module, &table, &steps_module))
         return -1;
     int pow2 = g.capacity > 0 && !(g.capacity & (g.capacity - 1)) && g.capacity <= 1 << 20 &&
                g.ring_capacity > 0 && !(g.ring_capacity & (g.ring_capacity - 1)) &&
@@ -902,7 +905,7 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
         return -1;
     }
     if (!PyCallable_Check(wake) || !PyModule_Check(fork_module) ||
-        !PyModule_Check(table_module) || parse_types(types, &t->types) < 0) {
+        !PyModule_Check(steps_module) || parse_types(types, &t->types) < 0) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_TypeError, "wake must be callable and the modules modules");
         return -1;
@@ -935,7 +938,7 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
     t->fork_dict = Py_NewRef(fork_dict);
     t->generation = Py_NewRef(generation);
     t->table = Py_NewRef(table);
-    t->table_dict = Py_NewRef(PyModule_GetDict(table_module));
+    t->table_dict = Py_NewRef(PyModule_GetDict(steps_module));
     types_ref(&t->types, 1);
     t->ready = 1;
     return 0;
@@ -998,7 +1001,7 @@ static PyTypeObject StepsType = {
 
 static struct PyModuleDef fastpath_module = {
     PyModuleDef_HEAD_INIT, "orbitive.lock._fastpath",
-    PyDoc_STR("The lock table's try_acquire, release and renew in C (see _table.py)."), -1,
+    PyDoc_STR("The lock table's try_acquire, release and renew in C (see lock/_steps.py)."), -1,
     NULL,
 };
 

@@ -1,4 +1,4 @@
-"""Type stub of the C operations in ``_fastpath.c`` (see that file and ``_table.py``)."""
+"""Type stub of the C operations in ``_fastpath.c`` (see that file and ``_steps.py``)."""
 
 from collections.abc import Callable
 from mmap import mmap
@@ -28,7 +28,7 @@ class Steps:
         types: tuple[type, ...],
         fork_module: ModuleType,
         table: object,
-        table_module: ModuleType,
+        steps_module: ModuleType,
     ) -> None: ...
     def try_acquire(self, key: LockKey, owner: object, ttl: object, /) -> Acquired | Occupied: ...
     def release(self, lease: object, /) -> bool: ...
