@@ -38,7 +38,8 @@ from orbitive.pool._layout import (
     Layout,
     write_header,
 )
-from orbitive.pool._table import Table, table_for
+from orbitive.pool._opening import table_for
+from orbitive.pool._table import Table
 from orbitive.pool._values import Key, ResourceId
 
 from .._capabilities import require_c_steps

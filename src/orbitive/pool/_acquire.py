@@ -24,6 +24,7 @@ from .._errors import (
     StaleError,
     shown,
 )
+from . import _snapshots
 from ._plan import Create, Decision, Limits, LocalReuse, Plan, Policy, Reject, RemoteReuse, Wait
 from ._values import Candidate, Key, check_key
 
@@ -50,7 +51,7 @@ def acquire(pool: Pool, key: Key, limits: Limits, policy: Policy) -> Plan:
 
 def snapshot(pool: Pool, key: Key, *, install: bool) -> tuple[list[Candidate], int, int, int]:
     """(candidates, live, creating, version) of ``key``; all empty when it is not installed."""
-    found = pool._t().snapshot(key, install)
+    found = _snapshots.snapshot(pool._t(), key, install)
     return ([], 0, 0, 0) if found is None else found
 
 

@@ -26,6 +26,7 @@ from typing import final
 
 from .._errors import MalformedError, NodeOutsideFleet, OrbitError, shown
 from .._fleet import Fleet
+from . import _snapshots
 from ._table import Table
 from ._values import U64_MAX, Incarnation, check_seconds
 
@@ -54,7 +55,7 @@ def reap_dead(table: Table, fleet: Fleet) -> list[tuple[int, int]]:
 
 def find_dead(table: Table, fleet: Fleet) -> list[tuple[int, int]]:
     """(node, incarnation) lives in the table that are provably over."""
-    lives = table.lives()  # resources first, doorbells after: see the module docstring
+    lives = _snapshots.lives(table)  # resources first, doorbells after: see the module docstring
     for node in range(table.fleet_capacity):
         bell = table.doorbell(node)
         if bell:

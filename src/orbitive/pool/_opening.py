@@ -4,16 +4,28 @@ A member with a node owns and leases resources; an observer (a shared fleet
 without a node) may only read the table, through ``orbit pool``. The geometry
 is the fleet's capacity and the key and lane capacities, explicit or from the
 environment (:func:`~._layout.env_geometry`). The table is the process's one
-instance for that fleet and geometry, bound to this node and process life.
+instance for that fleet and geometry (:func:`table_for`), bound to this node and
+process life; :func:`operations_for` makes the C operations a Pool binds over it.
 """
 
 from __future__ import annotations
 
+import weakref
+
+from .. import _fork
 from .._errors import FleetError, MalformedError, shown
 from .._fleet import Fleet
+from .._readiness import BACKEND
+from .._region import Region
+from .._section import ROBUST_MUTEX
 from ._layout import Layout, check_capacity, env_geometry
-from ._table import Table, table_for
-from ._values import Incarnation
+from ._table import Table
+from ._values import Incarnation, Lease, ResourceId
+
+try:
+    from ._fastpath import Operations
+except ImportError:  # not built (no C compiler): the Python operations are used
+    Operations = None  # type: ignore[assignment, misc]
 
 
 def open_table(
@@ -45,4 +57,59 @@ def open_table(
     )
     table = table_for(fleet, layout)
     table.bind(fleet.node, fleet.incarnation if incarnation is None else incarnation.value)
+    return table
+
+
+_tables: weakref.WeakKeyDictionary[Region, Table] = weakref.WeakKeyDictionary()
+
+
+def operations_for(pool: object, table: Table) -> Operations | None:
+    """``pool``'s reserve and accept over ``table`` as C calls, where they can run.
+
+    They need the C module, the table's section to be the robust mutex (the C
+    operations lock it themselves) and readiness to wake by futex (they bump
+    the key's change word themselves); otherwise None: the Python operations run.
+    """
+    section = table.region.section
+    if Operations is None or section is None or section.mechanism != ROBUST_MUTEX:
+        return None
+    if BACKEND.NAME != "futex" or table.node < 0:
+        return None
+    return Operations(
+        table.buf,
+        table.region.block,
+        table.res_base,
+        table.layout.size,
+        table.kind,
+        table.fleet_capacity,
+        table.lane_capacity,
+        table.key_base,
+        table.key_stride,
+        table.key_capacity,
+        table.key_interest,
+        table.key_waiters,
+        table.bell,
+        table.node,
+        table.incarnation,
+        ResourceId,
+        Lease,
+        _fork,
+        pool,
+        table,
+    )
+
+
+def table_for(fleet: Fleet, layout: Layout) -> Table:
+    """This process's Table for ``fleet``'s pool region of ``layout`` (one per region)."""
+    region = fleet.region(layout.kind, layout.size, layout.init, layout.validate)
+    table = _tables.get(region)
+    if table is None:
+        table = _tables[region] = Table(region, layout)
+    elif table.layout != layout:
+        raise MalformedError(
+            f"this process opened pool kind {layout.kind} of fleet {fleet.name!r} with "
+            f"another geometry ({table.layout})",
+            fleet=fleet.name,
+            kind=layout.kind,
+        )
     return table

@@ -9,15 +9,16 @@ from typing import TYPE_CHECKING, Final, final
 from .. import _fork
 from .._errors import FleetError
 from .._fleet import Fleet
+from . import _snapshots
 from ._acquire import acquire, budget, snapshot
 from ._availability import give_back, take
 from ._deaths import DeathWatch, node_dead, reap_dead
 from ._guards import CreationPermit, Execution
 from ._layout import POOL_KIND
-from ._opening import open_table
+from ._opening import open_table, operations_for
 from ._plan import Limits, LocalFirst, Plan, Policy
 from ._stats import PoolStatistics, collect
-from ._table import Table, operations_for
+from ._table import Table
 from ._values import (
     Candidate,
     Incarnation,
@@ -394,7 +395,9 @@ class Pool:
 
         A damaged slot, whose owner node is not its lane's, counts for nobody.
         """
-        return sorted((node, life) for node, lives in self._t().lives().items() for life in lives)
+        return sorted(
+            (node, life) for node, lives in _snapshots.lives(self._t()).items() for life in lives
+        )
 
     def version(self, key: Key) -> int:
         """The key's version word: it changes on every completion, close or return.

@@ -26,19 +26,18 @@ active count at 2**32 - 1: only damaged memory holds those) raises
 
 The three hot steps, reserve, accept and complete, also exist in C
 (``_fastpath.c``, built when a compiler is present): the same checks and the
-same writes in the same order. Over them, ``Operations`` (:func:`operations_for`)
-makes ``Pool.reserve``, ``Pool.accept`` and ``Execution.complete`` one C call
-each on tables whose section is the robust mutex: section, clock, step, the
-key's change and the result objects. The Python steps here are the reference,
-and they run whenever the C module is missing or the C call declines.
+same writes in the same order. Over them, ``Operations``
+(:func:`~._opening.operations_for`) makes ``Pool.reserve``, ``Pool.accept``
+and ``Execution.complete`` one C call each on tables whose section is the
+robust mutex: section, clock, step, the key's change and the result objects.
+The Python steps here are the reference, and they run whenever the C module is
+missing or the C call declines.
 """
 
 from __future__ import annotations
 
-import weakref
 from typing import Final
 
-from .. import _fork
 from .._clock import wall_ms
 from .._errors import (
     BusyError,
@@ -52,10 +51,8 @@ from .._errors import (
     StaleError,
     shown,
 )
-from .._fleet import Fleet
-from .._readiness import BACKEND, bump
+from .._readiness import bump
 from .._region import Region, store
-from .._section import ROBUST_MUTEX
 from ._keys import M64, KeyTable
 from ._layout import (
     BELL_PARKED,
@@ -87,12 +84,12 @@ from ._layout import (
     new_epoch,
     write_header,
 )
-from ._values import U64_MAX, Candidate, Key, Lease, ResourceId
+from ._values import U64_MAX, Key, ResourceId
 
 try:
-    from ._fastpath import Operations, Steps
+    from ._fastpath import Steps
 except ImportError:  # not built (no C compiler): the Python steps are used
-    Operations = Steps = None  # type: ignore[assignment, misc]
+    Steps = None  # type: ignore[assignment, misc]
 
 _ZERO_PENDING: Final = bytes(2 * 8 * PENDING)
 
@@ -101,10 +98,6 @@ _DONE: Final = 0  # REFUSED (-1), not that registration or not ours: ``_refusal`
 _BUSY: Final = -2
 _NOT_PENDING: Final = -3
 _DECLINED: Final = -4  # a counter is at its limit (or no C steps): the Python step decides
-
-#: A snapshot row: (slot offset, node, slot, generation, epoch, incarnation,
-#: state, capacity, reserved, active, last_reserve_ms).
-Row = tuple[int, int, int, int, int, int, int, int, int, int, int]
 
 
 class Table(KeyTable):
@@ -484,80 +477,6 @@ class Table(KeyTable):
             self.leave()
         return len(aged)
 
-    # -- snapshots --------------------------------------------------------------------
-
-    def snapshot(self, key: Key, install: bool) -> tuple[list[Candidate], int, int, int] | None:
-        """(candidates, live, creating, version) of ``key`` in one section; None if absent."""
-        self.enter()
-        try:
-            index = self.find_key(key, install)
-            if index < 0:
-                return None
-            rows = self._rows(self.members(index), key)
-            live, creating = self.budget(index)
-            version = self.changes(index)
-        finally:
-            self.leave()
-        return [self._candidate(row) for row in rows], live, creating, version
-
-    def _candidate(self, row: Row) -> Candidate:
-        """A Candidate from a snapshot row (built outside the critical section)."""
-        _, node, slot, generation, epoch, life, state, capacity, reserved, active, last = row
-        return Candidate(
-            ResourceId(self.kind, node, slot, generation, epoch),
-            node,
-            life,
-            node == self.node and life == self.incarnation,
-            "live" if state == LIVE else "draining",
-            capacity,
-            reserved,
-            active,
-            last / 1000.0,
-        )
-
-    def _rows(self, members: int, key: Key) -> list[Row]:
-        rows: list[Row] = []
-        lo, hi = key.value & M64, key.value >> 64
-        while members:
-            low = members & -members
-            members ^= low
-            node, slot = divmod(low.bit_length() - 1, self.lane_capacity)
-            offset = self.res_base + (node * self.lane_capacity + slot) * RESOURCE_SIZE
-            hot = RES_HOT.unpack_from(self.buf, offset)
-            if (
-                LIVE <= hot[0] <= DRAINING
-                and hot[1] == node
-                and hot[4] == lo
-                and hot[5] == hi
-                and 1 <= hot[2] <= GENERATION_MAX
-                and hot[11]
-            ):  # else a slot no id can name (damage): skipped, as in the statistics
-                free = PENDING_WORDS.unpack_from(self.buf, offset + RES_FENCES).count(0)
-                rows.append(
-                    (offset, node, slot, hot[2], hot[11], hot[3], hot[0], hot[6],
-                     PENDING - free, hot[8], hot[10])
-                )  # fmt: skip
-        return rows
-
-    def lives(self) -> dict[int, set[int]]:
-        """Per node, the incarnations that own live or draining resources.
-
-        A slot whose owner node is not its lane's (damage) names no life: skipped.
-        """
-        self.enter()
-        try:
-            states = self.buf[self.res_base : self.layout.size : RESOURCE_SIZE]
-            lives: dict[int, set[int]] = {}
-            for global_index, state in enumerate(states):
-                if LIVE <= state <= DRAINING:
-                    offset = self.res_base + global_index * RESOURCE_SIZE
-                    node, _, incarnation = RES_OWNER.unpack_from(self.buf, offset + RES_BODY_AT)
-                    if node == global_index // self.lane_capacity:
-                        lives.setdefault(node, set()).add(incarnation)
-        finally:
-            self.leave()
-        return lives
-
     # -- deaths and resets ---------------------------------------------------------------
 
     def node_dead(self, node: int, incarnation: int) -> int:
@@ -610,58 +529,3 @@ class Table(KeyTable):
         finally:
             self.leave()
         return epoch
-
-
-_tables: weakref.WeakKeyDictionary[Region, Table] = weakref.WeakKeyDictionary()
-
-
-def operations_for(pool: object, table: Table) -> Operations | None:
-    """``pool``'s reserve and accept over ``table`` as C calls, where they can run.
-
-    They need the C module, the table's section to be the robust mutex (the C
-    operations lock it themselves) and readiness to wake by futex (they bump
-    the key's change word themselves); otherwise None: the Python operations run.
-    """
-    section = table.region.section
-    if Operations is None or section is None or section.mechanism != ROBUST_MUTEX:
-        return None
-    if BACKEND.NAME != "futex" or table.node < 0:
-        return None
-    return Operations(
-        table.buf,
-        table.region.block,
-        table.res_base,
-        table.layout.size,
-        table.kind,
-        table.fleet_capacity,
-        table.lane_capacity,
-        table.key_base,
-        table.key_stride,
-        table.key_capacity,
-        table.key_interest,
-        table.key_waiters,
-        table.bell,
-        table.node,
-        table.incarnation,
-        ResourceId,
-        Lease,
-        _fork,
-        pool,
-        table,
-    )
-
-
-def table_for(fleet: Fleet, layout: Layout) -> Table:
-    """This process's Table for ``fleet``'s pool region of ``layout`` (one per region)."""
-    region = fleet.region(layout.kind, layout.size, layout.init, layout.validate)
-    table = _tables.get(region)
-    if table is None:
-        table = _tables[region] = Table(region, layout)
-    elif table.layout != layout:
-        raise MalformedError(
-            f"this process opened pool kind {layout.kind} of fleet {fleet.name!r} with "
-            f"another geometry ({table.layout})",
-            fleet=fleet.name,
-            kind=layout.kind,
-        )
-    return table
