@@ -1,20 +1,28 @@
-"""Build hook: the lock and pool tables' optional C steps (pure Python runs without them)."""
+"""Build hook: the lock and pool tables' optional C steps (pure Python runs without them).
+
+Each module is one translation unit; its ``.h`` parts are listed as ``depends``,
+so an edit to one rebuilds the module and an sdist carries them.
+"""
 
 from setuptools import Extension, setup
 
+SHARED = ["src/orbitive/_robust.h", "src/orbitive/_slots.h"]
+
 setup(
     ext_modules=[
-        Extension("orbitive._robust_c", ["src/orbitive/_robust.c"], optional=True),
+        Extension("orbitive._robust_c", ["src/orbitive/_robust.c"], depends=SHARED, optional=True),
         Extension(
             "orbitive.lock._fastpath",
             ["src/orbitive/lock/_fastpath.c"],
             include_dirs=["src/orbitive"],
+            depends=[*SHARED, "src/orbitive/lock/_steps.h", "src/orbitive/lock/_calls.h"],
             optional=True,
         ),
         Extension(
             "orbitive.pool._fastpath",
             ["src/orbitive/pool/_fastpath.c"],
             include_dirs=["src/orbitive"],
+            depends=SHARED,
             optional=True,
         ),
     ]
