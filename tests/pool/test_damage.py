@@ -11,6 +11,7 @@ import pytest
 from orbitive import Fleet
 from orbitive._errors import LayoutMismatch, StaleError
 from orbitive.pool import Key, LocalReuse, Pool
+from orbitive.pool._availability import add_waiter
 from orbitive.pool._layout import EPOCH_MAX, EPOCH_OFFSET, GENERATION_MAX, RES_BODY_AT
 
 RES_GENERATION = 4  # the registration's generation in a resource slot
@@ -98,3 +99,16 @@ def test_a_slot_no_id_can_name_is_no_candidate(pool: Pool, at: int, value: int) 
     plan = pool.acquire(KEY)
     assert isinstance(plan, LocalReuse) and plan.lease.id == intact
     pool.cancel_reservation(plan.lease)
+
+
+def test_a_waiter_count_at_its_largest_stays_there_instead_of_raising(pool: Pool) -> None:
+    """Garbage in a waiter counter: counting one more in saturates (before: struct.error)."""
+    pool.register(KEY, 1)
+    table = pool._table
+    at = table.key_offset(table.keys[KEY]) + table.key_waiters + 4 * table.node
+    _poke(pool, at, b"\xff" * 4)
+    version = add_waiter(table, KEY, 1)
+    assert version == pool.version(KEY)
+    assert bytes(table.buf[at : at + 4]) == b"\xff" * 4
+    add_waiter(table, KEY, -1)
+    assert int.from_bytes(table.buf[at : at + 4], "little") == 0xFFFF_FFFE

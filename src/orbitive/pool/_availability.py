@@ -47,7 +47,7 @@ from ._layout import (
     U32,
 )
 from ._table import Table
-from ._values import Key, ResourceId
+from ._values import U32_MAX, Key, ResourceId
 
 #: Why an owner may retire an idle client (:func:`retire_idle`).
 FOR_WAITER: Final = 0  # another process waits at max_live
@@ -275,7 +275,8 @@ def claim_warm(table: Table, key: Key, max_live: int, min_idle: int) -> tuple[in
 def add_waiter(table: Table, key: Key, delta: int) -> int:
     """Count one waiter of this node in or out (+1 / -1); returns the key's version.
 
-    Counting one in bumps the key, so owners holding idle clients notice.
+    Counting one in bumps the key, so owners holding idle clients notice. A
+    counter at ``2**32 - 1`` (damage) stays there.
 
     Raises:
         KeyFullError.
@@ -285,7 +286,7 @@ def add_waiter(table: Table, key: Key, delta: int) -> int:
         index = table.find_key(key, True)
         at = table.key_offset(index) + table.key_waiters + 4 * table.node
         count = U32.unpack_from(table.buf, at)[0]
-        store(table.buf, at, U32, max(0, count + delta))
+        store(table.buf, at, U32, min(max(0, count + delta), U32_MAX))  # damage saturates
         if delta > 0:
             table.key_changed(index)
         return table.changes(index)
