@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from orbitive import Fleet
-from orbitive._errors import OrbitError
+from orbitive._errors import MalformedError, OrbitError
 from orbitive.pool import Execution, Incarnation, Key, Lease, Pool, ResourceId
 from orbitive.pool._availability import add_waiter
 from orbitive.pool._guards import PythonExecution
@@ -248,3 +248,23 @@ def test_after_close_the_c_operations_hand_over_and_refuse_by_name(
     assert "reserve" not in vars(pool)
     with pytest.raises(OrbitError, match="closed"):
         pool.reserve(rid)
+
+
+#: Bounds a give-back cannot take: not ints (a bool, a float, None, text), negative, past u32.
+BAD_BOUNDS = [True, 1.5, None, "4", -1, 1 << 32, 1 << 64]
+
+
+@pytest.mark.parametrize("bound", BAD_BOUNDS, ids=repr)
+@pytest.mark.parametrize("which", ["max_idle", "max_live"])
+def test_a_give_back_with_a_bound_that_is_no_u32_is_malformed_in_both_twins(
+    pools: tuple[Pool, Pool], bound: object, which: str
+) -> None:
+    for pool in pools:
+        take, give_back = unit_steps(pool)
+        rid = pool.register(KEYS[0], 1)
+        take(rid)
+        before = table_bytes(pool)
+        bounds = (bound, 1) if which == "max_idle" else (1, bound)
+        with pytest.raises(MalformedError, match=which):
+            give_back(rid, *bounds, False, False)
+        assert table_bytes(pool) == before  # the unit is still active
