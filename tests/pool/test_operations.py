@@ -24,7 +24,13 @@ from orbitive._errors import MalformedError, OrbitError
 from orbitive.pool import Execution, Incarnation, Key, Lease, Pool, ResourceId
 from orbitive.pool._availability import add_waiter
 from orbitive.pool._guards import PythonExecution
-from orbitive.pool._layout import RES_SINCE, RESOURCE_SIZE, write_header
+from orbitive.pool._layout import (
+    RES_ACTIVE,
+    RES_KEY_INDEX,
+    RES_SINCE,
+    RESOURCE_SIZE,
+    write_header,
+)
 
 from .._capabilities import require_c_steps
 from .._fleets import new_fleet_name, remove_fleet_files
@@ -32,6 +38,7 @@ from .._fleets import new_fleet_name, remove_fleet_files
 KEYS = [Key(0xA11CE), Key(0xB0B)]
 EPOCH = 0x1234_5678_9ABC
 LIFE = 11
+RES_INCARNATION = 8  # the owner's incarnation in a resource slot
 #: Bytes 56..64 of a resource slot hold the last reservation's time, and RES_SINCE
 #: the pending entries' times: the two sides read the clock apart.
 LAST_RESERVE = slice(56, 64)
@@ -104,6 +111,14 @@ class Side:
 
 KINDS = ["register"] + ["reserve", "accept", "complete"] * 4 + ["take", "give_back"] * 3
 KINDS += ["waiter"]
+#: The same random operations with stray writes in between (see :func:`damage`).
+DAMAGED_KINDS = KINDS + ["damage"] * 3
+#: A stray write: (offset in a resource slot, bytes, the values written).
+STRAY = [
+    (RES_KEY_INDEX, 4, (1, 63, 64, 0xFFFF, 0xFFFF_FFFF)),  # the key index, past the table too
+    (RES_ACTIVE, 4, (0, 1, 3, 0xFFFF_FFFF)),
+    (RES_INCARNATION, 8, (LIFE + 1, 0, (1 << 64) - 1)),  # another owner's life
+]
 
 
 def unit_steps(pool: Pool) -> tuple[Callable[..., None], Callable[..., bool]]:
@@ -127,16 +142,32 @@ def run_availability(pool: Pool, kind: str, rid: ResourceId, pick: float) -> obj
     return outcome(lambda: add_waiter(pool._table, rng_key(pick), delta))
 
 
-def run_both(pools: tuple[Pool, Pool], seed: int, steps: int) -> None:
+def damage(pool: Pool, rid: ResourceId, pick: float) -> None:
+    """A stray write of ``pick``'s choosing into ``rid``'s slot, or a key's waiter counter."""
+    table = pool._table
+    choice = int(pick * 1000)
+    if choice % 4 == 3:  # a garbage waiter count of some node on some key
+        node, key = choice % table.fleet_capacity, choice % table.key_capacity
+        value = (0, 1, 0xFFFF_FFFF)[choice % 3]
+        at, size = table.key_offset(key) + table.key_waiters + 4 * node, 4
+    else:
+        field, size, values = STRAY[choice % 4]
+        at, value = table.locate(rid) + field, values[choice % len(values)]
+    table.buf[at : at + size] = value.to_bytes(size, "little")
+
+
+def run_both(pools: tuple[Pool, Pool], seed: int, steps: int, kinds: list[str] = KINDS) -> None:
     rng = random.Random(seed)
     sides = [Side() for _ in pools]
     for _ in range(steps):
-        kind = rng.choice(KINDS)
+        kind = rng.choice(kinds)
         pick = rng.random()
         results = []
         for pool, mine in zip(pools, sides, strict=True):
             rids, leases, units = mine.rids, mine.leases, mine.units
-            if kind in ("take", "give_back", "waiter") and rids:
+            if kind == "damage" and rids:
+                result = damage(pool, rids[int(pick * len(rids))], pick)
+            elif kind in ("take", "give_back", "waiter") and rids:
                 rid = rids[int(pick * len(rids))]
                 if pick < 0.1:
                     rid = odd_rid(random.Random(seed + len(rids)), rid)
@@ -203,6 +234,14 @@ def rng_key(pick: float) -> Key:
 @pytest.mark.parametrize("seed", range(3))
 def test_c_and_python_operations_leave_the_same_table(pools: tuple[Pool, Pool], seed: int) -> None:
     run_both(pools, seed, 300)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_c_and_python_operations_agree_on_a_table_damaged_in_between(
+    pools: tuple[Pool, Pool], seed: int
+) -> None:
+    """Stray key indexes (past the key table too), active counts, owner lives, waiter counts."""
+    run_both(pools, 100 + seed, 300, DAMAGED_KINDS)
 
 
 @pytest.mark.parametrize("twin", ["c", "python"])
