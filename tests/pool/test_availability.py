@@ -14,10 +14,12 @@ from collections.abc import Callable
 
 import pytest
 
+from orbitive._errors import NotOwnerError
 from orbitive.pool import Key, Pool
 from orbitive.pool._availability import add_waiter
+from orbitive.pool._layout import RESOURCE_SIZE
 
-from ._agent import Agent
+from ._agent import Agent, rid_of
 from .test_operations import unit_steps
 
 KEY = Key(0xC11E47)
@@ -61,3 +63,23 @@ def test_a_kept_return_wakes_a_waiter_of_its_own_process(owner: Pool) -> None:
 def test_with_nobody_waiting_a_return_changes_nothing_but_the_unit(owner: Pool) -> None:
     owner._t().register(KEY, 1, 0)
     assert not kept_return_changes_version(owner, borrowers=True)
+
+
+def test_another_live_processs_resource_is_neither_taken_nor_given_back(
+    owner: Pool, agents: Callable[[], Agent]
+) -> None:
+    """Its own id, of this table and kind: refused by name, its slot left as it was."""
+    other = agents()
+    rid = rid_of(other.call("register", KEY, 2))
+    other.call("reserve", rid)  # one unit reserved: a slot with more than its defaults
+    take, give_back = unit_steps(owner)
+    table = owner._t()
+    slot = slice(table.locate(rid), table.locate(rid) + RESOURCE_SIZE)
+    before = bytes(table.buf[slot])
+    with pytest.raises(NotOwnerError):
+        take(rid)
+    for max_idle, in_turn, borrowers in [(2, False, False), (0, True, True)]:
+        assert give_back(rid, max_idle, 2, in_turn, borrowers) is False
+    assert bytes(table.buf[slot]) == before
+    (candidate,) = owner.candidates(KEY)
+    assert (candidate.reserved, candidate.active) == (1, 0)
