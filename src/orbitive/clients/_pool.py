@@ -410,10 +410,14 @@ class ClientPool(Generic[C]):
     def discard(self, client: C) -> None:
         """Close a checked-out client instead of returning it (it is broken, say).
 
+        In a forked child a client of the parent is left alone, as :meth:`putconn` does.
+
         Raises:
             UnknownClient: this pool did not check ``client`` out.
         """
-        self._retire(self._pop_out(client))
+        entry = self._checked_in(client)
+        if entry is not None:
+            self._retire(entry)
 
     def _pop_out(self, client: C) -> Entry[C]:
         """The entry of a checked-out client, no longer checked out.
@@ -503,7 +507,9 @@ class ClientPool(Generic[C]):
         Raises:
             UnknownClient: this pool did not check ``client`` out.
         """
-        await retire(self, self._pop_out(client))
+        entry = self._checked_in(client)
+        if entry is not None:
+            await retire(self, entry)
 
     @contextlib.asynccontextmanager
     async def client_async(self, timeout: float | None = None) -> AsyncIterator[C]:
@@ -555,11 +561,11 @@ class ClientPool(Generic[C]):
         if self._closed:
             return []
         self._closed = True
+        if self._fork != _fork.generation:
+            return []  # the parent's clients, upkeep thread and socket
         self._upkeep.close()
         if self._server is not None:
             self._server.close()
-        if self._fork != _fork.generation:
-            return []  # the parent's clients
         with self._lock:
             idle, self._idle = self._idle, []
         return idle
