@@ -36,6 +36,7 @@ from .._errors import (
     ClientCreateError,
     CreationBudgetError,
     DrainingError,
+    FleetError,
     InvalidPoolOptions,
     NotOwnerError,
     OrbitError,
@@ -396,6 +397,8 @@ class ClientPool(Generic[C]):
         if now - entry.created_at >= self._max_lifetime:
             return False
         with self._lock:
+            if self._closed:  # close() has taken the idle list: this one closes too
+                return False
             kept = self._give_back_unit(
                 entry.rid, self._idle_limit, self._max_live,
                 entry.uses % self._handoff_uses != 0, self._handler is not None,
@@ -433,11 +436,22 @@ class ClientPool(Generic[C]):
         return entry
 
     def _unregister(self, entry: Entry[C]) -> None:
-        """Close ``entry``'s resource in the table, once its client is closed."""
-        if self._fork == _fork.generation:
-            with contextlib.suppress(OrbitError):
-                self._pool.unregister(entry.rid)
+        """Close ``entry``'s resource in the table, once its client is closed.
+
+        After :meth:`close` (a client handed back late) through a handle of its
+        own: the pool's is closed, and the resource would hold its unit of
+        ``max_live`` for the rest of the process's life.
+        """
         self.counters.retired += 1
+        if self._fork != _fork.generation:
+            return
+        try:
+            self._pool.unregister(entry.rid)
+        except FleetError:  # the handle is closed
+            with contextlib.suppress(OrbitError), Pool(self._fleet, kind=self._pool.kind) as pool:
+                pool.unregister(entry.rid)
+        except OrbitError:  # closed or reset in the table meanwhile
+            pass
 
     def _retire(self, entry: Entry[C]) -> None:
         """Close the client, then its resource in the table (the budget returns last)."""
