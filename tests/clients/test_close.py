@@ -74,3 +74,32 @@ def test_returns_racing_close_close_every_client_and_return_the_budget(
     assert errors == []
     assert FakeClient.open_now == 0  # none left idle after close, none dropped unclosed
     assert live_clients(fleet) == 0
+
+
+def wait_for_a_client(pool: ClientPool[FakeClient], outcomes: list[object]) -> None:
+    try:
+        outcomes.append(pool.getconn(timeout=20.0))
+    except Exception as error:  # the test looks at what came out
+        outcomes.append(error)
+
+
+def test_callers_waiting_at_close_get_pool_closed_and_are_counted_out(fleet: Fleet) -> None:
+    with _pool(fleet, 1) as hog:
+        held = hog.getconn()  # the key is at max_live: the pool's callers wait
+        pool = _pool(fleet, 1)
+        outcomes: list[object] = []
+        threads = [
+            threading.Thread(target=wait_for_a_client, args=(pool, outcomes)) for _ in range(3)
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 10.0
+        while hog.statistics().waiting < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert hog.statistics().waiting == 3
+        pool.close()
+        for thread in threads:
+            thread.join(30.0)
+        assert [type(outcome) for outcome in outcomes] == [PoolClosed] * 3
+        assert hog.statistics().waiting == 0  # no waiter left counted for other processes
+        hog.putconn(held)

@@ -11,11 +11,10 @@ waiter is *polite* (:func:`polite`): it lets that waiter create first.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import TYPE_CHECKING, Any, Final
 
-from .._errors import OrbitError, PoolTimeout, TooManyRequests
+from .._errors import FleetError, PoolTimeout, TooManyRequests
 from ..pool._availability import add_waiter, key_census
 from ._async import made, usable
 from ._entry import Entry
@@ -48,6 +47,9 @@ def checkout(pool: ClientPool[Any], timeout: float | None) -> Any:
                 changed = pool.pool.wait_capacity(pool.key, version, wait)
                 version = pool.pool.version(pool.key) if changed is None else changed
                 is_polite = False
+    except FleetError:
+        pool._local()  # closed meanwhile: PoolClosed
+        raise
     finally:
         if version is not None:
             stop_waiting(pool)
@@ -73,6 +75,9 @@ async def checkout_async(pool: ClientPool[Any], timeout: float | None) -> Any:
                 changed = await pool.pool.poll_capacity(pool.key, version, wait)
                 version = pool.pool.version(pool.key) if changed is None else changed
                 is_polite = False
+    except FleetError:
+        pool._local()  # closed meanwhile: PoolClosed
+        raise
     finally:
         if version is not None:
             stop_waiting(pool)
@@ -155,5 +160,4 @@ def stop_waiting(pool: ClientPool[Any]) -> None:
     """Count this waiter out again."""
     with pool._lock:
         pool._waiters -= 1
-    with contextlib.suppress(OrbitError):
-        add_waiter(pool.table, pool.key, -1)
+    pool._settle(lambda handle: add_waiter(handle._t(), pool.key, -1))

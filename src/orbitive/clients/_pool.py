@@ -436,22 +436,25 @@ class ClientPool(Generic[C]):
         return entry
 
     def _unregister(self, entry: Entry[C]) -> None:
-        """Close ``entry``'s resource in the table, once its client is closed.
-
-        After :meth:`close` (a client handed back late) through a handle of its
-        own: the pool's is closed, and the resource would hold its unit of
-        ``max_live`` for the rest of the process's life.
-        """
+        """Close ``entry``'s resource in the table, once its client is closed."""
         self.counters.retired += 1
-        if self._fork != _fork.generation:
-            return
-        try:
-            self._pool.unregister(entry.rid)
-        except FleetError:  # the handle is closed
-            with contextlib.suppress(OrbitError), Pool(self._fleet, kind=self._pool.kind) as pool:
-                pool.unregister(entry.rid)
-        except OrbitError:  # closed or reset in the table meanwhile
-            pass
+        if self._fork == _fork.generation:
+            self._settle(lambda pool: pool.unregister(entry.rid))
+
+    def _settle(self, step: Callable[[Pool], object]) -> None:
+        """A table step that must outlive :meth:`close`; OrbitError is ignored.
+
+        After ``close()`` (a client handed back late, a waiter counting itself
+        out) it runs on a handle of its own, since the pool's is closed: else
+        the resource would hold its unit of ``max_live``, or the waiter stay
+        counted for other processes, for the rest of this process's life.
+        """
+        with contextlib.suppress(OrbitError):
+            try:
+                step(self._pool)
+            except FleetError:  # the handle is closed
+                with Pool(self._fleet, kind=self._pool.kind) as own:
+                    step(own)
 
     def _retire(self, entry: Entry[C]) -> None:
         """Close the client, then its resource in the table (the budget returns last)."""
