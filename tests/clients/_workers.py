@@ -278,3 +278,37 @@ def counted_waiter(channel: Channel, fleet_name: str, capacity: int) -> None:
         channel.send("waiting")
         channel.recv(None)
         add_waiter(pool._t(), pool_key("fake"), -1)
+
+
+def fake_borrower(channel: Channel, fleet_name: str, capacity: int, max_live: int) -> None:
+    """Send remote-mode requests on the fake key until told to stop.
+
+    Reports (requests served, errors, how many ran on another process's client).
+    """
+    from ._fakes import FakeClient, close, echo  # noqa: PLC0415 - spawn imports this lean
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ClientPool(
+            fleet, "fake", create=FakeClient, close=close, handler=echo,
+            options=PoolOptions(max_live=max_live, acquire_timeout=30.0),
+        )  # fmt: skip
+        channel.send("ready")
+        ok, errors = 0, []
+        while not _told(channel):
+            try:
+                assert pool.request(b"ping") == b"ping"
+                ok += 1
+            except OrbitError as error:
+                errors.append(repr(error))
+        borrowed = pool.statistics().borrowed_count
+        pool.close()
+        channel.send((ok, errors, borrowed))
+
+
+def _told(channel: Channel) -> bool:
+    """Whether the test has sent a message (without waiting for one)."""
+    try:
+        channel.recv(0)
+    except TimeoutError:
+        return False
+    return True
