@@ -312,3 +312,25 @@ def _told(channel: Channel) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+def fake_churner(channel: Channel, fleet_name: str, capacity: int, max_live: int) -> None:
+    """Threads check fake clients out and back as fast as they can, until killed."""
+    import threading  # noqa: PLC0415 - only this worker needs it
+
+    from ._fakes import FakeClient, close  # noqa: PLC0415 - spawn imports this module lean
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ClientPool(
+            fleet, "fake", create=FakeClient, close=close,
+            options=PoolOptions(max_live=max_live, handoff_uses=2, acquire_timeout=60.0),
+        )  # fmt: skip
+
+        def churn() -> None:
+            while True:
+                pool.putconn(pool.getconn())
+
+        for _ in range(3):
+            threading.Thread(target=churn, daemon=True).start()
+        channel.send("churning")
+        churn()

@@ -13,7 +13,7 @@ from orbitive.clients import ClientPool, PoolOptions, PoolTimeout
 
 from .._processes import Processes
 from ._fakes import FakeClient, close
-from ._workers import fake_holder, stuck_creator
+from ._workers import fake_churner, fake_holder, stuck_creator
 from .conftest import CAPACITY
 
 
@@ -57,5 +57,25 @@ def test_a_killed_owners_idle_and_busy_clients_are_reported_dead_then_closed(
             assert time.monotonic() < deadline, stats
             time.sleep(0.02)
         held = [pool.getconn() for _ in range(4)]  # the whole budget is back
+        for client in held:
+            pool.putconn(client)
+
+
+@pytest.mark.parametrize("round_", range(6))
+def test_a_worker_killed_mid_checkout_gives_the_whole_budget_back_within_a_second(
+    spawned: Processes, fleet: Fleet, round_: int
+) -> None:
+    """Killed at any point of its take, give-back, create or close (the C steps included)."""
+    churner = spawned.start(fake_churner, fleet.name, CAPACITY, 2)
+    assert churner.recv(60) == "churning"
+    with _pool(fleet, 2) as pool:
+        pool.putconn(pool.getconn())  # contends with it: handoffs both ways
+        time.sleep(0.013 * round_)
+        assert churner.kill() == -signal.SIGKILL
+        killed = time.monotonic()
+        held = [pool.getconn(timeout=5.0) for _ in range(2)]
+        assert time.monotonic() - killed < 1.0
+        stats = pool.statistics()
+        assert (stats.live, stats.waiting, stats.creating) == (2, 0, 0)
         for client in held:
             pool.putconn(client)
