@@ -166,7 +166,8 @@ def run_both(pools: tuple[Pool, Pool], seed: int, steps: int, kinds: list[str] =
         for pool, mine in zip(pools, sides, strict=True):
             rids, leases, units = mine.rids, mine.leases, mine.units
             if kind == "damage" and rids:
-                result = damage(pool, rids[int(pick * len(rids))], pick)
+                damage(pool, rids[int(pick * len(rids))], pick)
+                result = None
             elif kind in ("take", "give_back", "waiter") and rids:
                 rid = rids[int(pick * len(rids))]
                 if pick < 0.1:
