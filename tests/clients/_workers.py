@@ -334,3 +334,40 @@ def fake_churner(channel: Channel, fleet_name: str, capacity: int, max_live: int
             threading.Thread(target=churn, daemon=True).start()
         channel.send("churning")
         churn()
+
+
+def fake_contender(
+    channel: Channel, fleet_name: str, capacity: int, threads: int, seconds: float
+) -> None:
+    """On "go", ``threads`` threads check fake clients out (held 5 ms) for ``seconds``.
+
+    Reports (checkouts, the errors' reprs).
+    """
+    import threading  # noqa: PLC0415 - only this worker needs it
+
+    from ._fakes import FakeClient, close  # noqa: PLC0415 - spawn imports this module lean
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        options = PoolOptions(max_live=2, handoff_uses=4, acquire_timeout=10.0)
+        pool = ClientPool(fleet, "fake", create=FakeClient, close=close, options=options)
+        done, errors = [0], []
+        channel.send("ready")
+        channel.recv()
+        until = time.monotonic() + seconds
+
+        def contend() -> None:
+            while time.monotonic() < until:
+                try:
+                    with pool.client():
+                        time.sleep(0.005)
+                    done[0] += 1
+                except OrbitError as error:
+                    errors.append(repr(error))
+
+        workers = [threading.Thread(target=contend) for _ in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        pool.close()
+        channel.send((done[0], errors))

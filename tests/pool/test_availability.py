@@ -83,3 +83,26 @@ def test_another_live_processs_resource_is_neither_taken_nor_given_back(
     assert bytes(table.buf[slot]) == before
     (candidate,) = owner.candidates(KEY)
     assert (candidate.reserved, candidate.active) == (1, 0)
+
+
+def test_a_return_whose_turn_is_over_goes_to_a_waiter_holding_fewer_clients(
+    owner: Pool, agents: Callable[[], Agent]
+) -> None:
+    """max_live 2 over three processes: one holding none waits, the other two hold one each
+    and have waiters of their own. Were a turn-over client kept for its owner's waiter
+    (within the fair share, which floors at one), the third would wait for ever."""
+    _, give_back = unit_steps(owner)
+    table = owner._t()
+    rid = table.register(KEY, 1, 1)  # ours, in use
+    other, starved = agents(), agents()
+    other.call("register", KEY, 1)
+    starved.call("add_waiter", KEY, 1)
+    add_waiter(table, KEY, 1)  # a caller of ours waits too
+    assert give_back(rid, 2, 2, False, False) is False  # handed over: closed for the waiter
+    owner.unregister(rid)
+    starved.call("add_waiter", KEY, -1)
+    other.call("add_waiter", KEY, 1)  # now the waiter elsewhere holds as many as we do
+    again = table.register(KEY, 1, 1)
+    assert give_back(again, 2, 2, False, False) is True  # kept: our waiter takes it
+    add_waiter(table, KEY, -1)
+    other.call("add_waiter", KEY, -1)

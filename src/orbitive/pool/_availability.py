@@ -20,8 +20,8 @@ Rules (the reference design's availability extension):
 * :func:`give_back` keeps a finished client idle only while the fleet-wide
   idle count is below ``max_idle``, and retires it instead when another
   process waits at ``max_live`` and this one has no waiter of its own that
-  would take it (or holds more than its share): an idle client never strands
-  a waiter.
+  would take it (or holds more than its share, or more than a waiting node
+  holds): an idle client never strands a waiter.
 * :func:`retire_idle` lets an owner take an idle client out, to retire it, for another
   process's waiter, or for ``idle_timeout`` (only above the ``min_idle``
   floor) and ``max_lifetime``.
@@ -68,6 +68,14 @@ class Census:
     def others_waiting(self, node: int) -> int:
         """Waiters of every node but ``node``."""
         return sum(self.waiters) - self.waiters[node]
+
+    def poorer_waiting(self, node: int) -> bool:
+        """Whether another node waits that holds fewer live clients than ``node``."""
+        mine = self.live_by_node.get(node, 0)
+        return any(
+            waiting and other != node and self.live_by_node.get(other, 0) < mine
+            for other, waiting in enumerate(self.waiters)
+        )
 
     def fair_share(self, max_live: int) -> int:
         """Clients one demanding node may keep while others wait (at least one)."""
@@ -147,8 +155,9 @@ def give_back(
     One step: the unit becomes free only while the fleet-wide idle count is
     below ``max_idle`` and no other process waits at ``max_live`` for capacity
     this client holds. Exceptions: this node's own waiters, within its fair
-    share, will take it; or ``in_turn``, the owner has not used up its turn
-    with this client (``PoolOptions.handoff_uses``). Otherwise the unit stays
+    share and while no waiting node holds fewer clients, will take it; or
+    ``in_turn``, the owner has not used up its turn with this client
+    (``PoolOptions.handoff_uses``). Otherwise the unit stays
     active: the caller closes the client and only then unregisters it, so the
     budget returns once the client is really gone (a server never sees more
     than ``max_live`` connections). A resource that is no longer ours (reset,
@@ -194,9 +203,14 @@ def give_back(
 def _keep(counted: Census, node: int, max_idle: int, max_live: int, in_turn: bool) -> bool:
     at_max = counted.live + counted.creating >= max_live
     if not in_turn and counted.others_waiting(node) and at_max:
-        # Kept only for a waiter of ours, who takes it at once, within our fair share.
+        # Kept only for a waiter of ours, who takes it at once, within our fair share,
+        # and while no waiter elsewhere holds fewer clients (the share floors at one:
+        # with more demanding nodes than max_live, one would wait for ever).
         own = counted.waiters[node]
-        return bool(own) and counted.live_by_node.get(node, 0) <= counted.fair_share(max_live)
+        mine = counted.live_by_node.get(node, 0)
+        return (
+            bool(own) and mine <= counted.fair_share(max_live) and not counted.poorer_waiting(node)
+        )
     return counted.idle < max_idle
 
 
