@@ -308,3 +308,32 @@ def test_a_give_back_with_a_bound_that_is_no_u32_is_malformed_in_both_twins(
         with pytest.raises(MalformedError, match=which):
             give_back(rid, *bounds, False, False)
         assert table_bytes(pool) == before  # the unit is still active
+
+
+def foreign_ids(pool: Pool, rid: ResourceId) -> list[object]:
+    """Ids no step of this table may act on: another kind, past its geometry, not ids."""
+    table = pool._table
+    return [
+        dataclasses.replace(rid, kind=rid.kind ^ 1),
+        dataclasses.replace(rid, node=table.fleet_capacity),
+        dataclasses.replace(rid, slot=table.lane_capacity),
+        dataclasses.replace(rid, node=0xFFFF, slot=0xFFFF),
+        rid.raw,
+        (rid.kind, rid.node, rid.slot, rid.generation, rid.epoch),
+        None,
+    ]
+
+
+def test_take_and_give_back_refuse_an_id_of_another_kind_or_geometry_by_name(
+    pools: tuple[Pool, Pool],
+) -> None:
+    for pool in pools:
+        take, give_back = unit_steps(pool)
+        rid = pool.register(KEYS[1], 2)
+        before = table_bytes(pool)
+        for foreign in foreign_ids(pool, rid):
+            with pytest.raises(MalformedError):
+                take(foreign)
+            with pytest.raises(MalformedError):
+                give_back(foreign, 2, 2, False, True)
+        assert table_bytes(pool) == before
