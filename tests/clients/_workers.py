@@ -371,3 +371,19 @@ def fake_contender(
             worker.join()
         pool.close()
         channel.send((done[0], errors))
+
+
+def fake_request(channel: Channel, fleet_name: str, capacity: int, payload: bytes) -> None:
+    """One remote-mode request on the fake key (max_live 1); report the reply or the error."""
+    from ._fakes import FakeClient, close, echo  # noqa: PLC0415 - spawn imports this lean
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ClientPool(
+            fleet, "fake", create=FakeClient, close=close, handler=echo,
+            options=PoolOptions(max_live=1),
+        )  # fmt: skip
+        try:
+            channel.send(pool.request(payload, timeout=10.0))
+        except OrbitError as error:
+            channel.send(repr(error))
+        pool.close()

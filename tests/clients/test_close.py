@@ -15,7 +15,10 @@ import pytest
 from orbitive import Fleet
 from orbitive.clients import ClientPool, PoolClosed, PoolOptions
 
+from .._processes import Processes
 from ._fakes import FakeClient, close
+from ._workers import fake_request
+from .conftest import CAPACITY
 
 
 @pytest.fixture(autouse=True)
@@ -103,3 +106,30 @@ def test_callers_waiting_at_close_get_pool_closed_and_are_counted_out(fleet: Fle
         assert [type(outcome) for outcome in outcomes] == [PoolClosed] * 3
         assert hog.statistics().waiting == 0  # no waiter left counted for other processes
         hog.putconn(held)
+
+
+def test_close_leaves_a_client_serving_another_processs_request_until_it_is_done(
+    spawned: Processes, fleet: Fleet
+) -> None:
+    inside, release = threading.Event(), threading.Event()
+
+    def held_echo(client: FakeClient, payload: bytes) -> bytes:
+        inside.set()
+        release.wait(30.0)
+        return b"closed under the handler" if client.closed else payload
+
+    pool = ClientPool(
+        fleet, "fake", create=FakeClient, close=close, handler=held_echo,
+        options=PoolOptions(max_live=1),
+    )  # fmt: skip
+    pool.putconn(pool.getconn())  # the only client of the key, idle here
+    borrower = spawned.start(fake_request, fleet.name, CAPACITY, b"ping")
+    assert inside.wait(60.0)  # the borrower's request runs on our idle client
+    pool.close()
+    release.set()
+    assert borrower.recv(60) == b"ping"
+    deadline = time.monotonic() + 10.0
+    while FakeClient.open_now:  # closed once its request is done
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert live_clients(fleet) == 0
