@@ -267,7 +267,7 @@ class ClientPool(Generic[C]):
                         busy.append(entry)
                         continue
                     except (StaleError, NotOwnerError, DrainingError):
-                        doomed.append(entry)  # the table closed it (reset): drop it
+                        doomed.append(entry)  # reset, or drained: close it (and its slot)
                         continue
                     self._out[id(entry.client)] = entry
                     entry.uses += 1
@@ -277,7 +277,7 @@ class ClientPool(Generic[C]):
             with self._lock:
                 self._idle[:0] = busy
             for entry in doomed:
-                self._close_quietly(entry.client)
+                self._retire(entry)
 
     def _claim(self) -> CreationPermit | None:
         """A creation claim under ``max_live``, fleet-wide; None when at the bound."""

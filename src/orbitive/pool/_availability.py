@@ -223,35 +223,41 @@ def retire_idle(table: Table, rid: ResourceId, reason: int, max_live: int, min_i
     ``FOR_WAITER``: another node waits and the key is at ``max_live``, and no
     waiter of this node would take the client. ``FOR_IDLE_TIMEOUT``: the
     fleet-wide idle count is above ``min_idle``. ``FOR_LIFETIME``: always. A
-    client in use or reserved meanwhile is never retired.
+    drained resource (``Pool.drain``), or one whose key index is past the key
+    table (damage): always. A client in use or reserved meanwhile is never
+    retired.
     """
     offset = table.locate(rid)
     table.enter()
     try:
         try:
-            hot = _owned_live(table, rid, offset)
-        except (StaleError, NotOwnerError, DrainingError):  # not ours to retire now
+            hot = table._owned(rid, offset)
+        except (StaleError, NotOwnerError):  # not ours to retire now
             return False
         if hot[8] or _free(table, offset, hot) < hot[6]:
             return False  # in use or reserved
         index = int(hot[7])
-        counted = census(table, index)
-        node = table.node
-        if reason == FOR_WAITER:
-            due = (
-                counted.others_waiting(node) > 0
-                and not counted.waiters[node]
-                and counted.live + counted.creating >= max_live
-            )
-        elif reason == FOR_IDLE_TIMEOUT:
-            due = counted.idle > min_idle
-        else:
-            due = True
-        if due:
+        # Draining (nobody may take it again) or a key index past the key table (damage).
+        due = hot[0] != LIVE or index >= table.key_capacity
+        if due or _due(census(table, index), table.node, reason, max_live, min_idle):
             store(table.buf, offset + RES_ACTIVE, U32, 1)
-        return due
+            return True
+        return False
     finally:
         table.leave()
+
+
+def _due(counted: Census, node: int, reason: int, max_live: int, min_idle: int) -> bool:
+    """Whether :func:`retire_idle`'s ``reason`` holds for a LIVE idle client of ``node``."""
+    if reason == FOR_WAITER:
+        return (
+            counted.others_waiting(node) > 0
+            and not counted.waiters[node]
+            and counted.live + counted.creating >= max_live
+        )
+    if reason == FOR_IDLE_TIMEOUT:
+        return counted.idle > min_idle
+    return True
 
 
 def claim_warm(table: Table, key: Key, max_live: int, min_idle: int) -> tuple[int, int]:
