@@ -38,3 +38,10 @@ class FakeClient:
 def close(client: FakeClient) -> None:
     """The pool's ``close`` for fake clients."""
     client.close()
+
+
+def echo(client: FakeClient, payload: bytes) -> bytes:
+    """The remote-mode handler for fake clients: the payload back (a closed client raises)."""
+    assert not client.closed, f"client {client.serial} used after close"
+    client.uses += 1
+    return payload

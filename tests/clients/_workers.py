@@ -278,3 +278,112 @@ def counted_waiter(channel: Channel, fleet_name: str, capacity: int) -> None:
         channel.send("waiting")
         channel.recv(None)
         add_waiter(pool._t(), pool_key("fake"), -1)
+
+
+def fake_borrower(channel: Channel, fleet_name: str, capacity: int, max_live: int) -> None:
+    """Send remote-mode requests on the fake key until told to stop.
+
+    Reports (requests served, errors, how many ran on another process's client).
+    """
+    from ._fakes import FakeClient, close, echo  # noqa: PLC0415 - spawn imports this lean
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ClientPool(
+            fleet, "fake", create=FakeClient, close=close, handler=echo,
+            options=PoolOptions(max_live=max_live, acquire_timeout=30.0),
+        )  # fmt: skip
+        channel.send("ready")
+        ok, errors = 0, []
+        while not _told(channel):
+            try:
+                assert pool.request(b"ping") == b"ping"
+                ok += 1
+            except OrbitError as error:
+                errors.append(repr(error))
+        borrowed = pool.statistics().borrowed_count
+        pool.close()
+        channel.send((ok, errors, borrowed))
+
+
+def _told(channel: Channel) -> bool:
+    """Whether the test has sent a message (without waiting for one)."""
+    try:
+        channel.recv(0)
+    except TimeoutError:
+        return False
+    return True
+
+
+def fake_churner(channel: Channel, fleet_name: str, capacity: int, max_live: int) -> None:
+    """Threads check fake clients out and back as fast as they can, until killed."""
+    import threading  # noqa: PLC0415 - only this worker needs it
+
+    from ._fakes import FakeClient, close  # noqa: PLC0415 - spawn imports this module lean
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ClientPool(
+            fleet, "fake", create=FakeClient, close=close,
+            options=PoolOptions(max_live=max_live, handoff_uses=2, acquire_timeout=60.0),
+        )  # fmt: skip
+
+        def churn() -> None:
+            while True:
+                pool.putconn(pool.getconn())
+
+        for _ in range(3):
+            threading.Thread(target=churn, daemon=True).start()
+        channel.send("churning")
+        churn()
+
+
+def fake_contender(
+    channel: Channel, fleet_name: str, capacity: int, threads: int, seconds: float
+) -> None:
+    """On "go", ``threads`` threads check fake clients out (held 5 ms) for ``seconds``.
+
+    Reports (checkouts, the errors' reprs).
+    """
+    import threading  # noqa: PLC0415 - only this worker needs it
+
+    from ._fakes import FakeClient, close  # noqa: PLC0415 - spawn imports this module lean
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        options = PoolOptions(max_live=2, handoff_uses=4, acquire_timeout=10.0)
+        pool = ClientPool(fleet, "fake", create=FakeClient, close=close, options=options)
+        done, errors = [0], []
+        channel.send("ready")
+        channel.recv()
+        until = time.monotonic() + seconds
+
+        def contend() -> None:
+            while time.monotonic() < until:
+                try:
+                    with pool.client():
+                        time.sleep(0.005)
+                    done[0] += 1
+                except OrbitError as error:
+                    errors.append(repr(error))
+
+        workers = [threading.Thread(target=contend) for _ in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        pool.close()
+        channel.send((done[0], errors))
+
+
+def fake_request(channel: Channel, fleet_name: str, capacity: int, payload: bytes) -> None:
+    """One remote-mode request on the fake key (max_live 1); report the reply or the error."""
+    from ._fakes import FakeClient, close, echo  # noqa: PLC0415 - spawn imports this lean
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ClientPool(
+            fleet, "fake", create=FakeClient, close=close, handler=echo,
+            options=PoolOptions(max_live=1),
+        )  # fmt: skip
+        try:
+            channel.send(pool.request(payload, timeout=10.0))
+        except OrbitError as error:
+            channel.send(repr(error))
+        pool.close()

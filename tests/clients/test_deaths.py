@@ -13,7 +13,7 @@ from orbitive.clients import ClientPool, PoolOptions, PoolTimeout
 
 from .._processes import Processes
 from ._fakes import FakeClient, close
-from ._workers import fake_holder, stuck_creator
+from ._workers import fake_churner, fake_holder, stuck_creator
 from .conftest import CAPACITY
 
 
@@ -59,3 +59,47 @@ def test_a_killed_owners_idle_and_busy_clients_are_reported_dead_then_closed(
         held = [pool.getconn() for _ in range(4)]  # the whole budget is back
         for client in held:
             pool.putconn(client)
+
+
+@pytest.mark.parametrize("round_", range(6))
+def test_a_worker_killed_mid_checkout_gives_the_whole_budget_back_within_a_second(
+    spawned: Processes, fleet: Fleet, round_: int
+) -> None:
+    """Killed at any point of its take, give-back, create or close (the C steps included)."""
+    churner = spawned.start(fake_churner, fleet.name, CAPACITY, 2)
+    assert churner.recv(60) == "churning"
+    with _pool(fleet, 2) as pool:
+        pool.putconn(pool.getconn())  # contends with it: handoffs both ways
+        time.sleep(0.013 * round_)
+        assert churner.kill() == -signal.SIGKILL
+        killed = time.monotonic()
+        held = [pool.getconn(timeout=5.0) for _ in range(2)]
+        assert time.monotonic() - killed < 1.0
+        stats = pool.statistics()
+        assert (stats.live, stats.waiting, stats.creating) == (2, 0, 0)
+        for client in held:
+            pool.putconn(client)
+
+
+def test_a_waiter_killed_mid_checkout_is_counted_out_within_a_second(
+    spawned: Processes, fleet: Fleet
+) -> None:
+    """Else every return here would be closed for a waiter that no longer exists."""
+    options = PoolOptions(max_live=1, handoff_uses=1, acquire_timeout=10.0)
+    with ClientPool(fleet, "fake", create=FakeClient, close=close, options=options) as pool:
+        held = pool.getconn()  # the only unit: the churner's four callers all wait
+        churner = spawned.start(fake_churner, fleet.name, CAPACITY, 1)
+        assert churner.recv(60) == "churning"
+        deadline = time.monotonic() + 10.0
+        while pool.statistics().waiting < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert churner.kill() == -signal.SIGKILL
+        killed = time.monotonic()
+        while pool.statistics().waiting:
+            assert time.monotonic() - killed < 1.0
+            time.sleep(0.01)
+        pool.putconn(held)
+        assert pool.counters.retired == 0  # kept idle: nobody waits for it any more
+        assert pool.getconn() is held
+        pool.putconn(held)

@@ -21,7 +21,7 @@ from orbitive.clients._options import HANDOFF_GRACE_S
 
 from .._processes import Processes
 from ._fakes import FakeClient, close
-from ._workers import counted_waiter
+from ._workers import counted_waiter, fake_contender
 from .conftest import CAPACITY
 
 
@@ -82,3 +82,20 @@ def test_without_a_waiter_elsewhere_a_return_that_closes_never_delays_the_next_c
                 pass
         assert pool.counters.retired == 20
         assert time.monotonic() - started < 10 * HANDOFF_GRACE_S  # 20 polite waits: 20x
+
+
+def test_three_processes_of_two_threads_at_max_live_two_all_get_turns(
+    spawned: Processes, fleet: Fleet
+) -> None:
+    """More demanding processes than max_live: each keeps its client for a waiter of its own
+    only while no process waiting holds fewer, so a client changes hands every
+    ``handoff_uses`` checkouts instead of circling between two of them."""
+    contenders = [spawned.start(fake_contender, fleet.name, CAPACITY, 2, 3.0) for _ in range(3)]
+    for contender in contenders:
+        assert contender.recv(60) == "ready"
+    for contender in contenders:
+        contender.send("go")
+    results = [contender.recv(60) for contender in contenders]
+    assert [errors for _, errors in results] == [[], [], []]  # nobody timed out
+    served = sorted(done for done, _ in results)
+    assert served[0] >= served[-1] / 10, served  # before: [32, 2242, 2249] in 12 s

@@ -269,3 +269,30 @@ def test_a_forked_child_never_uses_or_closes_the_parents_clients(fleet: Fleet) -
         assert answer == b"\x00"
         with pool.client() as again:
             assert again is parents
+
+
+def test_an_idle_client_drained_in_the_table_is_closed_and_gives_its_budget_back(
+    fleet: Fleet,
+) -> None:
+    with _pool(fleet, max_live=1) as pool:
+        first = pool.getconn()
+        pool.putconn(first)
+        (entry,) = pool._idle
+        pool.pool.drain(entry.rid)  # through the Pool handle: no new reservation or take
+        again = pool.getconn(timeout=2.0)  # the drained one is closed, its unit returned
+        assert again is not first and first.closed
+        assert pool.statistics().live == 1
+        pool.putconn(again)
+
+
+def test_the_upkeep_retires_a_drained_idle_client_and_the_ones_behind_it(fleet: Fleet) -> None:
+    with _pool(fleet, max_live=2, idle_timeout=0.05) as pool:
+        first, second = pool.getconn(), pool.getconn()
+        pool.putconn(first)
+        pool.putconn(second)
+        pool.pool.drain(pool._idle[0].rid)  # the oldest idle client: retired first
+        deadline = time.monotonic() + 5.0
+        while not (first.closed and second.closed):
+            assert time.monotonic() < deadline, (first.closed, second.closed)
+            time.sleep(0.01)
+        assert pool.statistics().live == 0

@@ -14,10 +14,12 @@ from collections.abc import Callable
 
 import pytest
 
+from orbitive._errors import NotOwnerError
 from orbitive.pool import Key, Pool
 from orbitive.pool._availability import add_waiter
+from orbitive.pool._layout import RESOURCE_SIZE
 
-from ._agent import Agent
+from ._agent import Agent, rid_of
 from .test_operations import unit_steps
 
 KEY = Key(0xC11E47)
@@ -61,3 +63,46 @@ def test_a_kept_return_wakes_a_waiter_of_its_own_process(owner: Pool) -> None:
 def test_with_nobody_waiting_a_return_changes_nothing_but_the_unit(owner: Pool) -> None:
     owner._t().register(KEY, 1, 0)
     assert not kept_return_changes_version(owner, borrowers=True)
+
+
+def test_another_live_processs_resource_is_neither_taken_nor_given_back(
+    owner: Pool, agents: Callable[[], Agent]
+) -> None:
+    """Its own id, of this table and kind: refused by name, its slot left as it was."""
+    other = agents()
+    rid = rid_of(other.call("register", KEY, 2))
+    other.call("reserve", rid)  # one unit reserved: a slot with more than its defaults
+    take, give_back = unit_steps(owner)
+    table = owner._t()
+    slot = slice(table.locate(rid), table.locate(rid) + RESOURCE_SIZE)
+    before = bytes(table.buf[slot])
+    with pytest.raises(NotOwnerError):
+        take(rid)
+    for max_idle, in_turn, borrowers in [(2, False, False), (0, True, True)]:
+        assert give_back(rid, max_idle, 2, in_turn, borrowers) is False
+    assert bytes(table.buf[slot]) == before
+    (candidate,) = owner.candidates(KEY)
+    assert (candidate.reserved, candidate.active) == (1, 0)
+
+
+def test_a_return_whose_turn_is_over_goes_to_a_waiter_holding_fewer_clients(
+    owner: Pool, agents: Callable[[], Agent]
+) -> None:
+    """max_live 2 over three processes: one holding none waits, the other two hold one each
+    and have waiters of their own. Were a turn-over client kept for its owner's waiter
+    (within the fair share, which floors at one), the third would wait for ever."""
+    _, give_back = unit_steps(owner)
+    table = owner._t()
+    rid = table.register(KEY, 1, 1)  # ours, in use
+    other, starved = agents(), agents()
+    other.call("register", KEY, 1)
+    starved.call("add_waiter", KEY, 1)
+    add_waiter(table, KEY, 1)  # a caller of ours waits too
+    assert give_back(rid, 2, 2, False, False) is False  # handed over: closed for the waiter
+    owner.unregister(rid)
+    starved.call("add_waiter", KEY, -1)
+    other.call("add_waiter", KEY, 1)  # now the waiter elsewhere holds as many as we do
+    again = table.register(KEY, 1, 1)
+    assert give_back(again, 2, 2, False, False) is True  # kept: our waiter takes it
+    add_waiter(table, KEY, -1)
+    other.call("add_waiter", KEY, -1)

@@ -11,7 +11,20 @@ import pytest
 from orbitive import Fleet
 from orbitive._errors import LayoutMismatch, StaleError
 from orbitive.pool import Key, LocalReuse, Pool
-from orbitive.pool._layout import EPOCH_MAX, EPOCH_OFFSET, GENERATION_MAX, RES_BODY_AT
+from orbitive.pool._availability import (
+    FOR_IDLE_TIMEOUT,
+    FOR_LIFETIME,
+    FOR_WAITER,
+    add_waiter,
+    retire_idle,
+)
+from orbitive.pool._layout import (
+    EPOCH_MAX,
+    EPOCH_OFFSET,
+    GENERATION_MAX,
+    RES_BODY_AT,
+    RES_KEY_INDEX,
+)
 
 RES_GENERATION = 4  # the registration's generation in a resource slot
 RES_INCARNATION = 8  # the owner's incarnation
@@ -98,3 +111,31 @@ def test_a_slot_no_id_can_name_is_no_candidate(pool: Pool, at: int, value: int) 
     plan = pool.acquire(KEY)
     assert isinstance(plan, LocalReuse) and plan.lease.id == intact
     pool.cancel_reservation(plan.lease)
+
+
+def test_a_waiter_count_at_its_largest_stays_there_instead_of_raising(pool: Pool) -> None:
+    """Garbage in a waiter counter: counting one more in saturates (before: struct.error)."""
+    pool.register(KEY, 1)
+    table = pool._table
+    at = table.key_offset(table.keys[KEY]) + table.key_waiters + 4 * table.node
+    _poke(pool, at, b"\xff" * 4)
+    version = add_waiter(table, KEY, 1)
+    assert version == pool.version(KEY)
+    assert bytes(table.buf[at : at + 4]) == b"\xff" * 4
+    add_waiter(table, KEY, -1)
+    assert int.from_bytes(table.buf[at : at + 4], "little") == 0xFFFF_FFFE
+
+
+@pytest.mark.parametrize("reason", [FOR_WAITER, FOR_IDLE_TIMEOUT, FOR_LIFETIME])
+def test_an_idle_client_whose_key_index_is_past_the_key_table_is_retired(
+    pool: Pool, reason: int
+) -> None:
+    """Before, the census of that index read past the mapping (struct.error every round)."""
+    rid = pool.register(KEY, 1)
+    table = pool._table
+    _poke(pool, table.locate(rid) + RES_KEY_INDEX, (0xFFFF_FFFF).to_bytes(4, "little"))
+    assert retire_idle(table, rid, reason, 4, 0) is True
+    (candidate,) = pool.candidates(KEY)  # still a member of its key, now taken to close
+    assert candidate.active == 1
+    pool.unregister(rid)
+    assert pool.candidates(KEY) == []

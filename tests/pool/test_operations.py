@@ -20,11 +20,17 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from orbitive import Fleet
-from orbitive._errors import OrbitError
+from orbitive._errors import MalformedError, OrbitError
 from orbitive.pool import Execution, Incarnation, Key, Lease, Pool, ResourceId
 from orbitive.pool._availability import add_waiter
 from orbitive.pool._guards import PythonExecution
-from orbitive.pool._layout import RES_SINCE, RESOURCE_SIZE, write_header
+from orbitive.pool._layout import (
+    RES_ACTIVE,
+    RES_KEY_INDEX,
+    RES_SINCE,
+    RESOURCE_SIZE,
+    write_header,
+)
 
 from .._capabilities import require_c_steps
 from .._fleets import new_fleet_name, remove_fleet_files
@@ -32,6 +38,7 @@ from .._fleets import new_fleet_name, remove_fleet_files
 KEYS = [Key(0xA11CE), Key(0xB0B)]
 EPOCH = 0x1234_5678_9ABC
 LIFE = 11
+RES_INCARNATION = 8  # the owner's incarnation in a resource slot
 #: Bytes 56..64 of a resource slot hold the last reservation's time, and RES_SINCE
 #: the pending entries' times: the two sides read the clock apart.
 LAST_RESERVE = slice(56, 64)
@@ -104,6 +111,14 @@ class Side:
 
 KINDS = ["register"] + ["reserve", "accept", "complete"] * 4 + ["take", "give_back"] * 3
 KINDS += ["waiter"]
+#: The same random operations with stray writes in between (see :func:`damage`).
+DAMAGED_KINDS = KINDS + ["damage"] * 3
+#: A stray write: (offset in a resource slot, bytes, the values written).
+STRAY = [
+    (RES_KEY_INDEX, 4, (1, 63, 64, 0xFFFF, 0xFFFF_FFFF)),  # the key index, past the table too
+    (RES_ACTIVE, 4, (0, 1, 3, 0xFFFF_FFFF)),
+    (RES_INCARNATION, 8, (LIFE + 1, 0, (1 << 64) - 1)),  # another owner's life
+]
 
 
 def unit_steps(pool: Pool) -> tuple[Callable[..., None], Callable[..., bool]]:
@@ -127,16 +142,33 @@ def run_availability(pool: Pool, kind: str, rid: ResourceId, pick: float) -> obj
     return outcome(lambda: add_waiter(pool._table, rng_key(pick), delta))
 
 
-def run_both(pools: tuple[Pool, Pool], seed: int, steps: int) -> None:
+def damage(pool: Pool, rid: ResourceId, pick: float) -> None:
+    """A stray write of ``pick``'s choosing into ``rid``'s slot, or a key's waiter counter."""
+    table = pool._table
+    choice = int(pick * 1000)
+    if choice % 4 == 3:  # a garbage waiter count of some node on some key
+        node, key = choice % table.fleet_capacity, choice % table.key_capacity
+        value = (0, 1, 0xFFFF_FFFF)[choice % 3]
+        at, size = table.key_offset(key) + table.key_waiters + 4 * node, 4
+    else:
+        field, size, values = STRAY[choice % 4]
+        at, value = table.locate(rid) + field, values[choice % len(values)]
+    table.buf[at : at + size] = value.to_bytes(size, "little")
+
+
+def run_both(pools: tuple[Pool, Pool], seed: int, steps: int, kinds: list[str] = KINDS) -> None:
     rng = random.Random(seed)
     sides = [Side() for _ in pools]
     for _ in range(steps):
-        kind = rng.choice(KINDS)
+        kind = rng.choice(kinds)
         pick = rng.random()
         results = []
         for pool, mine in zip(pools, sides, strict=True):
             rids, leases, units = mine.rids, mine.leases, mine.units
-            if kind in ("take", "give_back", "waiter") and rids:
+            if kind == "damage" and rids:
+                damage(pool, rids[int(pick * len(rids))], pick)
+                result = None
+            elif kind in ("take", "give_back", "waiter") and rids:
                 rid = rids[int(pick * len(rids))]
                 if pick < 0.1:
                     rid = odd_rid(random.Random(seed + len(rids)), rid)
@@ -205,6 +237,14 @@ def test_c_and_python_operations_leave_the_same_table(pools: tuple[Pool, Pool], 
     run_both(pools, seed, 300)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_c_and_python_operations_agree_on_a_table_damaged_in_between(
+    pools: tuple[Pool, Pool], seed: int
+) -> None:
+    """Stray key indexes (past the key table too), active counts, owner lives, waiter counts."""
+    run_both(pools, 100 + seed, 300, DAMAGED_KINDS)
+
+
 @pytest.mark.parametrize("twin", ["c", "python"])
 def test_an_execution_dropped_without_complete_warns_and_gives_its_unit_back(
     pools: tuple[Pool, Pool], twin: str
@@ -248,3 +288,52 @@ def test_after_close_the_c_operations_hand_over_and_refuse_by_name(
     assert "reserve" not in vars(pool)
     with pytest.raises(OrbitError, match="closed"):
         pool.reserve(rid)
+
+
+#: Bounds a give-back cannot take: not ints (a bool, a float, None, text), negative, past u32.
+BAD_BOUNDS = [True, 1.5, None, "4", -1, 1 << 32, 1 << 64]
+
+
+@pytest.mark.parametrize("bound", BAD_BOUNDS, ids=repr)
+@pytest.mark.parametrize("which", ["max_idle", "max_live"])
+def test_a_give_back_with_a_bound_that_is_no_u32_is_malformed_in_both_twins(
+    pools: tuple[Pool, Pool], bound: object, which: str
+) -> None:
+    for pool in pools:
+        take, give_back = unit_steps(pool)
+        rid = pool.register(KEYS[0], 1)
+        take(rid)
+        before = table_bytes(pool)
+        bounds = (bound, 1) if which == "max_idle" else (1, bound)
+        with pytest.raises(MalformedError, match=which):
+            give_back(rid, *bounds, False, False)
+        assert table_bytes(pool) == before  # the unit is still active
+
+
+def foreign_ids(pool: Pool, rid: ResourceId) -> list[object]:
+    """Ids no step of this table may act on: another kind, past its geometry, not ids."""
+    table = pool._table
+    return [
+        dataclasses.replace(rid, kind=rid.kind ^ 1),
+        dataclasses.replace(rid, node=table.fleet_capacity),
+        dataclasses.replace(rid, slot=table.lane_capacity),
+        dataclasses.replace(rid, node=0xFFFF, slot=0xFFFF),
+        rid.raw,
+        (rid.kind, rid.node, rid.slot, rid.generation, rid.epoch),
+        None,
+    ]
+
+
+def test_take_and_give_back_refuse_an_id_of_another_kind_or_geometry_by_name(
+    pools: tuple[Pool, Pool],
+) -> None:
+    for pool in pools:
+        take, give_back = unit_steps(pool)
+        rid = pool.register(KEYS[1], 2)
+        before = table_bytes(pool)
+        for foreign in foreign_ids(pool, rid):
+            with pytest.raises(MalformedError):
+                take(foreign)
+            with pytest.raises(MalformedError):
+                give_back(foreign, 2, 2, False, True)
+        assert table_bytes(pool) == before

@@ -14,13 +14,12 @@ asyncio drivers run its actions (check a client, create one, wait) their way.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from .._errors import OrbitError, PoolTimeout, TooManyRequests
+from .._errors import FleetError, PoolTimeout, TooManyRequests
 from ..pool import CreationPermit
 from ..pool._availability import add_waiter, key_census
 from ._async import made, usable
@@ -104,6 +103,9 @@ def checkout(pool: ClientPool[Any], timeout: float | None) -> Any:
                 action = steps.send(changed)
     except StopIteration as done:
         return done.value
+    except FleetError:
+        pool._local()  # closed meanwhile: PoolClosed
+        raise
     finally:
         steps.close()
 
@@ -123,6 +125,9 @@ async def checkout_async(pool: ClientPool[Any], timeout: float | None) -> Any:
                 action = steps.send(changed)
     except StopIteration as done:
         return done.value
+    except FleetError:
+        pool._local()  # closed meanwhile: PoolClosed
+        raise
     finally:
         steps.close()
 
@@ -204,5 +209,4 @@ def stop_waiting(pool: ClientPool[Any]) -> None:
     """Count this waiter out again."""
     with pool._lock:
         pool._waiters -= 1
-    with contextlib.suppress(OrbitError):
-        add_waiter(pool.table, pool.key, -1)
+    pool._settle(lambda handle: add_waiter(handle._t(), pool.key, -1))

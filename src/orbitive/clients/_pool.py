@@ -36,6 +36,7 @@ from .._errors import (
     ClientCreateError,
     CreationBudgetError,
     DrainingError,
+    FleetError,
     InvalidPoolOptions,
     NotOwnerError,
     OrbitError,
@@ -266,7 +267,7 @@ class ClientPool(Generic[C]):
                         busy.append(entry)
                         continue
                     except (StaleError, NotOwnerError, DrainingError):
-                        doomed.append(entry)  # the table closed it (reset): drop it
+                        doomed.append(entry)  # reset, or drained: close it (and its slot)
                         continue
                     self._out[id(entry.client)] = entry
                     entry.uses += 1
@@ -276,7 +277,7 @@ class ClientPool(Generic[C]):
             with self._lock:
                 self._idle[:0] = busy
             for entry in doomed:
-                self._close_quietly(entry.client)
+                self._retire(entry)
 
     def _claim(self) -> CreationPermit | None:
         """A creation claim under ``max_live``, fleet-wide; None when at the bound."""
@@ -396,6 +397,8 @@ class ClientPool(Generic[C]):
         if now - entry.created_at >= self._max_lifetime:
             return False
         with self._lock:
+            if self._closed:  # close() has taken the idle list: this one closes too
+                return False
             kept = self._give_back_unit(
                 entry.rid, self._idle_limit, self._max_live,
                 entry.uses % self._handoff_uses != 0, self._handler is not None,
@@ -410,10 +413,14 @@ class ClientPool(Generic[C]):
     def discard(self, client: C) -> None:
         """Close a checked-out client instead of returning it (it is broken, say).
 
+        In a forked child a client of the parent is left alone, as :meth:`putconn` does.
+
         Raises:
             UnknownClient: this pool did not check ``client`` out.
         """
-        self._retire(self._pop_out(client))
+        entry = self._checked_in(client)
+        if entry is not None:
+            self._retire(entry)
 
     def _pop_out(self, client: C) -> Entry[C]:
         """The entry of a checked-out client, no longer checked out.
@@ -430,10 +437,24 @@ class ClientPool(Generic[C]):
 
     def _unregister(self, entry: Entry[C]) -> None:
         """Close ``entry``'s resource in the table, once its client is closed."""
-        if self._fork == _fork.generation:
-            with contextlib.suppress(OrbitError):
-                self._pool.unregister(entry.rid)
         self.counters.retired += 1
+        if self._fork == _fork.generation:
+            self._settle(lambda pool: pool.unregister(entry.rid))
+
+    def _settle(self, step: Callable[[Pool], object]) -> None:
+        """A table step that must outlive :meth:`close`; OrbitError is ignored.
+
+        After ``close()`` (a client handed back late, a waiter counting itself
+        out) it runs on a handle of its own, since the pool's is closed: else
+        the resource would hold its unit of ``max_live``, or the waiter stay
+        counted for other processes, for the rest of this process's life.
+        """
+        with contextlib.suppress(OrbitError):
+            try:
+                step(self._pool)
+            except FleetError:  # the handle is closed
+                with Pool(self._fleet, kind=self._pool.kind) as own:
+                    step(own)
 
     def _retire(self, entry: Entry[C]) -> None:
         """Close the client, then its resource in the table (the budget returns last)."""
@@ -503,7 +524,9 @@ class ClientPool(Generic[C]):
         Raises:
             UnknownClient: this pool did not check ``client`` out.
         """
-        await retire(self, self._pop_out(client))
+        entry = self._checked_in(client)
+        if entry is not None:
+            await retire(self, entry)
 
     @contextlib.asynccontextmanager
     async def client_async(self, timeout: float | None = None) -> AsyncIterator[C]:
@@ -555,11 +578,11 @@ class ClientPool(Generic[C]):
         if self._closed:
             return []
         self._closed = True
+        if self._fork != _fork.generation:
+            return []  # the parent's clients, upkeep thread and socket
         self._upkeep.close()
         if self._server is not None:
             self._server.close()
-        if self._fork != _fork.generation:
-            return []  # the parent's clients
         with self._lock:
             idle, self._idle = self._idle, []
         return idle

@@ -46,9 +46,10 @@ from .._errors import (
 from .._region import SHM_DIR
 from ..pool import Lease, ResourceId
 from ..pool.session import accept_session, accept_session_async, open_session, open_session_async
-from ._async import made, usable
+from ._async import made, retire, usable
 from ._calls import call_async, call_sync
 from ._checkout import deadline, start_waiting, stop_waiting, time_left
+from ._entry import Entry
 
 if TYPE_CHECKING:
     from ._pool import ClientPool
@@ -166,13 +167,18 @@ class Server:
                 conn.sendall(self._run(execution.id, request))
 
     def _run(self, rid: ResourceId, request: bytes) -> bytes:
-        client = remote_client(self.pool, rid)
-        if client is None:
+        entry = lend(self.pool, rid)
+        if entry is None:
             return _answer(REFUSED, b"")
         try:
-            return _answer(OK, bytes(call_sync("handler", self.pool.serving, client, request)))
+            return _answer(
+                OK, bytes(call_sync("handler", self.pool.serving, entry.client, request))
+            )
         except Exception as error:  # the borrower gets the error's text
             return _answer(FAILED, repr(error).encode()[:4096])
+        finally:
+            if not lent_back(self.pool, entry):
+                self.pool._retire(entry)
 
     def close(self) -> None:
         """Stop listening and remove the socket."""
@@ -218,13 +224,16 @@ class AsyncServer:
             writer.close()
 
     async def _run(self, rid: ResourceId, request: bytes) -> bytes:
-        client = remote_client(self.pool, rid)
-        if client is None:
+        entry = lend(self.pool, rid)
+        if entry is None:
             return _answer(REFUSED, b"")
         try:
-            return _answer(OK, bytes(await call_async(self.pool.serving, client, request)))
+            return _answer(OK, bytes(await call_async(self.pool.serving, entry.client, request)))
         except Exception as error:
             return _answer(FAILED, repr(error).encode()[:4096])
+        finally:
+            if not lent_back(self.pool, entry):
+                await retire(self.pool, entry)
 
     def close(self) -> None:
         """Stop listening and remove the socket."""
@@ -234,14 +243,26 @@ class AsyncServer:
             os.unlink(self.path)
 
 
-def remote_client(pool: ClientPool[Any], rid: ResourceId) -> Any:
-    """The idle client a borrower's accepted lease names (it stays in the idle list)."""
+def lend(pool: ClientPool[Any], rid: ResourceId) -> Entry[Any] | None:
+    """The idle entry a borrower's accepted lease names, out of the idle list while its
+    request runs (so close() does not close it under the handler)."""
     with pool._lock:
         for entry in pool._idle:
             if entry.rid == rid:
-                entry.idle_since = time.monotonic()
-                return entry.client
+                pool._idle.remove(entry)
+                return entry
     return None
+
+
+def lent_back(pool: ClientPool[Any], entry: Entry[Any]) -> bool:
+    """A :func:`lend` entry idle again (oldest first: its unit completes just after);
+    False once the pool is closed, and the caller retires it."""
+    with pool._lock:
+        if pool._closed:
+            return False
+        entry.idle_since = time.monotonic()
+        pool._idle.insert(0, entry)
+    return True
 
 
 async def serve_async(pool: ClientPool[Any]) -> None:

@@ -20,8 +20,8 @@ Rules (the reference design's availability extension):
 * :func:`give_back` keeps a finished client idle only while the fleet-wide
   idle count is below ``max_idle``, and retires it instead when another
   process waits at ``max_live`` and this one has no waiter of its own that
-  would take it (or holds more than its share): an idle client never strands
-  a waiter.
+  would take it (or holds more than its share, or more than a waiting node
+  holds): an idle client never strands a waiter.
 * :func:`retire_idle` lets an owner take an idle client out, to retire it, for another
   process's waiter, or for ``idle_timeout`` (only above the ``min_idle``
   floor) and ``max_lifetime``.
@@ -47,7 +47,7 @@ from ._layout import (
     U32,
 )
 from ._table import Table
-from ._values import Key, ResourceId
+from ._values import U32_MAX, Key, ResourceId
 
 #: Why an owner may retire an idle client (:func:`retire_idle`).
 FOR_WAITER: Final = 0  # another process waits at max_live
@@ -68,6 +68,14 @@ class Census:
     def others_waiting(self, node: int) -> int:
         """Waiters of every node but ``node``."""
         return sum(self.waiters) - self.waiters[node]
+
+    def poorer_waiting(self, node: int) -> bool:
+        """Whether another node waits that holds fewer live clients than ``node``."""
+        mine = self.live_by_node.get(node, 0)
+        return any(
+            waiting and other != node and self.live_by_node.get(other, 0) < mine
+            for other, waiting in enumerate(self.waiters)
+        )
 
     def fair_share(self, max_live: int) -> int:
         """Clients one demanding node may keep while others wait (at least one)."""
@@ -147,8 +155,9 @@ def give_back(
     One step: the unit becomes free only while the fleet-wide idle count is
     below ``max_idle`` and no other process waits at ``max_live`` for capacity
     this client holds. Exceptions: this node's own waiters, within its fair
-    share, will take it; or ``in_turn``, the owner has not used up its turn
-    with this client (``PoolOptions.handoff_uses``). Otherwise the unit stays
+    share and while no waiting node holds fewer clients, will take it; or
+    ``in_turn``, the owner has not used up its turn with this client
+    (``PoolOptions.handoff_uses``). Otherwise the unit stays
     active: the caller closes the client and only then unregisters it, so the
     budget returns once the client is really gone (a server never sees more
     than ``max_live`` connections). A resource that is no longer ours (reset,
@@ -194,9 +203,14 @@ def give_back(
 def _keep(counted: Census, node: int, max_idle: int, max_live: int, in_turn: bool) -> bool:
     at_max = counted.live + counted.creating >= max_live
     if not in_turn and counted.others_waiting(node) and at_max:
-        # Kept only for a waiter of ours, who takes it at once, within our fair share.
+        # Kept only for a waiter of ours, who takes it at once, within our fair share,
+        # and while no waiter elsewhere holds fewer clients (the share floors at one:
+        # with more demanding nodes than max_live, one would wait for ever).
         own = counted.waiters[node]
-        return bool(own) and counted.live_by_node.get(node, 0) <= counted.fair_share(max_live)
+        mine = counted.live_by_node.get(node, 0)
+        return (
+            bool(own) and mine <= counted.fair_share(max_live) and not counted.poorer_waiting(node)
+        )
     return counted.idle < max_idle
 
 
@@ -209,35 +223,41 @@ def retire_idle(table: Table, rid: ResourceId, reason: int, max_live: int, min_i
     ``FOR_WAITER``: another node waits and the key is at ``max_live``, and no
     waiter of this node would take the client. ``FOR_IDLE_TIMEOUT``: the
     fleet-wide idle count is above ``min_idle``. ``FOR_LIFETIME``: always. A
-    client in use or reserved meanwhile is never retired.
+    drained resource (``Pool.drain``), or one whose key index is past the key
+    table (damage): always. A client in use or reserved meanwhile is never
+    retired.
     """
     offset = table.locate(rid)
     table.enter()
     try:
         try:
-            hot = _owned_live(table, rid, offset)
-        except (StaleError, NotOwnerError, DrainingError):  # not ours to retire now
+            hot = table._owned(rid, offset)
+        except (StaleError, NotOwnerError):  # not ours to retire now
             return False
         if hot[8] or _free(table, offset, hot) < hot[6]:
             return False  # in use or reserved
         index = int(hot[7])
-        counted = census(table, index)
-        node = table.node
-        if reason == FOR_WAITER:
-            due = (
-                counted.others_waiting(node) > 0
-                and not counted.waiters[node]
-                and counted.live + counted.creating >= max_live
-            )
-        elif reason == FOR_IDLE_TIMEOUT:
-            due = counted.idle > min_idle
-        else:
-            due = True
-        if due:
+        # Draining (nobody may take it again) or a key index past the key table (damage).
+        due = hot[0] != LIVE or index >= table.key_capacity
+        if due or _due(census(table, index), table.node, reason, max_live, min_idle):
             store(table.buf, offset + RES_ACTIVE, U32, 1)
-        return due
+            return True
+        return False
     finally:
         table.leave()
+
+
+def _due(counted: Census, node: int, reason: int, max_live: int, min_idle: int) -> bool:
+    """Whether :func:`retire_idle`'s ``reason`` holds for a LIVE idle client of ``node``."""
+    if reason == FOR_WAITER:
+        return (
+            counted.others_waiting(node) > 0
+            and not counted.waiters[node]
+            and counted.live + counted.creating >= max_live
+        )
+    if reason == FOR_IDLE_TIMEOUT:
+        return counted.idle > min_idle
+    return True
 
 
 def claim_warm(table: Table, key: Key, max_live: int, min_idle: int) -> tuple[int, int]:
@@ -275,7 +295,8 @@ def claim_warm(table: Table, key: Key, max_live: int, min_idle: int) -> tuple[in
 def add_waiter(table: Table, key: Key, delta: int) -> int:
     """Count one waiter of this node in or out (+1 / -1); returns the key's version.
 
-    Counting one in bumps the key, so owners holding idle clients notice.
+    Counting one in bumps the key, so owners holding idle clients notice. A
+    counter at ``2**32 - 1`` (damage) stays there.
 
     Raises:
         KeyFullError.
@@ -285,7 +306,7 @@ def add_waiter(table: Table, key: Key, delta: int) -> int:
         index = table.find_key(key, True)
         at = table.key_offset(index) + table.key_waiters + 4 * table.node
         count = U32.unpack_from(table.buf, at)[0]
-        store(table.buf, at, U32, max(0, count + delta))
+        store(table.buf, at, U32, min(max(0, count + delta), U32_MAX))  # damage saturates
         if delta > 0:
             table.key_changed(index)
         return table.changes(index)

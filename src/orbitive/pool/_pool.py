@@ -275,8 +275,13 @@ class Pool:
     def _give_back(
         self, rid: ResourceId, max_idle: int, max_live: int, in_turn: bool, borrowers: bool
     ) -> bool:
-        """The Python operation behind ``Operations.give_back``: ``_availability.give_back``."""
-        return give_back(self._t(), check_rid(rid), max_idle, max_live, in_turn, borrowers)
+        """The Python operation behind ``Operations.give_back``: ``_availability.give_back``.
+
+        Raises:
+            MalformedError: not a ResourceId, or a bound is not an int in ``0 .. 2**32 - 1``.
+        """
+        idle, live = check_units(max_idle, "max_idle", 0), check_units(max_live, "max_live", 0)
+        return give_back(self._t(), check_rid(rid), idle, live, in_turn, borrowers)
 
     # -- resources --------------------------------------------------------------------
 

@@ -1,0 +1,135 @@
+"""Closing a client pool while clients are out: every client is closed when it comes back,
+and its share of the fleet-wide ``max_live`` comes back with it.
+
+Another pool of the same key and fleet (as another worker would) sees the budget.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from orbitive import Fleet
+from orbitive.clients import ClientPool, PoolClosed, PoolOptions
+
+from .._processes import Processes
+from ._fakes import FakeClient, close
+from ._workers import fake_request
+from .conftest import CAPACITY
+
+
+@pytest.fixture(autouse=True)
+def _counts() -> Iterator[None]:
+    FakeClient.reset_counts()
+    yield
+
+
+def _pool(fleet: Fleet, max_live: int) -> ClientPool[FakeClient]:
+    return ClientPool(
+        fleet, "fake", create=FakeClient, close=close, options=PoolOptions(max_live=max_live)
+    )
+
+
+def live_clients(fleet: Fleet) -> int:
+    """The key's live clients fleet-wide, as a fresh pool of the key counts them."""
+    with _pool(fleet, 1) as other:
+        return other.statistics().live
+
+
+def test_a_client_returned_after_close_gives_its_budget_back(fleet: Fleet) -> None:
+    pool = _pool(fleet, 1)
+    out = pool.getconn()
+    pool.close()
+    pool.putconn(out)
+    assert out.closed and FakeClient.open_now == 0
+    assert live_clients(fleet) == 0
+    with _pool(fleet, 1) as other:
+        other.putconn(other.getconn(timeout=2.0))  # the one unit of max_live is free
+
+
+def churn_until_closed(pool: ClientPool[FakeClient], errors: list[BaseException]) -> None:
+    """Check out and hand back until the pool refuses; anything but PoolClosed is kept."""
+    try:
+        while True:
+            pool.putconn(pool.getconn(timeout=5.0))
+    except PoolClosed:
+        return
+    except BaseException as error:
+        errors.append(error)
+
+
+@pytest.mark.parametrize("round_", range(15))
+def test_returns_racing_close_close_every_client_and_return_the_budget(
+    fleet: Fleet, round_: int
+) -> None:
+    pool = _pool(fleet, 4)
+    errors: list[BaseException] = []
+    threads = [threading.Thread(target=churn_until_closed, args=(pool, errors)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.002 * round_)
+    pool.close()
+    for thread in threads:
+        thread.join(30.0)
+    assert errors == []
+    assert FakeClient.open_now == 0  # none left idle after close, none dropped unclosed
+    assert live_clients(fleet) == 0
+
+
+def wait_for_a_client(pool: ClientPool[FakeClient], outcomes: list[object]) -> None:
+    try:
+        outcomes.append(pool.getconn(timeout=20.0))
+    except Exception as error:  # the test looks at what came out
+        outcomes.append(error)
+
+
+def test_callers_waiting_at_close_get_pool_closed_and_are_counted_out(fleet: Fleet) -> None:
+    with _pool(fleet, 1) as hog:
+        held = hog.getconn()  # the key is at max_live: the pool's callers wait
+        pool = _pool(fleet, 1)
+        outcomes: list[object] = []
+        threads = [
+            threading.Thread(target=wait_for_a_client, args=(pool, outcomes)) for _ in range(3)
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 10.0
+        while hog.statistics().waiting < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert hog.statistics().waiting == 3
+        pool.close()
+        for thread in threads:
+            thread.join(30.0)
+        assert [type(outcome) for outcome in outcomes] == [PoolClosed] * 3
+        assert hog.statistics().waiting == 0  # no waiter left counted for other processes
+        hog.putconn(held)
+
+
+def test_close_leaves_a_client_serving_another_processs_request_until_it_is_done(
+    spawned: Processes, fleet: Fleet
+) -> None:
+    inside, release = threading.Event(), threading.Event()
+
+    def held_echo(client: FakeClient, payload: bytes) -> bytes:
+        inside.set()
+        release.wait(30.0)
+        return b"closed under the handler" if client.closed else payload
+
+    pool = ClientPool(
+        fleet, "fake", create=FakeClient, close=close, handler=held_echo,
+        options=PoolOptions(max_live=1),
+    )  # fmt: skip
+    pool.putconn(pool.getconn())  # the only client of the key, idle here
+    borrower = spawned.start(fake_request, fleet.name, CAPACITY, b"ping")
+    assert inside.wait(60.0)  # the borrower's request runs on our idle client
+    pool.close()
+    release.set()
+    assert borrower.recv(60) == b"ping"
+    deadline = time.monotonic() + 10.0
+    while FakeClient.open_now:  # closed once its request is done
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert live_clients(fleet) == 0
