@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -247,6 +248,15 @@ def test_cancel_reservation_only_by_holder_and_only_once(
     with pytest.raises(NotReservedError):
         shm_pool.accept(own_lease)
     assert shm_pool.reserve(mine).fence == 2
+
+
+@pytest.mark.parametrize("field", ["holder_node", "holder_incarnation"])
+def test_cancel_by_a_holder_too_wide_to_print_is_refused_by_name(pool: Pool, field: str) -> None:
+    lease = pool.reserve(pool.register(KEY, 1))
+    forged = dataclasses.replace(lease, **{field: 1 << 20000})  # repr() of it raises
+    with pytest.raises(NotOwnerError, match="bits"):
+        pool.cancel_reservation(forged)
+    pool.cancel_reservation(lease)  # the real holder still can
 
 
 def test_reconcile_ages_out_unreceived_reservations_by_owner_clock(pool: Pool) -> None:

@@ -425,7 +425,8 @@ class Table(KeyTable):
         offset = self.locate(rid)
         if holder != (self.node, self.incarnation):
             raise NotOwnerError(
-                f"only the lease's holder (node {holder[0]} incarnation {holder[1]}) may cancel it",
+                f"only the lease's holder (node {shown(holder[0])} incarnation "
+                f"{shown(holder[1])}) may cancel it",
                 node=self.node,
                 key=rid,
             )
