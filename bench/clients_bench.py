@@ -19,9 +19,12 @@ Every contender runs the same request: one autocommit statement (a pool's
 ``connection()`` block then commits nothing, as a direct connection would not).
 
 Reported: requests/s, p50/p99/p99.9 and the longest latency of one checkout +
-query + return, and the peak server connections a sampler saw in
-``pg_stat_activity``. Then the cost of a checkout/return of an idle local
-client beside a bare ``LockTable`` pair.
+query + return, the peak server connections a sampler saw in
+``pg_stat_activity``, and the fairness: the fewest requests one worker
+completed over the most (1.0: every worker served alike; in a closed loop a
+worker left waiting adds few samples, so the percentiles alone hide it). Then
+the cost of a checkout/return of an idle local client beside a bare
+``LockTable`` pair.
 
 Run: ``.venv/bin/python -m bench.clients_bench [--seconds S] [--handoff-uses N] [--json PATH]``;
 PostgreSQL and PgBouncer are started and stopped here (a missing binary skips
@@ -226,7 +229,7 @@ def run_contender(kind: str, url: str, pg: str, query: str, seconds: float) -> d
         start = time.time() + 0.5
         for pipe in pipes:
             pipe.send((start, start + seconds))
-        latencies = [lat for pipe in pipes for lat in pipe.recv()]
+        per_worker = [pipe.recv() for pipe in pipes]
         highest = peak.stop()
     finally:
         for proc in procs:
@@ -234,7 +237,8 @@ def run_contender(kind: str, url: str, pg: str, query: str, seconds: float) -> d
             if proc.exitcode is None:
                 proc.kill()
         remove_fleet_files(fleet_name)
-    latencies.sort()
+    latencies = sorted(lat for done in per_worker for lat in done)
+    counts = [len(done) for done in per_worker]
     return {
         "contender": kind,
         "query": query,
@@ -244,6 +248,7 @@ def run_contender(kind: str, url: str, pg: str, query: str, seconds: float) -> d
         "p999_ms": 1000 * latencies[int(len(latencies) * 0.999)],
         "max_ms": 1000 * latencies[-1],
         "peak_connections": highest,
+        "fairness": min(counts) / max(counts),
     }
 
 
@@ -336,7 +341,8 @@ def main() -> None:
                     f"{label:<12} {kind:<13} {row['requests_per_s']:>9,.0f} req/s  "
                     f"p50 {row['p50_ms']:6.2f}  p99 {row['p99_ms']:7.2f}  "
                     f"p99.9 {row['p999_ms']:7.2f}  max {row['max_ms']:7.1f} ms  "
-                    f"peak {row['peak_connections']} connections",
+                    f"peak {row['peak_connections']} connections  "
+                    f"fairness {row['fairness']:.2f}",
                     flush=True,
                 )
     finally:
