@@ -6,6 +6,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -253,7 +254,8 @@ def test_cancel_reservation_only_by_holder_and_only_once(
 @pytest.mark.parametrize("field", ["holder_node", "holder_incarnation"])
 def test_cancel_by_a_holder_too_wide_to_print_is_refused_by_name(pool: Pool, field: str) -> None:
     lease = pool.reserve(pool.register(KEY, 1))
-    forged = dataclasses.replace(lease, **{field: 1 << 20000})  # repr() of it raises
+    wide: dict[str, Any] = {field: 1 << 20000}  # repr() of it raises
+    forged = dataclasses.replace(lease, **wide)
     with pytest.raises(NotOwnerError, match="bits"):
         pool.cancel_reservation(forged)
     pool.cancel_reservation(lease)  # the real holder still can
