@@ -10,10 +10,10 @@ of about 1 ms) for a few seconds each, against:
 * per-process psycopg_pool (``max_size`` = the cap in every process: uncapped,
   8 x its size host-wide);
 * orbitive's ``ConnectionPool`` with the same host-wide cap (``check=None``,
-  as psycopg_pool's default), with the default ``handoff_uses`` and, as
-  ``orbitive/N``, with ``handoff_uses=N`` (``--handoff-uses``, default 256): how
-  many checkouts a process may still make with a client while another process
-  waits at the cap, before it closes the client for that waiter.
+  as psycopg_pool's default), with the default ``handoff_after`` and, as
+  ``orbitive/Ns``, with ``handoff_after=N`` (``--handoff-after``, default 0.5):
+  how many seconds a client may still serve its process while another process
+  waits at the cap, before it is closed for that waiter (its turn).
 
 Every contender runs the same request: one autocommit statement (a pool's
 ``connection()`` block then commits nothing, as a direct connection would not).
@@ -26,7 +26,7 @@ worker left waiting adds few samples, so the percentiles alone hide it). Then
 the cost of a checkout/return of an idle local client beside a bare
 ``LockTable`` pair.
 
-Run: ``.venv/bin/python -m bench.clients_bench [--seconds S] [--handoff-uses N] [--json PATH]``;
+Run: ``.venv/bin/python -m bench.clients_bench [--seconds S] [--handoff-after S] [--json PATH]``;
 PostgreSQL and PgBouncer are started and stopped here (a missing binary skips
 that contender with the reason).
 """
@@ -170,10 +170,10 @@ def _contender(
             psycopg_pool.ConnectionPool(url, min_size=1, max_size=CAP, kwargs=kwargs, open=True)
         )
     else:
-        _, _, uses = kind.partition("/")
+        _, _, turn = kind.partition("/")
         options = PoolOptions(max_live=CAP)
-        if uses:
-            options = dataclasses.replace(options, handoff_uses=int(uses))
+        if turn:
+            options = dataclasses.replace(options, handoff_after=float(turn.removesuffix("s")))
         fleet = stack.enter_context(Fleet.join(fleet_name, 16))
         pool = stack.enter_context(
             ConnectionPool(url, fleet=fleet, kwargs=kwargs, options=options, check=None)
@@ -324,21 +324,22 @@ def main() -> None:
     """Run every contender on every query, print the table, optionally write JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--handoff-uses", type=int, default=256)
+    parser.add_argument("--handoff-after", type=float, default=0.5)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = []
     pg = start_postgres()
+    kinds = ("pgbouncer", "psycopg_pool", "orbitive", f"orbitive/{args.handoff_after:g}s")
     try:
         for label, query in QUERIES.items():
-            for kind in ("pgbouncer", "psycopg_pool", "orbitive", f"orbitive/{args.handoff_uses}"):
+            for kind in kinds:
                 row = run_row(kind, pg, query, args.seconds)
                 if row is None:
                     continue
                 row["query"] = label
                 rows.append(row)
                 print(
-                    f"{label:<12} {kind:<13} {row['requests_per_s']:>9,.0f} req/s  "
+                    f"{label:<12} {kind:<14} {row['requests_per_s']:>9,.0f} req/s  "
                     f"p50 {row['p50_ms']:6.2f}  p99 {row['p99_ms']:7.2f}  "
                     f"p99.9 {row['p999_ms']:7.2f}  max {row['max_ms']:7.1f} ms  "
                     f"peak {row['peak_connections']} connections  "

@@ -72,6 +72,27 @@ def test_after_a_handover_the_next_checkout_waits_before_it_claims(
     waiter.send("stop")
 
 
+def test_a_client_serves_its_process_for_its_turn_then_goes_to_the_waiter(
+    spawned: Processes, fleet: Fleet
+) -> None:
+    waiter = spawned.start(counted_waiter, fleet.name, CAPACITY)
+    assert waiter.recv(60) == "waiting"
+    turn = 0.5
+    options = PoolOptions(max_live=1, handoff_after=turn, acquire_timeout=10.0)
+    with ClientPool(fleet, "fake", create=FakeClient, close=close, options=options) as pool:
+        first = pool.getconn()
+        pool.putconn(first)
+        while time.monotonic() - pool._idle[0].created_at < 0.8 * turn:  # within its turn
+            with pool.client() as client:
+                assert client is first  # kept, though another process waits
+        assert pool.counters.retired == 0
+        with pool.client() as client:
+            assert client is first
+            time.sleep(turn)  # in use (an idle one would go within HANDOFF_GRACE_S)
+        assert first.closed and pool.counters.retired == 1  # its turn was over: handed over
+    waiter.send("stop")
+
+
 def test_without_a_waiter_elsewhere_a_return_that_closes_never_delays_the_next_checkout(
     fleet: Fleet,
 ) -> None:

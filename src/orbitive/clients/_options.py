@@ -62,12 +62,16 @@ class PoolOptions:
             ``min_idle`` floor), float > 0.
         max_lifetime: seconds after creation when a client is closed once it
             is next idle, float > 0.
-        handoff_uses: while another process waits at ``max_live``, a client
-            still serves this many checkouts of its own process in a row
-            before it is handed over (closed, so the waiter can create); an
+        handoff_after: a client's turn, in seconds (float > 0): while another
+            process waits at ``max_live``, a client younger than this still
+            serves the checkouts of its own process; once older, it is handed
+            over (closed, so the waiter can create) when next returned. An
             idle one is handed over within :data:`HANDOFF_GRACE_S` all the
-            same. 1 hands over at once (fairest, a new connection per turn);
-            larger amortises a connection over more requests. An int >= 1.
+            same. Shorter is fairer (a waiter waits about one turn); longer
+            amortises a new connection over more requests. Being a time, the
+            turn bounds the wait whatever a request takes.
+        handoff_uses: also end a turn after this many checkouts (an int >= 1),
+            or None: only ``handoff_after`` does. 1 hands over at once.
 
     Raises:
         InvalidPoolOptions: a size is not an int in range (bools refused), the
@@ -82,14 +86,16 @@ class PoolOptions:
     acquire_timeout: float = 30.0
     idle_timeout: float = 600.0
     max_lifetime: float = 3600.0
-    handoff_uses: int = 16
+    handoff_after: float = 0.1
+    handoff_uses: int | None = None
 
     def __post_init__(self) -> None:
         max_live = _size("max_live", self.max_live, 1)
         min_idle = _size("min_idle", self.min_idle, 0)
         max_idle = max_live if self.max_idle is None else _size("max_idle", self.max_idle, 0)
         _size("max_waiting", self.max_waiting, 1)
-        _size("handoff_uses", self.handoff_uses, 1)
+        if self.handoff_uses is not None:
+            _size("handoff_uses", self.handoff_uses, 1)
         if not min_idle <= max_idle <= max_live:
             raise InvalidPoolOptions(
                 f"options must satisfy min_idle <= max_idle <= max_live, got "
@@ -97,7 +103,7 @@ class PoolOptions:
                 key="max_idle",
             )
         object.__setattr__(self, "max_idle", max_idle)
-        for name in ("acquire_timeout", "idle_timeout", "max_lifetime"):
+        for name in ("acquire_timeout", "idle_timeout", "max_lifetime", "handoff_after"):
             object.__setattr__(self, name, _seconds(name, getattr(self, name)))
 
     @property

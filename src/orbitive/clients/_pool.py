@@ -126,7 +126,8 @@ class ClientPool(Generic[C]):
         self.options = options
         # The options the fast paths read, as plain attributes.
         self._max_live, self._idle_limit = options.max_live, options.idle_limit
-        self._max_lifetime, self._handoff_uses = options.max_lifetime, options.handoff_uses
+        self._max_lifetime, self._turn = options.max_lifetime, options.handoff_after
+        self._turn_uses = options.handoff_uses or 1 << 64  # None: no bound by count
         self._create, self._close, self._check, self._reset = create, close, check, reset
         self._handler = handler
         self._fleet = fleet
@@ -300,6 +301,11 @@ class ClientPool(Generic[C]):
         self.counters.created += 1
         return entry
 
+    def _in_turn(self, entry: Entry[C], now: float) -> bool:
+        """Whether ``entry`` may still serve this process while another waits (its turn:
+        ``handoff_after``, and ``handoff_uses`` when set)."""
+        return now - entry.created_at < self._turn and entry.uses % self._turn_uses != 0
+
     def _expired(self, entry: Entry[C], now: float) -> bool:
         return now - entry.created_at >= self._max_lifetime
 
@@ -400,8 +406,8 @@ class ClientPool(Generic[C]):
             if self._closed:  # close() has taken the idle list: this one closes too
                 return False
             kept = self._give_back_unit(
-                entry.rid, self._idle_limit, self._max_live,
-                entry.uses % self._handoff_uses != 0, self._handler is not None,
+                entry.rid, self._idle_limit, self._max_live, self._in_turn(entry, now),
+                self._handler is not None,
             )  # fmt: skip
             if kept:
                 entry.idle_since = now

@@ -6,7 +6,7 @@ One daemon thread per ClientPool per process. Each round:
    creation claims return without a supervisor (at most every interval);
 2. retires this process's idle clients while another process waits at
    ``max_live`` (``retire_idle(FOR_WAITER)``): the waiter can then create.
-   A client whose turn is over (``handoff_uses``) goes at once, any other
+   A client whose turn is over (``handoff_after``, ``handoff_uses``) goes at once, any other
    after :data:`HANDOFF_GRACE_S` of idleness;
 3. retires clients idle longer than ``idle_timeout`` (above the ``min_idle``
    floor) or older than ``max_lifetime``;
@@ -93,9 +93,7 @@ class Upkeep:
             self._retire_all(
                 pool,
                 FOR_WAITER,
-                lambda e: (
-                    e.uses % options.handoff_uses == 0 or now - e.idle_since >= HANDOFF_GRACE_S
-                ),
+                lambda e: not pool._in_turn(e, now) or now - e.idle_since >= HANDOFF_GRACE_S,
             )
             self._retire_all(
                 pool, FOR_IDLE_TIMEOUT, lambda e: now - e.idle_since >= options.idle_timeout

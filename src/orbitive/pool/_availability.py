@@ -157,7 +157,7 @@ def give_back(
     this client holds. Exceptions: this node's own waiters, within its fair
     share and while no waiting node holds fewer clients, will take it; or
     ``in_turn``, the owner has not used up its turn with this client
-    (``PoolOptions.handoff_uses``). Otherwise the unit stays
+    (``PoolOptions.handoff_after``). Otherwise the unit stays
     active: the caller closes the client and only then unregisters it, so the
     budget returns once the client is really gone (a server never sees more
     than ``max_live`` connections). A resource that is no longer ours (reset,
