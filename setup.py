@@ -7,6 +7,7 @@ so an edit to one rebuilds the module and an sdist carries them.
 from setuptools import Extension, setup
 
 SHARED = ["src/orbitive/_robust.h", "src/orbitive/_slots.h"]
+POOL_PARTS = ("_steps", "_execution", "_availability")
 
 setup(
     ext_modules=[
@@ -22,7 +23,7 @@ setup(
             "orbitive.pool._fastpath",
             ["src/orbitive/pool/_fastpath.c"],
             include_dirs=["src/orbitive"],
-            depends=SHARED,
+            depends=[*SHARED, *(f"src/orbitive/pool/{part}.h" for part in POOL_PARTS)],
             optional=True,
         ),
     ]
