@@ -19,7 +19,15 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from .._errors import FleetError, PoolTimeout, TooManyRequests
+from .._errors import (
+    BusyError,
+    DrainingError,
+    FleetError,
+    NotOwnerError,
+    PoolTimeout,
+    StaleError,
+    TooManyRequests,
+)
 from ..pool import CreationPermit
 from ..pool._availability import add_waiter, key_census
 from ._async import made, usable
@@ -130,6 +138,36 @@ async def checkout_async(pool: ClientPool[Any], timeout: float | None) -> Any:
         raise
     finally:
         steps.close()
+
+
+def take_idle_sorting(pool: ClientPool[Any]) -> Entry[Any] | None:
+    """``ClientPool._take_idle`` past idle clients a borrower reserved or the table closed.
+
+    A reserved one stays idle (the borrower's request runs on it); a closed or
+    drained one is retired (closed, and its slot unregistered).
+    """
+    doomed, busy = [], []
+    try:
+        with pool._lock:
+            while pool._idle:
+                entry = pool._idle.pop()
+                try:
+                    pool._take_unit(entry.rid)
+                except BusyError:  # a borrower reserved it (remote mode): theirs now
+                    busy.append(entry)
+                    continue
+                except (StaleError, NotOwnerError, DrainingError):
+                    doomed.append(entry)  # reset, or drained: close it (and its slot)
+                    continue
+                pool._out[id(entry.client)] = entry
+                entry.uses += 1
+                return entry
+        return None
+    finally:
+        with pool._lock:
+            pool._idle[:0] = busy
+        for entry in doomed:
+            pool._retire(entry)
 
 
 def polite(pool: ClientPool[Any]) -> bool:

@@ -49,7 +49,7 @@ from ..pool import POOL_KIND, CreationPermit, Pool
 from ..pool._table import Table
 from ._async import retire
 from ._calls import call_async, call_sync, check_callable, run_anywhere
-from ._checkout import checkout, checkout_async
+from ._checkout import checkout, checkout_async, take_idle_sorting
 from ._entry import Entry
 from ._options import PoolOptions, pool_key, seconds
 from ._remote import AsyncServer, Server, request, request_async, serve_async, start_server
@@ -253,32 +253,7 @@ class ClientPool(Generic[C]):
                 self._out[id(entry.client)] = entry
                 entry.uses += 1
                 return entry
-        return self._take_idle_sorting()
-
-    def _take_idle_sorting(self) -> Entry[C] | None:
-        """:meth:`_take_idle` past idle clients that a borrower reserved or the table closed."""
-        doomed, busy = [], []
-        try:
-            with self._lock:
-                while self._idle:
-                    entry = self._idle.pop()
-                    try:
-                        self._take_unit(entry.rid)
-                    except BusyError:  # a borrower reserved it (remote mode): theirs now
-                        busy.append(entry)
-                        continue
-                    except (StaleError, NotOwnerError, DrainingError):
-                        doomed.append(entry)  # reset, or drained: close it (and its slot)
-                        continue
-                    self._out[id(entry.client)] = entry
-                    entry.uses += 1
-                    return entry
-            return None
-        finally:
-            with self._lock:
-                self._idle[:0] = busy
-            for entry in doomed:
-                self._retire(entry)
+        return take_idle_sorting(self)
 
     def _claim(self) -> CreationPermit | None:
         """A creation claim under ``max_live``, fleet-wide; None when at the bound."""
