@@ -116,3 +116,19 @@ def test_a_forked_childs_checkouts_run_on_its_own_table_steps_and_lane(fleet: Fl
         assert bytes(table.buf[slot]) == before  # the parent's unit was never taken
         assert pool.getconn() is parents.client
         pool.putconn(parents.client)
+
+
+def test_a_forked_child_never_uses_or_closes_the_parents_clients(fleet: Fleet) -> None:
+    with _pool(fleet) as pool:
+        with pool.client() as parents:
+            pass
+
+        def use_then_close() -> int:
+            with pool.client() as childs:
+                code = 0 if childs is not parents and not parents.closed else 2
+            pool.close()
+            return code if not parents.closed else 3
+
+        assert in_child(use_then_close) == 0
+        with pool.client() as again:
+            assert again is parents

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -244,31 +243,6 @@ def test_the_sync_path_refuses_an_async_create_and_returns_its_claim(fleet: Flee
         with pytest.raises(InvalidPoolOptions):
             pool.getconn()
         assert pool.statistics().creating == 0
-
-
-def test_a_forked_child_never_uses_or_closes_the_parents_clients(fleet: Fleet) -> None:
-    with _pool(fleet, max_live=4) as pool:
-        with pool.client() as parents:
-            pass
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report and leave without running finalisers
-            code = 1
-            try:
-                with pool.client() as childs:
-                    code = 0 if childs is not parents and not parents.closed else 2
-                pool.close()
-                code = code if not parents.closed else 3
-            finally:
-                os.write(write, bytes([code]))
-                os._exit(0)
-        os.close(write)
-        answer = os.read(read, 1)
-        os.close(read)
-        os.waitpid(pid, 0)
-        assert answer == b"\x00"
-        with pool.client() as again:
-            assert again is parents
 
 
 def test_an_idle_client_drained_in_the_table_is_closed_and_gives_its_budget_back(
