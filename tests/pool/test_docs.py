@@ -56,8 +56,11 @@ def test_pool_resource_and_key_rows_match_the_constants() -> None:
     assert layout.key_interest == _layout.KEY_PARKED + 8  # 64 + round_up(F, 8)
     assert layout.key_claims == _layout.KEY_PARKED + 16
     assert layout.key_waiters == layout.key_claims + 16  # claims + round_up(4 * F, 8)
-    assert layout.key_members == layout.key_waiters + 16  # waiters + round_up(4 * F, 8)
-    assert "| 4 * F | waiters |" in text
+    assert layout.key_wait_since == layout.key_waiters + 16  # waiters + round_up(4 * F, 8)
+    assert layout.key_wait_seen == layout.key_wait_since + 16  # since + round_up(4 * F, 8)
+    assert layout.key_members == layout.key_wait_seen + 16  # seen + round_up(4 * F, 8)
+    for name in ("waiters", "since", "seen"):
+        assert f"| 4 * F | {name} |" in text, name
 
 
 def test_session_frame_rows_match_the_frame_struct() -> None:

@@ -62,6 +62,8 @@ class KeyTable:
         self.key_interest = layout.key_interest
         self.key_claims = layout.key_claims
         self.key_waiters = layout.key_waiters
+        self.key_wait_since = layout.key_wait_since
+        self.key_wait_seen = layout.key_wait_seen
         self.key_members = layout.key_members
         self.member_bytes = layout.member_bytes
         self.member_mask = layout.member_mask
@@ -266,7 +268,7 @@ class KeyTable:
         self.node, self.incarnation = node, incarnation
 
     def _forget_node(self, node: int, *, claims: bool) -> list[int]:
-        """Zero a node's claims (when ``claims``), waiting marks and waiter counts.
+        """Zero a node's claims (when ``claims``), waiting marks, waiter counts and times.
 
         Returns the keys whose claims fell.
         """
@@ -275,7 +277,8 @@ class KeyTable:
             offset = self.key_offset(index)
             self.buf[offset + KEY_PARKED + node] = 0
             self.buf[offset + self.key_interest + node] = 0
-            store(self.buf, offset + self.key_waiters + 4 * node, U32, 0)
+            for field in (self.key_waiters, self.key_wait_since, self.key_wait_seen):
+                store(self.buf, offset + field + 4 * node, U32, 0)
             at = offset + self.key_claims + 4 * node
             if claims and U32.unpack_from(self.buf, at)[0]:
                 store(self.buf, at, U32, 0)
@@ -299,18 +302,25 @@ class KeyTable:
         self.enter()
         try:
             index = self.find_key(key, True)
-            live, creating = self.budget(index)
-            if live + creating >= max_live:
-                raise CreationBudgetError(
-                    f"key {key}: {live} live + {creating} creating reached max_live {max_live}",
-                    key=key,
-                )
-            at = self.key_offset(index) + self.key_claims + 4 * self.node
-            store(self.buf, at, U32, U32.unpack_from(self.buf, at)[0] + 1)
-            epoch = self.epoch()
+            return index, self.claim_at(index, key, max_live)
         finally:
             self.leave()
-        return index, epoch
+
+    def claim_at(self, index: int, key: Key, max_live: int) -> int:
+        """:meth:`claim` on installed key slot ``index``, in a section; returns the epoch.
+
+        Raises:
+            CreationBudgetError: live + creating already reached ``max_live``.
+        """
+        live, creating = self.budget(index)
+        if live + creating >= max_live:
+            raise CreationBudgetError(
+                f"key {key}: {live} live + {creating} creating reached max_live {max_live}",
+                key=key,
+            )
+        at = self.key_offset(index) + self.key_claims + 4 * self.node
+        store(self.buf, at, U32, U32.unpack_from(self.buf, at)[0] + 1)
+        return self.epoch()
 
     def unclaim(self, key: Key, index: int, node: int, epoch: int) -> None:
         """Return one claim of ``node`` on ``key`` if that key, slot and epoch still hold."""

@@ -43,7 +43,9 @@ Key slot (key_stride bytes; F8 = round8(F))::
     64 + F8         F               interest   per node: 1 = bump the bell on change
     64 + 2*F8       4 * F           claims     per node: creation claims held (u32)
     claims + 4F'    4 * F           waiters    per node: client-pool waiters at max_live (u32)
-    waiters + 4F'   ceil(F*L/8)     members    bit per global resource index
+    waiters + 4F'   4 * F           since      per node: monotonic ms its waiting began (u32)
+    since + 4F'     4 * F           seen       per node: monotonic ms a waiter last tried (u32)
+    seen + 4F'      ceil(F*L/8)     members    bit per global resource index
 
 (4F' = round8(4 * F).) A key's idle count is not stored: it is the free units
 (capacity - reserved - active) of its live members, counted inside the step
@@ -89,7 +91,7 @@ from .._region import store
 #: The default SHM kind of the pool table.
 POOL_KIND: Final = 247
 #: Bumped whenever any offset or meaning below changes.
-LAYOUT_VERSION: Final = 2
+LAYOUT_VERSION: Final = 3
 MAGIC: Final = b"POOL"
 HEADER_SIZE: Final = 64
 RESOURCE_SIZE: Final = 384
@@ -249,9 +251,19 @@ class Layout:
         return self.key_claims + _round(4 * self.fleet_capacity, 8)
 
     @property
+    def key_wait_since(self) -> int:
+        """Offset of the per-node waiting-began times inside a key slot (layout version 3)."""
+        return self.key_waiters + _round(4 * self.fleet_capacity, 8)
+
+    @property
+    def key_wait_seen(self) -> int:
+        """Offset of the per-node last-try times inside a key slot (layout version 3)."""
+        return self.key_wait_since + _round(4 * self.fleet_capacity, 8)
+
+    @property
     def key_members(self) -> int:
         """Offset of the member bitmap inside a key slot."""
-        return self.key_waiters + _round(4 * self.fleet_capacity, 8)
+        return self.key_wait_seen + _round(4 * self.fleet_capacity, 8)
 
     @property
     def member_mask(self) -> int:
