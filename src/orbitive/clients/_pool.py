@@ -46,6 +46,7 @@ from .._errors import (
 )
 from .._fleet import Fleet
 from ..pool import POOL_KIND, CreationPermit, Pool
+from ..pool._availability import claim_in_turn
 from ..pool._table import Table
 from ._async import retire
 from ._calls import call_async, call_sync, check_callable, run_anywhere
@@ -256,9 +257,14 @@ class ClientPool(Generic[C]):
         return take_idle_sorting(self)
 
     def _claim(self) -> CreationPermit | None:
-        """A creation claim under ``max_live``, fleet-wide; None when at the bound."""
+        """A creation claim under ``max_live``, fleet-wide, oldest waiting process first.
+
+        None when at the bound or another process waited longer
+        (:func:`~orbitive.pool._availability.claim_in_turn`).
+        """
+        table = self.table
         try:
-            return self._pool.claim_create(self.key, self.options.max_live)
+            return CreationPermit(table, self.key, claim_in_turn(table, self.key, self._max_live))
         except CreationBudgetError:
             return None
 

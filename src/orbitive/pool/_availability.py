@@ -14,6 +14,11 @@ table step, so two processes never both see room under a bound.
   many of that node's callers wait because the key is at ``max_live``. A
   node's counters are zeroed when its death is reported or a new life binds
   the node, so a killed waiter never leaves a count behind.
+* ``since`` and ``seen`` (layout version 3) queue the waiting nodes: per node,
+  the ``CLOCK_MONOTONIC`` ms (mod 2**32) its waiting began and a waiter of it
+  last tried to claim. A node waiting with a ``seen`` under
+  :data:`SEEN_WITHIN_MS` old has its place in the queue; one that stopped
+  trying (stopped with SIGSTOP, a stuck thread) loses it until it tries again.
 
 Rules (the reference design's availability extension):
 
@@ -27,10 +32,13 @@ Rules (the reference design's availability extension):
   floor) and ``max_lifetime``.
 * :func:`claim_warm` claims creation only for this node's share of the
   ``min_idle`` deficit: ``idle + creating`` stays at most ``min_idle``.
+* :func:`claim_in_turn` claims creation under ``max_live`` only while no
+  other node with its place in the queue has waited longer (oldest first).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Final
 
@@ -54,6 +62,23 @@ FOR_WAITER: Final = 0  # another process waits at max_live
 FOR_IDLE_TIMEOUT: Final = 1  # idle too long: only above the min_idle floor
 FOR_LIFETIME: Final = 2  # too old: always
 
+#: A waiting node whose waiters have not tried to claim for this long loses its
+#: place in the queue (3 x the client pool's longest sleep, ``WAIT_SLICE_S``).
+SEEN_WITHIN_MS: Final = 3000
+#: Ages of 2**31 ms or more (a time "in the future") are damage: no place.
+_AGE_LIMIT: Final = 1 << 31
+
+
+def now_ms() -> int:
+    """``CLOCK_MONOTONIC`` in ms, mod 2**32: the clock of the waiting times."""
+    return (time.monotonic_ns() // 1_000_000) & U32_MAX
+
+
+def _age(now: int, then: int) -> int | None:
+    """Wrap-safe ms from ``then`` to ``now``; None for damage (2**31 ms or more)."""
+    age = (now - then) & U32_MAX
+    return age if age < _AGE_LIMIT else None
+
 
 @dataclass(frozen=True, slots=True)
 class Census:
@@ -64,6 +89,7 @@ class Census:
     creating: int
     waiters: tuple[int, ...]  # per node
     live_by_node: dict[int, int]
+    waited: tuple[int | None, ...]  # per node: ms waited if it has its place (queue)
 
     def others_waiting(self, node: int) -> int:
         """Waiters of every node but ``node``."""
@@ -106,7 +132,36 @@ def census(table: Table, index: int) -> Census:
     at = table.key_offset(index)
     claims = table.claims_struct.unpack_from(buf, at + table.key_claims)
     waiters = table.claims_struct.unpack_from(buf, at + table.key_waiters)
-    return Census(live, idle, sum(claims), waiters, by_node)
+    return Census(live, idle, sum(claims), waiters, by_node, queue(table, index, now_ms()))
+
+
+def queue(table: Table, index: int, now: int) -> tuple[int | None, ...]:
+    """Per node of key ``index``: ms it has waited if it has its place, else None. In a section.
+
+    A node has its place while its waiters counter is non-zero, its ``seen``
+    is under :data:`SEEN_WITHIN_MS` old and both times read as valid ages.
+    """
+    at = table.key_offset(index)
+    unpack, buf = table.claims_struct.unpack_from, table.buf
+    waiters = unpack(buf, at + table.key_waiters)
+    since = unpack(buf, at + table.key_wait_since)
+    seen = unpack(buf, at + table.key_wait_seen)
+    waited: list[int | None] = []
+    for count, began, tried in zip(waiters, since, seen, strict=True):
+        age, fresh = _age(now, began), _age(now, tried)
+        placed = count and age is not None and fresh is not None and fresh < SEEN_WITHIN_MS
+        waited.append(age if placed else None)
+    return tuple(waited)
+
+
+def _behind(waited: tuple[int | None, ...], node: int) -> bool:
+    """Whether another node with its place has waited longer than ``node``.
+
+    A node without its place (not waiting) counts as the newest.
+    """
+    mine = waited[node]
+    floor = -1 if mine is None else mine
+    return any(age is not None and age > floor for other, age in enumerate(waited) if other != node)
 
 
 def _owned_live(table: Table, rid: ResourceId, offset: int) -> tuple[int, ...]:
@@ -292,11 +347,48 @@ def claim_warm(table: Table, key: Key, max_live: int, min_idle: int) -> tuple[in
     return index, epoch
 
 
+def claim_in_turn(table: Table, key: Key, max_live: int) -> tuple[int, int]:
+    """Claim creation under ``max_live``, oldest waiting node first; returns (index, epoch).
+
+    The client pool's claim (``Table.claim`` for everyone else). A waiting
+    node's try refreshes its ``seen`` time first, refused or not; the claim is
+    then refused while another node with its place in the queue has waited
+    longer than this one (a node not waiting counts as the newest). A waiting
+    node that claims goes to the back of the queue (its ``since`` is now), so
+    its other waiters do not take every unit in a row.
+
+    Raises:
+        KeyFullError.
+        CreationBudgetError: live + creating reached ``max_live``, or another
+            node waited longer.
+    """
+    table.enter()
+    try:
+        index = table.find_key(key, True)
+        at = table.key_offset(index)
+        now, node = now_ms(), table.node
+        waiting = U32.unpack_from(table.buf, at + table.key_waiters + 4 * node)[0]
+        if waiting:
+            store(table.buf, at + table.key_wait_seen + 4 * node, U32, now)
+        if _behind(queue(table, index, now), node):
+            raise CreationBudgetError(f"key {key}: another process waited longer", key=key)
+        epoch = table.claim_at(index, key, max_live)
+        if waiting:
+            store(table.buf, at + table.key_wait_since + 4 * node, U32, now)
+    finally:
+        table.leave()
+    return index, epoch
+
+
 def add_waiter(table: Table, key: Key, delta: int) -> int:
     """Count one waiter of this node in or out (+1 / -1); returns the key's version.
 
-    Counting one in bumps the key, so owners holding idle clients notice. A
-    counter at ``2**32 - 1`` (damage) stays there.
+    Counting one in bumps the key, so owners holding idle clients notice. The
+    node's first waiter starts its queue time (``since``) with a stale
+    ``seen``: the node has its place once a waiter of it tries to claim
+    (:func:`claim_in_turn`). The last one out, if its node was at the head of
+    the queue, bumps the key so the next node tries. A counter at
+    ``2**32 - 1`` (damage) stays there.
 
     Raises:
         KeyFullError.
@@ -304,14 +396,28 @@ def add_waiter(table: Table, key: Key, delta: int) -> int:
     table.enter()
     try:
         index = table.find_key(key, True)
-        at = table.key_offset(index) + table.key_waiters + 4 * table.node
-        count = U32.unpack_from(table.buf, at)[0]
-        store(table.buf, at, U32, min(max(0, count + delta), U32_MAX))  # damage saturates
-        if delta > 0:
+        at = table.key_offset(index)
+        counter = at + table.key_waiters + 4 * table.node
+        count = U32.unpack_from(table.buf, counter)[0]
+        head = delta < 0 and count == 1 and _heads(queue(table, index, now_ms()), table.node)
+        store(table.buf, counter, U32, min(max(0, count + delta), U32_MAX))  # damage saturates
+        if delta > 0 and not count:
+            now = now_ms()
+            store(table.buf, at + table.key_wait_since + 4 * table.node, U32, now)
+            stale = (now - SEEN_WITHIN_MS) & U32_MAX
+            store(table.buf, at + table.key_wait_seen + 4 * table.node, U32, stale)
+        if delta > 0 or head:
             table.key_changed(index)
         return table.changes(index)
     finally:
         table.leave()
+
+
+def _heads(waited: tuple[int | None, ...], node: int) -> bool:
+    """Whether ``node`` has its place, another node has one, and none waited longer."""
+    others = [age for other, age in enumerate(waited) if other != node and age is not None]
+    mine = waited[node]
+    return mine is not None and bool(others) and max(others) <= mine
 
 
 def key_census(table: Table, key: Key) -> Census:
