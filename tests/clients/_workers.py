@@ -387,3 +387,18 @@ def fake_request(channel: Channel, fleet_name: str, capacity: int, payload: byte
         except OrbitError as error:
             channel.send(repr(error))
         pool.close()
+
+
+def queued_checkout(channel: Channel, fleet_name: str, capacity: int) -> None:
+    """Report this node, check a client out of the fake pool (max_live 1), report "got",
+    hold it until told, then give it back and close the pool."""
+    from ._fakes import FakeClient, close  # noqa: PLC0415 - spawn imports this lean
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        options = PoolOptions(max_live=1, acquire_timeout=60.0)
+        with ClientPool(fleet, "fake", create=FakeClient, close=close, options=options) as pool:
+            channel.send(pool.table.node)
+            client = pool.getconn()
+            channel.send("got")
+            channel.recv(None)
+            pool.discard(client)

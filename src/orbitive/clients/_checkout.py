@@ -71,8 +71,9 @@ def plan(pool: ClientPool[Any], timeout: float | None) -> Generator[Action, Any,
     """The checkout's decisions, without the I/O: yields what to do, returns the client.
 
     The sync and asyncio drivers (:func:`checkout`, :func:`checkout_async`) do
-    each action their way and send the answer back; closing the generator
-    counts a waiter out.
+    each action their way and send the answer back. A waiter is counted out
+    as soon as it is served (before its client is checked or created), or when
+    the generator closes.
     """
     end, is_polite = deadline(pool, timeout), polite(pool)
     version: int | None = None
@@ -80,6 +81,9 @@ def plan(pool: ClientPool[Any], timeout: float | None) -> Generator[Action, Any,
         while True:
             pool._local()
             step = pool._step(is_polite)
+            if step is not None and version is not None:  # served: no longer a waiter
+                version = None
+                stop_waiting(pool)
             if isinstance(step, Entry):
                 if (yield Use(step)):
                     return step.client

@@ -270,18 +270,22 @@ class KeyTable:
     def _forget_node(self, node: int, *, claims: bool) -> list[int]:
         """Zero a node's claims (when ``claims``), waiting marks, waiter counts and times.
 
-        Returns the keys whose claims fell.
+        Returns the keys whose claims fell or whose waiters' queue lost the node
+        (the others may claim now).
         """
         changed = []
         for index in self.installed_keys():
             offset = self.key_offset(index)
             self.buf[offset + KEY_PARKED + node] = 0
             self.buf[offset + self.key_interest + node] = 0
+            queued = U32.unpack_from(self.buf, offset + self.key_waiters + 4 * node)[0]
             for field in (self.key_waiters, self.key_wait_since, self.key_wait_seen):
                 store(self.buf, offset + field + 4 * node, U32, 0)
             at = offset + self.key_claims + 4 * node
-            if claims and U32.unpack_from(self.buf, at)[0]:
+            claimed = claims and U32.unpack_from(self.buf, at)[0]
+            if claimed:
                 store(self.buf, at, U32, 0)
+            if claimed or queued:
                 changed.append(index)
         self.buf[self.bell + BELL_PARKED + node] = 0
         return changed

@@ -1,0 +1,103 @@
+"""Waiting processes of one key claim freed capacity oldest first, and a waiter that
+stops trying (SIGSTOP) or dies (kill -9) never stalls the others.
+
+The test process holds the only client (``max_live=1``); workers check out in
+turn. A worker counts as queued once the key's census gives its node a place
+(it counted itself in and tried to claim), so the order is set by design, not
+by how fast each process wakes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from orbitive import Fleet
+from orbitive.clients import ClientPool, PoolOptions
+from orbitive.pool._availability import key_census
+
+from .._processes import Child, Processes
+from ._fakes import FakeClient, close
+from ._workers import queued_checkout
+from .conftest import CAPACITY
+
+
+@pytest.fixture
+def holder(fleet: Fleet) -> Iterator[tuple[ClientPool[FakeClient], FakeClient]]:
+    """The test process's pool and its checked-out client: all of ``max_live=1``."""
+    options = PoolOptions(max_live=1, acquire_timeout=10.0)
+    with ClientPool(fleet, "fake", create=FakeClient, close=close, options=options) as pool:
+        yield pool, pool.getconn()
+
+
+def queued(spawned: Processes, fleet: Fleet, pool: ClientPool[FakeClient]) -> tuple[Child, int]:
+    """Start a waiting worker; return it and its node once it has its place in the queue."""
+    child = spawned.start(queued_checkout, fleet.name, CAPACITY)
+    node: int = child.recv(60)
+    deadline = time.monotonic() + 30.0
+    while key_census(pool.table, pool.key).waited[node] is None:
+        assert time.monotonic() < deadline, "the worker never queued"
+        time.sleep(0.01)
+    return child, node
+
+
+def waiting(pool: ClientPool[FakeClient], node: int) -> int:
+    """How many callers of ``node`` are counted as waiting on the pool's key."""
+    return key_census(pool.table, pool.key).waiters[node]
+
+
+def test_the_oldest_waiting_process_gets_the_client_then_the_next(
+    spawned: Processes, fleet: Fleet, holder: tuple[ClientPool[FakeClient], FakeClient]
+) -> None:
+    pool, client = holder
+    first, _ = queued(spawned, fleet, pool)
+    second, second_node = queued(spawned, fleet, pool)
+    pool.discard(client)  # the capacity is free: both wake, only the oldest may claim
+    assert first.recv(30) == "got"
+    assert waiting(pool, second_node) == 1  # still queued, behind the first
+    first.send("release")
+    assert second.recv(30) == "got"
+    second.send("release")
+
+
+def test_a_stopped_oldest_waiter_delays_the_others_a_few_seconds_then_loses_its_place(
+    spawned: Processes, fleet: Fleet, holder: tuple[ClientPool[FakeClient], FakeClient]
+) -> None:
+    pool, client = holder
+    stopped, _ = queued(spawned, fleet, pool)
+    second, _ = queued(spawned, fleet, pool)
+    os.kill(stopped.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        pool.discard(client)
+        assert second.recv(30) == "got"
+        waited = time.monotonic() - started
+        assert 1.0 <= waited < 8.0, waited  # its place held while fresh (3 s), then went
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
+    second.send("release")
+    assert stopped.recv(30) == "got"  # continued: it tries again and is served
+    stopped.send("release")
+
+
+def test_a_killed_waiter_leaves_the_queue_within_a_second(
+    spawned: Processes, fleet: Fleet, holder: tuple[ClientPool[FakeClient], FakeClient]
+) -> None:
+    pool, client = holder
+    killed, killed_node = queued(spawned, fleet, pool)
+    second, _ = queued(spawned, fleet, pool)
+    assert killed.kill() == -signal.SIGKILL
+    gone = time.monotonic()
+    while waiting(pool, killed_node):
+        assert time.monotonic() - gone < 1.0  # the death watch reported it
+        time.sleep(0.01)
+    assert key_census(pool.table, pool.key).waited[killed_node] is None
+    started = time.monotonic()
+    pool.discard(client)
+    assert second.recv(30) == "got"
+    assert time.monotonic() - started < 1.0  # no place of the dead one held it back
+    second.send("release")
