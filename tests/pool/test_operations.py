@@ -75,12 +75,17 @@ def test_the_c_operations_are_the_pools_own(pools: tuple[Pool, Pool]) -> None:
 
 
 def table_bytes(pool: Pool) -> bytes:
-    """The pool table without its reservation timestamps."""
-    table = pool._table
-    data = bytearray(table.buf[: table.layout.size])
-    for offset in range(table.res_base, table.layout.size, RESOURCE_SIZE):
+    """The pool table without its timestamps: the reservations', and the waiting nodes'
+    (when their waiting began and last tried, ``time.monotonic()`` ms)."""
+    table, layout = pool._table, pool._table.layout
+    data = bytearray(table.buf[: layout.size])
+    for offset in range(table.res_base, layout.size, RESOURCE_SIZE):
         data[offset + LAST_RESERVE.start : offset + LAST_RESERVE.stop] = bytes(8)
         data[offset + RES_SINCE : offset + RES_SINCE + 128] = bytes(128)
+    times = layout.key_members - layout.key_wait_since  # both per-node time arrays
+    for index in range(table.key_capacity):
+        at = table.key_offset(index) + layout.key_wait_since
+        data[at : at + times] = bytes(times)
     return bytes(data)
 
 
