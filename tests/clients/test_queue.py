@@ -2,7 +2,7 @@
 stops trying (SIGSTOP) or dies (kill -9) never stalls the others.
 
 The test process holds the only client (``max_live=1``); workers check out in
-turn. A worker counts as queued once the key's census gives its node a place
+turn. A worker counts as queued once the key's queue gives its node a place
 (it counted itself in and tried to claim), so the order is set by design, not
 by how fast each process wakes.
 """
@@ -18,7 +18,7 @@ import pytest
 
 from orbitive import Fleet
 from orbitive.clients import ClientPool, PoolOptions
-from orbitive.pool._availability import key_census
+from orbitive.pool._availability import key_census, now_ms, queue
 
 from .._processes import Child, Processes
 from ._fakes import FakeClient, close
@@ -39,10 +39,20 @@ def queued(spawned: Processes, fleet: Fleet, pool: ClientPool[FakeClient]) -> tu
     child = spawned.start(queued_checkout, fleet.name, CAPACITY)
     node: int = child.recv(60)
     deadline = time.monotonic() + 30.0
-    while key_census(pool.table, pool.key).waited[node] is None:
+    while waited(pool, node) is None:
         assert time.monotonic() < deadline, "the worker never queued"
         time.sleep(0.01)
     return child, node
+
+
+def waited(pool: ClientPool[FakeClient], node: int) -> int | None:
+    """The ms ``node`` has waited if it has its place in the key's queue, else None."""
+    table = pool.table
+    table.enter()
+    try:
+        return queue(table, table.find_key(pool.key, True), now_ms())[node]
+    finally:
+        table.leave()
 
 
 def waiting(pool: ClientPool[FakeClient], node: int) -> int:
@@ -95,7 +105,7 @@ def test_a_killed_waiter_leaves_the_queue_within_a_second(
     while waiting(pool, killed_node):
         assert time.monotonic() - gone < 1.0  # the death watch reported it
         time.sleep(0.01)
-    assert key_census(pool.table, pool.key).waited[killed_node] is None
+    assert waited(pool, killed_node) is None
     started = time.monotonic()
     pool.discard(client)
     assert second.recv(30) == "got"

@@ -89,7 +89,6 @@ class Census:
     creating: int
     waiters: tuple[int, ...]  # per node
     live_by_node: dict[int, int]
-    waited: tuple[int | None, ...]  # per node: ms waited if it has its place (queue)
 
     def others_waiting(self, node: int) -> int:
         """Waiters of every node but ``node``."""
@@ -132,7 +131,7 @@ def census(table: Table, index: int) -> Census:
     at = table.key_offset(index)
     claims = table.claims_struct.unpack_from(buf, at + table.key_claims)
     waiters = table.claims_struct.unpack_from(buf, at + table.key_waiters)
-    return Census(live, idle, sum(claims), waiters, by_node, queue(table, index, now_ms()))
+    return Census(live, idle, sum(claims), waiters, by_node)
 
 
 def queue(table: Table, index: int, now: int) -> tuple[int | None, ...]:
@@ -415,9 +414,8 @@ def add_waiter(table: Table, key: Key, delta: int) -> int:
 
 def _heads(waited: tuple[int | None, ...], node: int) -> bool:
     """Whether ``node`` has its place, another node has one, and none waited longer."""
-    others = [age for other, age in enumerate(waited) if other != node and age is not None]
-    mine = waited[node]
-    return mine is not None and bool(others) and max(others) <= mine
+    others = any(age is not None for other, age in enumerate(waited) if other != node)
+    return waited[node] is not None and others and not _behind(waited, node)
 
 
 def key_census(table: Table, key: Key) -> Census:
