@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from orbitive import Fleet
+from orbitive._robust import _TID_MASK, SECTION_MUTEX_AT
 from orbitive.clients import ClientPool, PoolOptions
 from orbitive.pool._availability import key_census, now_ms, queue
 
@@ -60,6 +61,34 @@ def waiting(pool: ClientPool[FakeClient], node: int) -> int:
     return key_census(pool.table, pool.key).waiters[node]
 
 
+def stop_outside_the_section(pool: ClientPool[FakeClient], pid: int) -> None:
+    """SIGSTOP ``pid`` at a moment none of its threads holds the pool table's section.
+
+    A process stopped while it holds the section stalls every other one until it
+    continues (a robust mutex is recovered from its holder's death, not from a
+    stop), so a stop that lands there (a waiter's try, its upkeep's round) is undone
+    and tried again.
+    """
+    block = pool.table.region.block
+    for _ in range(200):
+        os.kill(pid, signal.SIGSTOP)
+        threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+        while not all(thread_stopped(pid, tid) for tid in threads):
+            time.sleep(0.001)
+        holder = int.from_bytes(block[SECTION_MUTEX_AT : SECTION_MUTEX_AT + 4], "little")
+        if holder & _TID_MASK not in threads:
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} held the section at every stop")
+
+
+def thread_stopped(pid: int, tid: int) -> bool:
+    """Whether thread ``tid`` of ``pid`` is in the stopped state (``T`` in its stat)."""
+    with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+        return stat.read().rpartition(")")[2].split()[0] in ("T", "t")
+
+
 def test_the_oldest_waiting_process_gets_the_client_then_the_next(
     spawned: Processes, fleet: Fleet, holder: tuple[ClientPool[FakeClient], FakeClient]
 ) -> None:
@@ -80,7 +109,7 @@ def test_a_stopped_oldest_waiter_delays_the_others_a_few_seconds_then_loses_its_
     pool, client = holder
     stopped, _ = queued(spawned, fleet, pool)
     second, _ = queued(spawned, fleet, pool)
-    os.kill(stopped.pid, signal.SIGSTOP)
+    stop_outside_the_section(pool, stopped.pid)
     try:
         started = time.monotonic()
         pool.discard(client)
