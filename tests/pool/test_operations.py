@@ -12,8 +12,11 @@ the outcomes and every byte of the two tables but the reservation timestamps
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import gc
+import itertools
 import random
 from collections.abc import Callable, Iterator
 
@@ -31,6 +34,7 @@ from orbitive.pool._layout import (
     RESOURCE_SIZE,
     write_header,
 )
+from orbitive.pool._table import Table
 
 from .._capabilities import require_c_steps
 from .._fleets import new_fleet_name, remove_fleet_files
@@ -48,7 +52,7 @@ LAST_RESERVE = slice(56, 64)
 def pools(request: pytest.FixtureRequest) -> Iterator[tuple[Pool, Pool]]:
     names = [new_fleet_name(), new_fleet_name()]
     make = Fleet.join if request.param == "join" else Fleet.local
-    fleets = [make(name, 2) for name in names]
+    fleets = [make(name, 3) for name in names]
     fast, slow = (Pool(fleet, Incarnation(LIFE)) for fleet in fleets)
     slow._bind(None)  # the Python reference
     for pool in (fast, slow):  # one epoch and one owner life: equal bytes
@@ -72,6 +76,89 @@ def test_the_c_operations_are_the_pools_own(pools: tuple[Pool, Pool]) -> None:
     execution = fast.accept(fast.reserve(rid))
     assert type(execution) is Execution and Execution is not PythonExecution
     execution.complete()
+
+
+def test_the_c_give_back_decides_with_waiters_and_an_idle_bound_itself(
+    pools: tuple[Pool, Pool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While processes wait, or max_idle is below max_live, the C give-back counts the
+    key and decides in its one call: the Python step is never asked."""
+    fast = pools[0]
+    require_c_steps(fast._operations, "orbitive.pool._fastpath")
+    operations = fast._operations
+    assert operations is not None
+    asked: list[object] = []
+    monkeypatch.setattr(fast, "_give_back", lambda *args: asked.append(args))
+    rid, other = (fast._table.register(KEYS[0], 1, 1) for _ in range(2))  # both in use
+    assert operations.give_back(rid, 0, 4, False, False) is False  # max_idle 0: retire
+    assert operations.give_back(rid, 1, 4, False, False) is True  # first idle unit: kept
+    with as_other_node(fast) as table:
+        add_waiter(table, KEYS[0], 1)
+        table.register(KEYS[0], 1, 1)
+    changes = fast._table.changes(0)
+    # A waiter elsewhere at max_live 3 (three live clients): retired, unless in turn.
+    assert operations.give_back(other, 4, 3, False, False) is False
+    assert operations.give_back(other, 4, 3, True, False) is True
+    assert fast._table.changes(0) == changes  # nobody here could take it: nobody woken
+    assert asked == []
+
+
+#: Small keys, as (clients of ours, in use; node 1's in use; node 1's idle; waiters of
+#: ours; waiters of node 1; node 1's creation claims; node 1's idle client damaged;
+#: node 2's clients in use, a node that does not wait).
+SMALL_KEYS = list(
+    itertools.product(range(1, 4), range(3), range(2), (0, 1), (0, 2), (0, 1), (0, 1), (0, 2))
+)
+
+
+def give_backs(pool: Pool, small_key: tuple[int, ...]) -> list[bool]:
+    """Build ``small_key`` on KEYS[0], give one client back under every small bound (taking
+    it again when kept), then empty the key; returns each give-back's outcome."""
+    mine, busy, idle, own_waiters, other_waiters, creating, damaged, third = small_key
+    table = pool._table
+    rids = [table.register(KEYS[0], 1, 1) for _ in range(mine)]
+    with as_other_node(pool, 2) as other:
+        thirds = [other.register(KEYS[0], 1, 1) for _ in range(third)]
+    with as_other_node(pool) as other:
+        others = [other.register(KEYS[0], 1, 1) for _ in range(busy)]
+        others += [other.register(KEYS[0], 1, 0) for _ in range(idle)]
+    if damaged and idle:  # an active count past the capacity: no free unit, not minus one
+        at = table.locate(others[-1]) + RES_ACTIVE
+        table.buf[at : at + 4] = (0xFFFF_FFFF).to_bytes(4, "little")
+    index_at = table.locate(rids[0]) + RES_KEY_INDEX
+    at = table.key_offset(int.from_bytes(table.buf[index_at : index_at + 4], "little"))
+    counters = [(table.key_waiters, 0, own_waiters), (table.key_waiters, 1, other_waiters)]
+    counters.append((table.key_claims, 1, creating))
+    for field, node, value in counters:
+        table.buf[at + field + 4 * node : at + field + 4 * node + 4] = value.to_bytes(4, "little")
+    take, give_back = unit_steps(pool)
+    kept = []
+    for max_live in range(1, 6):
+        for max_idle, in_turn, borrowers in itertools.product(
+            range(max_live + 1), (False, True), (False, True)
+        ):
+            kept.append(give_back(rids[0], max_idle, max_live, in_turn, borrowers))
+            if kept[-1]:
+                take(rids[0])
+    for field, node, _ in counters:
+        table.buf[at + field + 4 * node : at + field + 4 * node + 4] = bytes(4)
+    for rid in rids:
+        table.close(rid)
+    for node, theirs in ((1, others), (2, thirds)):
+        with as_other_node(pool, node) as other:
+            for rid in theirs:
+                other.close(rid)
+    return kept
+
+
+def test_c_and_python_give_back_decide_alike_on_every_small_key(pools: tuple[Pool, Pool]) -> None:
+    """Every branch of the decision: waiters here and elsewhere, at max_live or not, in
+    turn or not, fair share, a poorer waiting node, idle bounds, a damaged count."""
+    require_c_steps(pools[0]._operations, "orbitive.pool._fastpath")
+    for small_key in SMALL_KEYS:
+        outcomes = [give_backs(pool, small_key) for pool in pools]
+        assert outcomes[0] == outcomes[1], small_key
+        assert table_bytes(pools[0]) == table_bytes(pools[1]), small_key
 
 
 def table_bytes(pool: Pool) -> bytes:
@@ -112,10 +199,11 @@ class Side:
     rids: list[ResourceId] = dataclasses.field(default_factory=list)
     leases: list[Lease] = dataclasses.field(default_factory=list)
     units: list[Execution] = dataclasses.field(default_factory=list)
+    others: list[ResourceId] = dataclasses.field(default_factory=list)  # node 1's
 
 
 KINDS = ["register"] + ["reserve", "accept", "complete"] * 4 + ["take", "give_back"] * 3
-KINDS += ["waiter"]
+KINDS += ["waiter", "other_node", "other_node", "unregister"]
 #: The same random operations with stray writes in between (see :func:`damage`).
 DAMAGED_KINDS = KINDS + ["damage"] * 3
 #: A stray write: (offset in a resource slot, bytes, the values written).
@@ -147,6 +235,31 @@ def run_availability(pool: Pool, kind: str, rid: ResourceId, pick: float) -> obj
     return outcome(lambda: add_waiter(pool._table, rng_key(pick), delta))
 
 
+@contextlib.contextmanager
+def as_other_node(pool: Pool, node: int = 1) -> Iterator[Table]:
+    """The pool's table acting as ``node`` (another process of the fleet) for one step."""
+    table = pool._table
+    identity = table.node, table.incarnation
+    table.node, table.incarnation = node, LIFE + node
+    try:
+        yield table
+    finally:
+        table.node, table.incarnation = identity
+
+
+def run_other_node(pool: Pool, others: list[ResourceId], pick: float) -> object:
+    """Node 1 registers a client (in use or idle), closes one, or counts a waiter in or
+    out, so that a give-back's census sees other nodes' clients and waiters."""
+    with as_other_node(pool) as table:
+        if pick < 0.3:
+            rid = table.register(rng_key(pick), 1, int(pick * 10) % 2)
+            others.append(rid)
+            return rid
+        if pick < 0.5 and others:
+            return outcome(functools.partial(table.close, others.pop(int(pick * len(others)))))
+        return outcome(lambda: add_waiter(table, rng_key(pick), 1 if pick < 0.75 else -1))
+
+
 def damage(pool: Pool, rid: ResourceId, pick: float) -> None:
     """A stray write of ``pick``'s choosing into ``rid``'s slot, or a key's waiter counter."""
     table = pool._table
@@ -173,6 +286,12 @@ def run_both(pools: tuple[Pool, Pool], seed: int, steps: int, kinds: list[str] =
             if kind == "damage" and rids:
                 damage(pool, rids[int(pick * len(rids))], pick)
                 result = None
+            elif kind == "other_node":
+                result = run_other_node(pool, mine.others, pick)
+            elif kind == "unregister" and rids:
+                result = outcome(
+                    functools.partial(pool.unregister, rids.pop(int(pick * len(rids))))
+                )
             elif kind in ("take", "give_back", "waiter") and rids:
                 rid = rids[int(pick * len(rids))]
                 if pick < 0.1:

@@ -179,7 +179,7 @@ def _free(table: Table, offset: int, hot: tuple[int, ...]) -> int:
 def take(table: Table, rid: ResourceId) -> None:
     """Owner checks out its own idle client: one free unit becomes active.
 
-    The reference of the C ``Operations.take`` (``_fastpath.c``: ``take``).
+    The reference of the C ``Operations.take`` (``_availability.h``: ``take``).
 
     Raises:
         MalformedError, StaleError, NotOwnerError, DrainingError.
@@ -223,10 +223,10 @@ def give_back(
     for capacity, which only an unregister returns; waking them on every
     return would make each checkout cost every waiter of the fleet a round.
 
-    The reference of the C ``Operations.give_back`` (``_fastpath.c``:
-    ``give_back``), which does the common case (nobody waits, ``max_idle`` is
-    ``max_live``) itself and hands every other case to this step. A key index
-    past the key table (damage) reads as retired.
+    The reference of the C ``Operations.give_back`` (``_availability.h``:
+    ``give_back``, with ``census``, ``keep`` and the census's methods), which
+    hands a resource not ours or not LIVE, or a damaged key index, to this
+    step. A key index past the key table (damage) reads as retired.
     """
     offset = table.locate(rid)
     table.enter()

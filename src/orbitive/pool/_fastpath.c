@@ -15,8 +15,7 @@
  * Python operation (_reserve, _accept_lease), which also raises every error.
  * Operations.take and Operations.give_back are a client pool's own checkout
  * and return (_availability.take and give_back, the references, in the same
- * order of checks and writes); give_back does only the case where nobody waits
- * on the key and hands the rest (the census) to Pool._give_back.
+ * order of checks and writes), give_back with the key's census and decision.
  *
  * One translation unit in four parts: _steps.h (the byte steps and the Steps
  * type), this file (the operations' helpers, reserve and accept, the type and
@@ -27,7 +26,8 @@
  * addresses are the slot offset the caller passes, checked against the
  * resource area and the buffer's size on every call, the pending entry found
  * by scanning that slot's sixteen fences, and the key slot of the key index
- * a give_back reads, checked against the key table's capacity first.
+ * a give_back reads, checked against the key table's capacity first (its member
+ * bits address resource slots only below fleet_capacity x lane_capacity).
  */
 #define PY_SSIZE_T_CLEAN
 #include "_robust.h"
@@ -63,8 +63,10 @@ typedef struct {
     PyObject *node_obj, *incarnation_obj;
     Types types;
     Py_ssize_t first, end, kind, fleet_capacity, lane_capacity;
-    Py_ssize_t key_base, key_stride, key_capacity, key_interest, key_waiters, bell;
+    Py_ssize_t key_base, key_stride, key_capacity, key_interest, key_claims, key_waiters;
+    Py_ssize_t key_members, bell;
     uint64_t node, incarnation;
+    uint32_t *live_by_node; /* a census's count per node (_availability.h), fleet_capacity */
     int closed, ready;
 } Operations;
 
@@ -99,6 +101,13 @@ static int small(PyObject *o, uint64_t limit, uint64_t *out)
     }
     *out = v;
     return v <= limit;
+}
+
+/* Layout.member_bytes: bytes of one key's member bitmap (a bit per resource slot,
+ * rounded up to whole u64 words). */
+static Py_ssize_t member_bytes(Py_ssize_t fleet_capacity, Py_ssize_t lane_capacity)
+{
+    return (fleet_capacity * lane_capacity + 63) / 64 * 8;
 }
 
 /* The table may run here: built, open, and in the process that built it. */
@@ -292,8 +301,8 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"buf", "block", "first", "end", "kind", "fleet_capacity",
                             "lane_capacity", "key_base", "key_stride", "key_capacity",
-                            "key_interest", "key_waiters", "bell", "node", "incarnation",
-                            "rid_type",
+                            "key_interest", "key_claims", "key_waiters", "key_members",
+                            "bell", "node", "incarnation", "rid_type",
                             "lease_type", "fork_module", "pool", "table", NULL};
     PyObject *buf, *block, *rid_type, *lease_type, *fork_module, *pool, *table;
     Operations g; /* parsed and checked here, copied into o only when consistent */
@@ -302,11 +311,11 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "Operations is initialised already");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOnnnnnnnnnnnKKOOOOO", names, &buf, &block,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOnnnnnnnnnnnnnKKOOOOO", names, &buf, &block,
                                      &g.first, &g.end, &g.kind, &g.fleet_capacity,
                                      &g.lane_capacity, &g.key_base, &g.key_stride,
-                                     &g.key_capacity, &g.key_interest, &g.key_waiters,
-                                     &g.bell, &node,
+                                     &g.key_capacity, &g.key_interest, &g.key_claims,
+                                     &g.key_waiters, &g.key_members, &g.bell, &node,
                                      &incarnation, &rid_type, &lease_type, &fork_module, &pool,
                                      &table))
         return -1;
@@ -319,7 +328,9 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
         g.key_stride < KEY_PARKED + g.fleet_capacity || g.key_stride > 1 << 20 ||
         g.key_interest < KEY_PARKED + g.fleet_capacity ||
         g.key_interest + g.fleet_capacity > g.key_stride || g.key_waiters < KEY_PARKED ||
-        g.key_waiters + 4 * g.fleet_capacity > g.key_stride ||
+        g.key_waiters + 4 * g.fleet_capacity > g.key_stride || g.key_claims < KEY_PARKED ||
+        g.key_claims + 4 * g.fleet_capacity > g.key_stride || g.key_members < KEY_PARKED ||
+        g.key_members + member_bytes(g.fleet_capacity, g.lane_capacity) > g.key_stride ||
         g.key_base + g.key_capacity * g.key_stride > g.first || g.bell < 0 ||
         g.bell + BELL_PARKED + g.fleet_capacity > g.key_base || node >= (uint64_t)g.fleet_capacity) {
         PyErr_SetString(PyExc_ValueError, "inconsistent pool table geometry");
@@ -334,6 +345,11 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
     PyObject *generation = PyDict_GetItemWithError(fork_dict, generation_name);
     if (generation == NULL) {
         PyErr_SetString(PyExc_TypeError, "fork_module has no generation");
+        return -1;
+    }
+    o->live_by_node = PyMem_Calloc((size_t)g.fleet_capacity, sizeof(uint32_t));
+    if (o->live_by_node == NULL) {
+        PyErr_NoMemory();
         return -1;
     }
     if (robust_block_hold(block, &o->block) < 0)
@@ -353,7 +369,9 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
     o->key_stride = g.key_stride;
     o->key_capacity = g.key_capacity;
     o->key_interest = g.key_interest;
+    o->key_claims = g.key_claims;
     o->key_waiters = g.key_waiters;
+    o->key_members = g.key_members;
     o->bell = g.bell;
     o->node = node;
     o->incarnation = incarnation;
@@ -396,6 +414,7 @@ static void Operations_dealloc(Operations *o)
     Py_XDECREF(o->generation);
     Py_XDECREF(o->node_obj);
     Py_XDECREF(o->incarnation_obj);
+    PyMem_Free(o->live_by_node);
     Py_TYPE(o)->tp_free((PyObject *)o);
 }
 
