@@ -31,7 +31,7 @@ def call_sync(name: str, function: Callable[..., Any], *args: object) -> Any:
         Whatever ``function`` raises.
     """
     result = function(*args)
-    if inspect.isawaitable(result):
+    if result is not None and inspect.isawaitable(result):  # None: reset's and check's usual
         if inspect.iscoroutine(result):
             result.close()
         raise InvalidPoolOptions(
