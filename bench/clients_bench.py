@@ -137,14 +137,16 @@ def _loop(use: Callable[[], None], until: float) -> list[float]:
 
 
 def worker(conn: Connection, kind: str, url: str, fleet_name: str, query: str) -> None:
-    """One worker process: wait for the start time, run queries until the end, report."""
+    """One worker process: warm up, wait for the start time, run queries until the common
+    end time (a worker that starts late must not run a window of its own), report."""
     kwargs: dict[str, Any] = {"application_name": TAG, "autocommit": True}
     with contextlib.ExitStack() as stack:
         use = _contender(stack, kind, url, fleet_name, query, kwargs)
         use()  # warm: connect before the clock starts
+        conn.send("warm")
         start, end = conn.recv()
         time.sleep(max(0.0, start - time.time()))
-        conn.send(_loop(use, time.perf_counter() + (end - start)))
+        conn.send(_loop(use, time.perf_counter() + (end - time.time())))
 
 
 def _contender(
@@ -224,7 +226,9 @@ def run_contender(kind: str, url: str, pg: str, query: str, seconds: float) -> d
         pipes.append(parent)
         procs.append(proc)
     try:
-        time.sleep(1.0)  # every worker connected and warm
+        for pipe in pipes:  # every worker connected and warm
+            if not pipe.poll(60) or pipe.recv() != "warm":
+                raise RuntimeError(f"a {kind} worker did not warm up within 60 s")
         peak = Peak(pg)
         start = time.time() + 0.5
         for pipe in pipes:
