@@ -38,7 +38,7 @@ from typing import Final
 
 from . import _fork
 from ._access import check_shm_dir, euid, open_checked
-from ._errors import AccessDenied, FleetError, LayoutMismatch
+from ._errors import AccessDenied, FleetError, LayoutMismatch, OrbitError
 from ._robust import SECTION_BYTES
 from ._section import (
     Section,
@@ -359,6 +359,9 @@ class Region:
     def acquire(self) -> None:
         """Enter the critical section: process mutex, then the object's section.
 
+        An exception raised once the section is locked but before this returns (a
+        signal handler's, ``KeyboardInterrupt``) unlocks it again as it propagates.
+
         Raises:
             FleetError: the region is closed (its mapping is gone), or its ``flock`` failed.
             LayoutMismatch: the section's robust mutex is corrupt (see docs/format.md).
@@ -377,6 +380,11 @@ class Region:
                     self.section.release()
                     raise FleetError(f"shm object {self.name!r} is closed")
         except BaseException as error:
+            if self.section is not None and not isinstance(error, OrbitError):
+                # Not a failure to lock but an exception raised once the lock was taken
+                # (a signal handler's, KeyboardInterrupt): the section would stay held by
+                # a live thread, and every process of the fleet would wait for ever.
+                self.section.release_mine()
             self._leave()
             if self._closed and not isinstance(error, FleetError):
                 raise FleetError(f"shm object {self.name!r} is closed") from None

@@ -97,6 +97,24 @@ static PyObject *RobustMutex_release(RobustMutex *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(release_mine_doc,
+"release_mine() -> int: unlock the stripes whose futex word names this thread as their\n"
+"holder, in descending order; returns how many (an acquire cut short by an exception).");
+
+static PyObject *RobustMutex_release_mine(RobustMutex *self, PyObject *unused)
+{
+    if (!ready(self))
+        return NULL;
+    int released = 0;
+    for (int stripe = self->stripes - 1; stripe >= 0; stripe--) {
+        if (robust_names_me(robust_mutex(self->block, stripe))) {
+            robust_unlock(self->block, stripe);
+            released++;
+        }
+    }
+    return PyLong_FromLong(released);
+}
+
 static void RobustMutex_dealloc(RobustMutex *self)
 {
     if (self->block != NULL)
@@ -108,6 +126,7 @@ static PyMethodDef RobustMutex_methods[] = {
     {"create", (PyCFunction)RobustMutex_create, METH_NOARGS, create_doc},
     {"acquire", (PyCFunction)RobustMutex_acquire, METH_NOARGS, acquire_doc},
     {"release", (PyCFunction)RobustMutex_release, METH_NOARGS, release_doc},
+    {"release_mine", (PyCFunction)RobustMutex_release_mine, METH_NOARGS, release_mine_doc},
     {NULL, NULL, 0, NULL},
 };
 

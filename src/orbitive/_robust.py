@@ -239,15 +239,30 @@ class RobustMutex:
         """
         self._unlock_from(len(self._mutexes) - 1)
 
+    def release_mine(self) -> int:
+        """Unlock the stripes whose futex word names this thread as their holder, in
+        descending order; returns how many (an :meth:`acquire` cut short by an exception)."""
+        released = 0
+        for stripe in range(len(self._mutexes) - 1, -1, -1):
+            if _names_me(self._mutexes[stripe]):
+                self._unlock(stripe)
+                released += 1
+        return released
+
     def _unlock_from(self, last: int) -> None:
-        assert _libc is not None
         failed = 0
         for stripe in range(last, -1, -1):
-            mutex = self._mutexes[stripe]
-            if mutex.raw[_KIND_AT : _KIND_AT + 4] != _KIND:
-                at = SECTION_MUTEX_AT + stripe * SECTION_STRIPE_BYTES + _KIND_AT
-                self._block[at : at + 4] = _KIND
-            rc = _libc.pthread_mutex_unlock(mutex)
+            rc = self._unlock(stripe)
             failed = failed or rc
         if failed:
             raise robust_error(failed)
+
+    def _unlock(self, stripe: int) -> int:
+        """``robust_unlock``: a changed type word put back first, then glibc's unlock."""
+        assert _libc is not None
+        mutex = self._mutexes[stripe]
+        if mutex.raw[_KIND_AT : _KIND_AT + 4] != _KIND:
+            at = SECTION_MUTEX_AT + stripe * SECTION_STRIPE_BYTES + _KIND_AT
+            self._block[at : at + 4] = _KIND
+        rc: int = _libc.pthread_mutex_unlock(mutex)
+        return rc

@@ -80,6 +80,7 @@ class Mutex(Protocol):
     def create(self) -> None: ...
     def acquire(self) -> None: ...
     def release(self) -> None: ...
+    def release_mine(self) -> int: ...
 
 
 def _mutex_type() -> Callable[[mmap.mmap, int], Mutex] | None:
@@ -116,6 +117,7 @@ class Section(Protocol):
 
     def acquire(self) -> None: ...
     def release(self) -> None: ...
+    def release_mine(self) -> None: ...
     def after_fork_in_child(self) -> None: ...
     def close(self) -> None: ...
 
@@ -144,6 +146,10 @@ class MutexSection:
         self.acquire = self.mutex.acquire
         self.release = self.mutex.release
 
+    def release_mine(self) -> None:
+        """Unlock what this thread holds of the section (an acquire cut short)."""
+        self.mutex.release_mine()
+
     def after_fork_in_child(self) -> None:
         if self.private:
             self.mutex.create()
@@ -168,6 +174,12 @@ class FlockSection:
     def release(self) -> None:
         if self.fd >= 0:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def release_mine(self) -> None:
+        """Unlock after an acquire cut short: the region's process mutex keeps this
+        process's other threads out meanwhile, so any hold of the lock is this thread's."""
+        with contextlib.suppress(OSError):
+            self.release()
 
     def after_fork_in_child(self) -> None:
         """Open the same object anew: a flock through the inherited description is the parent's."""

@@ -267,3 +267,78 @@ def hold_table_section(channel: Channel, fleet_name: str) -> None:
     channel.send("held")
     channel.recv()
     table._state.release()
+
+
+class Interrupted(Exception):
+    """What the test's SIGALRM handler raises."""
+
+
+def hold_for_a_while(channel: Channel, fleet_name: str) -> None:
+    """Lock the region's section for 0.6 s, then let go."""
+    region = open_region(fleet_name)
+    region.acquire()
+    channel.send("held")
+    time.sleep(0.6)
+    region.release()
+    channel.send("released")
+    channel.recv()
+
+
+def interrupt(signum: int, frame: object) -> None:
+    raise Interrupted
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_signal_handler_raising_once_the_section_is_locked_leaves_it_unlocked(
+    processes: Processes,
+    fleet_name: str,
+    mechanism: str,
+    twin: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGALRM arrives while this process waits for the section; its handler runs (and
+    raises) only once the lock is taken. The section must not stay held by this live
+    thread: another process locks it at once."""
+    if twin == "ctypes":
+        monkeypatch.setitem(vars(_section), "_robust_c", None)
+    region = open_region(fleet_name)
+    holder = processes.start(hold_for_a_while, fleet_name)
+    assert holder.recv() == "held"
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Interrupted):
+            region.acquire()
+            region.release()  # the handler ran before the lock was taken (ctypes' slices)
+            signal.pause()  # unreachable unless the alarm is still due: let it ring
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert holder.recv(timeout=5) == "released"
+    assert processes.start(lock_once, fleet_name, "c").recv(timeout=5) == ("locked", 0)
+    region.acquire()  # and this thread can enter again
+    region.release()
+    holder.send("done")
+    region.close()
+    region.unlink()
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_release_mine_unlocks_only_the_stripes_this_thread_holds(twin: str) -> None:
+    c_twin = getattr(vars(_section)["_robust_c"], "RobustMutex", None)  # None: not built
+    make = _robust.RobustMutex if twin == "ctypes" else c_twin
+    if make is None or not _robust.GLIBC:
+        pytest.skip("no robust mutex twin here")
+    block = mmap.mmap(-1, _robust.SECTION_BYTES)
+    mutex = make(block, 3)
+    mutex.create()
+    assert mutex.release_mine() == 0  # nothing held
+    mutex.acquire()
+    results: list[int] = []
+    other = threading.Thread(target=lambda: results.append(mutex.release_mine()))
+    other.start()
+    other.join()
+    assert results == [0]  # another thread's hold is not its to undo
+    assert mutex.release_mine() == 3
+    mutex.acquire()  # unlocked: it locks again at once
+    mutex.release()
