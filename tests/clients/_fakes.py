@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
+from typing import Any
 
 
 class FakeClient:
@@ -45,3 +47,12 @@ def echo(client: FakeClient, payload: bytes) -> bytes:
     assert not client.closed, f"client {client.serial} used after close"
     client.uses += 1
     return payload
+
+
+def retired(pool: Any, count: int, timeout: float = 10.0) -> bool:
+    """Whether ``pool`` retired ``count`` clients within ``timeout`` seconds: a return that
+    closes its client closes it in the pool's closing thread, after the return."""
+    deadline = time.monotonic() + timeout
+    while pool.counters.retired < count and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return bool(pool.counters.retired >= count)

@@ -20,7 +20,7 @@ from orbitive.clients import ClientPool, PoolOptions
 from orbitive.clients._options import HANDOFF_GRACE_S
 
 from .._processes import Processes
-from ._fakes import FakeClient, close
+from ._fakes import FakeClient, close, retired
 from ._workers import counted_waiter, fake_contender
 from .conftest import CAPACITY
 
@@ -101,7 +101,7 @@ def test_without_a_waiter_elsewhere_a_return_that_closes_never_delays_the_next_c
         for _ in range(20):
             with pool.client():
                 pass
-        assert pool.counters.retired == 20
+        assert retired(pool, 20)
         assert time.monotonic() - started < 10 * HANDOFF_GRACE_S  # 20 polite waits: 20x
 
 

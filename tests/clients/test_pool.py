@@ -21,7 +21,7 @@ from orbitive.clients import (
     UnknownClient,
 )
 
-from ._fakes import FakeClient, close
+from ._fakes import FakeClient, close, retired
 
 
 @pytest.fixture(autouse=True)
@@ -51,10 +51,38 @@ def test_max_idle_closes_what_would_exceed_it(fleet: Fleet) -> None:
         assert pool.statistics().in_use == 3
         for client in held:
             pool.putconn(client)
+        assert retired(pool, 2)
         stats = pool.statistics()
         assert (stats.live, stats.idle, stats.local_idle) == (1, 1, 1)
         assert sum(client.closed for client in held) == 2
         assert FakeClient.open_now == 1
+
+
+def test_a_return_that_closes_its_client_does_not_wait_for_the_close(fleet: Fleet) -> None:
+    """The close runs after the return, in the pool's closing thread; the budget stays
+    held until it is done, and close() waits for it."""
+    let_go = threading.Event()
+
+    def slow_close(client: FakeClient) -> None:
+        assert let_go.wait(10.0)
+        client.close()
+
+    options = PoolOptions(max_live=1, max_idle=0)  # every return closes its client
+    pool = ClientPool(fleet, "fake", create=FakeClient, close=slow_close, options=options)
+    first = pool.getconn()
+    started = time.monotonic()
+    pool.putconn(first)
+    assert time.monotonic() - started < 5.0  # returned while its close is blocked
+    assert not first.closed and pool.statistics().live == 1  # the budget is still held
+    let_go.set()
+    assert retired(pool, 1)
+    assert first.closed and pool.statistics().live == 0
+    let_go.clear()
+    second = pool.getconn()
+    pool.putconn(second)
+    threading.Timer(0.3, let_go.set).start()
+    pool.close()  # waits for the queued close
+    assert second.closed and FakeClient.open_now == 0
 
 
 def test_a_checkout_at_max_live_times_out_with_pool_timeout_and_leaves_no_waiter(

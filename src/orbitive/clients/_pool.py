@@ -48,12 +48,13 @@ from .._fleet import Fleet
 from ..pool import POOL_KIND, CreationPermit, Pool
 from ..pool._availability import claim_in_turn
 from ..pool._table import Table
-from ._async import retire
+from ._async import retire, spawn
 from ._calls import call_async, call_sync, check_callable, run_anywhere
 from ._checkout import checkout, checkout_async, take_idle_sorting
 from ._entry import Entry
 from ._options import PoolOptions, pool_key, seconds
 from ._remote import AsyncServer, Server, request, request_async, serve_async, start_server
+from ._retiring import Retirer
 from ._stats import ClientPoolStatistics, Counters, collect
 from ._upkeep import Upkeep
 
@@ -148,6 +149,7 @@ class ClientPool(Generic[C]):
         self._tasks: set[asyncio.Task[None]] = set()
         self._fork = _fork.generation
         self._upkeep = Upkeep(self, UPKEEP_INTERVAL_S)
+        self._retirer = Retirer(self)
         self._server = start_server(self)
 
     def _bind_steps(self) -> None:
@@ -365,8 +367,8 @@ class ClientPool(Generic[C]):
                 self.counters.reset_failures += 1
                 self._retire(entry)
                 return
-        if not self._give_back(entry):
-            self._retire(entry)
+        if not self._give_back(entry) and not self._retirer.put(entry):  # off this path
+            self._retire(entry)  # the pool closed meanwhile: closed before this returns
 
     def _checked_in(self, client: C) -> Entry[C] | None:
         """The entry of a returned client; None when it cannot go back (fork, closed)."""
@@ -503,7 +505,7 @@ class ClientPool(Generic[C]):
                 await retire(self, entry)
                 return
         if not self._give_back(entry):
-            await retire(self, entry)
+            spawn(self, retire(self, entry))  # closed off this caller's path
 
     async def discard_async(self, client: C) -> None:
         """Asyncio twin of :meth:`discard`.
@@ -545,7 +547,8 @@ class ClientPool(Generic[C]):
     def close(self) -> None:
         """Stop the upkeep thread and close every idle client of this process. Idempotent.
 
-        Clients still checked out are closed when they are handed back. An
+        Returns once the clients that returns handed over are closed too. Clients
+        still checked out are closed when they are handed back. An
         asyncio ``close`` callable is run to completion on a helper loop; inside
         asyncio code prefer :meth:`close_async`.
         """
@@ -554,10 +557,13 @@ class ClientPool(Generic[C]):
         self._pool.close()
 
     async def close_async(self) -> None:
-        """Asyncio twin of :meth:`close`: the idle clients are closed on this loop."""
+        """Asyncio twin of :meth:`close`: the idle clients are closed on this loop, and so
+        are the ones returns handed over (their closes are awaited)."""
         idle = self._shut()
         for entry in idle:
             await retire(self, entry)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         self._pool.close()
 
     def _shut(self) -> list[Entry[C]]:
@@ -568,6 +574,7 @@ class ClientPool(Generic[C]):
         if self._fork != _fork.generation:
             return []  # the parent's clients, upkeep thread and socket
         self._upkeep.close()
+        self._retirer.close()
         if self._server is not None:
             self._server.close()
         with self._lock:
