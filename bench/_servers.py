@@ -125,8 +125,12 @@ def _unprivileged(root: Path) -> list[str]:
     raise Skip("running as root and no 'postgres' or 'nobody' user to run PostgreSQL as")
 
 
-def start_postgres() -> Server:
-    """A fresh PostgreSQL cluster (trust auth, no fsync) on a free port."""
+def start_postgres(*settings: str) -> Server:
+    """A fresh PostgreSQL cluster (trust auth, no fsync) on a free port.
+
+    ``settings`` are more ``name=value`` server settings (``-c``); the server logs
+    to ``root / "server.log"``.
+    """
     bin_dir = _pg_bin_dir()
     root = Path(tempfile.mkdtemp(prefix="orbit-bench-pg-"))
     try:
@@ -143,7 +147,7 @@ def start_postgres() -> Server:
     port = free_port()
     command = [*prefix, str(bin_dir / "postgres"), "-D", str(root / "data"), "-p", str(port)]
     command += ["-h", "127.0.0.1", "-k", str(root)]
-    command += [arg for setting in _PG_SETTINGS for arg in ("-c", setting)]
+    command += [arg for setting in (*_PG_SETTINGS, *settings) for arg in ("-c", setting)]
     return _launch("postgres", command, root, port)
 
 

@@ -19,12 +19,12 @@ Every contender runs the same request: one autocommit statement (a pool's
 ``connection()`` block then commits nothing, as a direct connection would not).
 
 Reported: requests/s, p50/p99/p99.9 and the longest latency of one checkout +
-query + return, the peak server connections a sampler saw in
-``pg_stat_activity``, and the fairness: the fewest requests one worker
-completed over the most (1.0: every worker served alike; in a closed loop a
-worker left waiting adds few samples, so the percentiles alone hide it). Then
-the cost of a checkout/return of an idle local client beside a bare
-``LockTable`` pair.
+query + return, the peak server connections (counted exactly from the server's
+log of backend starts and ends: :class:`ConnectionLog`), and the fairness: the
+fewest requests one worker completed over the most (1.0: every worker served
+alike; in a closed loop a worker left waiting adds few samples, so the
+percentiles alone hide it). Then the cost of a checkout/return of an idle local
+client beside a bare ``LockTable`` pair.
 
 Run: ``.venv/bin/python -m bench.clients_bench [--seconds S] [--handoff-after S] [--json PATH]``;
 PostgreSQL and PgBouncer are started and stopped here (a missing binary skips
@@ -43,7 +43,6 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -57,7 +56,7 @@ from bench._servers import Server, free_port, postgres_url, start_postgres
 from bench.readiness_wake import remove_fleet_files
 from orbitive import Fleet
 from orbitive.clients import ClientPool, PoolOptions
-from orbitive.clients.psycopg import ConnectionPool
+from orbitive.clients.psycopg import ConnectionPool, await_gone, watch_socket
 from orbitive.lock import LockKey, LockOwner, LockTable
 
 WORKERS = 8
@@ -65,6 +64,8 @@ CAP = 4
 QUERIES = {"SELECT 1": "SELECT 1", "~1 ms query": "SELECT pg_sleep(0.001)"}
 CONTEXT = multiprocessing.get_context("spawn")
 TAG = "orbit-bench-clients"
+#: Server settings that log every backend's start and end (see :class:`ConnectionLog`).
+LOG_SETTINGS = ("log_connections=on", "log_disconnections=on", "log_line_prefix=[%p] ")
 
 
 # -- PgBouncer ------------------------------------------------------------------------
@@ -188,34 +189,40 @@ def _contender(
     return use
 
 
-class Peak:
-    """Samples the server's client backends (all but the sampler's) until stopped."""
+class ConnectionLog:
+    """The server's peak of client backends during a run, counted exactly from its log.
 
-    def __init__(self, url: str) -> None:
-        self.highest = 0
-        self._conn = psycopg.connect(url, autocommit=True)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+    The server logs every backend's start and end (:data:`LOG_SETTINGS`). Replaying the
+    log from its first line, a session counts from its ``connection authorized`` line
+    to its ``disconnection`` line (a probe that never starts a session logs neither):
+    the peak is the
+    most counted at once from the run's start on. A sampler polling
+    ``pg_stat_activity`` every few ms would miss short overlaps and load the two
+    cores the contenders share.
+    """
 
-    def _run(self) -> None:
-        sql = (
-            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
-            "AND pid <> pg_backend_pid()"
-        )
-        while not self._stop.is_set():
-            row = self._conn.execute(sql).fetchone()
-            self.highest = max(self.highest, int(row[0]) if row else 0)
-            time.sleep(0.002)
+    def __init__(self, server: Server) -> None:
+        self._path = server.root / "server.log"
+        self._start = self._path.stat().st_size
 
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        self._conn.close()
-        return self.highest
+    def peak(self) -> int:
+        """The most client backends at once since this log was opened."""
+        live: set[bytes] = set()
+        highest = read = 0
+        with self._path.open("rb") as log:
+            for line in log:
+                read += len(line)
+                pid, _, message = line.partition(b"] ")
+                if b"connection authorized:" in message:
+                    live.add(pid)
+                elif b"disconnection:" in message:
+                    live.discard(pid)
+                if read > self._start:
+                    highest = max(highest, len(live))
+        return highest
 
 
-def run_contender(kind: str, url: str, pg: str, query: str, seconds: float) -> dict[str, Any]:
+def run_contender(kind: str, url: str, pg: Server, query: str, seconds: float) -> dict[str, Any]:
     """8 workers of one contender on one query; throughput, p50, p99, peak connections."""
     fleet_name = f"bench-clients-{os.getpid()}"
     pipes, procs = [], []
@@ -229,12 +236,12 @@ def run_contender(kind: str, url: str, pg: str, query: str, seconds: float) -> d
         for pipe in pipes:  # every worker connected and warm
             if not pipe.poll(60) or pipe.recv() != "warm":
                 raise RuntimeError(f"a {kind} worker did not warm up within 60 s")
-        peak = Peak(pg)
+        connections = ConnectionLog(pg)
         start = time.time() + 0.5
         for pipe in pipes:
             pipe.send((start, start + seconds))
         per_worker = [pipe.recv() for pipe in pipes]
-        highest = peak.stop()
+        highest = connections.peak()
     finally:
         for proc in procs:
             proc.join(30)
@@ -296,15 +303,19 @@ def _median(step: Callable[[], None], rounds: int) -> float:
 
 
 def drained(url: str, timeout: float = 20.0) -> None:
-    """Wait until the server has no client backend but ours (the last run's are gone)."""
+    """Wait until the server has no client backend (the last run's are gone, and so is the
+    one that asked: its end is logged before the run's :class:`ConnectionLog` opens)."""
     deadline = time.monotonic() + timeout
-    with psycopg.connect(url, autocommit=True) as conn:
-        sql = (
-            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
-            "AND pid <> pg_backend_pid()"
-        )
-        while (row := conn.execute(sql).fetchone()) and row[0] and time.monotonic() < deadline:
-            time.sleep(0.05)
+    conn = psycopg.connect(url, autocommit=True)
+    sql = (
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
+        "AND pid <> pg_backend_pid()"
+    )
+    while (row := conn.execute(sql).fetchone()) and row[0] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gone = watch_socket(conn)
+    conn.close()
+    await_gone(gone)  # the server logs the end of a session before it closes its socket
 
 
 def run_row(kind: str, pg: Server, query: str, seconds: float) -> dict[str, Any] | None:
@@ -312,14 +323,14 @@ def run_row(kind: str, pg: Server, query: str, seconds: float) -> dict[str, Any]
     url = postgres_url(pg)
     drained(url)
     if kind != "pgbouncer":
-        return run_contender(kind, url, url, query, seconds)
+        return run_contender(kind, url, pg, query, seconds)
     try:
         bouncer = start_pgbouncer(pg.port)
     except Skip as why:
         print(f"PgBouncer skipped: {why}")
         return None
     try:
-        return run_contender(kind, _bouncer_url(bouncer.port), url, query, seconds)
+        return run_contender(kind, _bouncer_url(bouncer.port), pg, query, seconds)
     finally:
         bouncer.stop()
 
@@ -332,7 +343,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = []
-    pg = start_postgres()
+    pg = start_postgres(*LOG_SETTINGS)
     kinds = ("pgbouncer", "psycopg_pool", "orbitive", f"orbitive/{args.handoff_after:g}s")
     try:
         for label, query in QUERIES.items():
