@@ -11,7 +11,7 @@ of about 1 ms) for a few seconds each, against:
   8 x its size host-wide);
 * orbitive's ``ConnectionPool`` with the same host-wide cap (``check=None``,
   as psycopg_pool's default), with the default ``handoff_after`` and, as
-  ``orbitive/Ns``, with ``handoff_after=N`` (``--handoff-after``, default 0.5):
+  ``orbitive/Ns``, with ``handoff_after=N`` (``--handoff-after``, default 0.1):
   how many seconds a client may still serve its process while another process
   waits at the cap, before it is closed for that waiter (its turn).
 
@@ -339,7 +339,7 @@ def main() -> None:
     """Run every contender on every query, print the table, optionally write JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--handoff-after", type=float, default=0.5)
+    parser.add_argument("--handoff-after", type=float, default=0.1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = []

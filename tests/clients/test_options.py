@@ -62,7 +62,7 @@ def test_defaults_and_max_idle_defaulting_to_max_live() -> None:
     assert options.acquire_timeout == 30.0
     assert type(PoolOptions(acquire_timeout=5).acquire_timeout) is float
     assert PoolOptions(max_live=3, min_idle=1, max_idle=1).idle_limit == 1
-    assert (options.handoff_after, options.handoff_uses) == (0.1, None)  # a turn is a time
+    assert (options.handoff_after, options.handoff_uses) == (0.5, None)  # a turn is a time
 
 
 def test_bad_pool_arguments_raise_before_the_table_is_touched(fleet: Fleet) -> None:

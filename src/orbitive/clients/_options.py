@@ -68,8 +68,10 @@ class PoolOptions:
             over (closed, so the waiter can create) when next returned. An
             idle one is handed over within :data:`HANDOFF_GRACE_S` all the
             same. Shorter is fairer (a waiter waits about one turn); longer
-            amortises a new connection over more requests. Being a time, the
-            turn bounds the wait whatever a request takes.
+            amortises a new connection over more requests, and keeps the
+            requests that wait a whole turn rarer (at saturation, about
+            ``max_live`` of them per turn). Being a time, the turn bounds the
+            wait whatever a request takes.
         handoff_uses: also end a turn after this many checkouts (an int >= 1),
             or None: only ``handoff_after`` does. 1 hands over at once.
 
@@ -86,7 +88,7 @@ class PoolOptions:
     acquire_timeout: float = 30.0
     idle_timeout: float = 600.0
     max_lifetime: float = 3600.0
-    handoff_after: float = 0.1
+    handoff_after: float = 0.5
     handoff_uses: int | None = None
 
     def __post_init__(self) -> None:
