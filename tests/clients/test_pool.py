@@ -85,6 +85,33 @@ def test_a_return_that_closes_its_client_does_not_wait_for_the_close(fleet: Flee
     assert second.closed and FakeClient.open_now == 0
 
 
+def test_a_close_that_raises_base_exception_in_the_closing_thread_stops_no_later_close(
+    fleet: Fleet,
+) -> None:
+    """A close raising SystemExit (no caller to reach in the closing thread) counts as
+    a close error; its budget returns, and so do the later ones."""
+    raised: list[FakeClient] = []
+
+    def exiting_close(client: FakeClient) -> None:
+        if not raised:
+            raised.append(client)
+            raise SystemExit("close")
+        client.close()
+
+    options = PoolOptions(max_live=2, max_idle=0)  # every return closes its client
+    pool = ClientPool(fleet, "fake", create=FakeClient, close=exiting_close, options=options)
+    pool.putconn(pool.getconn())
+    assert retired(pool, 1) and pool.counters.close_errors == 1
+    second = pool.getconn()
+    pool.putconn(second)
+    assert retired(pool, 2)
+    assert second.closed and pool.statistics().live == 0
+    third = pool.getconn()
+    pool.putconn(third)
+    pool.close()  # waits for the queued close
+    assert third.closed
+
+
 async def _close_async(client: FakeClient) -> None:
     await asyncio.sleep(0)
     client.close()
