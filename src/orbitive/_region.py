@@ -279,7 +279,9 @@ class Region:
         self.unlinked = False
         self.shared = shared
         self.section: Section | None = None
-        self._mutex = threading.Lock()
+        #: An RLock for the owner it knows (:meth:`holds`), never taken twice by one
+        #: thread (:meth:`acquire` refuses a re-entry).
+        self._mutex = threading.RLock()
         #: ``inside`` is True in a thread from just before it takes the mutex to just
         #: after it lets go: a close() that finds it set runs inside that section.
         self._thread = threading.local()
@@ -359,16 +361,24 @@ class Region:
     def acquire(self) -> None:
         """Enter the critical section: process mutex, then the object's section.
 
-        An exception raised once the section is locked but before this returns (a
-        signal handler's, ``KeyboardInterrupt``) unlocks it again as it propagates.
+        An exception raised once the process mutex or the section is locked but
+        before this returns (a signal handler's, ``KeyboardInterrupt``) unlocks them
+        again as it propagates.
 
         Raises:
-            FleetError: the region is closed (its mapping is gone), or its ``flock`` failed.
+            FleetError: the region is closed (its mapping is gone), its ``flock``
+                failed, or this thread is inside the section already (a signal
+                handler calling the table inside one of its steps).
             LayoutMismatch: the section's robust mutex is corrupt (see docs/format.md).
         """
-        self._thread.inside = True
-        self._mutex.acquire()
+        if self.holds():
+            raise FleetError(
+                f"shm object {self.name!r}: entered again by the thread inside it (a signal "
+                "handler calling the table inside one of its steps); waiting would never end"
+            )
         try:
+            self._thread.inside = True
+            self._mutex.acquire()
             if self._closed:
                 raise FleetError(f"shm object {self.name!r} is closed")
             if self.section is not None:
@@ -385,7 +395,9 @@ class Region:
                 # (a signal handler's, KeyboardInterrupt): the section would stay held by
                 # a live thread, and every process of the fleet would wait for ever.
                 self.section.release_mine()
-            self._leave()
+            if self.holds():  # not when the exception came before the mutex was taken
+                self._mutex.release()
+            self._thread.inside = False
             if self._closed and not isinstance(error, FleetError):
                 raise FleetError(f"shm object {self.name!r} is closed") from None
             raise
@@ -420,12 +432,13 @@ class Region:
                 self.section.release()
         except OSError as error:
             raise self._section_error(error) from error
-        finally:
-            self._leave()
+        finally:  # inline: an exception at a call's start would leave the mutex held
+            self._mutex.release()
+            self._thread.inside = False
 
-    def _leave(self) -> None:
-        self._mutex.release()
-        self._thread.inside = False
+    def holds(self) -> bool:
+        """Whether this thread holds the process mutex (it is inside a step)."""
+        return bool(self._mutex._is_owned())  # type: ignore[attr-defined]
 
     def on_close(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` when the region closes, before its mapping goes (the C operations)."""
@@ -434,7 +447,7 @@ class Region:
     # -- lifecycle -----------------------------------------------------------------
 
     def _after_fork_in_child(self) -> None:
-        self._mutex = threading.Lock()
+        self._mutex = threading.RLock()
         self._thread = threading.local()
         if self.section is not None and not self._closed:
             self.section.after_fork_in_child()

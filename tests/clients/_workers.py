@@ -290,7 +290,8 @@ def fake_borrower(channel: Channel, fleet_name: str, capacity: int, max_live: in
     with Fleet.join(fleet_name, capacity) as fleet:
         pool = ClientPool(
             fleet, "fake", create=FakeClient, close=close, handler=echo,
-            options=PoolOptions(max_live=max_live, acquire_timeout=30.0),
+            # Short turns: its clients go back to the fleet often, so both sides borrow.
+            options=PoolOptions(max_live=max_live, acquire_timeout=30.0, handoff_after=0.1),
         )  # fmt: skip
         channel.send("ready")
         ok, errors = 0, []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -83,6 +83,60 @@ def test_a_return_that_closes_its_client_does_not_wait_for_the_close(fleet: Flee
     threading.Timer(0.3, let_go.set).start()
     pool.close()  # waits for the queued close
     assert second.closed and FakeClient.open_now == 0
+
+
+def test_a_close_that_raises_base_exception_in_the_closing_thread_stops_no_later_close(
+    fleet: Fleet,
+) -> None:
+    """A close raising SystemExit (no caller to reach in the closing thread) counts as
+    a close error; its budget returns, and so do the later ones."""
+    raised: list[FakeClient] = []
+
+    def exiting_close(client: FakeClient) -> None:
+        if not raised:
+            raised.append(client)
+            raise SystemExit("close")
+        client.close()
+
+    options = PoolOptions(max_live=2, max_idle=0)  # every return closes its client
+    pool = ClientPool(fleet, "fake", create=FakeClient, close=exiting_close, options=options)
+    pool.putconn(pool.getconn())
+    assert retired(pool, 1) and pool.counters.close_errors == 1
+    second = pool.getconn()
+    pool.putconn(second)
+    assert retired(pool, 2)
+    assert second.closed and pool.statistics().live == 0
+    third = pool.getconn()
+    pool.putconn(third)
+    pool.close()  # waits for the queued close
+    assert third.closed
+
+
+async def _close_async(client: FakeClient) -> None:
+    await asyncio.sleep(0)
+    client.close()
+
+
+@pytest.mark.parametrize("closer", [close, _close_async], ids=["sync", "async"])
+def test_a_client_retired_as_the_loop_ends_is_closed_and_its_budget_returns(
+    fleet: Fleet, closer: Callable[[FakeClient], object]
+) -> None:
+    """asyncio.run cancels the tasks left once its coroutine returns: the close a return
+    handed over is done all the same, and only then does the budget return."""
+    options = PoolOptions(max_live=1, max_idle=0)  # every return closes its client
+    pool = ClientPool[FakeClient](fleet, "fake", create=FakeClient, close=closer, options=options)
+
+    async def use() -> FakeClient:
+        client = await pool.getconn_async()
+        await pool.putconn_async(client)
+        return client
+
+    client = asyncio.run(use())
+    assert retired(pool, 1)
+    assert client.closed and pool.statistics().live == 0
+    assert pool.counters.close_errors == 0  # closed once
+    pool.close()
+    assert FakeClient.open_now == 0
 
 
 def test_a_checkout_at_max_live_times_out_with_pool_timeout_and_leaves_no_waiter(

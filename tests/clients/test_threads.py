@@ -85,8 +85,9 @@ def test_threads_upkeep_handoffs_and_borrowers_never_share_or_lose_a_client(
     try:
         assert waiter.recv(60) == "waiting" and borrower.recv(60) == "ready"
         options = PoolOptions(
-            max_live=3, idle_timeout=0.02, max_lifetime=0.2, handoff_uses=3, acquire_timeout=20
-        )
+            max_live=3, idle_timeout=0.02, max_lifetime=0.2, handoff_after=0.1, handoff_uses=3,
+            acquire_timeout=20,
+        )  # fmt: skip
         pool = ClientPool(fleet, "fake", create=FakeClient, close=close, handler=echo,
                           options=options)  # fmt: skip
         ledger = Ledger()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import random
 import signal
 import threading
 import time
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from orbitive import Fleet, _robust, _section
-from orbitive._errors import LayoutMismatch
+from orbitive._errors import FleetError, LayoutMismatch
 from orbitive._region import Region
 from orbitive._section import BLOCK, FLOCK, ROBUST_MUTEX, recoveries
 from orbitive.lock import Acquired, LockOwner, LockTable
@@ -342,3 +343,79 @@ def test_release_mine_unlocks_only_the_stripes_this_thread_holds(twin: str) -> N
     assert mutex.release_mine() == 3
     mutex.acquire()  # unlocked: it locks again at once
     mutex.release()
+
+
+def enter_and_leave(region: Region) -> None:
+    region.acquire()
+    region.release()
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_signal_handler_raising_at_any_point_of_acquire_leaves_nothing_held(
+    processes: Processes,
+    fleet_name: str,
+    mechanism: str,
+    twin: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A raising SIGALRM a few microseconds into each of many entries: whatever point of
+    acquire the exception leaves from, this thread holds nothing afterwards (neither the
+    process mutex nor the section: another process and another thread enter at once).
+    An exception after acquire returned is the caller's to handle (it releases)."""
+    if twin == "ctypes":
+        monkeypatch.setitem(vars(_section), "_robust_c", None)
+    region = open_region(fleet_name)
+    rang: list[bool] = []
+
+    def ring(signum: int, frame: object) -> None:
+        rang.append(True)
+        raise Interrupted
+
+    rng, cut_short = random.Random(7), 0
+    previous = signal.signal(signal.SIGALRM, ring)
+    try:
+        for _ in range(1500):
+            rang.clear()
+            try:
+                try:
+                    signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-6, 60e-6))
+                    region.acquire()
+                except Interrupted:
+                    cut_short += 1
+                    assert not region.holds()
+                    raise
+                while not rang:  # one exception per round
+                    time.sleep(0.001)
+            except Interrupted:
+                pass
+            if region.holds():
+                region.release()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert cut_short > 0
+    assert processes.start(lock_once, fleet_name, "c").recv(timeout=5) == ("locked", 0)
+    other = threading.Thread(target=enter_and_leave, args=(region,), daemon=True)
+    other.start()
+    other.join(5.0)
+    assert not other.is_alive()
+    region.close()
+    region.unlink()
+
+
+def test_a_thread_inside_the_section_entering_again_is_refused(fleet_name: str) -> None:
+    """A re-entry (a signal handler's step inside one of this thread's steps) raises
+    instead of waiting for itself, and leaves the outer step's hold intact."""
+    region = open_region(fleet_name)
+    region.acquire()
+    with pytest.raises(FleetError, match="entered again"):
+        region.acquire()
+    other = threading.Thread(target=enter_and_leave, args=(region,), daemon=True)
+    other.start()
+    other.join(0.3)
+    assert other.is_alive()  # still held by the outer step
+    region.release()
+    other.join(5.0)
+    assert not other.is_alive()
+    region.close()
+    region.unlink()

@@ -8,6 +8,7 @@ the table steps are the same as the sync path's.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
@@ -45,14 +46,36 @@ def adopt(pool: ClientPool[Any], permit: CreationPermit, done: asyncio.Future[An
     with pool._lock:
         pool._out.pop(id(entry.client), None)
     if not pool._give_back(entry):
-        spawn(pool, retire(pool, entry))
+        hand_over(pool, entry)
 
 
-def spawn(pool: ClientPool[Any], work: Coroutine[Any, Any, None]) -> None:
+def spawn(pool: ClientPool[Any], work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
     """Run ``work`` as a task of the running loop, kept referenced until done."""
     task = asyncio.get_running_loop().create_task(work)
     pool._tasks.add(task)
     task.add_done_callback(pool._tasks.discard)
+    return task
+
+
+def hand_over(pool: ClientPool[Any], entry: Entry[Any]) -> None:
+    """Retire ``entry`` off the returning caller's path.
+
+    A sync ``close`` runs in the pool's closing thread, as a sync return's does.
+    A coroutine ``close`` runs in a task of this loop; the loop may end first
+    (``asyncio.run`` cancels the tasks left once its coroutine returns, before
+    or during the close), and then the closing thread closes the client on a
+    loop of its own. Either way the budget returns once the client is closed.
+    """
+    if not inspect.iscoroutinefunction(pool._close):
+        pool._hand_over(entry)
+        return
+    task = spawn(pool, retire(pool, entry))
+    task.add_done_callback(lambda done: _after(pool, entry, done))
+
+
+def _after(pool: ClientPool[Any], entry: Entry[Any], done: asyncio.Task[None]) -> None:
+    if done.cancelled():  # the loop ended first: the closing thread closes the client
+        pool._hand_over(entry)
 
 
 async def usable(pool: ClientPool[Any], entry: Entry[Any]) -> bool:

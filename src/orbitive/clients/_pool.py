@@ -48,7 +48,7 @@ from .._fleet import Fleet
 from ..pool import POOL_KIND, CreationPermit, Pool
 from ..pool._availability import claim_in_turn
 from ..pool._table import Table
-from ._async import retire, spawn
+from ._async import hand_over, retire
 from ._calls import call_async, call_sync, check_callable, run_anywhere
 from ._checkout import checkout, checkout_async, take_idle_sorting
 from ._entry import Entry
@@ -367,7 +367,12 @@ class ClientPool(Generic[C]):
                 self.counters.reset_failures += 1
                 self._retire(entry)
                 return
-        if not self._give_back(entry) and not self._retirer.put(entry):  # off this path
+        if not self._give_back(entry):
+            self._hand_over(entry)
+
+    def _hand_over(self, entry: Entry[C]) -> None:
+        """Retire ``entry`` in the closing thread, off the caller's path (once closed: here)."""
+        if not self._retirer.put(entry):
             self._retire(entry)  # the pool closed meanwhile: closed before this returns
 
     def _checked_in(self, client: C) -> Entry[C] | None:
@@ -505,7 +510,7 @@ class ClientPool(Generic[C]):
                 await retire(self, entry)
                 return
         if not self._give_back(entry):
-            spawn(self, retire(self, entry))  # closed off this caller's path
+            hand_over(self, entry)  # closed off this caller's path
 
     async def discard_async(self, client: C) -> None:
         """Asyncio twin of :meth:`discard`.
@@ -559,6 +564,7 @@ class ClientPool(Generic[C]):
     async def close_async(self) -> None:
         """Asyncio twin of :meth:`close`: the idle clients are closed on this loop, and so
         are the ones returns handed over (their closes are awaited)."""
+        await asyncio.to_thread(self._retirer.close)  # the closing thread's, off the loop
         idle = self._shut()
         for entry in idle:
             await retire(self, entry)

@@ -58,7 +58,11 @@ class Retirer:
             pool = self._pool()
             if pool is None:
                 return
-            pool._retire(entry)
+            try:
+                pool._retire(entry)
+            except BaseException:  # a close's SystemExit, say: no caller to reach here
+                pool.counters.close_errors += 1
+                pool._unregister(entry)  # as after a close that raised an Exception
             del pool
 
     def close(self) -> None:

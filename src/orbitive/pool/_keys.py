@@ -92,12 +92,12 @@ class KeyTable:
             self._run_deferred()
 
     def run_soon(self, step: Callable[[], None]) -> None:
-        """Run ``step`` now, or after the current critical section if one is held.
+        """Run ``step`` now, or after the current critical section if this thread is in one.
 
-        Finalisers call this: running a step while this thread already holds the
-        non-reentrant process mutex would deadlock.
+        Finalisers call this: a step while this thread already holds the process
+        mutex would be a re-entry (refused).
         """
-        if self.region._mutex.locked():  # private to orbitive; see the docstring
+        if self.region.holds():
             self.deferred.append(step)
         else:
             with contextlib.suppress(OrbitError, OSError, ValueError):
