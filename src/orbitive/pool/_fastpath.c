@@ -347,6 +347,7 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "fork_module has no generation");
         return -1;
     }
+    PyMem_Free(o->live_by_node); /* an earlier __init__ that failed later on */
     o->live_by_node = PyMem_Calloc((size_t)g.fleet_capacity, sizeof(uint32_t));
     if (o->live_by_node == NULL) {
         PyErr_NoMemory();
