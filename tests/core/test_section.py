@@ -49,6 +49,14 @@ def mechanism(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     yield request.param
 
 
+@pytest.fixture(params=TWINS)
+def locking_twin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """This process locks sections with the C module or with ctypes for this test."""
+    if request.param == "ctypes":
+        monkeypatch.setitem(vars(_section), "_robust_c", None)
+    return str(request.param)
+
+
 def hold_and_die(channel: Channel, fleet_name: str, twin: str) -> None:
     """Lock the region's section, say so, then die holding it."""
     use_twin(twin)
@@ -289,19 +297,12 @@ def interrupt(signum: int, frame: object) -> None:
     raise Interrupted
 
 
-@pytest.mark.parametrize("twin", TWINS)
 def test_a_signal_handler_raising_once_the_section_is_locked_leaves_it_unlocked(
-    processes: Processes,
-    fleet_name: str,
-    mechanism: str,
-    twin: str,
-    monkeypatch: pytest.MonkeyPatch,
+    processes: Processes, fleet_name: str, mechanism: str, locking_twin: str
 ) -> None:
     """SIGALRM arrives while this process waits for the section; its handler runs (and
     raises) only once the lock is taken. The section must not stay held by this live
     thread: another process locks it at once."""
-    if twin == "ctypes":
-        monkeypatch.setitem(vars(_section), "_robust_c", None)
     region = open_region(fleet_name)
     holder = processes.start(hold_for_a_while, fleet_name)
     assert holder.recv() == "held"
@@ -350,20 +351,13 @@ def enter_and_leave(region: Region) -> None:
     region.release()
 
 
-@pytest.mark.parametrize("twin", TWINS)
 def test_a_signal_handler_raising_at_any_point_of_acquire_leaves_nothing_held(
-    processes: Processes,
-    fleet_name: str,
-    mechanism: str,
-    twin: str,
-    monkeypatch: pytest.MonkeyPatch,
+    processes: Processes, fleet_name: str, mechanism: str, locking_twin: str
 ) -> None:
     """A raising SIGALRM a few microseconds into each of many entries: whatever point of
     acquire the exception leaves from, this thread holds nothing afterwards (neither the
     process mutex nor the section: another process and another thread enter at once).
     An exception after acquire returned is the caller's to handle (it releases)."""
-    if twin == "ctypes":
-        monkeypatch.setitem(vars(_section), "_robust_c", None)
     region = open_region(fleet_name)
     rang: list[bool] = []
 
