@@ -26,7 +26,9 @@ alike; in a closed loop a worker left waiting adds few samples, so the
 percentiles alone hide it). Then the cost of a checkout/return of an idle local
 client beside a bare ``LockTable`` pair.
 
-Run: ``.venv/bin/python -m bench.clients_bench [--seconds S] [--handoff-after S] [--json PATH]``;
+Run: ``.venv/bin/python -m bench.clients_bench [--seconds S] [--handoff-after S]
+[--repeat N] [--json PATH]``; ``--repeat`` runs every row N times, interleaved,
+then prints each contender's mean and its ratio to PgBouncer's round by round;
 PostgreSQL and PgBouncer are started and stopped here (a missing binary skips
 that contender with the reason).
 """
@@ -340,6 +342,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--handoff-after", type=float, default=0.1)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="rounds of every row, interleaved (then a summary)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = []
@@ -347,20 +352,15 @@ def main() -> None:
     kinds = ("pgbouncer", "psycopg_pool", "orbitive", f"orbitive/{args.handoff_after:g}s")
     try:
         for label, query in QUERIES.items():
-            for kind in kinds:
-                row = run_row(kind, pg, query, args.seconds)
-                if row is None:
-                    continue
-                row["query"] = label
-                rows.append(row)
-                print(
-                    f"{label:<12} {kind:<14} {row['requests_per_s']:>9,.0f} req/s  "
-                    f"p50 {row['p50_ms']:6.2f}  p99 {row['p99_ms']:7.2f}  "
-                    f"p99.9 {row['p999_ms']:7.2f}  max {row['max_ms']:7.1f} ms  "
-                    f"peak {row['peak_connections']} connections  "
-                    f"fairness {row['fairness']:.2f}",
-                    flush=True,
-                )
+            for _ in range(args.repeat):
+                for kind in kinds:
+                    row = run_row(kind, pg, query, args.seconds)
+                    if row is not None:
+                        row["query"] = label
+                        rows.append(row)
+                        print_row(row)
+            if args.repeat > 1:
+                summarise([row for row in rows if row["query"] == label])
     finally:
         pg.stop()
     figures = micro()
@@ -371,6 +371,38 @@ def main() -> None:
     )
     if args.json is not None:
         args.json.write_text(json.dumps({"rows": rows, "micro": figures}, indent=2))
+
+
+def print_row(row: dict[str, Any]) -> None:
+    print(
+        f"{row['query']:<12} {row['contender']:<14} {row['requests_per_s']:>9,.0f} req/s  "
+        f"p50 {row['p50_ms']:6.2f}  p99 {row['p99_ms']:7.2f}  "
+        f"p99.9 {row['p999_ms']:7.2f}  max {row['max_ms']:7.1f} ms  "
+        f"peak {row['peak_connections']} connections  "
+        f"fairness {row['fairness']:.2f}",
+        flush=True,
+    )
+
+
+def summarise(rows: list[dict[str, Any]]) -> None:
+    """Per contender of one query: the mean throughput over its rounds, its ratio to
+    PgBouncer's round by round (each pair ran back to back), the median p99."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_kind.setdefault(row["contender"], []).append(row)
+    bouncer = by_kind.get("pgbouncer")
+    for kind, mine in by_kind.items():
+        throughput = [row["requests_per_s"] for row in mine]
+        line = (
+            f"{rows[0]['query']:<12} {kind:<14} mean {statistics.mean(throughput):>9,.0f} req/s"
+            f"  median p99 {statistics.median(row['p99_ms'] for row in mine):7.2f} ms"
+        )
+        if bouncer is not None and len(bouncer) == len(mine):
+            pairs = zip(mine, bouncer, strict=True)
+            ratios = [a["requests_per_s"] / b["requests_per_s"] for a, b in pairs]
+            line += f"  x PgBouncer {statistics.mean(ratios):.2f} ({min(ratios):.2f} - "
+            line += f"{max(ratios):.2f})"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":
