@@ -81,7 +81,7 @@ def _after(pool: ClientPool[Any], entry: Entry[Any], done: asyncio.Task[None]) -
 async def usable(pool: ClientPool[Any], entry: Entry[Any]) -> bool:
     """Whether an idle client taken for checkout may be used (else it was discarded)."""
     if pool._expired(entry, time.monotonic()):
-        await retire(pool, pool._pop_out(entry.client))
+        await pool.discard_async(entry.client)
         return False
     if pool._check is None:
         return True
@@ -91,7 +91,7 @@ async def usable(pool: ClientPool[Any], entry: Entry[Any]) -> bool:
         healthy = False
     if not healthy:
         pool.counters.check_failures += 1
-        await retire(pool, pool._pop_out(entry.client))
+        await pool.discard_async(entry.client)
     return healthy
 
 

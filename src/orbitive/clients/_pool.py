@@ -132,6 +132,7 @@ class ClientPool(Generic[C]):
         self._turn_uses = options.handoff_uses or 1 << 64  # None: no bound by count
         self._create, self._close, self._check, self._reset = create, close, check, reset
         self._handler = handler
+        self._borrowers = handler is not None  # remote mode: borrowers may reserve idle units
         self._fleet = fleet
         self._pool = Pool(fleet, kind=kind)
         self.counters = Counters()
@@ -316,8 +317,13 @@ class ClientPool(Generic[C]):
             seconds("timeout", timeout)
         if self._fork == _fork.generation and not self._closed:  # the idle fast path
             entry = self._take_idle()
-            if entry is not None and self._usable(entry):
-                return entry.client
+            if entry is not None:
+                # The hottest path inlines its small steps (a call costs more than its
+                # body here): _usable without a check is _expired's test.
+                if self._check is None and time.monotonic() - entry.created_at < self._max_lifetime:
+                    return entry.client
+                if self._usable(entry):
+                    return entry.client
         return checkout(self, timeout)  # type: ignore[no-any-return]
 
     def _made(self, permit: CreationPermit) -> C:
@@ -379,7 +385,11 @@ class ClientPool(Generic[C]):
         """The entry of a returned client; None when it cannot go back (fork, closed)."""
         if self._fork != _fork.generation:
             return None  # the parent's client: never touched here
-        entry = self._pop_out(client)
+        entry = self._out.pop(id(client), None)  # one dict step: atomic, no lock needed
+        if entry is None or entry.client is not client:
+            raise UnknownClient(
+                f"{type(client).__name__} object was not checked out of this pool", key=self.key
+            )
         if self._closed:
             self._retire(entry)
             return None
@@ -388,15 +398,16 @@ class ClientPool(Generic[C]):
     def _give_back(self, entry: Entry[C]) -> bool:
         """The table step of a return: True if kept idle, else the caller closes the client."""
         now = time.monotonic()
-        if now - entry.created_at >= self._max_lifetime:
+        age = now - entry.created_at
+        if age >= self._max_lifetime:
             return False
+        in_turn = age < self._turn and entry.uses % self._turn_uses != 0  # _in_turn, inlined
         with self._lock:
             if self._closed:  # close() has taken the idle list: this one closes too
                 return False
             kept = self._give_back_unit(
-                entry.rid, self._idle_limit, self._max_live, self._in_turn(entry, now),
-                self._handler is not None,
-            )  # fmt: skip
+                entry.rid, self._idle_limit, self._max_live, in_turn, self._borrowers
+            )
             if kept:
                 entry.idle_since = now
                 self._idle.append(entry)
@@ -415,19 +426,6 @@ class ClientPool(Generic[C]):
         entry = self._checked_in(client)
         if entry is not None:
             self._retire(entry)
-
-    def _pop_out(self, client: C) -> Entry[C]:
-        """The entry of a checked-out client, no longer checked out.
-
-        Raises:
-            UnknownClient: ``client`` is not checked out of this pool.
-        """
-        entry = self._out.pop(id(client), None)  # one dict step: atomic, no lock needed
-        if entry is None or entry.client is not client:
-            raise UnknownClient(
-                f"{type(client).__name__} object was not checked out of this pool", key=self.key
-            )
-        return entry
 
     def _unregister(self, entry: Entry[C]) -> None:
         """Close ``entry``'s resource in the table, once its client is closed."""
