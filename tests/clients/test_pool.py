@@ -85,6 +85,31 @@ def test_a_return_that_closes_its_client_does_not_wait_for_the_close(fleet: Flee
     assert second.closed and FakeClient.open_now == 0
 
 
+def test_a_close_that_hangs_holds_its_own_closing_thread_only(fleet: Fleet) -> None:
+    """While one close blocks (a server that never answers), later returns are closed
+    in other closing threads and their budgets return; close() waits for the blocked one."""
+    let_go = threading.Event()
+    hanging: list[FakeClient] = []
+
+    def close_first_slowly(client: FakeClient) -> None:
+        if not hanging:
+            hanging.append(client)
+            assert let_go.wait(10.0)
+        client.close()
+
+    options = PoolOptions(max_live=3, max_idle=0)  # every return closes its client
+    pool = ClientPool(fleet, "fake", create=FakeClient, close=close_first_slowly, options=options)
+    held = [pool.getconn() for _ in range(3)]
+    for client in held:
+        pool.putconn(client)
+    assert retired(pool, 2)  # the two behind the blocked close
+    assert [client.closed for client in held] == [False, True, True]
+    assert pool.statistics().live == 1  # only the blocked one still holds its budget
+    threading.Timer(0.3, let_go.set).start()
+    pool.close()  # waits for the blocked close
+    assert held[0].closed and FakeClient.open_now == 0
+
+
 def test_a_close_that_raises_base_exception_in_the_closing_thread_stops_no_later_close(
     fleet: Fleet,
 ) -> None:

@@ -60,10 +60,10 @@ def spawn(pool: ClientPool[Any], work: Coroutine[Any, Any, None]) -> asyncio.Tas
 def hand_over(pool: ClientPool[Any], entry: Entry[Any]) -> None:
     """Retire ``entry`` off the returning caller's path.
 
-    A sync ``close`` runs in the pool's closing thread, as a sync return's does.
+    A sync ``close`` runs in one of the pool's closing threads, as a sync return's does.
     A coroutine ``close`` runs in a task of this loop; the loop may end first
     (``asyncio.run`` cancels the tasks left once its coroutine returns, before
-    or during the close), and then the closing thread closes the client on a
+    or during the close), and then a closing thread closes the client on a
     loop of its own. Either way the budget returns once the client is closed.
     """
     if not inspect.iscoroutinefunction(pool._close):
@@ -74,7 +74,7 @@ def hand_over(pool: ClientPool[Any], entry: Entry[Any]) -> None:
 
 
 def _after(pool: ClientPool[Any], entry: Entry[Any], done: asyncio.Task[None]) -> None:
-    if done.cancelled():  # the loop ended first: the closing thread closes the client
+    if done.cancelled():  # the loop ended first: a closing thread closes the client
         pool._hand_over(entry)
 
 

@@ -377,7 +377,7 @@ class ClientPool(Generic[C]):
             self._hand_over(entry)
 
     def _hand_over(self, entry: Entry[C]) -> None:
-        """Retire ``entry`` in the closing thread, off the caller's path (once closed: here)."""
+        """Retire ``entry`` in a closing thread, off the caller's path (once closed: here)."""
         if not self._retirer.put(entry):
             self._retire(entry)  # the pool closed meanwhile: closed before this returns
 
@@ -562,7 +562,7 @@ class ClientPool(Generic[C]):
     async def close_async(self) -> None:
         """Asyncio twin of :meth:`close`: the idle clients are closed on this loop, and so
         are the ones returns handed over (their closes are awaited)."""
-        await asyncio.to_thread(self._retirer.close)  # the closing thread's, off the loop
+        await asyncio.to_thread(self._retirer.close)  # the closing threads', off the loop
         idle = self._shut()
         for entry in idle:
             await retire(self, entry)

@@ -5,13 +5,16 @@ A return that the table refuses to keep idle (another process waits at
 idle clients) must close the client and only then unregister it, so the server
 never sees more than ``max_live`` connections. The close takes a round trip or
 more (psycopg waits for the server to end the session). The request that handed
-the client over has no reason to wait for it: one daemon thread per ClientPool
-per process does the closing, in order, and the budget returns once each close
-is done, exactly as when the caller closed it.
+the client over has no reason to wait for it: the pool's closing threads (daemon
+threads, per ClientPool per process) do the closing, and the budget returns once
+each close is done, exactly as when the caller closed it.
 
-The thread starts with the first retirement of a process life (a forked child
-makes its own); :meth:`Retirer.close` waits for every queued close, so
-``ClientPool.close()`` still returns with this process's clients closed.
+A close runs in a thread that is free, or in a new one while every thread is
+busy, up to :data:`MOST_THREADS`: one close that hangs (a server that never
+answers) holds its own thread only, and the others go on. Threads start with the
+first retirement of a process life (a forked child makes its own);
+:meth:`Retirer.close` waits for every queued close, so ``ClientPool.close()``
+still returns with this process's clients closed.
 """
 
 from __future__ import annotations
@@ -19,26 +22,30 @@ from __future__ import annotations
 import queue
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from ._entry import Entry
 
 if TYPE_CHECKING:
     from ._pool import ClientPool
 
+#: Most closing threads of one pool in one process (closes beyond them queue).
+MOST_THREADS: Final = 8
+
 
 class Retirer:
-    """The closing thread of one ClientPool in this process."""
+    """The closing threads of one ClientPool in this process."""
 
     def __init__(self, pool: ClientPool[Any]) -> None:
         self._pool = weakref.ref(pool)
         self._queue: queue.SimpleQueue[Entry[Any] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._free = 0  # threads free for the next close (negative: closes queued)
         self._closed = False
 
     def put(self, entry: Entry[Any]) -> bool:
-        """Close ``entry``'s client, then unregister it, in the closing thread.
+        """Close ``entry``'s client, then unregister it, in a closing thread.
 
         Returns False, queueing nothing, once :meth:`close` ran: the caller closes it.
         """
@@ -46,12 +53,16 @@ class Retirer:
             if self._closed:
                 return False
             self._queue.put(entry)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="orbit-clients-retire", daemon=True
-                )
-                self._thread.start()
+            self._free -= 1
+            if self._free < 0 and len(self._threads) < MOST_THREADS:
+                self._start_thread()  # every thread is busy closing: one more
         return True
+
+    def _start_thread(self) -> None:
+        thread = threading.Thread(target=self._run, name="orbit-clients-retire", daemon=True)
+        self._threads.append(thread)
+        self._free += 1
+        thread.start()
 
     def _run(self) -> None:
         while (entry := self._queue.get()) is not None:
@@ -64,13 +75,16 @@ class Retirer:
                 pool.counters.close_errors += 1
                 pool._unregister(entry)  # as after a close that raised an Exception
             del pool
+            with self._lock:
+                self._free += 1
 
     def close(self) -> None:
-        """Refuse further clients, close every queued one and stop the thread. Idempotent."""
+        """Refuse further clients, close every queued one and stop the threads. Idempotent."""
         with self._lock:
             self._closed = True
-            thread, self._thread = self._thread, None
-            if thread is not None:
+            threads, self._threads = self._threads, []
+            for _ in threads:
                 self._queue.put(None)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join()
