@@ -1,7 +1,10 @@
 """The client pool against PgBouncer and per-process psycopg_pool, one workload, one run.
 
-8 worker processes run short queries (``SELECT 1``, and ``SELECT pg_sleep(0.001)``
-of about 1 ms) for a few seconds each, against:
+8 worker processes run short queries for a few seconds each: ``SELECT 1``, and two
+of about 1 ms, one that keeps the server busy (a count over ``generate_series(1,
+7000)``, about 1 ms of backend CPU here) and one that leaves it idle
+(``pg_sleep(0.001)``: the backend sleeps in the kernel, and its sleep loop makes it
+about 2.2 ms here). Against:
 
 * PgBouncer (Debian's ``pgbouncer``, started here on 127.0.0.1) in transaction
   mode with ``default_pool_size`` = the cap; each worker keeps one client
@@ -63,7 +66,11 @@ from orbitive.lock import LockKey, LockOwner, LockTable
 
 WORKERS = 8
 CAP = 4
-QUERIES = {"SELECT 1": "SELECT 1", "~1 ms query": "SELECT pg_sleep(0.001)"}
+QUERIES = {
+    "SELECT 1": "SELECT 1",
+    "~1 ms busy": "SELECT count(*) FROM generate_series(1, 7000)",
+    "~1 ms sleep": "SELECT pg_sleep(0.001)",
+}
 CONTEXT = multiprocessing.get_context("spawn")
 TAG = "orbit-bench-clients"
 #: Server settings that log every backend's start and end (see :class:`ConnectionLog`).
