@@ -2,7 +2,7 @@
 
 8 worker processes run short queries for a few seconds each: ``SELECT 1``, and two
 of about 1 ms, one that keeps the server busy (a count over ``generate_series(1,
-7000)``, about 1 ms of backend CPU here) and one that leaves it idle
+7000)``, 0.5 to 0.9 ms of backend CPU here, by the hour) and one that leaves it idle
 (``pg_sleep(0.001)``: the backend sleeps in the kernel, and its sleep loop makes it
 about 2.2 ms here). Against:
 
