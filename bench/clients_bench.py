@@ -30,8 +30,9 @@ percentiles alone hide it). Then the cost of a checkout/return of an idle local
 client beside a bare ``LockTable`` pair.
 
 Run: ``.venv/bin/python -m bench.clients_bench [--seconds S] [--handoff-after S]
-[--repeat N] [--json PATH]``; ``--repeat`` runs every row N times, interleaved,
-then prints each contender's mean and its ratio to PgBouncer's round by round;
+[--repeat N] [--query LABEL ...] [--json PATH]``; ``--repeat`` runs every row N
+times, interleaved, then prints each contender's mean and its ratio to
+PgBouncer's round by round; ``--query`` runs only the queries named (their labels);
 PostgreSQL and PgBouncer are started and stopped here (a missing binary skips
 that contender with the reason).
 """
@@ -352,13 +353,17 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=1, help="rounds of every row, interleaved (then a summary)"
     )
+    parser.add_argument(
+        "--query", choices=QUERIES, action="append", help="only these queries (repeatable)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = []
     pg = start_postgres(*LOG_SETTINGS)
     kinds = ("pgbouncer", "psycopg_pool", "orbitive", f"orbitive/{args.handoff_after:g}s")
     try:
-        for label, query in QUERIES.items():
+        for label in args.query or QUERIES:
+            query = QUERIES[label]
             for _ in range(args.repeat):
                 for kind in kinds:
                     row = run_row(kind, pg, query, args.seconds)
