@@ -164,6 +164,37 @@ def test_a_client_retired_as_the_loop_ends_is_closed_and_its_budget_returns(
     assert FakeClient.open_now == 0
 
 
+def test_a_client_failing_its_check_after_close_is_closed_on_the_checkouts_loop(
+    fleet: Fleet,
+) -> None:
+    """An asyncio checkout whose check fails once the pool closed (the check closes it
+    here) awaits the coroutine close on its own loop, as before the close."""
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def close_here(client: FakeClient) -> None:
+        loops.append(asyncio.get_running_loop())
+        client.close()
+
+    async def check_closing_the_pool(client: FakeClient) -> bool:
+        await pool.close_async()
+        return False
+
+    pool = ClientPool[FakeClient](
+        fleet, "fake", create=FakeClient, close=close_here, check=check_closing_the_pool
+    )
+
+    async def scenario() -> asyncio.AbstractEventLoop:
+        await pool.putconn_async(await pool.getconn_async())
+        with pytest.raises(PoolClosed):
+            await pool.getconn_async(timeout=5.0)
+        return asyncio.get_running_loop()
+
+    loop = asyncio.run(scenario())
+    assert loops == [loop] and FakeClient.open_now == 0
+    with _pool(fleet, max_live=1) as other:
+        assert other.statistics().live == 0
+
+
 def test_a_checkout_at_max_live_times_out_with_pool_timeout_and_leaves_no_waiter(
     fleet: Fleet,
 ) -> None:
