@@ -137,6 +137,29 @@ def test_a_close_that_raises_base_exception_in_the_closing_thread_stops_no_later
     assert third.closed
 
 
+def test_a_close_raising_base_exception_in_the_callers_thread_still_returns_the_budget(
+    fleet: Fleet,
+) -> None:
+    """discard() closes in the caller's thread: the close's KeyboardInterrupt reaches the
+    caller, and the client's unit of max_live comes back all the same."""
+
+    def interrupted_close(client: FakeClient) -> None:
+        client.close()
+        raise KeyboardInterrupt
+
+    options = PoolOptions(max_live=1)
+    with ClientPool(
+        fleet, "fake", create=FakeClient, close=interrupted_close, options=options
+    ) as pool:
+        client = pool.getconn()
+        with pytest.raises(KeyboardInterrupt):
+            pool.discard(client)
+        assert client.closed and pool.statistics().live == 0
+        again = pool.getconn(timeout=2.0)  # the one unit of max_live is free
+        with pytest.raises(KeyboardInterrupt):
+            pool.discard(again)
+
+
 async def _close_async(client: FakeClient) -> None:
     await asyncio.sleep(0)
     client.close()

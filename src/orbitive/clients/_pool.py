@@ -449,9 +449,12 @@ class ClientPool(Generic[C]):
                     step(own)
 
     def _retire(self, entry: Entry[C]) -> None:
-        """Close the client, then its resource in the table (the budget returns last)."""
-        self._close_quietly(entry.client)
-        self._unregister(entry)
+        """Close the client, then its resource in the table (the budget returns last, also
+        after a close that raised a BaseException, which propagates)."""
+        try:
+            self._close_quietly(entry.client)
+        finally:
+            self._unregister(entry)
 
     def _close_quietly(self, client: C) -> None:
         try:

@@ -72,8 +72,7 @@ class Retirer:
             try:
                 pool._retire(entry)
             except BaseException:  # a close's SystemExit, say: no caller to reach here
-                pool.counters.close_errors += 1
-                pool._unregister(entry)  # as after a close that raised an Exception
+                pool.counters.close_errors += 1  # its budget returned, as after an Exception
             del pool
             with self._lock:
                 self._free += 1
