@@ -574,8 +574,13 @@ class ClientPool(Generic[C]):
         self._pool.close()
 
     def _shut(self) -> list[Entry[C]]:
-        """Mark closed, stop the upkeep thread; the idle entries to retire (none twice)."""
+        """Mark closed, stop the upkeep thread; the idle entries to retire (none twice).
+
+        A second caller gets none, once the closes that returns queued are done.
+        """
         if self._closed:
+            if self._fork == _fork.generation:
+                self._retirer.close()  # waits as the first caller's does
             return []
         self._closed = True
         if self._fork != _fork.generation:

@@ -78,12 +78,18 @@ class Retirer:
                 self._free += 1
 
     def close(self) -> None:
-        """Refuse further clients, close every queued one and stop the threads. Idempotent."""
+        """Refuse further clients, close every queued one and stop the threads.
+
+        Idempotent; every call (a second caller's too) returns once the queued closes are
+        done, except in a closing thread (a close that closes the pool), which waits
+        for the other threads only.
+        """
         with self._lock:
-            self._closed = True
-            threads, self._threads = self._threads, []
-            for _ in threads:
-                self._queue.put(None)
+            if not self._closed:
+                self._closed = True
+                for _ in self._threads:
+                    self._queue.put(None)
+            threads = list(self._threads)
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join()
