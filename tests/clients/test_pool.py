@@ -218,6 +218,39 @@ def test_a_client_failing_its_check_after_close_is_closed_on_the_checkouts_loop(
         assert other.statistics().live == 0
 
 
+def _slow_close(client: FakeClient) -> None:
+    time.sleep(0.3)
+    client.close()
+
+
+async def _slow_close_async(client: FakeClient) -> None:
+    await asyncio.sleep(0.3)
+    client.close()
+
+
+@pytest.mark.parametrize("closer", [_slow_close, _slow_close_async], ids=["sync", "async"])
+def test_a_discard_cancelled_during_its_close_still_closes_and_returns_the_budget(
+    fleet: Fleet, closer: Callable[[FakeClient], object]
+) -> None:
+    """A caller that gives up (asyncio.wait_for) while discard_async awaits the close
+    leaves the close running; once it is done, the budget returns."""
+    options = PoolOptions(max_live=1)
+    pool = ClientPool[FakeClient](fleet, "fake", create=FakeClient, close=closer, options=options)
+
+    async def scenario() -> FakeClient:
+        client = await pool.getconn_async()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(pool.discard_async(client), 0.05)
+        again = await pool.getconn_async(timeout=10.0)  # the unit comes back
+        assert client.closed and pool.statistics().live == 1
+        await pool.discard_async(again)
+        return client
+
+    asyncio.run(scenario())
+    assert pool.counters.close_errors == 0 and FakeClient.open_now == 0  # closed once each
+    pool.close()
+
+
 def test_a_checkout_at_max_live_times_out_with_pool_timeout_and_leaves_no_waiter(
     fleet: Fleet,
 ) -> None:
