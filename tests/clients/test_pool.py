@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from orbitive.clients import (
     TooManyRequests,
     UnknownClient,
 )
+from orbitive.clients._retiring import MOST_THREADS
 
 from ._fakes import FakeClient, close, retired
 
@@ -108,6 +110,31 @@ def test_a_close_that_hangs_holds_its_own_closing_thread_only(fleet: Fleet) -> N
     threading.Timer(0.3, let_go.set).start()
     pool.close()  # waits for the blocked close
     assert held[0].closed and FakeClient.open_now == 0
+
+
+def test_the_closing_threads_of_a_pool_dropped_unclosed_end(fleet: Fleet) -> None:
+    """Up to MOST_THREADS closing threads per pool: a pool that is dropped without
+    close() must not leave them blocked for the rest of the process."""
+    let_go = threading.Event()
+
+    def slow_close(client: FakeClient) -> None:
+        assert let_go.wait(10.0)
+        client.close()
+
+    options = PoolOptions(max_live=MOST_THREADS, max_idle=0)  # every return closes its client
+    pool = ClientPool(fleet, "fake", create=FakeClient, close=slow_close, options=options)
+    for client in [pool.getconn() for _ in range(MOST_THREADS)]:
+        pool.putconn(client)  # each close blocks in a closing thread of its own
+    threads = list(pool._retirer._threads)
+    assert len(threads) == MOST_THREADS
+    del pool
+    let_go.set()
+    deadline = time.monotonic() + 10.0
+    while any(thread.is_alive() for thread in threads):
+        assert time.monotonic() < deadline, sum(thread.is_alive() for thread in threads)
+        gc.collect()
+        time.sleep(0.05)
+    assert FakeClient.open_now == 0
 
 
 def test_a_close_that_raises_base_exception_in_the_closing_thread_stops_no_later_close(

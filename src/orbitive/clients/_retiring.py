@@ -14,7 +14,8 @@ busy, up to :data:`MOST_THREADS`: one close that hangs (a server that never
 answers) holds its own thread only, and the others go on. Threads start with the
 first retirement of a process life (a forked child makes its own);
 :meth:`Retirer.close` waits for every queued close, so ``ClientPool.close()``
-still returns with this process's clients closed.
+still returns with this process's clients closed; the threads of a pool dropped
+without ``close()`` end once it is collected.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Retirer:
         self._threads: list[threading.Thread] = []
         self._free = 0  # threads free for the next close (negative: closes queued)
         self._closed = False
+        weakref.finalize(pool, _wake, self._queue)  # a pool dropped unclosed: threads end
 
     def put(self, entry: Entry[Any]) -> bool:
         """Close ``entry``'s client, then unregister it, in a closing thread.
@@ -93,3 +95,10 @@ class Retirer:
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join()
+
+
+def _wake(closes: queue.SimpleQueue[Entry[Any] | None]) -> None:
+    """End every closing thread of a pool that was collected (SimpleQueue.put is safe
+    in a finalizer; a None nobody takes goes with the queue)."""
+    for _ in range(MOST_THREADS):
+        closes.put(None)
