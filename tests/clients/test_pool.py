@@ -112,6 +112,26 @@ def test_a_close_that_hangs_holds_its_own_closing_thread_only(fleet: Fleet) -> N
     assert held[0].closed and FakeClient.open_now == 0
 
 
+def test_closes_beyond_the_closing_threads_queue_and_close_waits_for_all(fleet: Fleet) -> None:
+    let_go = threading.Event()
+
+    def slow_close(client: FakeClient) -> None:
+        assert let_go.wait(10.0)
+        client.close()
+
+    options = PoolOptions(max_live=MOST_THREADS + 4, max_idle=0)  # every return closes
+    pool = ClientPool(fleet, "fake", create=FakeClient, close=slow_close, options=options)
+    held = [pool.getconn() for _ in range(MOST_THREADS + 4)]
+    for client in held:
+        pool.putconn(client)
+    time.sleep(0.2)
+    assert len(pool._retirer._threads) == MOST_THREADS  # four closes wait for a thread
+    assert pool.statistics().live == MOST_THREADS + 4  # every budget held until closed
+    threading.Timer(0.3, let_go.set).start()
+    pool.close()
+    assert all(client.closed for client in held) and pool.counters.closed == len(held)
+
+
 def test_the_closing_threads_of_a_pool_dropped_unclosed_end(fleet: Fleet) -> None:
     """Up to MOST_THREADS closing threads per pool: a pool that is dropped without
     close() must not leave them blocked for the rest of the process."""
