@@ -195,6 +195,27 @@ def fake_holder(channel: Channel, fleet_name: str, capacity: int, in_use: int, i
             time.sleep(60)
 
 
+def hung_closer(channel: Channel, fleet_name: str, capacity: int, returns: int) -> None:
+    """Return ``returns`` fake clients whose closes never finish (more than the closing
+    threads), report the closing threads, then wait until killed."""
+    import threading  # noqa: PLC0415 - spawn imports this module lean
+
+    from ._fakes import FakeClient  # noqa: PLC0415
+
+    never = threading.Event()
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool: ClientPool[FakeClient] = ClientPool(
+            fleet, "fake", create=FakeClient, close=lambda client: never.wait(),
+            options=PoolOptions(max_live=returns, max_idle=0),
+        )  # fmt: skip
+        for client in [pool.getconn() for _ in range(returns)]:
+            pool.putconn(client)
+        time.sleep(0.2)  # the closing threads start
+        channel.send(sum(t.name == "orbit-clients-retire" for t in threading.enumerate()))
+        while True:
+            time.sleep(60)
+
+
 # -- remote mode: a TCP echo client -------------------------------------------------------
 
 

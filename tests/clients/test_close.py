@@ -50,6 +50,29 @@ def test_a_client_returned_after_close_gives_its_budget_back(fleet: Fleet) -> No
         other.putconn(other.getconn(timeout=2.0))  # the one unit of max_live is free
 
 
+def test_a_second_close_racing_the_first_returns_once_the_queued_closes_are_done(
+    fleet: Fleet,
+) -> None:
+    let_go = threading.Event()
+
+    def slow_close(client: FakeClient) -> None:
+        assert let_go.wait(10.0)
+        time.sleep(0.3)
+        client.close()
+
+    options = PoolOptions(max_live=1, max_idle=0)  # every return closes its client
+    pool = ClientPool(fleet, "fake", create=FakeClient, close=slow_close, options=options)
+    client = pool.getconn()
+    pool.putconn(client)  # its close is queued, blocked
+    first = threading.Thread(target=pool.close)
+    first.start()
+    time.sleep(0.2)  # the first close() waits for the queued close
+    let_go.set()
+    pool.close()
+    assert client.closed and live_clients(fleet) == 0
+    first.join(10.0)
+
+
 def churn_until_closed(pool: ClientPool[FakeClient], errors: list[BaseException]) -> None:
     """Check out and hand back until the pool refuses; anything but PoolClosed is kept."""
     try:

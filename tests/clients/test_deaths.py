@@ -10,10 +10,11 @@ import pytest
 
 from orbitive import Fleet
 from orbitive.clients import ClientPool, PoolOptions, PoolTimeout
+from orbitive.clients._retiring import MOST_THREADS
 
 from .._processes import Processes
 from ._fakes import FakeClient, close
-from ._workers import fake_churner, fake_holder, stuck_creator
+from ._workers import fake_churner, fake_holder, hung_closer, stuck_creator
 from .conftest import CAPACITY
 
 
@@ -57,6 +58,22 @@ def test_a_killed_owners_idle_and_busy_clients_are_reported_dead_then_closed(
             assert time.monotonic() < deadline, stats
             time.sleep(0.02)
         held = [pool.getconn() for _ in range(4)]  # the whole budget is back
+        for client in held:
+            pool.putconn(client)
+
+
+def test_a_worker_killed_with_closes_queued_gives_their_budget_back(
+    spawned: Processes, fleet: Fleet
+) -> None:
+    """Eight closes hang in the worker's closing threads and four more wait behind them;
+    the death watch here returns all twelve units once it is killed."""
+    closer = spawned.start(hung_closer, fleet.name, CAPACITY, 12)
+    assert closer.recv(60) == MOST_THREADS  # no more threads for the queued closes
+    with _pool(fleet, 12) as pool:
+        assert pool.statistics().live == 12
+        assert closer.kill() == -signal.SIGKILL
+        held = [pool.getconn(timeout=5.0) for _ in range(12)]  # the whole budget is back
+        assert pool.statistics().live == 12
         for client in held:
             pool.putconn(client)
 

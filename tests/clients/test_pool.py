@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from orbitive.clients import (
     TooManyRequests,
     UnknownClient,
 )
+from orbitive.clients._retiring import MOST_THREADS
 
 from ._fakes import FakeClient, close, retired
 
@@ -110,6 +112,51 @@ def test_a_close_that_hangs_holds_its_own_closing_thread_only(fleet: Fleet) -> N
     assert held[0].closed and FakeClient.open_now == 0
 
 
+def test_closes_beyond_the_closing_threads_queue_and_close_waits_for_all(fleet: Fleet) -> None:
+    let_go = threading.Event()
+
+    def slow_close(client: FakeClient) -> None:
+        assert let_go.wait(10.0)
+        client.close()
+
+    options = PoolOptions(max_live=MOST_THREADS + 4, max_idle=0)  # every return closes
+    pool = ClientPool(fleet, "fake", create=FakeClient, close=slow_close, options=options)
+    held = [pool.getconn() for _ in range(MOST_THREADS + 4)]
+    for client in held:
+        pool.putconn(client)
+    time.sleep(0.2)
+    assert len(pool._retirer._threads) == MOST_THREADS  # four closes wait for a thread
+    assert pool.statistics().live == MOST_THREADS + 4  # every budget held until closed
+    threading.Timer(0.3, let_go.set).start()
+    pool.close()
+    assert all(client.closed for client in held) and pool.counters.closed == len(held)
+
+
+def test_the_closing_threads_of_a_pool_dropped_unclosed_end(fleet: Fleet) -> None:
+    """Up to MOST_THREADS closing threads per pool: a pool that is dropped without
+    close() must not leave them blocked for the rest of the process."""
+    let_go = threading.Event()
+
+    def slow_close(client: FakeClient) -> None:
+        assert let_go.wait(10.0)
+        client.close()
+
+    options = PoolOptions(max_live=MOST_THREADS, max_idle=0)  # every return closes its client
+    pool = ClientPool(fleet, "fake", create=FakeClient, close=slow_close, options=options)
+    for client in [pool.getconn() for _ in range(MOST_THREADS)]:
+        pool.putconn(client)  # each close blocks in a closing thread of its own
+    threads = list(pool._retirer._threads)
+    assert len(threads) == MOST_THREADS
+    del pool
+    let_go.set()
+    deadline = time.monotonic() + 10.0
+    while any(thread.is_alive() for thread in threads):
+        assert time.monotonic() < deadline, sum(thread.is_alive() for thread in threads)
+        gc.collect()
+        time.sleep(0.05)
+    assert FakeClient.open_now == 0
+
+
 def test_a_close_that_raises_base_exception_in_the_closing_thread_stops_no_later_close(
     fleet: Fleet,
 ) -> None:
@@ -137,6 +184,29 @@ def test_a_close_that_raises_base_exception_in_the_closing_thread_stops_no_later
     assert third.closed
 
 
+def test_a_close_raising_base_exception_in_the_callers_thread_still_returns_the_budget(
+    fleet: Fleet,
+) -> None:
+    """discard() closes in the caller's thread: the close's KeyboardInterrupt reaches the
+    caller, and the client's unit of max_live comes back all the same."""
+
+    def interrupted_close(client: FakeClient) -> None:
+        client.close()
+        raise KeyboardInterrupt
+
+    options = PoolOptions(max_live=1)
+    with ClientPool(
+        fleet, "fake", create=FakeClient, close=interrupted_close, options=options
+    ) as pool:
+        client = pool.getconn()
+        with pytest.raises(KeyboardInterrupt):
+            pool.discard(client)
+        assert client.closed and pool.statistics().live == 0
+        again = pool.getconn(timeout=2.0)  # the one unit of max_live is free
+        with pytest.raises(KeyboardInterrupt):
+            pool.discard(again)
+
+
 async def _close_async(client: FakeClient) -> None:
     await asyncio.sleep(0)
     client.close()
@@ -162,6 +232,70 @@ def test_a_client_retired_as_the_loop_ends_is_closed_and_its_budget_returns(
     assert pool.counters.close_errors == 0  # closed once
     pool.close()
     assert FakeClient.open_now == 0
+
+
+def test_a_client_failing_its_check_after_close_is_closed_on_the_checkouts_loop(
+    fleet: Fleet,
+) -> None:
+    """An asyncio checkout whose check fails once the pool closed (the check closes it
+    here) awaits the coroutine close on its own loop, as before the close."""
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def close_here(client: FakeClient) -> None:
+        loops.append(asyncio.get_running_loop())
+        client.close()
+
+    async def check_closing_the_pool(client: FakeClient) -> bool:
+        await pool.close_async()
+        return False
+
+    pool = ClientPool[FakeClient](
+        fleet, "fake", create=FakeClient, close=close_here, check=check_closing_the_pool
+    )
+
+    async def scenario() -> asyncio.AbstractEventLoop:
+        await pool.putconn_async(await pool.getconn_async())
+        with pytest.raises(PoolClosed):
+            await pool.getconn_async(timeout=5.0)
+        return asyncio.get_running_loop()
+
+    loop = asyncio.run(scenario())
+    assert loops == [loop] and FakeClient.open_now == 0
+    with _pool(fleet, max_live=1) as other:
+        assert other.statistics().live == 0
+
+
+def _slow_close(client: FakeClient) -> None:
+    time.sleep(0.3)
+    client.close()
+
+
+async def _slow_close_async(client: FakeClient) -> None:
+    await asyncio.sleep(0.3)
+    client.close()
+
+
+@pytest.mark.parametrize("closer", [_slow_close, _slow_close_async], ids=["sync", "async"])
+def test_a_discard_cancelled_during_its_close_still_closes_and_returns_the_budget(
+    fleet: Fleet, closer: Callable[[FakeClient], object]
+) -> None:
+    """A caller that gives up (asyncio.wait_for) while discard_async awaits the close
+    leaves the close running; once it is done, the budget returns."""
+    options = PoolOptions(max_live=1)
+    pool = ClientPool[FakeClient](fleet, "fake", create=FakeClient, close=closer, options=options)
+
+    async def scenario() -> FakeClient:
+        client = await pool.getconn_async()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(pool.discard_async(client), 0.05)
+        again = await pool.getconn_async(timeout=10.0)  # the unit comes back
+        assert client.closed and pool.statistics().live == 1
+        await pool.discard_async(again)
+        return client
+
+    asyncio.run(scenario())
+    assert pool.counters.close_errors == 0 and FakeClient.open_now == 0  # closed once each
+    pool.close()
 
 
 def test_a_checkout_at_max_live_times_out_with_pool_timeout_and_leaves_no_waiter(

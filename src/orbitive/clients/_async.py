@@ -69,8 +69,20 @@ def hand_over(pool: ClientPool[Any], entry: Entry[Any]) -> None:
     if not inspect.iscoroutinefunction(pool._close):
         pool._hand_over(entry)
         return
-    task = spawn(pool, retire(pool, entry))
+    _closing(pool, entry)
+
+
+def _closing(pool: ClientPool[Any], entry: Entry[Any]) -> asyncio.Task[None]:
+    """A task of this loop that closes ``entry``'s coroutine-``close`` client, then
+    unregisters it (a loop that ends first leaves both to a closing thread)."""
+    task = spawn(pool, _closed_then_unregistered(pool, entry))
     task.add_done_callback(lambda done: _after(pool, entry, done))
+    return task
+
+
+async def _closed_then_unregistered(pool: ClientPool[Any], entry: Entry[Any]) -> None:
+    await close_client(pool, entry.client)
+    pool._unregister(entry)
 
 
 def _after(pool: ClientPool[Any], entry: Entry[Any], done: asyncio.Task[None]) -> None:
@@ -81,7 +93,7 @@ def _after(pool: ClientPool[Any], entry: Entry[Any], done: asyncio.Task[None]) -
 async def usable(pool: ClientPool[Any], entry: Entry[Any]) -> bool:
     """Whether an idle client taken for checkout may be used (else it was discarded)."""
     if pool._expired(entry, time.monotonic()):
-        await pool.discard_async(entry.client)
+        await _discard_taken(pool, entry)
         return False
     if pool._check is None:
         return True
@@ -91,14 +103,29 @@ async def usable(pool: ClientPool[Any], entry: Entry[Any]) -> bool:
         healthy = False
     if not healthy:
         pool.counters.check_failures += 1
-        await pool.discard_async(entry.client)
+        await _discard_taken(pool, entry)
     return healthy
 
 
+async def _discard_taken(pool: ClientPool[Any], entry: Entry[Any]) -> None:
+    """Retire a client this checkout took, awaiting its close on this loop: once the
+    pool closed, :meth:`ClientPool.discard_async` would close it blocking the loop."""
+    del pool._out[id(entry.client)]
+    await retire(pool, entry)
+
+
 async def retire(pool: ClientPool[Any], entry: Entry[Any]) -> None:
-    """Close the client, then its resource in the table."""
-    await close_client(pool, entry.client)
-    pool._unregister(entry)
+    """Close the client, then its resource in the table (the budget returns last).
+
+    A caller cancelled meanwhile (``asyncio.wait_for``, say) leaves the close running,
+    and the budget returns once it is done: a sync ``close`` runs in a worker thread
+    that then unregisters the client, a coroutine ``close`` in a task of this loop
+    (:func:`hand_over`'s).
+    """
+    if inspect.iscoroutinefunction(pool._close):
+        await asyncio.shield(_closing(pool, entry))
+    else:
+        await asyncio.to_thread(pool._retire, entry)
 
 
 async def close_client(pool: ClientPool[Any], client: Any) -> None:

@@ -449,9 +449,12 @@ class ClientPool(Generic[C]):
                     step(own)
 
     def _retire(self, entry: Entry[C]) -> None:
-        """Close the client, then its resource in the table (the budget returns last)."""
-        self._close_quietly(entry.client)
-        self._unregister(entry)
+        """Close the client, then its resource in the table (the budget returns last, also
+        after a close that raised a BaseException, which propagates)."""
+        try:
+            self._close_quietly(entry.client)
+        finally:
+            self._unregister(entry)
 
     def _close_quietly(self, client: C) -> None:
         try:
@@ -571,8 +574,13 @@ class ClientPool(Generic[C]):
         self._pool.close()
 
     def _shut(self) -> list[Entry[C]]:
-        """Mark closed, stop the upkeep thread; the idle entries to retire (none twice)."""
+        """Mark closed, stop the upkeep thread; the idle entries to retire (none twice).
+
+        A second caller gets none, once the closes that returns queued are done.
+        """
         if self._closed:
+            if self._fork == _fork.generation:
+                self._retirer.close()  # waits as the first caller's does
             return []
         self._closed = True
         if self._fork != _fork.generation:

@@ -14,7 +14,8 @@ busy, up to :data:`MOST_THREADS`: one close that hangs (a server that never
 answers) holds its own thread only, and the others go on. Threads start with the
 first retirement of a process life (a forked child makes its own);
 :meth:`Retirer.close` waits for every queued close, so ``ClientPool.close()``
-still returns with this process's clients closed.
+still returns with this process's clients closed; the threads of a pool dropped
+without ``close()`` end once it is collected.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Retirer:
         self._threads: list[threading.Thread] = []
         self._free = 0  # threads free for the next close (negative: closes queued)
         self._closed = False
+        weakref.finalize(pool, _wake, self._queue)  # a pool dropped unclosed: threads end
 
     def put(self, entry: Entry[Any]) -> bool:
         """Close ``entry``'s client, then unregister it, in a closing thread.
@@ -72,19 +74,31 @@ class Retirer:
             try:
                 pool._retire(entry)
             except BaseException:  # a close's SystemExit, say: no caller to reach here
-                pool.counters.close_errors += 1
-                pool._unregister(entry)  # as after a close that raised an Exception
+                pool.counters.close_errors += 1  # its budget returned, as after an Exception
             del pool
             with self._lock:
                 self._free += 1
 
     def close(self) -> None:
-        """Refuse further clients, close every queued one and stop the threads. Idempotent."""
+        """Refuse further clients, close every queued one and stop the threads.
+
+        Idempotent; every call (a second caller's too) returns once the queued closes are
+        done, except in a closing thread (a close that closes the pool), which waits
+        for the other threads only.
+        """
         with self._lock:
-            self._closed = True
-            threads, self._threads = self._threads, []
-            for _ in threads:
-                self._queue.put(None)
+            if not self._closed:
+                self._closed = True
+                for _ in self._threads:
+                    self._queue.put(None)
+            threads = list(self._threads)
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join()
+
+
+def _wake(closes: queue.SimpleQueue[Entry[Any] | None]) -> None:
+    """End every closing thread of a pool that was collected (SimpleQueue.put is safe
+    in a finalizer; a None nobody takes goes with the queue)."""
+    for _ in range(MOST_THREADS):
+        closes.put(None)
