@@ -265,6 +265,33 @@ def test_a_client_failing_its_check_after_close_is_closed_on_the_checkouts_loop(
         assert other.statistics().live == 0
 
 
+def test_a_client_returned_after_close_async_is_closed_on_the_returning_loop(
+    fleet: Fleet,
+) -> None:
+    """putconn_async of a client checked out before close_async() awaits its coroutine
+    close on the caller's loop (never a helper loop that blocks this one)."""
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def close_here(client: FakeClient) -> None:
+        loops.append(asyncio.get_running_loop())
+        await asyncio.sleep(0)
+        client.close()
+
+    pool = ClientPool[FakeClient](fleet, "fake", create=FakeClient, close=close_here)
+
+    async def scenario() -> asyncio.AbstractEventLoop:
+        held = await pool.getconn_async()
+        await pool.close_async()
+        await pool.putconn_async(held)
+        assert held.closed
+        return asyncio.get_running_loop()
+
+    loop = asyncio.run(scenario())
+    assert loops == [loop] and FakeClient.open_now == 0
+    with _pool(fleet, max_live=1) as other:
+        assert other.statistics().live == 0
+
+
 def _slow_close(client: FakeClient) -> None:
     time.sleep(0.3)
     client.close()

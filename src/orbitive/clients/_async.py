@@ -93,7 +93,7 @@ def _after(pool: ClientPool[Any], entry: Entry[Any], done: asyncio.Task[None]) -
 async def usable(pool: ClientPool[Any], entry: Entry[Any]) -> bool:
     """Whether an idle client taken for checkout may be used (else it was discarded)."""
     if pool._expired(entry, time.monotonic()):
-        await _discard_taken(pool, entry)
+        await pool.discard_async(entry.client)
         return False
     if pool._check is None:
         return True
@@ -103,15 +103,8 @@ async def usable(pool: ClientPool[Any], entry: Entry[Any]) -> bool:
         healthy = False
     if not healthy:
         pool.counters.check_failures += 1
-        await _discard_taken(pool, entry)
+        await pool.discard_async(entry.client)
     return healthy
-
-
-async def _discard_taken(pool: ClientPool[Any], entry: Entry[Any]) -> None:
-    """Retire a client this checkout took, awaiting its close on this loop: once the
-    pool closed, :meth:`ClientPool.discard_async` would close it blocking the loop."""
-    del pool._out[id(entry.client)]
-    await retire(pool, entry)
 
 
 async def retire(pool: ClientPool[Any], entry: Entry[Any]) -> None:

@@ -366,6 +366,9 @@ class ClientPool(Generic[C]):
         entry = self._checked_in(client)
         if entry is None:
             return
+        if self._closed:
+            self._retire(entry)
+            return
         if self._reset is not None:
             try:
                 call_sync("reset", self._reset, client)
@@ -382,7 +385,11 @@ class ClientPool(Generic[C]):
             self._retire(entry)  # the pool closed meanwhile: closed before this returns
 
     def _checked_in(self, client: C) -> Entry[C] | None:
-        """The entry of a returned client; None when it cannot go back (fork, closed)."""
+        """The entry of a returned client, no longer checked out; None in a forked child.
+
+        Raises:
+            UnknownClient: this pool did not check ``client`` out (or took it back).
+        """
         if self._fork != _fork.generation:
             return None  # the parent's client: never touched here
         entry = self._out.pop(id(client), None)  # one dict step: atomic, no lock needed
@@ -390,9 +397,6 @@ class ClientPool(Generic[C]):
             raise UnknownClient(
                 f"{type(client).__name__} object was not checked out of this pool", key=self.key
             )
-        if self._closed:
-            self._retire(entry)
-            return None
         return entry
 
     def _give_back(self, entry: Entry[C]) -> bool:
@@ -502,6 +506,9 @@ class ClientPool(Generic[C]):
         """
         entry = self._checked_in(client)
         if entry is None:
+            return
+        if self._closed:  # closed on this loop, as the rest of close_async's
+            await retire(self, entry)
             return
         if self._reset is not None:
             try:
