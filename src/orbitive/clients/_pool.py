@@ -572,8 +572,7 @@ class ClientPool(Generic[C]):
     async def close_async(self) -> None:
         """Asyncio twin of :meth:`close`: the idle clients are closed on this loop, and so
         are the ones returns handed over (their closes are awaited)."""
-        await asyncio.to_thread(self._retirer.close)  # the closing threads', off the loop
-        idle = self._shut()
+        idle = await asyncio.to_thread(self._shut)  # it joins the pool's threads: off the loop
         for entry in idle:
             await retire(self, entry)
         if self._tasks:
