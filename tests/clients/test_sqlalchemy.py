@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy
 
 from orbitive import Fleet
-from orbitive.clients import PoolOptions
+from orbitive.clients import PoolOptions, PoolTimeout
 from orbitive.clients.sqlalchemy import FleetPool
 
 from .._processes import Processes
@@ -61,3 +62,29 @@ def test_an_engine_reuses_its_connection_and_recreates_on_dispose(
             conn.execute(sqlalchemy.text("SELECT 1"))
         engine.dispose()
         assert server.wait_at_most(0, timeout=5.0) == 0
+
+
+def test_a_failed_connect_and_a_timeout_raise_sqlalchemys_own_errors(
+    fleet: Fleet, pg_url: str, tag: str
+) -> None:
+    """Existing handlers keep working: a refused connect is the engine's
+    OperationalError, no connection within the timeout its TimeoutError."""
+    refused = sqlalchemy.create_engine(
+        "postgresql+psycopg://nobody@127.0.0.1:1/none",
+        poolclass=FleetPool, fleet=fleet, fleet_key="refused",
+        fleet_options=PoolOptions(max_live=1),
+    )  # fmt: skip
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        refused.connect()
+    assert refused.pool.status().startswith("FleetPool max_live 1: 0 live")  # claim returned
+    engine = sqlalchemy.create_engine(
+        pg_url.replace("postgresql://", "postgresql+psycopg://"),
+        connect_args={"application_name": tag},
+        poolclass=FleetPool, fleet=fleet, fleet_key=pg_url,
+        fleet_options=PoolOptions(max_live=1, acquire_timeout=0.2),
+    )  # fmt: skip
+    with engine.connect(), pytest.raises(sqlalchemy.exc.TimeoutError) as raised:
+        engine.connect()
+    assert isinstance(raised.value.__cause__, PoolTimeout)
+    refused.dispose()
+    engine.dispose()

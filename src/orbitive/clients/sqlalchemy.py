@@ -19,6 +19,12 @@ machinery (pre-ping, reset on return, invalidation); the fleet decides how many
 connections exist: each is one client of the ClientPool, and a connection
 SQLAlchemy invalidates reconnects in the same slot, so the count never grows.
 
+Errors keep SQLAlchemy's types, so existing handlers still catch them: a failed
+connect raises the DB-API error, which the engine wraps as usual
+(``sqlalchemy.exc.OperationalError``), and no connection within the timeout
+raises ``sqlalchemy.exc.TimeoutError``, as ``QueuePool`` does (its cause is
+the pool's :class:`~orbitive.clients.PoolTimeout`).
+
 Needs SQLAlchemy (2.0 or later); imported only when this module is.
 """
 
@@ -27,9 +33,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from sqlalchemy import exc
 from sqlalchemy.pool import ConnectionPoolEntry, Pool
 
-from .._errors import InvalidPoolOptions
+from .._errors import ClientCreateError, InvalidPoolOptions, PoolTimeout
 from .._fleet import Fleet
 from ..pool import POOL_KIND, Key
 from ._options import PoolOptions, pool_key
@@ -75,7 +82,8 @@ class FleetPool(Pool):
         **kw: :class:`sqlalchemy.pool.Pool`'s own arguments.
 
     Raises:
-        InvalidPoolOptions, and as :class:`~orbitive.clients.ClientPool`.
+        InvalidPoolOptions, and as :class:`~orbitive.clients.ClientPool`; a checkout
+        raises SQLAlchemy's errors (see the module).
     """
 
     def __init__(  # create_engine passes only arguments it finds named positionally here
@@ -108,7 +116,15 @@ class FleetPool(Pool):
         )
 
     def _do_get(self) -> ConnectionPoolEntry:
-        record: ConnectionPoolEntry = self.clients.getconn()
+        try:
+            record: ConnectionPoolEntry = self.clients.getconn()
+        except ClientCreateError as error:
+            cause = error.__cause__
+            if isinstance(cause, Exception):  # the DB-API error: the engine wraps it
+                raise cause from None  # (error's own cause: chaining both ways would loop)
+            raise
+        except PoolTimeout as error:
+            raise exc.TimeoutError(str(error)) from error
         return record
 
     def _do_return_conn(self, record: ConnectionPoolEntry) -> None:
