@@ -191,7 +191,7 @@ def _summarise(
     columns = (sum(column) for column in zip(*results, strict=True))
     requests, echoed, errors, borrowed, created, retired = columns
     print(f"orbit demo (pool): {workers} workers, {seconds:g} s, fleet {name!r}")
-    print(f"  max_live (host-wide)      {max_live}")
+    print(f"  max_live (host-wide)      {max_live:>9,}")
     print(f"  requests                  {requests:>9,}  ({requests / seconds:,.0f}/s)")
     print(f"  on the worker's own conn  {requests - borrowed - errors:>9,}")
     print(f"  on another worker's conn  {borrowed:>9,}  (over a Unix-socket session)")

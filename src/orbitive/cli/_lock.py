@@ -178,9 +178,9 @@ def cmd_clear(args: argparse.Namespace) -> int:
             removed += unlink_object(object_name(args.fleet, kind))
         for name in leftover_creations(args.fleet):
             if not creator_alive(name):
-                unlink_object(name)
+                removed += unlink_object(name)
         if args.all:
-            unlink_object(members_name(args.fleet))
+            removed += unlink_object(members_name(args.fleet))
     print(f"removed {removed} object(s) of fleet {args.fleet!r}")
     return 0
 
