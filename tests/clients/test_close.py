@@ -6,9 +6,12 @@ Another pool of the same key and fleet (as another worker would) sees the budget
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +159,35 @@ def test_close_leaves_a_client_serving_another_processs_request_until_it_is_done
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert live_clients(fleet) == 0
+
+
+_EXITS_WITH_A_CLOSE_QUEUED = """
+import sys, time
+from pathlib import Path
+from orbitive import Fleet
+from orbitive.clients import ClientPool, PoolOptions
+
+def slow_close(client):
+    time.sleep(0.5)
+    Path(sys.argv[1]).write_text("closed")
+
+fleet = Fleet.join(sys.argv[2], 4)
+pool = ClientPool(fleet, "fake", create=object, close=slow_close,
+                  options=PoolOptions(max_live=1, max_idle=0))
+pool.putconn(pool.getconn())  # its close is queued for a closing thread
+# the interpreter exits here, without pool.close()
+"""
+
+
+def test_the_closes_queued_at_interpreter_exit_are_done_before_it_ends(
+    fleet_name: str, tmp_path: Path
+) -> None:
+    """The closing threads are daemons: the exit waits for their queued closes (at most
+    EXIT_WAIT_S), so the server sees its sessions end, not drop."""
+    marker = tmp_path / "closed"
+    done = subprocess.run(
+        [sys.executable, "-c", _EXITS_WITH_A_CLOSE_QUEUED, str(marker), fleet_name],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert marker.read_text() == "closed"

@@ -15,13 +15,19 @@ answers) holds its own thread only, and the others go on. Threads start with the
 first retirement of a process life (a forked child makes its own);
 :meth:`Retirer.close` waits for every queued close, so ``ClientPool.close()``
 still returns with this process's clients closed; the threads of a pool dropped
-without ``close()`` end once it is collected.
+without ``close()`` end once it is collected. At interpreter exit the closes
+still queued are waited for, at most :data:`EXIT_WAIT_S` (the threads are
+daemons: without the wait they would be cut off, and the server would see its
+sessions drop instead of end).
 """
 
 from __future__ import annotations
 
+import atexit
+import os
 import queue
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any, Final
 
@@ -32,6 +38,9 @@ if TYPE_CHECKING:
 
 #: Most closing threads of one pool in one process (closes beyond them queue).
 MOST_THREADS: Final = 8
+
+#: Longest wait, at interpreter exit, for the closes still queued (seconds).
+EXIT_WAIT_S: Final = 5.0
 
 
 class Retirer:
@@ -61,6 +70,8 @@ class Retirer:
         return True
 
     def _start_thread(self) -> None:
+        if not self._threads:  # the first of this process life
+            atexit.register(_at_exit, weakref.ref(self), os.getpid())
         thread = threading.Thread(target=self._run, name="orbit-clients-retire", daemon=True)
         self._threads.append(thread)
         self._free += 1
@@ -79,12 +90,15 @@ class Retirer:
             with self._lock:
                 self._free += 1
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Refuse further clients, close every queued one and stop the threads.
 
         Idempotent; every call (a second caller's too) returns once the queued closes are
         done, except in a closing thread (a close that closes the pool), which waits
         for the other threads only.
+
+        Args:
+            timeout: seconds to wait at most for the closes (None: until done).
         """
         with self._lock:
             if not self._closed:
@@ -92,9 +106,18 @@ class Retirer:
                 for _ in self._threads:
                     self._queue.put(None)
             threads = list(self._threads)
+        end = None if timeout is None else time.monotonic() + timeout
         for thread in threads:
             if thread is not threading.current_thread():
-                thread.join()
+                thread.join(None if end is None else max(0.0, end - time.monotonic()))
+
+
+def _at_exit(retirer: weakref.ref[Retirer], pid: int) -> None:
+    """Wait for a pool's queued closes as the interpreter exits (not in a forked child,
+    which inherits the handler but not the threads)."""
+    found = retirer()
+    if found is not None and os.getpid() == pid:
+        found.close(EXIT_WAIT_S)
 
 
 def _wake(closes: queue.SimpleQueue[Entry[Any] | None]) -> None:
