@@ -6,23 +6,28 @@ so an edit to one rebuilds the module and an sdist carries them.
 
 from setuptools import Extension, setup
 
-SHARED = ["src/orbitive/_robust.h", "src/orbitive/_slots.h"]
-POOL_PARTS = ("_steps", "_execution", "_availability")
+SHARED = ["src/orbitive/_core/_robust.h", "src/orbitive/_core/_slots.h"]
+POOL_PARTS = ("_table", "_execution", "_availability")
 
 setup(
     ext_modules=[
-        Extension("orbitive._robust_c", ["src/orbitive/_robust.c"], depends=SHARED, optional=True),
+        Extension(
+            "orbitive._core._robust_c",
+            ["src/orbitive/_core/_robust.c"],
+            depends=SHARED,
+            optional=True,
+        ),
         Extension(
             "orbitive.lock._fastpath",
             ["src/orbitive/lock/_fastpath.c"],
-            include_dirs=["src/orbitive"],
+            include_dirs=["src/orbitive/_core"],
             depends=[*SHARED, "src/orbitive/lock/_steps.h", "src/orbitive/lock/_calls.h"],
             optional=True,
         ),
         Extension(
             "orbitive.pool._fastpath",
             ["src/orbitive/pool/_fastpath.c"],
-            include_dirs=["src/orbitive"],
+            include_dirs=["src/orbitive/_core"],
             depends=[*SHARED, *(f"src/orbitive/pool/{part}.h" for part in POOL_PARTS)],
             optional=True,
         ),

@@ -26,8 +26,8 @@ import timeit
 from multiprocessing.connection import Connection
 
 from orbitive import Fleet
-from orbitive._readiness import BACKENDS, Backend, Readiness
-from orbitive._region import SHM_DIR, Region
+from orbitive._core._readiness import BACKENDS, Backend, Readiness
+from orbitive._core._region import SHM_DIR, Region
 
 KIND = 202
 SIZE = 4096

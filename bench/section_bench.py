@@ -29,13 +29,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.lock_bench import per_pair_us as samples_us
-from orbitive import Fleet, _robust, _section
+from orbitive import Fleet
+from orbitive._core import _robust, _section
 
 try:
-    from orbitive import _robust_c
+    from orbitive._core import _robust_c
 except ImportError:  # not built: the ctypes twin only
     _robust_c = None  # type: ignore[assignment, unused-ignore]
-from orbitive._region import Region
+from orbitive._core._region import Region
 from orbitive.cli import main as orbit
 from orbitive.lock import Acquired, LockKey, LockOwner, LockTable
 

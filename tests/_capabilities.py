@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from orbitive._region import SHM_DIR
+from orbitive._core._region import SHM_DIR
 
 IS_ROOT = os.geteuid() == 0
 HAS_SHM_DIR = SHM_DIR.is_dir()

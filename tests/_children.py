@@ -22,8 +22,8 @@ from multiprocessing.synchronize import Barrier
 from typing import Any
 
 from orbitive import Fleet, OrbitError
-from orbitive._ring import Ring, RingGeometry
 from orbitive.lock import Acquired, LockKey, LockLayout, LockOwner, LockTable, _steps
+from orbitive.lock._ring import Ring, RingGeometry
 
 from ._processes import Channel, Child, Processes
 

@@ -7,7 +7,7 @@ import secrets
 from pathlib import Path
 
 from orbitive import Fleet
-from orbitive._region import SHM_DIR, object_name
+from orbitive._core._region import SHM_DIR, object_name
 from orbitive.lock import LockLayout, LockTable
 
 

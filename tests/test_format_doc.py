@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from orbitive import _fleet, _ring, _robust, _section
-from orbitive.lock import LockLayout, _events, _layout
+from orbitive._core import _fleet, _robust, _section
+from orbitive.lock import LockLayout, _events, _layout, _ring
 
 from ._format_doc import section
 

@@ -7,7 +7,7 @@ and the errors shared by every layer), :mod:`orbitive.lock`, :mod:`orbitive.stor
 
 from __future__ import annotations
 
-from ._errors import (
+from ._core._errors import (
     AccessDenied,
     FleetError,
     InvalidArgumentType,
@@ -18,7 +18,7 @@ from ._errors import (
     NodeOutsideFleet,
     OrbitError,
 )
-from ._fleet import Fleet
+from ._core._fleet import Fleet
 
 __version__ = "0.1.0"
 __all__ = [

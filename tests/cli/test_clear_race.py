@@ -21,8 +21,8 @@ import threading
 import pytest
 
 from orbitive import Fleet, LayoutMismatch
-from orbitive._fleet import hold_membership, members_name
-from orbitive._region import CREATING, SHM_DIR, Region, leftover_creations, unlink_object
+from orbitive._core._fleet import hold_membership, members_name
+from orbitive._core._region import CREATING, SHM_DIR, Region, leftover_creations, unlink_object
 from orbitive.cli import _lock, main
 from orbitive.lock import Acquired, LockOwner, LockTable, Occupied
 

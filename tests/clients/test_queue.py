@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from orbitive import Fleet
-from orbitive._robust import _TID_MASK, SECTION_MUTEX_AT
+from orbitive._core._robust import _TID_MASK, SECTION_MUTEX_AT
 from orbitive.clients import ClientPool, PoolOptions
 from orbitive.pool._availability import key_census, now_ms, queue
 

@@ -13,8 +13,8 @@ import sys
 import time
 
 from orbitive import Fleet, OrbitError
-from orbitive._fleet import members_name
-from orbitive._region import SHM_DIR
+from orbitive._core._fleet import members_name
+from orbitive._core._region import SHM_DIR
 from orbitive.lock import LockTable
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from orbitive import Fleet
-from orbitive._access import check_shm_dir
-from orbitive._errors import FleetError
-from orbitive._fleet import members_name
-from orbitive._region import SHM_DIR
+from orbitive._core._access import check_shm_dir
+from orbitive._core._errors import FleetError
+from orbitive._core._fleet import members_name
+from orbitive._core._region import SHM_DIR
 from orbitive.lock import AccessDenied, LockLayout, LockTable
 
 from .._capabilities import NEEDS_ROOT

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orbitive._region import SHM_DIR
+from orbitive._core._region import SHM_DIR
 
 ROUNDS = 200
 MEMBER = Path(__file__).with_name("_env_member.py")

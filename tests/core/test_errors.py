@@ -6,8 +6,9 @@ import pickle
 
 import pytest
 
-from orbitive import OrbitError, _errors
-from orbitive._errors import ErrorKind, StoreError
+from orbitive import OrbitError
+from orbitive._core import _errors
+from orbitive._core._errors import ErrorKind, StoreError
 
 ERROR_CLASSES = [
     getattr(_errors, name)

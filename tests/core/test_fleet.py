@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from orbitive import Fleet
-from orbitive._errors import FleetError, InvalidCapacity, InvalidName, NodeOutsideFleet
-from orbitive._fleet import members_name
-from orbitive._region import SHM_DIR
+from orbitive._core._errors import FleetError, InvalidCapacity, InvalidName, NodeOutsideFleet
+from orbitive._core._fleet import members_name
+from orbitive._core._region import SHM_DIR
 from orbitive.lock import Acquired, LockKey, LockTable
 
 from .._children import report_node, sleep_forever, start_server, try_twice_in_child

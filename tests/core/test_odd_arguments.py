@@ -23,8 +23,8 @@ from orbitive import (
     NodeOutsideFleet,
     OrbitError,
 )
-from orbitive._clock import check_ttl
-from orbitive._errors import InvalidTtl, shown
+from orbitive._core._clock import check_ttl
+from orbitive._core._errors import InvalidTtl, shown
 from orbitive.lock import (
     Acquired,
     EntryTooLarge,

@@ -12,11 +12,12 @@ import time
 
 import pytest
 
-from orbitive import Fleet, _region
-from orbitive._access import open_checked
-from orbitive._errors import AccessDenied, FleetError
-from orbitive._fleet import members_name
-from orbitive._region import (
+from orbitive import Fleet
+from orbitive._core import _region
+from orbitive._core._access import open_checked
+from orbitive._core._errors import AccessDenied, FleetError
+from orbitive._core._fleet import members_name
+from orbitive._core._region import (
     CLOSE_WAIT,
     CREATING,
     Region,

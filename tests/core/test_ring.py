@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from orbitive import Fleet
-from orbitive._errors import InvalidLayout, LayoutMismatch
-from orbitive._ring import LANE_HEAD_SIZE, Ring, RingGeometry
+from orbitive._core._errors import InvalidLayout, LayoutMismatch
+from orbitive.lock._ring import LANE_HEAD_SIZE, Ring, RingGeometry
 
 from ..conftest import MakeFleet
 

@@ -13,10 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from orbitive import Fleet, _robust, _section
-from orbitive._errors import FleetError, LayoutMismatch
-from orbitive._region import Region
-from orbitive._section import BLOCK, FLOCK, ROBUST_MUTEX, recoveries
+from orbitive import Fleet
+from orbitive._core import _robust, _section
+from orbitive._core._errors import FleetError, LayoutMismatch
+from orbitive._core._region import Region
+from orbitive._core._section import BLOCK, FLOCK, ROBUST_MUTEX, recoveries
 from orbitive.lock import Acquired, LockOwner, LockTable
 
 from .._children import KEY, stop_in_critical_section

@@ -30,8 +30,8 @@ import time
 import pytest
 
 from orbitive import Fleet, LayoutMismatch
-from orbitive._robust import SECTION_MUTEX_AT, SECTION_STRIPE_BYTES
-from orbitive._section import FLOCK, ROBUST_MUTEX
+from orbitive._core._robust import SECTION_MUTEX_AT, SECTION_STRIPE_BYTES
+from orbitive._core._section import FLOCK, ROBUST_MUTEX
 from orbitive.lock import Acquired, LockKey, LockOwner, LockTable, Occupied, _steps
 
 from .._children import KEY

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orbitive._region import store
+from orbitive._core._region import store
 
 SOURCE = Path(__file__).resolve().parents[2] / "src" / "orbitive"
 PAIR = struct.Struct("<QQ")
@@ -46,4 +46,4 @@ def test_no_module_of_the_library_calls_pack_into() -> None:
             for token in tokenize.tokenize(source.readline):
                 if token.type == tokenize.NAME and token.string == "pack_into":
                     calls.append(f"{path.relative_to(SOURCE)}:{token.start[0]}")
-    assert not calls, f"use orbitive._region.store instead of pack_into: {calls}"
+    assert not calls, f"use orbitive._core._region.store instead of pack_into: {calls}"

@@ -13,7 +13,7 @@ import random
 import time
 
 from orbitive import Fleet
-from orbitive._section import recoveries
+from orbitive._core._section import recoveries
 from orbitive.lock import Acquired, LockOwner, LockTable
 
 from .._capabilities import require_c_steps

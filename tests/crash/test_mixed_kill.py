@@ -21,7 +21,7 @@ import time
 import pytest
 
 from orbitive import Fleet
-from orbitive._section import recoveries
+from orbitive._core._section import recoveries
 from orbitive.lock import Acquired, LockOwner, LockTable
 
 from .._children import KEY

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from orbitive import Fleet
-from orbitive._ring import Ring, RingGeometry
+from orbitive.lock._ring import Ring, RingGeometry
 
 from .._children import FRAME_HEAD, FRAME_REPEAT, publish_until_killed
 from .._processes import Processes

@@ -23,8 +23,8 @@ import time
 from collections import Counter
 
 from orbitive import Fleet
-from orbitive._robust import SECTION_MUTEX_AT, SECTION_STRIPE_BYTES, RobustMutex, _libc
-from orbitive._section import recoveries
+from orbitive._core._robust import SECTION_MUTEX_AT, SECTION_STRIPE_BYTES, RobustMutex, _libc
+from orbitive._core._section import recoveries
 from orbitive.lock import Acquired, LockKey, LockOwner, LockTable
 from orbitive.lock._layout import MAX_PROBE_OFFSET
 

@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from orbitive import Fleet, _fork
+from orbitive import Fleet
+from orbitive._core import _fork
 from orbitive.lock import (
     Acquired,
     LockKey,
@@ -30,7 +31,7 @@ from orbitive.lock import (
     LockTable,
     Occupied,
     StateFull,
-    _table,
+    _lock_table,
 )
 from orbitive.lock._layout import HEADER_SIZE, MAX_PROBE_OFFSET
 from orbitive.lock._opening import _TYPES
@@ -227,11 +228,11 @@ def test_steps_that_failed_to_initialise_refuse_to_run(table: LockTable) -> None
     block = mmap.mmap(-1, 4096)
     geometry = (3, 64, 16, 1, 128, 192, 8, 128, 64, 0, 0)
     with pytest.raises(ValueError, match="geometry"):
-        steps.__init__(b"", b"", block, *geometry, print, 1, _TYPES, _fork, table, _table)  # type: ignore[misc]
+        steps.__init__(b"", b"", block, *geometry, print, 1, _TYPES, _fork, table, _lock_table)  # type: ignore[misc]
     valid = (8, 128, 64, 1, 128, 192, 8, 160, 100, 0, 0)
     for types in ((int,) * 5, (int, int, tuple, int, int)):
         with pytest.raises(TypeError, match=r"tuple type|instance slot"):
-            steps.__init__(b"", b"", block, *valid, print, 1, types, _fork, table, _table)  # type: ignore[misc]
+            steps.__init__(b"", b"", block, *valid, print, 1, types, _fork, table, _lock_table)  # type: ignore[misc]
     key, owner = LockKey("tests.fast", "never"), LockOwner(b"owner")
     held = table.try_acquire(key, owner, 1.0)
     assert isinstance(held, Acquired)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 from orbitive import Fleet
-from orbitive._robust import RobustMutex, _libc
+from orbitive._core._robust import RobustMutex, _libc
 from orbitive.lock import Acquired, LockKey, LockOwner, LockTable
 from orbitive.lock._layout import HEADER_SIZE, MAX_PROBE_OFFSET, OCCUPIED, SLOT, TOMBSTONE
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from orbitive import Fleet, LayoutMismatch
-from orbitive._region import Region
-from orbitive._section import BLOCK, ROBUST_MUTEX
+from orbitive._core._region import Region
+from orbitive._core._section import BLOCK, ROBUST_MUTEX
 from orbitive.lock import LockKey, LockLayout, LockTable
 from orbitive.lock._layout import MAX_PROBE_OFFSET
 

@@ -16,7 +16,7 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 
 from orbitive import Fleet
-from orbitive._errors import BusyError
+from orbitive._core._errors import BusyError
 from orbitive.pool import Execution, Key, Pool, ResourceId
 
 from ._sessions import MESSAGE, Borrower, SessionServer, socket_path

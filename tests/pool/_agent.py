@@ -19,7 +19,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from orbitive import Fleet
-from orbitive._readiness import BACKEND
+from orbitive._core._readiness import BACKEND
 from orbitive.pool import POOL_KIND, CreationPermit, Execution, Key, Lease, Pool, ResourceId
 from orbitive.pool._availability import add_waiter
 

@@ -6,7 +6,7 @@ import contextlib
 from multiprocessing.synchronize import Event
 
 from orbitive import Fleet
-from orbitive._errors import OrbitError
+from orbitive._core._errors import OrbitError
 from orbitive.pool import Key, Pool, ResourceId
 
 KEY = Key(11)

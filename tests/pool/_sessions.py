@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
-from orbitive._errors import MalformedError, OrbitError
+from orbitive._core._errors import MalformedError, OrbitError
 from orbitive.pool import Execution, Lease, Pool
 from orbitive.pool.session import SessionClosed, accept_session, open_session
 

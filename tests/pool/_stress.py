@@ -16,7 +16,7 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 
 from orbitive import Fleet
-from orbitive._errors import OrbitError
+from orbitive._core._errors import OrbitError
 from orbitive.pool import (
     Candidate,
     Create,

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from orbitive._errors import MalformedError
+from orbitive._core._errors import MalformedError
 from orbitive.pool import (
     Candidate,
     Create,

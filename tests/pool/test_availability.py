@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from orbitive._errors import NotOwnerError
+from orbitive._core._errors import NotOwnerError
 from orbitive.pool import Key, Pool
 from orbitive.pool._availability import add_waiter
 from orbitive.pool._layout import RESOURCE_SIZE

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from orbitive._errors import CreationBudgetError
+from orbitive._core._errors import CreationBudgetError
 from orbitive.pool import Create, Key, Limits, LocalFirst, LocalReuse, Pool, Wait
 
 from ._agent import Agent

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from orbitive import Fleet
-from orbitive._errors import LayoutMismatch, StaleError
+from orbitive._core._errors import LayoutMismatch, StaleError
 from orbitive.pool import Key, LocalReuse, Pool
 from orbitive.pool._availability import (
     FOR_IDLE_TIMEOUT,

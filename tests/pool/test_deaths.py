@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from orbitive._errors import MalformedError, NodeOutsideFleet, StaleError
+from orbitive._core._errors import MalformedError, NodeOutsideFleet, StaleError
 from orbitive.pool import Create, DeathWatch, Incarnation, Key, Limits, Pool, Wait
 
 from ._agent import Agent, rid_of

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pickle
 
 import orbitive.pool
-from orbitive._errors import OrbitError
+from orbitive._core._errors import OrbitError
 from orbitive.pool import Key, Lease, ResourceId
 
 

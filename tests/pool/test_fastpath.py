@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar, cast
 import pytest
 
 from orbitive import Fleet
-from orbitive._errors import (
+from orbitive._core._errors import (
     BusyError,
     LayoutMismatch,
     NotOwnerError,

@@ -9,7 +9,7 @@ from multiprocessing.connection import Connection
 import pytest
 
 from orbitive import Fleet
-from orbitive._errors import FleetError, MalformedError, NotOwnerError
+from orbitive._core._errors import FleetError, MalformedError, NotOwnerError
 from orbitive.pool import Incarnation, Key, Pool
 
 KEY = Key(99)

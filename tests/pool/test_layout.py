@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 from orbitive import Fleet, InvalidCapacity
-from orbitive._errors import LayoutMismatch, MalformedError
-from orbitive._region import SHM_DIR, object_name
+from orbitive._core._errors import LayoutMismatch, MalformedError
+from orbitive._core._region import SHM_DIR, object_name
 from orbitive.pool import POOL_KIND, Key, Pool
 from orbitive.pool._layout import HEADER_SIZE, RES_HOT, RES_LEASE, Layout, check_capacity
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from orbitive import Fleet
-from orbitive._errors import (
+from orbitive._core._errors import (
     BusyError,
     DrainingError,
     MalformedError,

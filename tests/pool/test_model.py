@@ -24,7 +24,7 @@ from hypothesis.stateful import (
 )
 
 from orbitive import Fleet
-from orbitive._errors import (
+from orbitive._core._errors import (
     BusyError,
     CreationBudgetError,
     DrainingError,

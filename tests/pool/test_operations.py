@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from orbitive import Fleet
-from orbitive._errors import MalformedError, OrbitError
+from orbitive._core._errors import MalformedError, OrbitError
 from orbitive.pool import Execution, Incarnation, Key, Lease, Pool, ResourceId
 from orbitive.pool._availability import add_waiter
-from orbitive.pool._guards import PythonExecution
+from orbitive.pool._execution import PythonExecution
 from orbitive.pool._layout import (
     RES_ACTIVE,
     RES_KEY_INDEX,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orbitive import Fleet
-from orbitive._errors import MalformedError, NotOwnerError, NotReservedError, StaleError
+from orbitive._core._errors import MalformedError, NotOwnerError, NotReservedError, StaleError
 from orbitive.pool import Key, Lease, Pool, ResourceId
 from orbitive.pool.session import (
     FRAME_SIZE,

@@ -7,8 +7,8 @@ from collections.abc import Callable
 import pytest
 
 from orbitive import Fleet
-from orbitive._errors import StaleError
-from orbitive._region import object_name, object_size
+from orbitive._core._errors import StaleError
+from orbitive._core._region import object_name, object_size
 from orbitive.pool import POOL_KIND, Key, Pool
 
 from ._agent import Agent

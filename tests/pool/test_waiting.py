@@ -12,8 +12,8 @@ from collections.abc import Callable
 import pytest
 
 from orbitive import Fleet
-from orbitive._errors import MalformedError
-from orbitive._readiness import BACKEND
+from orbitive._core._errors import MalformedError
+from orbitive._core._readiness import BACKEND
 from orbitive.pool import Key, Pool
 
 from ._agent import Agent

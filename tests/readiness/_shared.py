@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from orbitive import Fleet
-from orbitive._errors import LayoutMismatch
-from orbitive._readiness import BACKENDS
-from orbitive._region import Region
+from orbitive._core._errors import LayoutMismatch
+from orbitive._core._readiness import BACKENDS
+from orbitive._core._region import Region
 
 #: A test region: magic @0, the u32 word @8, one parked byte per node @64.
 KIND: Final = 201

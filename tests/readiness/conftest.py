@@ -11,9 +11,9 @@ from multiprocessing.process import BaseProcess
 import pytest
 
 from orbitive import Fleet
-from orbitive._fleet import members_name
-from orbitive._readiness import BACKENDS, Backend
-from orbitive._region import Region, unlink_object
+from orbitive._core._fleet import members_name
+from orbitive._core._readiness import BACKENDS, Backend
+from orbitive._core._region import Region, unlink_object
 
 from ._shared import CAPACITY, open_region, unique_fleet_name
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 import orbitive
-from orbitive._errors import ReadinessUnavailable
-from orbitive._readiness import BACKEND, BACKENDS, ENV_VAR, select_backend
+from orbitive._core._errors import ReadinessUnavailable
+from orbitive._core._readiness import BACKEND, BACKENDS, ENV_VAR, select_backend
 
-_IMPORT = "from orbitive import _readiness as r; print(r.BACKEND.NAME)"
+_IMPORT = "from orbitive._core import _readiness as r; print(r.BACKEND.NAME)"
 
 
 def _runs(name: str) -> bool:

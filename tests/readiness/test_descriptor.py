@@ -11,9 +11,9 @@ import threading
 import pytest
 
 from orbitive import Fleet
-from orbitive._errors import FleetError, InvalidLayout
-from orbitive._readiness import Backend, Readiness
-from orbitive._region import Region
+from orbitive._core._errors import FleetError, InvalidLayout
+from orbitive._core._readiness import Backend, Readiness
+from orbitive._core._region import Region
 
 from ._shared import (
     CAPACITY,

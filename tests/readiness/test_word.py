@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from orbitive import _readiness_futex
-from orbitive._readiness import Backend, Readiness
+from orbitive._core import _readiness_futex
+from orbitive._core._readiness import Backend, Readiness
 
 from ._shared import CAPACITY, PARKED, SIZE, WORD, Job, child_publish, read_word
 from .conftest import Context, Shm, Start

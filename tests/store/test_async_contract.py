@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from orbitive._errors import InvalidLockName, InvalidLockOwner, InvalidTtl, LockTimeout
+from orbitive._core._errors import InvalidLockName, InvalidLockOwner, InvalidTtl, LockTimeout
 from orbitive.store import AsyncLock, ErrorKind, Lock, Store, StoreError, open_store
 from orbitive.store._shm_async import ShmAsyncEngine
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from orbitive._errors import InvalidTtl, LockTimeout
+from orbitive._core._errors import InvalidTtl, LockTimeout
 from orbitive.store import Lock, Store, StoreError, open_store
 
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from orbitive import OrbitError
-from orbitive._errors import InvalidLockName, InvalidLockOwner, InvalidTtl
+from orbitive._core._errors import InvalidLockName, InvalidLockOwner, InvalidTtl
 from orbitive.store import ErrorKind, Lock, LockInfo, Store, StoreError, open_store
 
 #: Long enough never to lapse during a test.

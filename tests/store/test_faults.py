@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pytest
 
 from orbitive.store import ErrorKind, Lock, Store, StoreError, open_store
-from orbitive.store._remote import TIMEOUT_DEFAULT_S
+from orbitive.store._network import TIMEOUT_DEFAULT_S
 
 from ._faultproxy import FaultProxy
 from ._postgres import TempPostgres

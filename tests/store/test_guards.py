@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from orbitive._errors import InvalidLockName, InvalidLockOwner, InvalidLockTtl
+from orbitive._core._errors import InvalidLockName, InvalidLockOwner, InvalidLockTtl
 from orbitive.store._guards import TTL_MIN_S, check_name, check_owner, check_store_ttl
 
 #: Every ASCII and Latin-1 character, plus surrogates and a few beyond.

@@ -10,9 +10,9 @@ import sys
 import pytest
 import redis
 
-from orbitive._errors import InvalidStoreUrl
+from orbitive._core._errors import InvalidStoreUrl
 from orbitive.store import ErrorKind, StoreError, _url, open_store
-from orbitive.store._remote import TIMEOUT_DEFAULT_S, split_timeout
+from orbitive.store._network import TIMEOUT_DEFAULT_S, split_timeout
 
 from ._redis import TempRedis
 

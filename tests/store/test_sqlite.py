@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orbitive._errors import AccessDenied
+from orbitive._core._errors import AccessDenied
 from orbitive.store import ErrorKind, Store, StoreError, _sqlite, open_store
 
 

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orbitive import AccessDenied, InvalidArgumentType, LayoutMismatch, OrbitError
-from orbitive._clock import as_seconds
-from orbitive._errors import InvalidTtl
+from orbitive._core._clock import as_seconds
+from orbitive._core._errors import InvalidTtl
 from orbitive.store import (
     InvalidLockName,
     InvalidLockOwner,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orbitive._errors import InvalidStoreUrl
+from orbitive._core._errors import InvalidStoreUrl
 from orbitive.store import ErrorKind, StoreError, _url, open_store
 
 

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from .._errors import OrbitError
+from .._core._errors import OrbitError
 from . import _commands
 from ._store import UsageError
 

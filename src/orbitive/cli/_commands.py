@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import _demo, _lock, _pool, _run, _store
+from . import _demo, _lock, _pool_command, _run, _store
 
-MODULES: list[ModuleType] = [_lock, _store, _pool, _run, _demo]
+MODULES: list[ModuleType] = [_lock, _store, _pool_command, _run, _demo]

@@ -23,8 +23,8 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from typing import Final
 
-from .._errors import OrbitError
-from .._fleet import Fleet
+from .._core._errors import OrbitError
+from .._core._fleet import Fleet
 from ..clients import ClientPool, PoolOptions
 from ..pool import Key, Pool
 from ._lock import remove_stopped_fleet_files

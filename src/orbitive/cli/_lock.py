@@ -10,9 +10,9 @@ import sys
 import time
 from collections.abc import Iterator
 
-from .._errors import FleetError, InvalidName
-from .._fleet import check_fleet_name, hold_membership, let_go_membership, members_name
-from .._region import (
+from .._core._errors import FleetError, InvalidName
+from .._core._fleet import check_fleet_name, hold_membership, let_go_membership, members_name
+from .._core._region import (
     creator_alive,
     leftover_creations,
     listed_objects,

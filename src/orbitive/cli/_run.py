@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Final
 
-from .._errors import LockTimeout
+from .._core._errors import LockTimeout
 from ..store import Lock, Store, open_store
 from ._store import UsageError, add_store_option
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from .._errors import InvalidLayout, LayoutMismatch
-from .._fleet import Fleet
-from .._region import object_name, object_size, read_prefix
-from .._ring import _HEADER as RING_HEADER
-from .._ring import lane_count_of
+from .._core._errors import InvalidLayout, LayoutMismatch
+from .._core._fleet import Fleet
+from .._core._region import object_name, object_size, read_prefix
 from ..lock import LockLayout, LockTable
 from ..lock._layout import DEFAULT_EVENT_KIND, DEFAULT_STATE_KIND, HEADER
+from ..lock._ring import _HEADER as RING_HEADER
+from ..lock._ring import lane_count_of
 from ..store._shm import STORE_LAYOUT
 
 #: (state kind, event kind) of every lock table ``orbit`` knows, in display order.

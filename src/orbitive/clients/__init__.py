@@ -16,7 +16,7 @@ Adapters: :mod:`orbitive.clients.psycopg` (a psycopg_pool-like
 
 from __future__ import annotations
 
-from .._errors import (
+from .._core._errors import (
     ClientCreateError,
     InvalidPoolOptions,
     PoolClosed,
@@ -25,8 +25,8 @@ from .._errors import (
     TooManyRequests,
     UnknownClient,
 )
+from ._client_pool import ClientPool
 from ._options import PoolOptions
-from ._pool import ClientPool
 from ._stats import ClientPoolStatistics
 
 __all__ = [

@@ -14,11 +14,11 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ..pool import CreationPermit
-from ._calls import call_async
+from ._callbacks import call_async
 from ._entry import Entry
 
 if TYPE_CHECKING:
-    from ._pool import ClientPool
+    from ._client_pool import ClientPool
 
 
 async def made(pool: ClientPool[Any], permit: CreationPermit) -> Any:

@@ -19,7 +19,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from .._errors import (
+from .._core._errors import (
     BusyError,
     DrainingError,
     FleetError,
@@ -35,7 +35,7 @@ from ._entry import Entry
 from ._options import HANDOFF_GRACE_S, seconds
 
 if TYPE_CHECKING:
-    from ._pool import ClientPool
+    from ._client_pool import ClientPool
 
 #: Longest single sleep of a waiter: it re-checks at least this often.
 WAIT_SLICE_S: Final = 1.0

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Final, final
 
-from .._errors import InvalidPoolOptions
+from .._core._errors import InvalidPoolOptions
 from ..pool import Key
 
 #: The longest duration an option takes, in seconds (about 31.7 years).

@@ -31,8 +31,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Final
 
-from .._access import euid
-from .._errors import (
+from .._core._access import euid
+from .._core._errors import (
     AccessDenied,
     BusyError,
     DrainingError,
@@ -43,16 +43,16 @@ from .._errors import (
     SessionClosed,
     StaleError,
 )
-from .._region import SHM_DIR
+from .._core._region import SHM_DIR
 from ..pool import Lease, ResourceId
 from ..pool.session import accept_session, accept_session_async, open_session, open_session_async
 from ._async import made, retire, usable
-from ._calls import call_async, call_sync
+from ._callbacks import call_async, call_sync
 from ._checkout import deadline, start_waiting, stop_waiting, time_left
 from ._entry import Entry
 
 if TYPE_CHECKING:
-    from ._pool import ClientPool
+    from ._client_pool import ClientPool
 
 LENGTH: Final = struct.Struct("<I")
 REPLY: Final = struct.Struct("<BI")

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ._entry import Entry
 
 if TYPE_CHECKING:
-    from ._pool import ClientPool
+    from ._client_pool import ClientPool
 
 #: Most closing threads of one pool in one process (closes beyond them queue).
 MOST_THREADS: Final = 8

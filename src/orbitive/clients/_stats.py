@@ -9,7 +9,7 @@ from ..pool._availability import key_census
 from ..pool._deaths import find_dead
 
 if TYPE_CHECKING:
-    from ._pool import ClientPool
+    from ._client_pool import ClientPool
 
 
 @dataclass(slots=True)

@@ -28,7 +28,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Final
 
-from .._errors import CreationBudgetError, OrbitError
+from .._core._errors import CreationBudgetError, OrbitError
 from ..pool import CreationPermit
 from ..pool._availability import (
     FOR_IDLE_TIMEOUT,
@@ -37,12 +37,12 @@ from ..pool._availability import (
     claim_warm,
     retire_idle,
 )
-from ._calls import run_anywhere
+from ._callbacks import run_anywhere
 from ._entry import Entry
 from ._options import HANDOFF_GRACE_S
 
 if TYPE_CHECKING:
-    from ._pool import ClientPool
+    from ._client_pool import ClientPool
 
 #: Shortest time between two rounds (a woken thread with nothing to do rests).
 MIN_ROUND_S: Final = 0.01

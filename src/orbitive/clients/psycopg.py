@@ -37,11 +37,11 @@ from typing import Any, Final
 import psycopg
 from psycopg import pq
 
-from .._errors import InvalidPoolOptions
-from .._fleet import Fleet
+from .._core._errors import InvalidPoolOptions
+from .._core._fleet import Fleet
 from ..pool import POOL_KIND, Key
+from ._client_pool import ClientPool
 from ._options import PoolOptions
-from ._pool import ClientPool
 from ._stats import ClientPoolStatistics
 
 __all__ = ["AsyncConnectionPool", "ConnectionPool"]

@@ -36,11 +36,11 @@ from typing import Any
 from sqlalchemy import exc
 from sqlalchemy.pool import ConnectionPoolEntry, Pool
 
-from .._errors import ClientCreateError, InvalidPoolOptions, PoolTimeout
-from .._fleet import Fleet
+from .._core._errors import ClientCreateError, InvalidPoolOptions, PoolTimeout
+from .._core._fleet import Fleet
 from ..pool import POOL_KIND, Key
+from ._client_pool import ClientPool
 from ._options import PoolOptions, pool_key
-from ._pool import ClientPool
 
 __all__ = ["FleetPool"]
 

@@ -9,7 +9,7 @@ readiness descriptor (:meth:`LockTable.fileno`) wakes other processes.
 
 from __future__ import annotations
 
-from .._errors import (
+from .._core._errors import (
     AccessDenied,
     EntryTooLarge,
     IdExhausted,
@@ -24,7 +24,7 @@ from .._errors import (
 )
 from ._inspection import LockTableStatistics
 from ._layout import LockLayout
-from ._table import LockTable
+from ._lock_table import LockTable
 from ._types import Acquired, Fence, LockEvent, LockKey, LockLease, LockOwner, LockPoll, Occupied
 
 __all__ = [

@@ -1,7 +1,7 @@
 /* orbitive.lock._fastpath, part 2: buffers, arguments and results of the C operations.
  *
  * Included once, by lock/_fastpath.c, after _steps.h. Anything unusual in the
- * arguments declines to the Python operation (lock/_table.py), which raises.
+ * arguments declines to the Python operation (lock/_lock_table.py), which raises.
  */
 #ifndef ORBIT_LOCK_CALLS_H
 #define ORBIT_LOCK_CALLS_H

@@ -22,7 +22,7 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from .._ring import Frame, Ring
+from ._ring import Frame, Ring
 from ._types import LockEvent, LockKey, LockOwner, LockPoll, Transition
 
 EVENT_MAGIC: Final = 0x4F4C434B

@@ -15,7 +15,7 @@
  * LockTable binds these methods as its own. Anything off that path (other
  * argument types, an error to raise, a fork, a closed table, the test-only
  * crash hook) hands the call, before or after the step, to the table class's
- * method of the same name (lock/_table.py), which runs the Python operation
+ * method of the same name (lock/_lock_table.py), which runs the Python operation
  * (_try_acquire, _release, _renew) over the steps of lock/_steps.py, the reference,
  * which also runs when this module is not built.
  *

@@ -57,9 +57,9 @@ import struct
 from dataclasses import dataclass
 from typing import Final, final
 
-from .._errors import InvalidLayout, LayoutMismatch, shown
-from .._region import store
-from .._ring import RingGeometry
+from .._core._errors import InvalidLayout, LayoutMismatch, shown
+from .._core._region import store
+from ._ring import RingGeometry
 
 STATE_MAGIC: Final = 0x4F4C5354
 STATE_VERSION: Final = 3

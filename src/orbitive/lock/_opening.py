@@ -9,13 +9,13 @@ are bound to the parent's node and fork generation).
 
 from __future__ import annotations
 
-from .. import _fork, _section
-from .._errors import InvalidArgumentType
-from .._fleet import Fleet
-from .._region import Region
-from .._ring import Ring
+from .._core import _fork, _section
+from .._core._errors import InvalidArgumentType
+from .._core._fleet import Fleet
+from .._core._region import Region
 from . import _events, _steps
 from ._layout import LockLayout
+from ._ring import Ring
 from ._types import Acquired, LockKey, LockLease, LockOwner, Occupied
 
 try:

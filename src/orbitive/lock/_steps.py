@@ -22,9 +22,8 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
-from .._errors import FleetError, IdExhausted, StateFull
-from .._region import store
-from .._ring import Ring
+from .._core._errors import FleetError, IdExhausted, StateFull
+from .._core._region import store
 from . import _events
 from ._layout import (
     COUNTERS,
@@ -39,6 +38,7 @@ from ._layout import (
     TOMBSTONE,
     LockLayout,
 )
+from ._ring import Ring
 from ._types import TOKEN_MASK, Acquired, LockKey, LockLease, LockOwner, Occupied
 
 if TYPE_CHECKING:

@@ -9,8 +9,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Final, Literal, NamedTuple, Protocol, cast, final
 
-from .._bytes import exact_bytes
-from .._errors import (
+from .._core._bytes import exact_bytes
+from .._core._errors import (
     EntryTooLarge,
     InvalidArgumentType,
     InvalidEncoding,

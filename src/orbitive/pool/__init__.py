@@ -10,7 +10,7 @@ numbers: the resource stays where it is.
 
 from __future__ import annotations
 
-from .._errors import (
+from .._core._errors import (
     BusyError,
     CreationBudgetError,
     DrainingError,
@@ -23,7 +23,7 @@ from .._errors import (
     StaleError,
 )
 from ._deaths import DeathWatch
-from ._guards import CreationPermit, Execution
+from ._execution import CreationPermit, Execution
 from ._layout import POOL_KIND
 from ._plan import (
     Create,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._errors import (
+from .._core._errors import (
     BusyError,
     CreationBudgetError,
     DrainingError,

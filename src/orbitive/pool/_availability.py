@@ -42,8 +42,8 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
-from .._errors import BusyError, CreationBudgetError, DrainingError, NotOwnerError, StaleError
-from .._region import store
+from .._core._errors import BusyError, CreationBudgetError, DrainingError, NotOwnerError, StaleError
+from .._core._region import store
 from ._layout import (
     LIVE,
     PENDING,

@@ -24,8 +24,8 @@ import threading
 from collections.abc import Callable
 from typing import final
 
-from .._errors import MalformedError, NodeOutsideFleet, OrbitError, shown
-from .._fleet import Fleet
+from .._core._errors import MalformedError, NodeOutsideFleet, OrbitError, shown
+from .._core._fleet import Fleet
 from . import _snapshots
 from ._table import Table
 from ._values import U64_MAX, Incarnation, check_seconds

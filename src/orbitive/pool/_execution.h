@@ -1,5 +1,5 @@
 /* orbitive.pool._fastpath, part 2: the C Execution, one accepted unit (twin of
- * _guards.PythonExecution); complete() gives it back in one C call.
+ * _execution.PythonExecution); complete() gives it back in one C call.
  *
  * Included once by pool/_fastpath.c, after the operations' helpers it uses.
  */
@@ -93,7 +93,7 @@ static PyObject *Execution_get_done(Execution *e, void *unused)
     return PyBool_FromLong(e->done);
 }
 
-/* Dropped without complete(): _guards.finalise warns and gives the unit back. */
+/* Dropped without complete(): _execution.finalise warns and gives the unit back. */
 static void Execution_finalize(Execution *e)
 {
     if (e->done || e->table == NULL || finalise_fn == NULL)
@@ -194,7 +194,7 @@ static PyTypeObject ExecutionType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "orbitive.pool.Execution",
     .tp_doc = PyDoc_STR("One accepted unit of a resource, in use by its owner (the C twin of "
-                        "_guards.Execution, built by Operations.accept)."),
+                        "_execution.Execution, built by Operations.accept)."),
     .tp_basicsize = sizeof(Execution),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_FINALIZE,
     .tp_dealloc = (destructor)Execution_dealloc,

@@ -17,7 +17,7 @@
  * and return (_availability.take and give_back, the references, in the same
  * order of checks and writes), give_back with the key's census and decision.
  *
- * One translation unit in four parts: _steps.h (the byte steps and the Steps
+ * One translation unit in four parts: _table.h (the byte steps and the Steps
  * type), this file (the operations' helpers, reserve and accept, the type and
  * the module), _execution.h (the C Execution) and _availability.h (take and
  * give_back).
@@ -42,7 +42,7 @@
 #error "the SHM layouts are little-endian; the pure-Python table is used instead"
 #endif
 
-#include "_steps.h"
+#include "_table.h"
 
 /* -- the operations ------------------------------------------------------------------- */
 
@@ -74,18 +74,18 @@ static PyTypeObject OperationsType, ExecutionType;
 static PyObject *generation_name, *python_reserve, *python_accept, *python_take;
 static PyObject *python_give_back;
 static PyObject *fork_globals; /* orbitive._fork's globals: its generation, read per call */
-static PyObject *finalise_fn;  /* _guards.finalise, fetched with the first Execution */
+static PyObject *finalise_fn;  /* _execution.finalise, fetched with the first Execution */
 
-/* Fetch _guards.finalise while imports work (never at interpreter shutdown). */
+/* Fetch _execution.finalise while imports work (never at interpreter shutdown). */
 static int fetch_finalise(void)
 {
     if (finalise_fn != NULL)
         return 0;
-    PyObject *guards = PyImport_ImportModule("orbitive.pool._guards");
-    if (guards == NULL)
+    PyObject *execution = PyImport_ImportModule("orbitive.pool._execution");
+    if (execution == NULL)
         return -1;
-    finalise_fn = PyObject_GetAttrString(guards, "finalise");
-    Py_DECREF(guards);
+    finalise_fn = PyObject_GetAttrString(execution, "finalise");
+    Py_DECREF(execution);
     return finalise_fn == NULL ? -1 : 0;
 }
 
@@ -451,7 +451,7 @@ static struct PyModuleDef fastpath_module = {
 
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
-    PyObject *fork = PyImport_ImportModule("orbitive._fork");
+    PyObject *fork = PyImport_ImportModule("orbitive._core._fork");
     if (fork == NULL)
         return NULL;
     fork_globals = Py_NewRef(PyModule_GetDict(fork));

@@ -18,10 +18,16 @@ import struct
 from collections.abc import Callable
 from typing import Final
 
-from .. import _fork
-from .._errors import CreationBudgetError, KeyFullError, LayoutMismatch, MalformedError, OrbitError
-from .._readiness import bump
-from .._region import Region, store
+from .._core import _fork
+from .._core._errors import (
+    CreationBudgetError,
+    KeyFullError,
+    LayoutMismatch,
+    MalformedError,
+    OrbitError,
+)
+from .._core._readiness import bump
+from .._core._region import Region, store
 from ._layout import (
     BELL_PARKED,
     EPOCH_OFFSET,

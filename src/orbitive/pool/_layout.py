@@ -84,9 +84,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Final
 
-from .._clock import wall_ms
-from .._errors import LayoutMismatch, MalformedError, shown
-from .._region import store
+from .._core._clock import wall_ms
+from .._core._errors import LayoutMismatch, MalformedError, shown
+from .._core._region import store
 
 #: The default SHM kind of the pool table.
 POOL_KIND: Final = 247

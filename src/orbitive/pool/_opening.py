@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import weakref
 
-from .. import _fork
-from .._errors import FleetError, MalformedError, shown
-from .._fleet import Fleet
-from .._readiness import BACKEND
-from .._region import Region
-from .._section import ROBUST_MUTEX
+from .._core import _fork
+from .._core._errors import FleetError, MalformedError, shown
+from .._core._fleet import Fleet
+from .._core._readiness import BACKEND
+from .._core._region import Region
+from .._core._section import ROBUST_MUTEX
 from ._layout import Layout, check_capacity, env_geometry
 from ._table import Table
 from ._values import Incarnation, Lease, ResourceId

@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal, Protocol, final
 
-from .._errors import MalformedError, shown
+from .._core._errors import MalformedError, shown
 from ._values import Candidate, Key, Lease, ResourceId
 
 if TYPE_CHECKING:
-    from ._guards import CreationPermit
+    from ._execution import CreationPermit
 
 _U32_MAX: Final = (1 << 32) - 1
 

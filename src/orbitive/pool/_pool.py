@@ -6,14 +6,14 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, final
 
-from .. import _fork
-from .._errors import FleetError
-from .._fleet import Fleet
+from .._core import _fork
+from .._core._errors import FleetError
+from .._core._fleet import Fleet
 from . import _snapshots
 from ._acquire import acquire, budget, snapshot
 from ._availability import give_back, take
 from ._deaths import DeathWatch, node_dead, reap_dead
-from ._guards import CreationPermit, Execution
+from ._execution import CreationPermit, Execution
 from ._layout import POOL_KIND
 from ._opening import open_table, operations_for
 from ._plan import Limits, LocalFirst, Plan, Policy

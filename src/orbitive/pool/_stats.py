@@ -12,9 +12,9 @@ import struct
 from dataclasses import dataclass, replace
 from typing import final
 
-from .._access import open_checked
-from .._errors import LayoutMismatch
-from .._region import SHM_DIR, map_section, object_name
+from .._core._access import open_checked
+from .._core._errors import LayoutMismatch
+from .._core._region import SHM_DIR, map_section, object_name
 from ._layout import (
     DRAINING,
     EPOCH_OFFSET,

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from .._clock import wall_ms
-from .._errors import (
+from .._core._clock import wall_ms
+from .._core._errors import (
     BusyError,
     DrainingError,
     LaneFullError,
@@ -51,8 +51,8 @@ from .._errors import (
     StaleError,
     shown,
 )
-from .._readiness import bump
-from .._region import Region, store
+from .._core._readiness import bump
+from .._core._region import Region, store
 from ._keys import M64, KeyTable
 from ._layout import (
     BELL_PARKED,

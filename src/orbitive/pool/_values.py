@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Final, Literal, final
 
-from .._bytes import exact_bytes
-from .._clock import TTL_MAX_S
-from .._errors import MalformedError, shown
+from .._core._bytes import exact_bytes
+from .._core._clock import TTL_MAX_S
+from .._core._errors import MalformedError, shown
 from ._layout import PENDING
 
 U64_MAX: Final = (1 << 64) - 1

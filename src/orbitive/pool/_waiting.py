@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, final
 
-from .._readiness import Readiness, wait_word
+from .._core._readiness import Readiness, wait_word
 from ._layout import BELL_PARKED, KEY_CHANGES
 from ._table import Table
 from ._values import check_seconds, check_units

@@ -40,8 +40,8 @@ import struct
 import zlib
 from typing import Final
 
-from .._errors import MalformedError, SessionClosed, shown
-from ._guards import Execution
+from .._core._errors import MalformedError, SessionClosed, shown
+from ._execution import Execution
 from ._pool import Pool
 from ._values import Lease, ResourceId, bytes_of, check_lease
 

@@ -13,7 +13,7 @@ call, so they are identical on every engine.
 
 from __future__ import annotations
 
-from .._errors import (
+from .._core._errors import (
     ErrorKind,
     InvalidLockName,
     InvalidLockOwner,

@@ -31,7 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Final, TypeVar
 
-from .._errors import StoreError
+from .._core._errors import StoreError
 from ._base import Store, next_pause
 from ._engine import Busy, Grant
 from ._engine_async import AsyncEngine, run_to_completion

@@ -7,10 +7,10 @@ one table step. So every rule below is the contract's, identical on every engine
 
 * **Name rule**: a ``str`` of 1 to :data:`NAME_MAX_BYTES` (255) bytes once UTF-8
   encoded, with no control character (U+0000-U+001F, U+007F-U+009F) and no lone
-  surrogate. Anything else raises :class:`~orbitive._errors.InvalidLockName`
+  surrogate. Anything else raises :class:`~orbitive._core._errors.InvalidLockName`
   (a ``StoreError`` with ``kind == ErrorKind.INVALID_INPUT``, also ``ValueError``).
 * **Owner rule**: a non-empty ``str`` of at most :data:`OWNER_MAX_BYTES` (255)
-  UTF-8 bytes without NUL, else :class:`~orbitive._errors.InvalidLockOwner`.
+  UTF-8 bytes without NUL, else :class:`~orbitive._core._errors.InvalidLockOwner`.
 * **Duration guard**: ``ttl <= 0``, NaN, inf (or not a number) on ``try_lock``,
   ``renew`` and ``lock`` raises ``StoreError`` with ``kind == ErrorKind.DATABASE``
   before the engine is touched; the validator's message stays in ``__cause__``.
@@ -35,7 +35,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from .._errors import LockTimeout
+from .._core._errors import LockTimeout
 from ._engine import Busy, ClosedEngine, Engine, Grant, LockInfo, StoreStatistics
 from ._guards import (
     check_name,

@@ -21,7 +21,7 @@ from typing import (
     final,
 )
 
-from .._errors import ErrorKind, StoreError
+from .._core._errors import ErrorKind, StoreError
 
 if TYPE_CHECKING:
     from ._engine_async import AsyncEngine

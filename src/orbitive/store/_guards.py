@@ -12,8 +12,8 @@ import secrets
 import socket
 from typing import Final
 
-from .._clock import TTL_MAX_S, as_seconds, check_ttl
-from .._errors import (
+from .._core._clock import TTL_MAX_S, as_seconds, check_ttl
+from .._core._errors import (
     InvalidArgumentType,
     InvalidLockName,
     InvalidLockOwner,
@@ -107,7 +107,7 @@ def check_store_ttl(ttl: object) -> float:
 
     Raises:
         InvalidLockTtl: ``kind == ErrorKind.DATABASE``; ``__cause__`` is the
-            validator's :class:`~orbitive._errors.InvalidTtl`.
+            validator's :class:`~orbitive._core._errors.InvalidTtl`.
     """
     if type(ttl) is float and TTL_MIN_S <= ttl <= TTL_MAX_S:  # the common case, as is
         return ttl

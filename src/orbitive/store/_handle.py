@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from .._errors import StoreError
+from .._core._errors import StoreError
 from ._engine import Grant
 from ._guards import check_store_ttl
 

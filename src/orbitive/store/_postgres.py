@@ -46,10 +46,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from .. import _fork
-from .._errors import ErrorKind, StoreError
+from .._core import _fork
+from .._core._errors import ErrorKind, StoreError
 from ._engine import Busy, Engine, Granted, LockInfo
-from ._remote import Deadline, attempt_id, gave_up, timed_out, unavailable
+from ._network import Deadline, attempt_id, gave_up, timed_out, unavailable
 
 if TYPE_CHECKING:
     import psycopg

@@ -32,13 +32,13 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .. import _fork
-from .._errors import ErrorKind, StoreError
+from .._core import _fork
+from .._core._errors import ErrorKind, StoreError
 from ._engine import Busy, Granted, LockInfo
 from ._engine_async import AsyncEngine
+from ._network import Deadline, attempt_id, gave_up, timed_out
 from ._postgres import _ACQUIRE, _RELEASE, _RENEW, CONNECT_TIMEOUT_MIN_S, PostgresEngine
 from ._postgres_wait import AsyncDeadlineConnection
-from ._remote import Deadline, attempt_id, gave_up, timed_out
 
 if TYPE_CHECKING:
     import psycopg

@@ -48,10 +48,10 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
-from .. import _fork
-from .._errors import ErrorKind, InvalidStoreUrl, StoreError
+from .._core import _fork
+from .._core._errors import ErrorKind, InvalidStoreUrl, StoreError
 from ._engine import Busy, Engine, LockInfo
-from ._remote import Deadline, attempt_id, gave_up, timed_out
+from ._network import Deadline, attempt_id, gave_up, timed_out
 
 if TYPE_CHECKING:
     from redis.connection import ConnectionPool

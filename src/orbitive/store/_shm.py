@@ -31,7 +31,7 @@ import select
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from .._errors import (
+from .._core._errors import (
     ErrorKind,
     FleetError,
     InvalidCapacity,
@@ -40,8 +40,8 @@ from .._errors import (
     OrbitError,
     StoreError,
 )
-from .._fleet import Fleet, check_fleet_name, recorded_capacity
-from .._section import object_bytes
+from .._core._fleet import Fleet, check_fleet_name, recorded_capacity
+from .._core._section import object_bytes
 from ..lock import Acquired, LockKey, LockLayout, LockLease, LockOwner, LockTable
 from ..lock._layout import EVENT_HEADER_SIZE
 from ._engine import Busy, Engine, LockInfo

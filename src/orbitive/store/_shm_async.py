@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from .. import _fork
-from .._errors import StoreError
+from .._core import _fork
+from .._core._errors import StoreError
 from ..lock import LockLease
 from ._engine import Busy
 from ._engine_async import AsyncEngine

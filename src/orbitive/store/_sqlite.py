@@ -36,9 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final, TypeVar
 
-from .. import _fork
-from .._access import open_checked
-from .._errors import AccessDenied, ErrorKind, InvalidStoreUrl, StoreError
+from .._core import _fork
+from .._core._access import open_checked
+from .._core._errors import AccessDenied, ErrorKind, InvalidStoreUrl, StoreError
 from ._engine import Busy, Engine, Granted, LockInfo
 
 _T = TypeVar("_T")

@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any, Final, cast
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
-from .._access import check_dir
-from .._errors import InvalidStoreUrl
-from .._fleet import CAPACITY_MAX
+from .._core._access import check_dir
+from .._core._errors import InvalidStoreUrl
+from .._core._fleet import CAPACITY_MAX
 from ._base import Store
 from ._engine import Engine
-from ._remote import split_param, split_timeout
+from ._network import split_param, split_timeout
 
 _SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 #: The password of a ``scheme://user:password@`` URL, for messages about unparsable URLs.

@@ -24,11 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from .. import _fork
-from .._clock import TTL_MAX_S, check_ttl, monotonic_ns, ttl_ms
-from .._errors import EntryTooLarge
-from .._fleet import Fleet
-from .._readiness import Readiness
+from .._core import _fork
+from .._core._clock import TTL_MAX_S, check_ttl, monotonic_ns, ttl_ms
+from .._core._errors import EntryTooLarge
+from .._core._fleet import Fleet
+from .._core._readiness import Readiness
 from . import _events, _inspection
 from ._inspection import LockTableStatistics
 from ._layout import COUNTERS, COUNTERS_OFFSET, HEADER_SIZE, MAX_PROBE, MAX_PROBE_OFFSET, LockLayout

@@ -1,4 +1,4 @@
-/* orbitive/_robust.h: the robust process-shared mutexes of a region's section block.
+/* orbitive/_core/_robust.h: the robust process-shared mutexes of a region's section block.
  *
  * The C twin of _robust.py's RobustMutex: lock, recover, unlock in the same order.
  * A block holds one mutex per stripe (a lock table's state has several, every

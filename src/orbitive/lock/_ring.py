@@ -37,7 +37,7 @@ readable and the next writer of that lane reuses the counter. (Stores from one
 Python thread reach the mapping in program order on x86-64 TSO; the readers'
 double check covers the rest.)
 
-Every store is one copy of packed bytes (:func:`~orbitive._region.store`), never
+Every store is one copy of packed bytes (:func:`~orbitive._core._region.store`), never
 ``struct.pack_into``, which zeroes its target first: a writer SIGKILLed between
 the two steps would leave the lane's head at 0 for good, hiding every frame in
 it, and a reader would see the lane go back to 0.
@@ -50,10 +50,10 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from ._errors import InvalidLayout, LayoutMismatch
-from ._fleet import Fleet
-from ._readiness import Readiness, bump, wake_word
-from ._region import Region, object_name, object_size, read_prefix, store
+from .._core._errors import InvalidLayout, LayoutMismatch
+from .._core._fleet import Fleet
+from .._core._readiness import Readiness, bump, wake_word
+from .._core._region import Region, object_name, object_size, read_prefix, store
 
 RING_MAGIC: Final = 0x4F524254
 RING_VERSION: Final = 1

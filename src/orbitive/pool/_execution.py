@@ -13,7 +13,7 @@ import contextlib
 import warnings
 from typing import TYPE_CHECKING, final
 
-from .. import _fork
+from .._core import _fork
 from ._table import Table
 from ._values import Key, ResourceId
 

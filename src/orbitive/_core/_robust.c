@@ -1,4 +1,4 @@
-/* orbitive._robust_c: the C twin of _robust.py's RobustMutex (see _robust.h).
+/* orbitive._core._robust_c: the C twin of _robust.py's RobustMutex (see _robust.h).
  *
  * RobustMutex(block, stripes) wraps the stripe mutexes of one region's section
  * block (a writable mapping of SECTION_BYTES bytes, kept exported while the
@@ -132,7 +132,7 @@ static PyMethodDef RobustMutex_methods[] = {
 
 static PyTypeObject RobustMutexType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "orbitive._robust_c.RobustMutex",
+    .tp_name = "orbitive._core._robust_c.RobustMutex",
     .tp_doc = PyDoc_STR("The robust process-shared mutex of one section block."),
     .tp_basicsize = sizeof(RobustMutex),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -143,7 +143,7 @@ static PyTypeObject RobustMutexType = {
 };
 
 static struct PyModuleDef robust_module = {
-    PyModuleDef_HEAD_INIT, "orbitive._robust_c",
+    PyModuleDef_HEAD_INIT, "orbitive._core._robust_c",
     PyDoc_STR("The section's robust mutex in C (see _robust.py)."), -1, NULL,
 };
 

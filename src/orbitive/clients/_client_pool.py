@@ -30,8 +30,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Final, Generic, TypeVar, final
 
-from .. import _fork
-from .._errors import (
+from .._core import _fork
+from .._core._errors import (
     BusyError,
     ClientCreateError,
     CreationBudgetError,
@@ -44,12 +44,12 @@ from .._errors import (
     StaleError,
     UnknownClient,
 )
-from .._fleet import Fleet
+from .._core._fleet import Fleet
 from ..pool import POOL_KIND, CreationPermit, Pool
 from ..pool._availability import claim_in_turn
 from ..pool._table import Table
 from ._async import hand_over, retire
-from ._calls import call_async, call_sync, check_callable, run_anywhere
+from ._callbacks import call_async, call_sync, check_callable, run_anywhere
 from ._checkout import checkout, checkout_async, take_idle_sorting
 from ._entry import Entry
 from ._options import PoolOptions, pool_key, seconds

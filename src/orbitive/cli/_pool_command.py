@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .. import Fleet
-from .._region import object_name, object_size, read_prefix
+from .._core._region import object_name, object_size, read_prefix
 from ..pool import POOL_KIND, Key, PoolStatistics
 from ..pool._layout import MAGIC
 from ..pool._stats import inspect

@@ -1,4 +1,4 @@
-/* orbitive/_slots.h: reading and writing the instance slots of the value types.
+/* orbitive/_core/_slots.h: reading and writing the instance slots of the value types.
  *
  * The C operations of both tables read their arguments' fields (LockKey,
  * ResourceId, Lease, ...) and fill the objects they return straight through

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from typing import Final
 
-from .._errors import ErrorKind, InvalidStoreUrl, StoreError
+from .._core._errors import ErrorKind, InvalidStoreUrl, StoreError
 
 #: Default bound on every call of a network engine, in seconds.
 TIMEOUT_DEFAULT_S: Final = 5.0

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import InvalidPoolOptions
+from .._core._errors import InvalidPoolOptions
 
 
 def check_callable(name: str, value: object, *, optional: bool) -> None:
