@@ -16,16 +16,24 @@ static inline PyObject *slot_of(PyObject *obj, Py_ssize_t at)
     return *(PyObject **)((char *)obj + at);
 }
 
-/* Where the instance slot ``name`` of a slotted type lives. */
+/* Where the instance slot ``name`` of a slotted type lives (TypeError when it has none).
+ * The descriptor is looked up as an attribute, never through type->tp_dict: from
+ * Python 3.12 on, that field is NULL for the static builtin types (int, tuple, ...),
+ * whose dictionaries live in the interpreter state. */
 static int member_at(PyTypeObject *type, const char *name, Py_ssize_t *at)
 {
-    PyObject *descr = PyDict_GetItemString(type->tp_dict, name);
-    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type) ||
-        ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX) {
+    PyObject *descr = PyObject_GetAttrString((PyObject *)type, name);
+    int slot = descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+               PyType_IsSubtype(type, ((PyDescrObject *)descr)->d_type) &&
+               ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+    if (slot)
+        *at = ((PyMemberDescrObject *)descr)->d_member->offset;
+    Py_XDECREF(descr);
+    if (!slot) {
+        PyErr_Clear();
         PyErr_Format(PyExc_TypeError, "%s.%s is not an instance slot", type->tp_name, name);
         return -1;
     }
-    *at = ((PyMemberDescrObject *)descr)->d_member->offset;
     return 0;
 }
 
