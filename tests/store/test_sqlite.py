@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import stat
 import threading
@@ -21,6 +22,16 @@ def test_database_is_in_wal_mode(sqlite_url: str, tmp_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         conn.close()
+
+
+def test_statements_bound_to_sequences_use_bare_placeholders() -> None:
+    """The engine binds tuples, so its statements use bare ``?`` placeholders only: a sequence
+    bound to numbered (``?1``) or named ones is deprecated from Python 3.12 (a warning, an
+    error under this suite's ``filterwarnings``) and refused from 3.14."""
+    statements = [_sqlite._GRANT, _sqlite._HOLDER, _sqlite._RENEW, _sqlite._RELEASE, _sqlite._FORCE]
+    for statement in statements:
+        assert "?" in statement
+        assert re.search(r"\?\d|[:@$][A-Za-z_]", statement) is None, statement
 
 
 def test_new_file_is_created_0600(tmp_path: Path) -> None:

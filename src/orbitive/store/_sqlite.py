@@ -72,7 +72,7 @@ _SCHEMA: Final = (
 )
 # One statement grants: insert, or take over an expired row, with the next token.
 _GRANT: Final = """INSERT INTO orbitive_locks
-    SELECT ?1, ?2, last_token + 1, ?3, ?4 FROM orbitive_fence WHERE id = 1
+    SELECT ?, ?, last_token + 1, ?, ? FROM orbitive_fence WHERE id = 1
     ON CONFLICT (name) DO UPDATE SET owner = excluded.owner,
         fencing_token = excluded.fencing_token, acquired_at = excluded.acquired_at,
         expires_at = excluded.expires_at
