@@ -115,9 +115,11 @@ static PyObject *RobustMutex_release_mine(RobustMutex *self, PyObject *unused)
     return PyLong_FromLong(released);
 }
 
+/* The view is the mapping's last hold unless a table's C steps share it: see
+ * robust_before_unmap for why a block a thread of this process holds is never let go. */
 static void RobustMutex_dealloc(RobustMutex *self)
 {
-    if (self->block != NULL)
+    if (self->block != NULL && !robust_before_unmap(self->block, self->stripes))
         PyBuffer_Release(&self->view);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }

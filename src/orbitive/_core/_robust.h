@@ -84,6 +84,14 @@ static inline int robust_names_me(pthread_mutex_t *mutex)
     return (word & ROBUST_TID_MASK) == (uint32_t)syscall(SYS_gettid) && !(word & ROBUST_OWNER_DIED);
 }
 
+/* Whether the futex word names a live thread of this process (this one included) as holder. */
+static inline int robust_held_here(pthread_mutex_t *mutex)
+{
+    uint32_t word = __atomic_load_n((uint32_t *)mutex, __ATOMIC_RELAXED);
+    pid_t tid = (pid_t)(word & ROBUST_TID_MASK);
+    return tid != 0 && !(word & ROBUST_OWNER_DIED) && syscall(SYS_tgkill, getpid(), tid, 0) == 0;
+}
+
 /* Wait for a mutex another thread holds, in slices of ROBUST_SLICE_NS: a wake can be
  * lost (the kernel hands a dead holder's mutex on with one wake, and the woken waiter
  * may be killed too before it takes the mutex), and a waiter that only slept until
@@ -181,6 +189,30 @@ static inline int robust_lock_range(uint8_t *block, int lo, int hi)
         }
     }
     return 0;
+}
+
+/* Make a block's mapping safe to unmap; returns 1 when it must stay mapped instead.
+ *
+ * glibc links every robust mutex a thread holds into that thread's robust list,
+ * through the mutex's own bytes: the thread's next lock of any robust mutex writes
+ * into the list's head, an unlock writes into its neighbours, and the kernel walks
+ * the list when the thread exits. A mapping unmapped under a held mutex leaves a
+ * dangling entry, and those writes land in whatever is mapped there later, or fault.
+ * So the stripes this thread holds are unlocked (the step that held them was
+ * abandoned with its last reference; the table's write order makes that as safe as
+ * a crash), and while another live thread of this process holds one, the block
+ * stays mapped for good (a leaked page, never a write into freed memory). */
+static inline int robust_before_unmap(uint8_t *block, int stripes)
+{
+    int keep = 0;
+    for (int stripe = stripes - 1; stripe >= 0; stripe--) {
+        pthread_mutex_t *mutex = robust_mutex(block, stripe);
+        if (robust_names_me(mutex))
+            robust_unlock(block, stripe);
+        else if (robust_held_here(mutex))
+            keep = 1;
+    }
+    return keep;
 }
 
 /* Hold a writable view of a section block (the mapping stays mapped while it is held).

@@ -120,6 +120,18 @@ def _names_me(mutex: ctypes.Array[ctypes.c_char]) -> bool:
     return word & _TID_MASK == threading.get_native_id() and not word & _OWNER_DIED
 
 
+def _held_here(mutex: ctypes.Array[ctypes.c_char]) -> bool:
+    """Whether the futex word names a live thread of this process (``robust_held_here``)."""
+    word = int.from_bytes(mutex.raw[:4], "little")
+    tid = word & _TID_MASK
+    return bool(tid) and not word & _OWNER_DIED and os.path.exists(f"/proc/self/task/{tid}")
+
+
+#: Stripe mutexes whose block another thread of this process held when their
+#: RobustMutex went: kept (with their mapping) for the life of the process.
+_kept: list[list[ctypes.Array[ctypes.c_char]]] = []
+
+
 def robust_error(rc: int) -> OSError:
     return OSError(rc, os.strerror(rc))
 
@@ -248,6 +260,22 @@ class RobustMutex:
                 self._unlock(stripe)
                 released += 1
         return released
+
+    def __del__(self) -> None:
+        """Make the block's mapping safe to unmap (``robust_before_unmap`` in C says why).
+
+        The stripes this thread holds are unlocked; while another live thread of this
+        process holds one, the mutexes (and so the mapping) are kept for good.
+        """
+        mutexes = getattr(self, "_mutexes", [])
+        keep = False
+        for stripe in range(len(mutexes) - 1, -1, -1):
+            if _names_me(mutexes[stripe]):
+                self._unlock(stripe)
+            elif _held_here(mutexes[stripe]):
+                keep = True
+        if keep:
+            _kept.append(mutexes)
 
     def _unlock_from(self, last: int) -> None:
         failed = 0
