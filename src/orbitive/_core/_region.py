@@ -34,6 +34,7 @@ import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Final
 
 from . import _fork
@@ -257,7 +258,16 @@ class Region:
     """One mapped SHM object (or private anonymous memory) with its critical section.
 
     Build with :meth:`open_shared` or :meth:`open_private`. ``buf`` is the mapping;
-    ``acquire``/``release`` bracket every mutation.
+    ``with region:`` (or ``acquire``/``release``) brackets every mutation.
+
+    Steps enter with ``with region:``, whose ``__enter__`` is :meth:`acquire` itself:
+    then no Python signal handler can run between ``acquire`` returning and the block
+    (the interpreter runs none between ``__enter__`` returning and the block's first
+    instruction), so an exception a handler raises once the section is held surfaces
+    either inside ``acquire`` (which lets go) or inside the block (whose exit lets
+    go). After a plain call ``region.acquire()``, CPython 3.10 runs pending handlers
+    at the call itself, in the caller, with the section already held: the caller
+    sees the exception as if ``acquire`` had raised and never releases.
     """
 
     fleet: str
@@ -401,6 +411,17 @@ class Region:
             if self._closed and not isinstance(error, FleetError):
                 raise FleetError(f"shm object {self.name!r} is closed") from None
             raise
+
+    __enter__ = acquire
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        """Leave the critical section entered by ``with region:`` (raises as :meth:`release`)."""
+        self.release()
 
     def _section_error(self, error: OSError) -> FleetError | LayoutMismatch:
         """The named error of a section that failed to lock: a corrupt mutex, or another failure."""

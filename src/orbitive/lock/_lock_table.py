@@ -283,12 +283,8 @@ class LockTable:
         """``step(a, b, c, now)`` inside the critical section (after a fork: this node's)."""
         if self._fork_generation != _fork.generation:
             self._refresh_node()
-        state = self._state
-        state.acquire()
-        try:
+        with self._state:
             return step(a, b, c, monotonic_ns() // 1_000_000)
-        finally:
-            state.release()
 
     # -- transitions and readiness -----------------------------------------------------
 
@@ -323,15 +319,12 @@ class LockTable:
 
     def reset_transport(self) -> None:
         """Clear the state table and the transition ring (quiescent owner boot only)."""
-        self._state.acquire()
-        try:
+        with self._state:
             self._buf[MAX_PROBE_OFFSET : MAX_PROBE_OFFSET + MAX_PROBE.size] = bytes(MAX_PROBE.size)
             self._buf[COUNTERS_OFFSET : COUNTERS_OFFSET + COUNTERS.size] = bytes(COUNTERS.size)
             self._buf[HEADER_SIZE:] = bytes(len(self._buf) - HEADER_SIZE)
             self._ring.reset()
             self._cursors = self._ring.heads()
-        finally:
-            self._state.release()
 
     def unlink(self) -> None:
         """Remove the state and ring objects' names (and lock files); mappings stay valid."""
