@@ -6,7 +6,7 @@ so an edit to one rebuilds the module and an sdist carries them.
 
 from setuptools import Extension, setup
 
-SHARED = ["src/orbitive/_core/_robust.h", "src/orbitive/_core/_slots.h"]
+SHARED = [f"src/orbitive/_core/{part}.h" for part in ("_robust", "_slots", "_layout")]
 POOL_PARTS = ("_table", "_execution", "_availability")
 
 setup(
