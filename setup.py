@@ -15,7 +15,7 @@ from setuptools import Extension, setup
 
 OPTIONAL = os.environ.get("ORBITIVE_REQUIRE_C_STEPS") != "1"
 
-SHARED = ["src/orbitive/_core/_robust.h", "src/orbitive/_core/_slots.h"]
+SHARED = [f"src/orbitive/_core/{part}.h" for part in ("_robust", "_slots", "_layout")]
 POOL_PARTS = ("_table", "_execution", "_availability")
 
 setup(

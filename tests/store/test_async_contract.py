@@ -362,10 +362,10 @@ def test_shm_waits_are_one_reader_per_loop_on_the_readiness_descriptor(shm_url: 
             loop = asyncio.get_running_loop()
             waiters = [asyncio.create_task(acquired(store.lock_async("ready"))) for _ in range(3)]
             await asyncio.sleep(0.3)
-            engine = store._asyncio()
+            engine = store._backend.asyncio()
             assert isinstance(engine, ShmAsyncEngine) and engine.atomic
             fd, waiting = engine._waiting[loop]  # one reader serves the loop's three waiters
-            assert fd == store._engine.fileno() and len(waiting) == 3  # type: ignore[attr-defined]
+            assert fd == store._backend.engine.fileno() and len(waiting) == 3  # type: ignore[attr-defined]
             assert holder.release()  # the transition wakes them through the descriptor
             locks = []
             for task in asyncio.as_completed(waiters):

@@ -9,7 +9,7 @@ from .._core._region import object_name, object_size, read_prefix
 from ..pool import POOL_KIND, Key, PoolStatistics
 from ..pool._layout import MAGIC
 from ..pool._stats import inspect
-from ._lock import KNOWN_KINDS, fleet_name, kind_number
+from ._lock_commands import KNOWN_KINDS, fleet_name, kind_number
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -193,7 +193,7 @@ class Pool:
                 case Wait(version):
                     pool.wait_capacity(key, version, timeout=5.0)
         """
-        return acquire(self, key, limits, policy)
+        return acquire(self._t(), self.reserve, self.claim_create, key, limits, policy)
 
     # -- leases -----------------------------------------------------------------------
 
@@ -389,11 +389,11 @@ class Pool:
 
     def candidates(self, key: Key) -> list[Candidate]:
         """Every live or draining resource under ``key`` (a snapshot, not a lease)."""
-        return snapshot(self, check_key(key), install=False)[0]
+        return snapshot(self._t(), check_key(key), install=False)[0]
 
     def budget(self, key: Key) -> tuple[int, int]:
         """(live, creating) for ``key``, fleet-wide; installs the key, (0, 0) if full."""
-        return budget(self, check_key(key))
+        return budget(self._t(), check_key(key))
 
     def owners(self) -> list[tuple[int, int]]:
         """Sorted distinct (node, incarnation) owning live or draining resources.

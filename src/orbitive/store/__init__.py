@@ -22,10 +22,10 @@ from .._core._errors import (
     LockTimeout,
     StoreError,
 )
-from ._async import AsyncLock
-from ._base import Store
 from ._engine import LockInfo
-from ._handle import Lock
+from ._lock import Lock
+from ._lock_async import AsyncLock
+from ._store import Store
 from ._url import open_store
 
 __all__ = [

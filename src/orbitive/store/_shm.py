@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import select
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import Final, TypeVar
 
 from .._core._errors import (
     ErrorKind,
@@ -45,9 +45,6 @@ from .._core._section import object_bytes
 from ..lock import Acquired, LockKey, LockLayout, LockLease, LockOwner, LockTable
 from ..lock._layout import EVENT_HEADER_SIZE
 from ._engine import Busy, Engine, LockInfo
-
-if TYPE_CHECKING:
-    from ._shm_async import ShmAsyncEngine
 
 #: The lock-table namespace of every store lock.
 NAMESPACE: Final = "orbitive.store"
@@ -174,12 +171,6 @@ class ShmEngine(Engine[LockLease]):
             return self._table.fileno()
         except (OrbitError, ValueError) as error:
             raise self._failure(error) from error
-
-    def async_engine(self) -> ShmAsyncEngine:
-        """Table steps on the loop, waits on the readiness descriptor (``_shm_async``)."""
-        from ._shm_async import ShmAsyncEngine  # noqa: PLC0415 - it imports this module
-
-        return ShmAsyncEngine(self)
 
     def close(self) -> None:
         self._closed = True

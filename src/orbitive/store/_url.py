@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any, Final, cast
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
@@ -32,9 +33,11 @@ from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 from .._core._access import check_dir
 from .._core._errors import InvalidStoreUrl
 from .._core._fleet import CAPACITY_MAX
-from ._base import Store
+from ._backend import AsyncForm
 from ._engine import Engine
+from ._engine_async import AsyncEngine
 from ._network import split_param, split_timeout
+from ._store import Store
 
 _SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 #: The password of a ``scheme://user:password@`` URL, for messages about unparsable URLs.
@@ -88,18 +91,23 @@ def open_store(url: str | None = None) -> Store:
 
     Seed 002: one contract, the same on a SQLite file, the SHM table, PostgreSQL and Redis.
     """
-    engine, shown = _engine_for(url)
-    return Store(engine, shown)
+    engine, shown, async_form = _engine_for(url)
+    return Store(engine, shown, async_form)
 
 
-def _engine_for(url: object) -> tuple[Engine[Any], str]:
+#: What a URL opens: the engine, the URL as shown (password removed), the asyncio form.
+_Opened = tuple[Engine[Any], str, AsyncForm]
+
+
+def _engine_for(url: object) -> _Opened:
     if url is None:
         from ._sqlite import SqliteEngine  # noqa: PLC0415 - engines load on demand
 
         path = default_path()
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         check_dir(path.parent)
-        return SqliteEngine(path, private=True), f"sqlite://{path}"
+        engine = SqliteEngine(path, private=True)
+        return engine, f"sqlite://{path}", partial(AsyncEngine, engine)
     if not issubclass(type(url), str):  # type(), not isinstance: __class__ may lie
         raise InvalidStoreUrl(f"store URL must be a str or None, not {type(url).__name__}")
     url = str.__str__(cast(str, url))  # an exact str: a subclass's methods are not called
@@ -119,7 +127,7 @@ def _engine_for(url: object) -> tuple[Engine[Any], str]:
     )
 
 
-def _sqlite(url: str) -> tuple[Engine[Any], str]:
+def _sqlite(url: str) -> _Opened:
     from ._sqlite import SqliteEngine  # noqa: PLC0415 - engines load on demand
 
     rest = url[len("sqlite:") :]
@@ -137,11 +145,13 @@ def _sqlite(url: str) -> tuple[Engine[Any], str]:
         raise InvalidStoreUrl(
             f"store URL {url!r}: the path has no file system form (a lone surrogate)"
         ) from None
-    return SqliteEngine(Path(rest), private=False), url
+    engine = SqliteEngine(Path(rest), private=False)
+    return engine, url, partial(AsyncEngine, engine)
 
 
-def _postgres(url: str) -> tuple[Engine[Any], str]:
+def _postgres(url: str) -> _Opened:
     from ._postgres import PostgresEngine  # noqa: PLC0415 - psycopg loads on demand
+    from ._postgres_async import PostgresAsyncEngine  # noqa: PLC0415
 
     if not _is_utf8(url):
         raise InvalidStoreUrl(f"store URL {url!r} has no UTF-8 form (a lone surrogate)")
@@ -150,7 +160,8 @@ def _postgres(url: str) -> tuple[Engine[Any], str]:
     if problem:  # an unclosed IPv6 bracket is a bad URL, not an unreachable server
         shown = _PASSWORD.sub(r"\1***@", url)
         raise InvalidStoreUrl(f"store URL {shown!r} is malformed: {problem}")
-    return PostgresEngine(conninfo, timeout=timeout), _redacted(url)
+    engine = PostgresEngine(conninfo, timeout=timeout)
+    return engine, _redacted(url), partial(PostgresAsyncEngine, engine)
 
 
 def _libpq_refuses(url: str) -> str:
@@ -167,8 +178,9 @@ def _libpq_refuses(url: str) -> str:
     return ""
 
 
-def _shm(url: str) -> tuple[Engine[Any], str]:
+def _shm(url: str) -> _Opened:
     from ._shm import ShmEngine  # noqa: PLC0415 - orbitive.lock loads on demand
+    from ._shm_async import ShmAsyncEngine  # noqa: PLC0415
 
     try:
         parts = urlsplit(url)
@@ -186,7 +198,8 @@ def _shm(url: str) -> tuple[Engine[Any], str]:
                 f"store URL {url!r}: capacity must be a whole number in 1..{CAPACITY_MAX}"
             )
         capacity = int(value)
-    return ShmEngine(parts.netloc, capacity), url
+    engine = ShmEngine(parts.netloc, capacity)
+    return engine, url, partial(ShmAsyncEngine, engine)
 
 
 def _is_utf8(text: str) -> bool:
@@ -197,7 +210,7 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
-def _redis(url: str) -> tuple[Engine[Any], str]:
+def _redis(url: str) -> _Opened:
     from ._redis import PREFIX_DEFAULT, RedisEngine  # noqa: PLC0415 - redis loads on demand
 
     rest, timeout = split_timeout(url)
@@ -212,7 +225,8 @@ def _redis(url: str) -> tuple[Engine[Any], str]:
     prefix = PREFIX_DEFAULT if prefix is None else unquote(prefix)
     if not prefix or _CONTROL.search(prefix):
         raise InvalidStoreUrl("store URL parameter prefix must be non-empty, no control characters")
-    return RedisEngine(rest, timeout=timeout, prefix=prefix), _redacted(url)
+    engine = RedisEngine(rest, timeout=timeout, prefix=prefix)
+    return engine, _redacted(url), partial(AsyncEngine, engine)
 
 
 def _redacted(url: str) -> str:

@@ -21,7 +21,7 @@ from .._core._region import (
     unlink_object,
 )
 from ..lock import LockEvent, LockKey, LockTable
-from ._store import UsageError, add_store_option, store_force_release, store_locks
+from ._store_commands import UsageError, add_store_option, store_force_release, store_locks
 from ._tables import open_tables
 
 #: What the well-known kind numbers hold.
