@@ -119,3 +119,31 @@ def test_async_twins_import_their_sync_twins_never_the_reverse() -> None:
     assert len(twins) >= 4  # store: _engine, _lock, _postgres, _shm
     for asynchronous, synchronous in twins:
         assert asynchronous not in edges[synchronous], f"{synchronous} imports {asynchronous}"
+
+
+#: What each package of ``orbitive`` may import besides itself (docs/architecture.md).
+LAYERS: dict[str, set[str]] = {
+    "_core": set(),
+    "lock": {"_core"},
+    "pool": {"_core"},
+    "store": {"_core", "lock"},
+    "clients": {"_core", "pool"},
+    "cli": {"", "_core", "lock", "pool", "store", "clients"},
+    "": {"_core", "cli"},  # the root package, and python -m orbitive
+}
+
+
+def package_of(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else ""
+
+
+def test_packages_import_only_the_layers_below_them() -> None:
+    crossings = {
+        (name, target)
+        for name, targets in graph().items()
+        for target in targets
+        if package_of(target) != package_of(name)
+        and package_of(target) not in LAYERS[package_of(name)]
+    }
+    assert not crossings, f"imports against the layering: {sorted(crossings)}"

@@ -73,7 +73,7 @@ class HasNamespace(Protocol):
 class LockKey:
     """What is mutually excluded: a readable namespace plus a resource label.
 
-    Only the key decides contention (seed 000, "Identity"). ``str`` values are
+    Only the key decides contention (lease contract, "Identity"). ``str`` values are
     encoded as UTF-8; bytes are kept as they are.
 
     Raises:

@@ -183,7 +183,7 @@ class Pool:
                 callable ``decide``, too), or the policy returned no Decision.
             KeyFullError: the key table has no room for this key.
 
-        Seed 003: "acquire runs the loop for one request ... and hands back a
+        Pool contract: "acquire runs the loop for one request ... and hands back a
         committed Plan". Example::
 
             match pool.acquire(key, Limits(max_live=4, attempts=4), LocalFirst()):

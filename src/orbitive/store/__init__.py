@@ -1,4 +1,4 @@
-"""Named locks with a TTL, an owner and a fencing token (seed 002).
+"""Named locks with a TTL, an owner and a fencing token (the store contract, docs/architecture.md).
 
 One contract over four engines: a SQLite file (the embedded default), PostgreSQL
 or one Redis node (several hosts) and the SHM lock table of a fleet. See

@@ -189,7 +189,7 @@ class Lock(Tenure):
                 before the engine is touched); ``UNAVAILABLE`` when the engine cannot
                 be reached; ``CLOSED`` after the store was closed.
 
-        Seed 002: "renew gives a new full window from now; False when lost".
+        Store contract: "renew gives a new full window from now; False when lost".
         """
         ttl = check_store_ttl(ttl)
         return self._renew(ttl)
@@ -214,7 +214,7 @@ class Lock(Tenure):
             StoreError: ``UNAVAILABLE`` when the engine cannot be reached; ``CLOSED``
                 after the store was closed.
 
-        Seed 002: "release removes only the owner's own tenure".
+        Store contract: "release removes only the owner's own tenure".
         """
         self._stop_renewer()
         with self._mutex:

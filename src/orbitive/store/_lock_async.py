@@ -77,7 +77,7 @@ class AsyncLock(Tenure):
             asyncio.CancelledError: the task was cancelled; the renew the engine
                 started was finished and recorded first.
 
-        Seed 002: "renew gives a new full window from now; False when lost".
+        Store contract: "renew gives a new full window from now; False when lost".
         """
         return await self._renew(check_store_ttl(ttl))
 
@@ -110,7 +110,7 @@ class AsyncLock(Tenure):
                 started was finished and recorded first, else the lock is still
                 held and this method may be awaited again.
 
-        Seed 002: "release removes only the owner's own tenure".
+        Store contract: "release removes only the owner's own tenure".
         """
         await self._stop_renewal()
         if self._released or self._releasing:

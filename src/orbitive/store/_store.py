@@ -1,4 +1,4 @@
-"""The named-lock store contract (seed 002): the Store and its public verbs.
+"""The store contract (docs/architecture.md, "Contracts"): the Store and its public verbs.
 
 The public verbs live here and validate (with :mod:`._guards`), then call the
 handle modules, the sync :mod:`._lock` and its asyncio twin :mod:`._lock_async`,
@@ -80,7 +80,7 @@ class Store:
                 touched (cause chained); ``UNAVAILABLE`` when the engine cannot be
                 reached; ``CLOSED`` after :meth:`close`.
 
-        Seed 002: "try_lock grants exclusively; None means someone holds it".
+        Store contract: "try_lock grants exclusively; None means someone holds it".
         """
         name, owner, ttl = check_name(name), check_owner(owner), check_store_ttl(ttl)
         result = _lock.attempt(self._backend, name, owner, ttl)
@@ -126,7 +126,7 @@ class Store:
             with store.lock("jobs/nightly", ttl=30.0, timeout=10.0) as lock:
                 run_job(fencing_token=lock.fencing_token)
 
-        Seed 002: the blocking helper renews at about a third of the TTL.
+        Store contract: the blocking helper renews at about a third of the TTL.
         """
         name, ttl = check_name(name), check_store_ttl(ttl)
         owner = random_owner() if owner is None else check_owner(owner)
@@ -156,7 +156,7 @@ class Store:
             asyncio.CancelledError: the task was cancelled; a grant the engine
                 committed meanwhile has been released again, so no lock is left behind.
 
-        Seed 002: "try_lock grants exclusively; None means someone holds it".
+        Store contract: "try_lock grants exclusively; None means someone holds it".
         """
         name, owner, ttl = check_name(name), check_owner(owner), check_store_ttl(ttl)
         result = await _lock_async.attempt(self._backend, name, owner, ttl)
@@ -206,7 +206,7 @@ class Store:
             async with store.lock_async("jobs/nightly", ttl=30.0, timeout=10.0) as lock:
                 await run_job(fencing_token=lock.fencing_token)
 
-        Seed 002: the blocking helper renews at about a third of the TTL.
+        Store contract: the blocking helper renews at about a third of the TTL.
         """
         name, ttl = check_name(name), check_store_ttl(ttl)
         owner = random_owner() if owner is None else check_owner(owner)

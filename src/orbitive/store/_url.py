@@ -89,7 +89,7 @@ def open_store(url: str | None = None) -> Store:
                 with lock:
                     run_job(lock.fencing_token)
 
-    Seed 002: one contract, the same on a SQLite file, the SHM table, PostgreSQL and Redis.
+    Store contract: one contract, the same on a SQLite file, the SHM table, PostgreSQL and Redis.
     """
     engine, shown, async_form = _engine_for(url)
     return Store(engine, shown, async_form)
