@@ -32,7 +32,6 @@ class Release:
     sdist: Path
     wheel: Path
     tools: Path
-    output: str
 
 
 def has_c_compiler() -> bool:
@@ -66,7 +65,6 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
         sdist=out / f"orbitive-{VERSION}.tar.gz",
         wheel=wheels[0],
         tools=ROOT / ".venv-dist" / "bin",
-        output=done.stdout + done.stderr,
     )
 
 
