@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Final
 
-from ._project import PYPROJECT, REPOSITORY, ROOT
+from ..packaging._project import PYPROJECT, REPOSITORY, ROOT
 
 README: Final = (ROOT / "README.md").read_text()
 
