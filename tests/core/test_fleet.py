@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from orbitive import Fleet
+from orbitive import CapacityMismatch, Fleet
 from orbitive._core._errors import FleetError, InvalidCapacity, InvalidName, NodeOutsideFleet
-from orbitive._core._fleet import members_name
+from orbitive._core._fleet import CAPACITY_DEFAULT, members_name
 from orbitive._core._region import SHM_DIR
 from orbitive.lock import Acquired, LockKey, LockTable
 
 from .._children import report_node, sleep_forever, start_server, try_twice_in_child
+from .._fleets import remove_fleet_files
 from .._processes import Processes, exec_program
 
 KEY = LockKey("tests.fleet", "fork")
@@ -65,6 +66,20 @@ def test_a_closed_fleet_gives_its_node_back_at_once(fleet_name: str) -> None:
         assert not observer.is_alive(1)
     with pytest.raises(FleetError, match="closed"):
         fleet.node  # noqa: B018 - the property raises
+
+
+def test_join_without_a_capacity_takes_the_fleets_own_or_the_default(fleet_name: str) -> None:
+    with Fleet.join(fleet_name) as new:
+        assert new.capacity == CAPACITY_DEFAULT == 64  # as shm://FLEET
+    remove_fleet_files(fleet_name)
+    with Fleet.join(fleet_name, 3), Fleet.join(fleet_name) as joined:
+        assert joined.capacity == 3  # the capacity the fleet was created with
+
+
+def test_another_capacity_is_a_capacity_mismatch(fleet_name: str) -> None:
+    with Fleet.join(fleet_name, 3), pytest.raises(CapacityMismatch) as caught:
+        Fleet.join(fleet_name, 4)
+    assert isinstance(caught.value, InvalidCapacity) and "has capacity 3" in str(caught.value)
 
 
 def test_explicit_node_is_claimed_and_reported(fleet_name: str) -> None:
@@ -132,7 +147,8 @@ def test_longest_and_odd_but_valid_names_are_accepted() -> None:
 
 @pytest.mark.parametrize("capacity", [0, -1, 4097, 2.0, True, None, "4"], ids=repr)
 def test_bad_capacity_raises_invalid_capacity(fleet_name: str, capacity: Any) -> None:
-    for make in (Fleet.join, Fleet.local):
+    # None is join's default (the fleet's own capacity, else 64); a local fleet needs one.
+    for make in (Fleet.local,) if capacity is None else (Fleet.join, Fleet.local):
         with pytest.raises(InvalidCapacity) as caught:
             make(fleet_name, capacity)
         assert isinstance(caught.value, ValueError)

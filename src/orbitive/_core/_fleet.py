@@ -35,6 +35,7 @@ from typing import Final
 from . import _fork
 from ._access import euid
 from ._errors import (
+    CapacityMismatch,
     FleetError,
     InvalidCapacity,
     InvalidName,
@@ -55,6 +56,8 @@ from ._region import (
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,32}")
 #: Largest fleet capacity (node ids are 16-bit in every layout).
 CAPACITY_MAX: Final = 4096
+#: The capacity of a fleet joined with none given, when it does not exist yet (as ``shm://``).
+CAPACITY_DEFAULT: Final = 64
 _U64: Final = struct.Struct("<Q")
 #: Membership object header: magic, version, reserved, capacity; incarnations from 64.
 MEMBERS: Final = struct.Struct("<IHHI")
@@ -165,12 +168,12 @@ def _check_recorded(fd: int, name: str, capacity: int) -> None:
     """Refuse a membership object that records another capacity (or none).
 
     Raises:
-        InvalidCapacity: the fleet already has another capacity.
+        CapacityMismatch: the fleet already has another capacity.
         LayoutMismatch: it is no membership object, or a clear's placeholder.
     """
     recorded = _read_capacity(fd, name)
     if recorded != capacity:
-        raise InvalidCapacity(
+        raise CapacityMismatch(
             f"fleet {name!r} has capacity {recorded}; joining with {capacity} would give "
             f"its members different lane counts: join with capacity={recorded}; "
             f"{capacity_advice(name)}",
@@ -280,12 +283,14 @@ class Fleet:
     # -- construction ----------------------------------------------------------------
 
     @classmethod
-    def join(cls, name: str, capacity: int, node: int | None = None) -> Fleet:
+    def join(cls, name: str, capacity: int | None = None, node: int | None = None) -> Fleet:
         """Join the SHM fleet ``name``, claiming ``node`` or the lowest free node.
 
         Args:
             name: 1..32 characters of ``[A-Za-z0-9._-]``.
             capacity: number of nodes (writer lanes), 1..4096; all members agree.
+                None takes the capacity the fleet was created with, or
+                :data:`CAPACITY_DEFAULT` (64) for a new fleet, as ``shm://FLEET`` does.
             node: the node id to claim, ``0 <= node < capacity``; None claims the
                 lowest node no live process holds.
 
@@ -305,7 +310,10 @@ class Fleet:
             with Fleet.join("web", capacity=8) as fleet:
                 print(fleet.node, fleet.incarnation)
         """
-        fleet = cls(check_fleet_name(name), _check_capacity(capacity), shared=True)
+        name = check_fleet_name(name)  # before its name is used to look anything up
+        if capacity is None:
+            capacity = recorded_capacity(name) or CAPACITY_DEFAULT
+        fleet = cls(name, _check_capacity(capacity), shared=True)
         if node is not None:
             _check_node(node, fleet.capacity)
             fleet._explicit_node = True

@@ -72,8 +72,9 @@ def open_store(url: str | None = None) -> Store:
     Raises:
         InvalidStoreUrl: not a str or None, an unknown scheme, a malformed URL, a
             lone surrogate in a PostgreSQL URL or a SQLite path (also ``ValueError``),
-            a ``sqlite:`` path to a file that is not a SQLite database, or an
-            ``shm://`` fleet that has another capacity than ``?capacity=N`` asks for.
+            or a ``sqlite:`` path to a file that is not a SQLite database.
+        CapacityMismatch: an ``shm://`` fleet has another capacity than
+            ``?capacity=N`` asks for (an ``InvalidCapacity``, also ``ValueError``).
         StoreError: ``UNAVAILABLE`` when the database cannot be opened or reached,
             ``psycopg`` (``redis``) is not installed for a PostgreSQL (Redis) URL, or
             every node of an ``shm://`` fleet is held.
