@@ -108,7 +108,8 @@ class Pool:
                 "build a new Pool with the child's own incarnation",
                 fleet=self._fleet.name,
             )
-        self._table.bind(self._fleet.node, self._fleet.incarnation)
+        life = self._fleet.incarnation
+        self._table.bind(self._fleet.node, life, life)
         self._attach()
 
     def _attach(self) -> None:
