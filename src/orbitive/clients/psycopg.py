@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import select
 import time
@@ -347,15 +348,18 @@ def await_gone(fd: int) -> None:
 
     A backend leaves ``pg_stat_activity`` before it closes its socket, so once
     this returns the server no longer counts the connection: only then does
-    the pool hand its budget to another process.
+    the pool hand its budget to another process. The wait is a ``poll``, which
+    takes any descriptor number (``select`` refuses 1024 and above, which a
+    busy process's sockets get).
     """
     if fd < 0:
         return
     try:
+        watch = select.poll()
+        watch.register(fd, select.POLLIN)
         deadline = time.monotonic() + CLOSE_WAIT_S
         while (remaining := deadline - time.monotonic()) > 0:
-            readable, _, _ = select.select([fd], [], [], remaining)
-            if not readable or not os.read(fd, 65536):
+            if not watch.poll(math.ceil(remaining * 1000.0)) or not os.read(fd, 65536):
                 return
     except OSError:  # reset by the server: gone as well
         return
