@@ -65,3 +65,34 @@ def busy_reconnects(
     for fd in held:
         os.close(fd)
     channel.send((refused, close_errors, lowest))
+
+
+def async_checkout(
+    channel: Channel, fleet_name: str, capacity: int, url: str, tag: str, max_live: int
+) -> None:
+    """Check ``max_live`` connections out of an AsyncConnectionPool, each within 1 s.
+
+    Sends how many it got, then the class names of the errors of the others.
+    """
+    import asyncio  # noqa: PLC0415 - spawn imports this module lean
+
+    from orbitive.clients.psycopg import AsyncConnectionPool  # noqa: PLC0415
+
+    async def run(fleet: Fleet) -> tuple[int, list[str]]:
+        options = PoolOptions(max_live=max_live)
+        pool = AsyncConnectionPool(
+            url, fleet=fleet, kwargs={"application_name": tag}, options=options
+        )
+        held, errors = [], []
+        for _ in range(max_live):
+            try:
+                held.append(await pool.getconn(timeout=1.0))
+            except Exception as error:  # reported by name: the test decides
+                errors.append(type(error).__name__)
+        for conn in held:
+            await pool.putconn(conn)
+        await pool.close()
+        return len(held), errors
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        channel.send(asyncio.run(run(fleet)))

@@ -53,8 +53,13 @@ _OPEN: Final = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 CLOSE_WAIT_S: Final = 2.0
 
 
-def connection_key(conninfo: str, kwargs: dict[str, Any], flavour: str) -> Key:
-    """The pool key of a connection target: conninfo, connect arguments and class.
+def connection_key(conninfo: str, kwargs: dict[str, Any]) -> Key:
+    """The pool key of a connection target: conninfo and connect arguments.
+
+    The same for :class:`ConnectionPool` and :class:`AsyncConnectionPool`: one
+    database is one budget, whichever API opens it (a fleet of sync and asyncio
+    workers shares ``max_live``). Each pool still checks out only connections
+    it made itself.
 
     Raises:
         InvalidPoolOptions: ``conninfo`` is not a str or ``kwargs`` not a dict.
@@ -64,7 +69,7 @@ def connection_key(conninfo: str, kwargs: dict[str, Any], flavour: str) -> Key:
     if not isinstance(kwargs, dict):
         raise InvalidPoolOptions(f"kwargs must be a dict, got {kwargs!r:.60}", key="kwargs")
     parts = sorted((str(name), repr(value)) for name, value in kwargs.items())
-    return Key.digest(f"psycopg\0{flavour}\0{conninfo}\0{parts!r}".encode())
+    return Key.digest(f"psycopg\0{conninfo}\0{parts!r}".encode())
 
 
 def check_connection(conn: psycopg.Connection[Any]) -> None:
@@ -148,7 +153,9 @@ class ConnectionPool(_Base):
         conninfo: the libpq connection string or URL.
         fleet: this process's joined fleet.
         kwargs: more arguments for ``psycopg.Connection.connect`` (for example
-            ``{"application_name": "web"}``); part of the key.
+            ``{"application_name": "web"}``); part of the key, which an
+            :class:`AsyncConnectionPool` of the same conninfo and kwargs shares
+            (one budget).
         options: host-wide sizes and timeouts (:class:`PoolOptions`).
         configure: called with each new connection before first use.
         check: called on checkout (default :func:`check_connection`; None skips).
@@ -174,7 +181,7 @@ class ConnectionPool(_Base):
         kind: int = POOL_KIND,
     ) -> None:
         kwargs = {} if kwargs is None else kwargs
-        derived = connection_key(conninfo, kwargs, "sync") if key is None else key
+        derived = connection_key(conninfo, kwargs) if key is None else key
         self.conninfo, self.kwargs = conninfo, dict(kwargs)
         self._configure, self._reset_hook = configure, reset
         self._build(fleet, derived, self._connect, _close, check, self._reset, options, kind)
@@ -270,7 +277,7 @@ class AsyncConnectionPool(_Base):
         kind: int = POOL_KIND,
     ) -> None:
         kwargs = {} if kwargs is None else kwargs
-        derived = connection_key(conninfo, kwargs, "async") if key is None else key
+        derived = connection_key(conninfo, kwargs) if key is None else key
         self.conninfo, self.kwargs = conninfo, dict(kwargs)
         self._configure, self._reset_hook = configure, reset
         self._build(fleet, derived, self._connect, _close_async, check, self._reset, options, kind)
