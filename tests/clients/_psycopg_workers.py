@@ -96,3 +96,24 @@ def async_checkout(
 
     with Fleet.join(fleet_name, capacity) as fleet:
         channel.send(asyncio.run(run(fleet)))
+
+
+def sleeping_holder(
+    channel: Channel, fleet_name: str, capacity: int, url: str, tag: str, hold: int, query: str
+) -> None:
+    """Check out ``hold`` connections (``max_live=hold``) and run ``query`` on each from a
+    thread of its own; send "running" once every thread has sent its query, then wait."""
+    import threading  # noqa: PLC0415 - spawn imports this module lean
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        pool = ConnectionPool(
+            url, fleet=fleet, kwargs={"application_name": tag}, options=PoolOptions(max_live=hold)
+        )
+        held = [pool.getconn() for _ in range(hold)]
+        threads = [
+            threading.Thread(target=conn.execute, args=(query,), daemon=True) for conn in held
+        ]
+        for thread in threads:
+            thread.start()
+        channel.send("running")
+        time.sleep(3600)
