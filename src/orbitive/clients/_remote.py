@@ -43,7 +43,7 @@ from .._core._errors import (
     SessionClosed,
     StaleError,
 )
-from .._core._region import SHM_DIR
+from .._core._region import SHM_DIR, client_socket_name
 from ..pool import Lease, ResourceId
 from ..pool.session import accept_session, accept_session_async, open_session, open_session_async
 from ._async import made, retire, usable
@@ -74,9 +74,7 @@ def socket_path(pool: ClientPool[Any], node: int) -> str:
     """
     table = pool.pool
     key = str(pool.key)[:12]
-    return str(
-        SHM_DIR / f"orbit-{table._fleet.name}-{table.kind}-clients-{node}-{key}-{euid()}.sock"
-    )
+    return str(SHM_DIR / client_socket_name(table._fleet.name, table.kind, node, key))
 
 
 def ours(path: str) -> bool:
