@@ -562,6 +562,9 @@ class Pool:
 
         Existing mappings keep working; the next process to open the pool creates
         a new table. Never unlink a table a running fleet uses.
+
+        Raises:
+            AccessDenied: the name is no longer ours (another user's object took it).
         """
         table = self._t()
         if table.region.shared:
