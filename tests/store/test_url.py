@@ -37,7 +37,22 @@ def test_sqlite_absolute_and_relative_forms(
         "shm://fleet/path",
         "shm://fleet?capacity=many",
         "shm://fleet?size=3",
+        # what urllib, idna or redis-py refused later with ValueError, UnicodeError or
+        # TypeError (or refused with a misleading "unavailable"):
+        "redis://[::1",
+        "rediss://[",
+        "redis://[zz]:1/0",
+        "redis://\ud800/0",
+        "redis://" + "a" * 64 + "/0",
+        "redis://a..b/0",
+        "postgresql://" + "a" * 64 + "/db",
+        "postgresql://h1,a..b/db",
+        "redis://127.0.0.1:1/0?ssl_cert_reqs=none",
+        "unix:///tmp/\x00x.sock",
+        "redis://127.0.0.1:1/0?prefix=%ff",
+        "redis://127.0.0.1:1/0?prefix=\ud800",
     ],
+    ids=ascii,
 )
 def test_bad_urls_are_refused(url: str) -> None:
     with pytest.raises(InvalidStoreUrl) as caught:

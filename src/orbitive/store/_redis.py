@@ -196,10 +196,11 @@ class RedisEngine(Engine[RedisGrant]):
                 retry=module.retry.Retry(module.backoff.NoBackoff(), 0),
                 retry_on_timeout=False,
             )
-        except (ValueError, TypeError) as error:  # redis-py's verdict on the URL
+            # a redis-py Connection (its methods are untyped), built from the URL's arguments
+            self._conn: Any = self._pool.make_connection()
+        except (ValueError, TypeError, self._errors) as error:  # redis-py's verdict on the URL
             raise InvalidStoreUrl(f"redis store URL refused: {error}") from None
         self._mutex = threading.Lock()
-        self._conn: Any = None  # a redis-py Connection (its methods are untyped)
         self._closed = False
         self._prefix = prefix
         self._lease_prefix = f"{prefix}lock:"
