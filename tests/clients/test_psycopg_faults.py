@@ -16,9 +16,21 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.rows import dict_row
 
+from orbitive import Fleet
+from orbitive.clients import InvalidPoolOptions
+from orbitive.clients.psycopg import AsyncConnectionPool, ConnectionPool, connection_key
+
+from .._odd import HostileObject
 from .._processes import Processes
-from ._psycopg_workers import BUSY_DESCRIPTORS, async_checkout, busy_reconnects, sleeping_holder
+from ._psycopg_workers import (
+    BUSY_DESCRIPTORS,
+    async_checkout,
+    busy_reconnects,
+    key_with_row_factory,
+    sleeping_holder,
+)
 from ._workers import psycopg_holder
 from .conftest import CAPACITY
 
@@ -133,3 +145,43 @@ def test_a_worker_killed_mid_query_leaves_its_backends_until_the_server_checks_t
         else:
             time.sleep(CHECK_INTERVAL_S + 1.0)
             assert _sessions(admin, role) == 4  # the killed worker's statements run on
+
+
+def test_a_row_factory_does_not_split_the_budget_between_processes(spawned: Processes) -> None:
+    """Its repr holds an address, other in every process: it must not be part of the key."""
+    url = "postgresql://app@db.example/main"
+    theirs = spawned.start(key_with_row_factory, url).recv(60)
+    assert theirs == connection_key(url, {"row_factory": dict_row, "application_name": "a"})
+    assert theirs == connection_key(url, {"application_name": "a", "autocommit": True})
+    assert theirs != connection_key(url, {"application_name": "b"})  # another session setup
+
+
+@pytest.mark.parametrize(
+    ("conninfo", "kwargs"),
+    [
+        ("\ud800", {}),
+        ("host=a\x00", {}),
+        (b"host=a", {}),
+        ("", {"application_name": "\udcff"}),
+        ("", {"application_name": HostileObject()}),
+        ("", {"port": object()}),
+        ("", {1: "x"}),
+        ("", []),
+    ],
+    ids=[
+        "surrogate",
+        "nul",
+        "bytes",
+        "surrogate-parameter",
+        "hostile-parameter",
+        "object-parameter",
+        "int-name",
+        "not-a-dict",
+    ],
+)
+def test_odd_conninfo_and_kwargs_are_invalid_pool_options_before_the_table(
+    fleet: Fleet, conninfo: Any, kwargs: Any
+) -> None:
+    for pool_class in (ConnectionPool, AsyncConnectionPool):
+        with pytest.raises(InvalidPoolOptions):
+            pool_class(conninfo, fleet=fleet, kwargs=kwargs)

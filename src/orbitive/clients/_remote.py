@@ -32,6 +32,7 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core._access import euid
+from .._core._bytes import exact_bytes
 from .._core._errors import (
     AccessDenied,
     BusyError,
@@ -42,6 +43,7 @@ from .._core._errors import (
     RemoteRequestError,
     SessionClosed,
     StaleError,
+    shown,
 )
 from .._core._region import SHM_DIR, client_socket_name
 from ..pool import Lease, ResourceId
@@ -90,11 +92,14 @@ def check_payload(payload: object) -> bytes:
     """``payload`` as bytes.
 
     Raises:
-        InvalidPoolOptions: not bytes-like, or longer than :data:`MESSAGE_MAX`.
+        InvalidPoolOptions: not bytes-like (or a released memoryview), or longer
+            than :data:`MESSAGE_MAX`.
     """
-    if not isinstance(payload, (bytes, bytearray, memoryview)):
-        raise InvalidPoolOptions(f"a request must be bytes, got {payload!r:.60}", key="payload")
-    data = bytes(payload)
+    data = exact_bytes(payload)
+    if data is None:
+        raise InvalidPoolOptions(
+            f"a request must be readable bytes, got {shown(payload)}", key="payload"
+        )
     if len(data) > MESSAGE_MAX:
         raise InvalidPoolOptions(f"a request has at most {MESSAGE_MAX} bytes", key="payload")
     return data
