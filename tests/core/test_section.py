@@ -9,7 +9,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -22,11 +22,10 @@ from orbitive.lock import Acquired, LockOwner, LockTable
 
 from .._children import KEY, stop_in_critical_section
 from .._processes import Channel, Processes
+from .conftest import TWINS
 
 KIND = 151
 SIZE = mmap.PAGESIZE
-
-TWINS = ["c", "ctypes"]
 
 
 def no_check(buf: mmap.mmap) -> None:
@@ -41,21 +40,6 @@ def use_twin(twin: str) -> None:
     """Make this process lock sections with the C module or with ctypes."""
     if twin == "ctypes":
         vars(_section)["_robust_c"] = None
-
-
-@pytest.fixture(params=["mutex", "flock"])
-def mechanism(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Objects created in this test record this mechanism (children inherit it)."""
-    monkeypatch.setenv("ORBIT_SECTION", request.param)
-    yield request.param
-
-
-@pytest.fixture(params=TWINS)
-def locking_twin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """This process locks sections with the C module or with ctypes for this test."""
-    if request.param == "ctypes":
-        monkeypatch.setitem(vars(_section), "_robust_c", None)
-    return str(request.param)
 
 
 def hold_and_die(channel: Channel, fleet_name: str, twin: str) -> None:

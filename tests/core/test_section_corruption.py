@@ -36,7 +36,8 @@ from orbitive.lock import Acquired, LockKey, LockOwner, LockTable, Occupied, _st
 
 from .._children import KEY
 from .._processes import Channel, Processes
-from .test_section import TWINS, use_twin
+from .conftest import TWINS
+from .test_section import use_twin
 
 #: (offset in the mutex, bytes) written over it; "self" is this thread's id as the futex word.
 CORRUPTIONS: dict[str, list[tuple[int, bytes]]] = {

@@ -1,4 +1,4 @@
-"""A section block's mapping outlives every hold this process has on its mutexes.
+"""A section block's mapping outlives every hold and every wait of this process on it.
 
 glibc links each robust mutex a thread holds into that thread's robust list, through
 the mutex's own bytes, and writes through the list on the thread's next lock. A
@@ -13,14 +13,17 @@ from __future__ import annotations
 import gc
 import mmap
 import threading
+import time
 
 import pytest
 
+from orbitive._core._errors import FleetError
 from orbitive._core._region import Region
 from orbitive._core._section import recoveries
 
 from .._processes import Channel, Processes
-from .test_section import KIND, TWINS, lock_once, open_region, use_twin
+from .conftest import TWINS
+from .test_section import KIND, lock_once, open_region, use_twin
 
 #: Read-only pages mapped after a block went, so that a write through a dangling
 #: robust list entry faults instead of landing somewhere unnoticed.
@@ -97,4 +100,57 @@ def test_a_block_another_thread_of_the_process_holds_stays_mapped(
     region = open_region(fleet_name)
     assert recoveries(region.block) == 1
     region.close()
+    region.unlink()
+
+
+def hold_until_told(channel: Channel, fleet_name: str) -> None:
+    """Hold the region's section until the test says so, then let it go."""
+    region = open_region(fleet_name)
+    region.acquire()
+    channel.send("held")
+    channel.recv(timeout=None)
+    region.release()
+    channel.send("released")
+
+
+@pytest.mark.parametrize("freed_by", ["release", "kill"])
+def test_a_waiter_in_a_region_closed_under_it_gets_fleet_error(
+    fleet_name: str, mechanism: str, locking_twin: str, freed_by: str
+) -> None:
+    """Another process holds the section; a thread waits in it; the region is closed (its
+    layout unmapped) and its block cannot be unmapped meanwhile. Once the section is free
+    the waiter gets FleetError, holding nothing, and every later entry does too."""
+    region = open_region(fleet_name)
+    outcome: list[BaseException | None] = []
+
+    def wait_inside() -> None:
+        try:
+            with region:
+                outcome.append(None)
+        except BaseException as error:  # recorded for the assertion
+            outcome.append(error)
+
+    with Processes("fork") as processes:
+        holder = processes.start(hold_until_told, fleet_name)
+        assert holder.recv() == "held"
+        waiter = threading.Thread(target=wait_inside)
+        waiter.start()
+        time.sleep(0.2)  # the waiter is inside acquire, waiting for the section
+        region.close()
+        if mechanism == "mutex":
+            with pytest.raises(BufferError):
+                region.block.close()  # its mutexes hold the block mapped
+        if freed_by == "release":
+            holder.send("go")
+            assert holder.recv() == "released"
+        else:
+            holder.kill()
+        waiter.join(timeout=20.0)
+        assert not waiter.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], FleetError), outcome
+        assert not region.holds()
+        with pytest.raises(FleetError, match="closed"):
+            region.acquire()
+        # The section itself is free: another process locks it at once.
+        assert processes.start(lock_once, fleet_name, "c").recv(timeout=5)[0] == "locked"
     region.unlink()

@@ -34,10 +34,12 @@ every stripe, in ascending order. A flock section has one stripe.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
 import struct
+import threading
 from collections.abc import Callable
 from typing import Final, Protocol
 
@@ -159,7 +161,13 @@ class MutexSection:
 
 
 class FlockSection:
-    """``flock`` on the object's own descriptor (kept open for the region's life)."""
+    """``flock`` on the object's own descriptor (kept open for the region's life).
+
+    The lock belongs to the open file description, which the region's mappings share
+    (``mmap`` keeps a duplicate of the descriptor): closing the descriptor would not
+    unlock it. So a :meth:`close` while a thread waits in :meth:`acquire` leaves the
+    descriptor open until that thread, once it has the lock, lets it go again.
+    """
 
     mechanism = FLOCK
     stripes = 1
@@ -167,13 +175,37 @@ class FlockSection:
     def __init__(self, fd: int) -> None:
         self.fd = os.dup(fd)
         os.set_inheritable(self.fd, False)
+        #: Guards ``fd`` against a close racing an acquire (a few instructions each).
+        self._guard = threading.Lock()
+        self._waiting = 0
+        self._closing = False
 
     def acquire(self) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        """Lock (waiting for another process's hold).
+
+        Raises:
+            OSError: ``EBADF`` once closed, or ``flock``'s own.
+        """
+        with self._guard:
+            if self._closing:
+                raise OSError(errno.EBADF, "the section is closed")
+            fd = self.fd
+            self._waiting += 1
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        finally:
+            with self._guard:
+                self._waiting -= 1
 
     def release(self) -> None:
-        if self.fd >= 0:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        """Unlock; after a :meth:`close` that a waiter deferred, close the descriptor too."""
+        with self._guard:
+            if self.fd >= 0:
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_UN)
+                finally:
+                    if self._closing and not self._waiting:
+                        self._close_fd()
 
     def release_mine(self) -> None:
         """Unlock after an acquire cut short: the region's process mutex keeps this
@@ -183,6 +215,8 @@ class FlockSection:
 
     def after_fork_in_child(self) -> None:
         """Open the same object anew: a flock through the inherited description is the parent's."""
+        self._guard = threading.Lock()  # a parent's thread may have held it at the fork
+        self._waiting = 0
         if self.fd < 0:
             return
         old, self.fd = self.fd, -1
@@ -192,6 +226,13 @@ class FlockSection:
             os.close(old)  # closing our copy never unlocks the parent's
 
     def close(self) -> None:
+        """Close the descriptor, or, while a thread waits to lock, leave that to its release."""
+        with self._guard:
+            self._closing = True
+            if not self._waiting:
+                self._close_fd()
+
+    def _close_fd(self) -> None:
         if self.fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
