@@ -23,6 +23,7 @@ from ._core._errors import (
     OrbitError,
 )
 from ._core._fleet import Fleet
+from ._core._native import native
 
 __version__ = "0.1.0"
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "NodeOutsideFleet",
     "OrbitError",
     "__version__",
+    "native",
 ]
 
 for _name in __all__:  # tracebacks and reprs name the public module

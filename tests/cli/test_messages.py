@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import socket
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from orbitive import Fleet, __version__
+from orbitive._core import _native
 from orbitive.cli import main
 from orbitive.lock import LockTable
 from orbitive.store import ErrorKind, InvalidStoreUrl, open_store
@@ -124,7 +126,12 @@ def test_version_and_python_dash_m(module: str) -> None:
         timeout=60,
     )
     assert done.returncode == 0
-    assert done.stdout.strip() == f"orbit (orbitive) {__version__}"
+    first, *modules = done.stdout.splitlines()
+    assert first == f"orbit (orbitive) {__version__}, Python {platform.python_version()}"
+    loaded = _native.loaded()
+    assert [line.split()[0] for line in modules] == list(loaded)
+    for line, built in zip(modules, loaded.values(), strict=True):
+        assert line.endswith("  loaded" if built else "  not built (Python steps run)")
 
 
 def test_an_unreachable_postgres_is_one_line_and_exit_1(capsys: Capture) -> None:

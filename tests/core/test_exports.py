@@ -9,7 +9,7 @@ import pytest
 
 #: api.md names per public module, plus the additions this package documents.
 API_NAMES = {
-    "orbitive": {"Fleet", "OrbitError"},
+    "orbitive": {"Fleet", "OrbitError", "native"},
     "orbitive.lock": {
         "LockTable",
         "LockLayout",

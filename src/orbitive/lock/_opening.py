@@ -9,7 +9,9 @@ are bound to the parent's node and fork generation).
 
 from __future__ import annotations
 
-from .._core import _fork, _section
+from typing import Final
+
+from .._core import _fork, _native, _section
 from .._core._errors import InvalidArgumentType
 from .._core._fleet import Fleet
 from .._core._region import Region
@@ -23,6 +25,12 @@ try:
 except ImportError:  # not built (no C compiler): the Python steps are used
     Steps = None  # type: ignore[assignment, misc]
 
+#: What a table without its C operations costs (``bench/instructions.py``, README "Benchmarks").
+PYTHON_COST: Final = (
+    "the lock table's operations run in Python, holding its whole section: an acquire + "
+    "release pair costs about 135 times as many instructions as its C call (some 85 us "
+    "instead of 0.6 us)"
+)
 #: The value types the C operations read and build, in their order.
 _TYPES = (LockKey, LockOwner, LockLease, Acquired, Occupied)
 
@@ -62,13 +70,15 @@ def c_steps(
 ) -> Steps | None:
     """The C operations of ``table`` for ``reference``'s node (None: the Python steps run).
 
-    None when the module is not built, this process only observes (node -1), or
-    the state's section is not a robust mutex the C code can lock.
+    None when this process only observes (node -1), the state's section is not a
+    robust mutex the C code can lock, or the module is not built; the last one also
+    warns (:func:`~.._core._native.warn_python_steps`, once per process).
     """
     section = state.section
-    if Steps is None or reference.node < 0 or section is None:
+    if reference.node < 0 or section is None or section.mechanism != _section.ROBUST_MUTEX:
         return None
-    if section.mechanism != _section.ROBUST_MUTEX:
+    if Steps is None:
+        _native.warn_python_steps("orbitive.lock._fastpath", PYTHON_COST)
         return None
     geometry = ring.geometry
     steps = Steps(

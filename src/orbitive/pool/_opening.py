@@ -11,8 +11,9 @@ process life; :func:`operations_for` makes the C operations a Pool binds over it
 from __future__ import annotations
 
 import weakref
+from typing import Final
 
-from .._core import _fork
+from .._core import _fork, _native
 from .._core._errors import FleetError, MalformedError, shown
 from .._core._fleet import Fleet
 from .._core._readiness import BACKEND
@@ -21,6 +22,12 @@ from .._core._section import ROBUST_MUTEX
 from ._layout import Layout, check_capacity, env_geometry
 from ._table import Table
 from ._values import Incarnation, Lease, ResourceId
+
+#: What a pool without its C operations costs (``bench/instructions.py``, README "Benchmarks").
+PYTHON_COST: Final = (
+    "the pool table's operations run in Python: a local reuse cycle (reserve, accept, "
+    "complete) costs about 30 times as many instructions as its C calls"
+)
 
 try:
     from ._fastpath import Operations
@@ -70,11 +77,16 @@ def operations_for(pool: object, table: Table) -> Operations | None:
     They need the C module, the table's section to be the robust mutex (the C
     operations lock it themselves) and readiness to wake by futex (they bump
     the key's change word themselves); otherwise None: the Python operations run.
+    A missing module also warns (:func:`~.._core._native.warn_python_steps`, once
+    per process).
     """
     section = table.region.section
-    if Operations is None or section is None or section.mechanism != ROBUST_MUTEX:
+    if section is None or section.mechanism != ROBUST_MUTEX:
         return None
     if BACKEND.NAME != "futex" or table.node < 0:
+        return None
+    if Operations is None:
+        _native.warn_python_steps("orbitive.pool._fastpath", PYTHON_COST)
         return None
     return Operations(
         table.buf,
