@@ -331,6 +331,20 @@ def test_release_mine_unlocks_only_the_stripes_this_thread_holds(twin: str) -> N
     mutex.release()
 
 
+def test_a_c_mutex_never_initialised_refuses_every_call() -> None:
+    c_twin = getattr(vars(_section)["_robust_c"], "RobustMutex", None)  # None: not built
+    if c_twin is None:
+        pytest.skip("the C twin is not built")
+    fresh = c_twin.__new__(c_twin)
+    for call in (fresh.create, fresh.acquire, fresh.release, fresh.release_mine):
+        with pytest.raises(ValueError, match="not initialised"):  # never a touch of no block
+            call()
+    with pytest.raises(ValueError, match="smaller"):
+        fresh.__init__(mmap.mmap(-1, 100))
+    with pytest.raises(ValueError, match="not initialised"):
+        fresh.acquire()
+
+
 def enter_and_leave(region: Region) -> None:
     region.acquire()
     region.release()

@@ -463,3 +463,26 @@ def test_take_and_give_back_refuse_an_id_of_another_kind_or_geometry_by_name(
             with pytest.raises(MalformedError):
                 give_back(foreign, 2, 2, False, True)
         assert table_bytes(pool) == before
+
+
+def test_operations_uninitialised_or_closed_never_touch_memory(pools: tuple[Pool, Pool]) -> None:
+    """Every C operation checks its object's state first: one never initialised raises
+    ValueError, a closed one hands each call to the pool's Python operation."""
+    fast = pools[0]
+    require_c_steps(fast._operations, "orbitive.pool._fastpath")
+    operations = fast._operations
+    assert operations is not None
+    rid = fast.register(Key(0x5A), 1)
+    fresh = type(operations).__new__(type(operations))
+    for call in (
+        lambda: fresh.reserve(rid),
+        lambda: fresh.take(rid),
+        lambda: fresh.give_back(rid, 1, 1, False, False),
+    ):
+        with pytest.raises(ValueError, match="not initialised"):
+            call()
+    operations.close()
+    execution = fast.accept(fast.reserve(rid))  # the Python operations, on the same table
+    assert execution.done is False
+    execution.complete()
+    assert execution.done is True
