@@ -486,3 +486,14 @@ def test_operations_uninitialised_or_closed_never_touch_memory(pools: tuple[Pool
     assert execution.done is False
     execution.complete()
     assert execution.done is True
+
+
+def test_a_table_step_enters_with_the_regions_own_acquire(pools: tuple[Pool, Pool]) -> None:
+    """``with table:`` calls ``Region.acquire`` itself, so no frame of the pool runs between
+    the section being held and the step (where a signal handler's exception would leave
+    it held: tests/core/test_section.py raises one at every point of entering)."""
+    table = pools[1]._t()
+    assert table.__enter__ == table.region.acquire
+    with table:
+        assert table.region.holds()
+    assert not table.region.holds()

@@ -186,14 +186,11 @@ def take(table: Table, rid: ResourceId) -> None:
         BusyError: no free unit (a borrower reserved it).
     """
     offset = table.locate(rid)
-    table.enter()
-    try:
+    with table:
         hot = _owned_live(table, rid, offset)
         if _free(table, offset, hot) <= 0:
             raise BusyError(f"resource {rid} has no free unit", node=rid.node, key=rid)
         store(table.buf, offset + RES_ACTIVE, U32, hot[8] + 1)
-    finally:
-        table.leave()
 
 
 def give_back(
@@ -229,8 +226,7 @@ def give_back(
     step. A key index past the key table (damage) reads as retired.
     """
     offset = table.locate(rid)
-    table.enter()
-    try:
+    with table:
         try:
             hot = table._owned(rid, offset)
         except (StaleError, NotOwnerError):  # closed or reset meanwhile: nothing to keep
@@ -250,8 +246,6 @@ def give_back(
         if waiters[table.node] or (borrowers and any(waiters)):
             table.key_changed(index)
         return True
-    finally:
-        table.leave()
 
 
 def _keep(counted: Census, node: int, max_idle: int, max_live: int, in_turn: bool) -> bool:
@@ -282,8 +276,7 @@ def retire_idle(table: Table, rid: ResourceId, reason: int, max_live: int, min_i
     retired.
     """
     offset = table.locate(rid)
-    table.enter()
-    try:
+    with table:
         try:
             hot = table._owned(rid, offset)
         except (StaleError, NotOwnerError):  # not ours to retire now
@@ -297,8 +290,6 @@ def retire_idle(table: Table, rid: ResourceId, reason: int, max_live: int, min_i
             store(table.buf, offset + RES_ACTIVE, U32, 1)
             return True
         return False
-    finally:
-        table.leave()
 
 
 def _due(counted: Census, node: int, reason: int, max_live: int, min_idle: int) -> bool:
@@ -324,8 +315,7 @@ def claim_warm(table: Table, key: Key, max_live: int, min_idle: int) -> tuple[in
         KeyFullError.
         CreationBudgetError: the floor is met, or the key is at ``max_live``.
     """
-    table.enter()
-    try:
+    with table:
         index = table.find_key(key, True)
         counted = census(table, index)
         if (
@@ -341,8 +331,6 @@ def claim_warm(table: Table, key: Key, max_live: int, min_idle: int) -> tuple[in
         at = table.key_offset(index) + table.key_claims + 4 * table.node
         store(table.buf, at, U32, U32.unpack_from(table.buf, at)[0] + 1)
         epoch = table.epoch()
-    finally:
-        table.leave()
     return index, epoch
 
 
@@ -361,8 +349,7 @@ def claim_in_turn(table: Table, key: Key, max_live: int) -> tuple[int, int]:
         CreationBudgetError: live + creating reached ``max_live``, or another
             node waited longer.
     """
-    table.enter()
-    try:
+    with table:
         index = table.find_key(key, True)
         at = table.key_offset(index)
         now, node = now_ms(), table.node
@@ -374,8 +361,6 @@ def claim_in_turn(table: Table, key: Key, max_live: int) -> tuple[int, int]:
         epoch = table.claim_at(index, key, max_live)
         if waiting:
             store(table.buf, at + table.key_wait_since + 4 * node, U32, now)
-    finally:
-        table.leave()
     return index, epoch
 
 
@@ -392,8 +377,7 @@ def add_waiter(table: Table, key: Key, delta: int) -> int:
     Raises:
         KeyFullError.
     """
-    table.enter()
-    try:
+    with table:
         index = table.find_key(key, True)
         at = table.key_offset(index)
         counter = at + table.key_waiters + 4 * table.node
@@ -408,8 +392,6 @@ def add_waiter(table: Table, key: Key, delta: int) -> int:
         if delta > 0 or head:
             table.key_changed(index)
         return table.changes(index)
-    finally:
-        table.leave()
 
 
 def _heads(waited: tuple[int | None, ...], node: int) -> bool:
@@ -424,8 +406,5 @@ def key_census(table: Table, key: Key) -> Census:
     Raises:
         KeyFullError.
     """
-    table.enter()
-    try:
+    with table:
         return census(table, table.find_key(key, True))
-    finally:
-        table.leave()

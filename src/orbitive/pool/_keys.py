@@ -6,9 +6,9 @@ slots: install and lookup, the version word, creation claims and the marks of
 waiters. :class:`~orbitive.pool._table.Table` adds the resource steps.
 
 Python cannot compare-and-swap shared memory, so every step that reads and
-writes the table runs between :meth:`KeyTable.enter` and :meth:`KeyTable.leave`:
-the region's process mutex (threads) and its ``flock`` (processes). One step is
-atomic for every process of the fleet.
+writes the table runs inside ``with table:`` (:meth:`KeyTable.leave` on the way
+out): the region's process mutex (threads) and its section (processes). One step
+is atomic for every process of the fleet.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import struct
 from collections.abc import Callable
+from types import TracebackType
 from typing import Final
 
 from .._core import _fork
@@ -84,12 +85,29 @@ class KeyTable:
         self.deferred: list[Callable[[], None]] = []
         self.hint = 0
         self.extras: dict[str, object] = {}  # waiting machinery, per process
-        #: Enter the critical section (process mutex + flock); bound once for speed.
+        #: Enter the critical section (process mutex + section); bound once for speed.
         self.enter: Callable[[], None] = region.acquire
         self._release: Callable[[], None] = region.release
         _fork.register(self)
 
     # -- critical section --------------------------------------------------------
+
+    @property
+    def __enter__(self) -> Callable[[], None]:
+        """``with table:`` enters the critical section with the region's own ``acquire``,
+        handed over bound: no frame of ours runs between it and the block, so a signal
+        handler's exception once the section is held surfaces inside one or the other,
+        and either lets go (see ``Region``)."""
+        return self.enter
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        """Leave the critical section entered by ``with table:`` (:meth:`leave`)."""
+        self.leave()
 
     def leave(self) -> None:
         """Leave the critical section, then run steps finalisers deferred meanwhile."""
@@ -174,11 +192,8 @@ class KeyTable:
         Raises:
             As :meth:`find_key` with ``install``.
         """
-        self.enter()
-        try:
+        with self:
             return self.find_key(key, True)
-        finally:
-            self.leave()
 
     def _probe(self, lo: int, hi: int, install: bool) -> int:
         mask = self.key_capacity - 1
@@ -266,8 +281,7 @@ class KeyTable:
                     kind=self.kind,
                 )
             return
-        self.enter()
-        try:
+        with self:
             doorbell = self.layout.doorbells + 8 * node
             previous = U64.unpack_from(self.buf, doorbell)[0]
             if previous != incarnation:
@@ -275,8 +289,6 @@ class KeyTable:
                     self.key_changed(index)
                 store(self.buf, doorbell, U64, incarnation)
             store(self.buf, self.layout.bell_lives + 8 * node, U64, fleet_life)
-        finally:
-            self.leave()
         self.node, self.incarnation = node, incarnation
 
     def _forget_node(self, node: int, *, claims: bool) -> list[int]:
@@ -320,12 +332,9 @@ class KeyTable:
         Raises:
             KeyFullError, CreationBudgetError.
         """
-        self.enter()
-        try:
+        with self:
             index = self.find_key(key, True)
             return index, self.claim_at(index, key, max_live)
-        finally:
-            self.leave()
 
     def claim_at(self, index: int, key: Key, max_live: int) -> int:
         """:meth:`claim` on installed key slot ``index``, in a section; returns the epoch.
@@ -345,8 +354,7 @@ class KeyTable:
 
     def unclaim(self, key: Key, index: int, node: int, epoch: int) -> None:
         """Return one claim of ``node`` on ``key`` if that key, slot and epoch still hold."""
-        self.enter()
-        try:
+        with self:
             offset = self.key_offset(index)
             state, lo, hi, _ = KEY_HEAD.unpack_from(self.buf, offset)
             at = offset + self.key_claims + 4 * node
@@ -355,27 +363,21 @@ class KeyTable:
             if same and claims and self.epoch() == epoch:
                 store(self.buf, at, U32, claims - 1)
                 self.key_changed(index)
-        finally:
-            self.leave()
 
     # -- waiting marks ------------------------------------------------------------------
 
     def park(self, index: int, since: int) -> int:
         """Mark this node as waiting on a key unless it changed; returns its version."""
-        self.enter()
-        try:
+        with self:
             current = self.changes(index)
             if current == since:
                 self.parked[index] = self.parked.get(index, 0) + 1
                 self.buf[self.key_offset(index) + KEY_PARKED + self.node] = 1
-        finally:
-            self.leave()
         return current
 
     def unpark(self, index: int) -> int:
         """Undo one :meth:`park` of this process; returns the key's version."""
-        self.enter()
-        try:
+        with self:
             count = self.parked.get(index, 0) - 1
             if count > 0:
                 self.parked[index] = count
@@ -383,18 +385,13 @@ class KeyTable:
                 self.parked.pop(index, None)
                 self.buf[self.key_offset(index) + KEY_PARKED + self.node] = 0
             current = self.changes(index)
-        finally:
-            self.leave()
         return current
 
     def arm(self, indexes: list[int]) -> list[int]:
         """Ask for a bell when any of these keys changes (one-shot); their versions."""
-        self.enter()
-        try:
+        with self:
             versions = []
             for index in indexes:
                 self.buf[self.key_offset(index) + self.key_interest + self.node] = 1
                 versions.append(self.changes(index))
-        finally:
-            self.leave()
         return versions

@@ -416,11 +416,8 @@ class Pool:
     def statistics(self) -> PoolStatistics:
         """A frozen snapshot of the whole table (what ``orbit pool`` prints)."""
         table = self._t()
-        table.enter()
-        try:
+        with table:
             return collect(table.buf, table.layout, self._fleet.name)
-        finally:
-            table.leave()
 
     # -- waiting ----------------------------------------------------------------------
 

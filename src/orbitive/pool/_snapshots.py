@@ -31,16 +31,13 @@ def snapshot(
     table: KeyTable, key: Key, install: bool
 ) -> tuple[list[Candidate], int, int, int] | None:
     """(candidates, live, creating, version) of ``key`` in one section; None if absent."""
-    table.enter()
-    try:
+    with table:
         index = table.find_key(key, install)
         if index < 0:
             return None
         rows = _rows(table, table.members(index), key)
         live, creating = table.budget(index)
         version = table.changes(index)
-    finally:
-        table.leave()
     return [_candidate(table, row) for row in rows], live, creating, version
 
 
@@ -90,8 +87,7 @@ def lives(table: KeyTable) -> dict[int, set[int]]:
 
     A slot whose owner node is not its lane's (damage) names no life: skipped.
     """
-    table.enter()
-    try:
+    with table:
         states = table.buf[table.res_base : table.layout.size : RESOURCE_SIZE]
         found: dict[int, set[int]] = {}
         for global_index, state in enumerate(states):
@@ -100,6 +96,4 @@ def lives(table: KeyTable) -> dict[int, set[int]]:
                 node, _, incarnation = RES_OWNER.unpack_from(table.buf, offset + RES_BODY_AT)
                 if node == global_index // table.lane_capacity:
                     found.setdefault(node, set()).add(incarnation)
-    finally:
-        table.leave()
     return found

@@ -214,8 +214,7 @@ class Table(KeyTable):
             KeyFullError, LaneFullError.
             LayoutMismatch: the header's epoch is 0 (nothing is written).
         """
-        self.enter()
-        try:
+        with self:
             epoch = self.checked_epoch()
             index = self.find_key(key, True)
             slot, generation = self._allocate()
@@ -229,8 +228,6 @@ class Table(KeyTable):
             self.buf[offset] = LIVE  # commit the slot, then publish it under the key
             self._set_member(index, global_index, True)
             self.key_changed(index)
-        finally:
-            self.leave()
         return ResourceId(self.kind, self.node, slot, generation, epoch)
 
     def _allocate(self) -> tuple[int, int]:
@@ -254,12 +251,9 @@ class Table(KeyTable):
     def close(self, rid: ResourceId) -> None:
         """Owner closes a resource: not a member any more, then CLOSED."""
         offset = self.locate(rid)
-        self.enter()
-        try:
+        with self:
             hot = self._owned(rid, offset)
             self._close_slot(offset, rid.node * self.lane_capacity + rid.slot, hot[7])
-        finally:
-            self.leave()
 
     def _close_slot(self, offset: int, global_index: int, index: int) -> None:
         if index < self.key_capacity:
@@ -272,12 +266,9 @@ class Table(KeyTable):
     def drain(self, rid: ResourceId) -> None:
         """Owner moves LIVE to DRAINING (no wake: nothing became usable)."""
         offset = self.locate(rid)
-        self.enter()
-        try:
+        with self:
             if self._owned(rid, offset)[0] == LIVE:
                 self.buf[offset] = DRAINING
-        finally:
-            self.leave()
 
     # -- leases ---------------------------------------------------------------------
 
@@ -294,8 +285,7 @@ class Table(KeyTable):
             LayoutMismatch: the slot's fence counter is spent (damaged; unchanged).
         """
         offset = self.locate(rid)
-        self.enter()
-        try:
+        with self:
             steps = self._steps
             fence = (
                 _DECLINED
@@ -306,10 +296,6 @@ class Table(KeyTable):
                 if fence != _DECLINED:
                     raise self._failure(fence, rid, offset, owner=False)
                 fence = self._reserve_step(rid, offset)
-        finally:
-            self._release()
-            if self.deferred:
-                self._run_deferred()
         return fence
 
     def _reserve_step(self, rid: ResourceId, offset: int) -> int:
@@ -341,8 +327,7 @@ class Table(KeyTable):
             LayoutMismatch: the slot's active count is full (damaged; unchanged).
         """
         offset = self.locate(rid)
-        self.enter()
-        try:
+        with self:
             steps = self._steps
             outcome = (
                 _DECLINED
@@ -355,10 +340,6 @@ class Table(KeyTable):
                 if outcome != _DECLINED:
                     raise self._failure(outcome, rid, offset, owner=True, fence=fence)
                 self._accept_step(rid, offset, fence)
-        finally:
-            self._release()
-            if self.deferred:
-                self._run_deferred()
         return offset
 
     def _accept_step(self, rid: ResourceId, offset: int, fence: int) -> None:
@@ -386,8 +367,7 @@ class Table(KeyTable):
 
     def complete(self, offset: int, generation: int, epoch: int) -> None:
         """Return one active unit of the slot at ``offset`` if it is still that resource."""
-        self.enter()
-        try:
+        with self:
             steps = self._steps
             if steps is None:
                 index = self._complete_step(offset, generation, epoch)
@@ -395,10 +375,6 @@ class Table(KeyTable):
                 index = steps.complete(offset, generation, epoch)
             if 0 <= index < self.key_capacity:
                 self.key_changed(index)
-        finally:
-            self._release()
-            if self.deferred:
-                self._run_deferred()
 
     def _complete_step(self, offset: int, generation: int, epoch: int) -> int:
         """Return the unit; the key index stored in the slot, or -1 when nothing changed."""
@@ -430,8 +406,7 @@ class Table(KeyTable):
                 node=self.node,
                 key=rid,
             )
-        self.enter()
-        try:
+        with self:
             hot = self._current(rid, offset)
             fences = PENDING_WORDS.unpack_from(self.buf, offset + RES_FENCES)
             if fence <= 0 or fence not in fences:
@@ -441,8 +416,6 @@ class Table(KeyTable):
             store(self.buf, offset + RES_FENCES + fences.index(fence) * 8, U64, 0)
             if hot[7] < self.key_capacity:
                 self.key_changed(hot[7])
-        finally:
-            self.leave()
 
     def reconcile(self, rid: ResourceId, active: int, grace_ms: int) -> int:
         """Owner ages out reservations older than ``grace_ms`` and sets ``active``.
@@ -455,8 +428,7 @@ class Table(KeyTable):
         """
         offset = self.locate(rid)
         buf = self.buf
-        self.enter()
-        try:
+        with self:
             hot = self._owned(rid, offset)
             fences = PENDING_WORDS.unpack_from(buf, offset + RES_FENCES)
             since = PENDING_WORDS.unpack_from(buf, offset + RES_SINCE)
@@ -474,8 +446,6 @@ class Table(KeyTable):
             store(buf, offset + RES_ACTIVE, U32, active)
             if (len(aged) + hot[8] > active) and hot[7] < self.key_capacity:
                 self.key_changed(hot[7])
-        finally:
-            self.leave()
         return len(aged)
 
     # -- deaths and resets ---------------------------------------------------------------
@@ -485,8 +455,7 @@ class Table(KeyTable):
 
         Returns the number of resources closed.
         """
-        self.enter()
-        try:
+        with self:
             changed: set[int] = set()
             closed = 0
             base = node * self.lane_capacity
@@ -507,14 +476,11 @@ class Table(KeyTable):
                 store(self.buf, self.layout.bell_lives + 8 * node, U64, 0)
             for index in sorted(changed):
                 self.key_changed(index)
-        finally:
-            self.leave()
         return closed
 
     def reset_all(self) -> int:
         """New epoch; every key and resource emptied, waiters woken. Returns the epoch."""
-        self.enter()
-        try:
+        with self:
             epoch = new_epoch(self.epoch())
             write_header(self.buf, self.layout, epoch)
             interest = self.key_interest
@@ -528,6 +494,4 @@ class Table(KeyTable):
             self.buf[self.res_base : end] = bytes(end - self.res_base)
             bump(self.buf, self.bell, self.bell + BELL_PARKED, self.fleet_capacity)
             self.keys.clear()
-        finally:
-            self.leave()
         return epoch
