@@ -384,6 +384,20 @@ def a_failed_connect_raises_psycopgs_error_and_leaves_no_claim() -> None:
     assert (stats.live, stats.creating, stats.create_errors_count) == (0, 0, 1), stats
 
 
+@scenario
+def a_fleet_of_another_capacity_is_improperly_configured_at_the_first_connection() -> None:
+    from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
+
+    try:
+        backend()
+    except ImproperlyConfigured as error:
+        assert "OPTIONS['pool']['fleet_capacity']" in str(error), str(error)
+        assert "has capacity 4; joining with 64" in str(error), str(error)
+    else:
+        raise AssertionError("joined a fleet of capacity 4 with capacity 64")
+    assert server_count() == 0
+
+
 def main(name: str) -> None:
     configure()
     SCENARIOS[name]()

@@ -19,6 +19,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from orbitive import Fleet
+
 from ..._processes import ROOT
 from ...store._postgres import TempPostgres
 from ._sources import LTS_4_2, installed, source
@@ -137,3 +139,10 @@ def test_a_failed_connect_raises_psycopgs_error_and_leaves_no_claim(
 ) -> None:
     name = "a_failed_connect_raises_psycopgs_error_and_leaves_no_claim"
     run(name, django_path, pg_server, "no_such_database", tag, {"fleet": fleet_name})
+
+
+def test_a_fleet_of_another_capacity_is_improperly_configured_at_the_first_connection(
+    scenario: Any, fleet_name: str
+) -> None:
+    with Fleet.join(fleet_name, 4):  # the fleet exists with capacity 4; the engine's default is 64
+        scenario("a_fleet_of_another_capacity_is_improperly_configured_at_the_first_connection")
