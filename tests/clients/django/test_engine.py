@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 
 from orbitive import Fleet
@@ -33,17 +30,6 @@ VERSIONS = [pytest.param(installed(), id="installed"), pytest.param(LTS_4_2, id=
 def django_path(request: pytest.FixtureRequest) -> str:
     """What goes first on the scenarios' PYTHONPATH: nothing, or an unpacked sdist."""
     return "" if request.param == installed() else str(source(request.param))
-
-
-@pytest.fixture
-def database(pg_server: TempPostgres) -> Iterator[str]:
-    """A database of this test's own, dropped (its sessions ended) afterwards."""
-    name = f"orbit_{secrets.token_hex(4)}"
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield name
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
 def run(
