@@ -2,7 +2,8 @@
 
 Outcomes are ``passed``, ``skipped``, ``expected failure``, ``unexpected
 success``, or ``failed``/``error`` followed by the exception's class name;
-a failing subtest is recorded under its own id. The runner writes them as
+a failing subtest is recorded under its own id, and its test as ``subtests
+failed``. The runner writes them as
 JSON to the path in ``ORBIT_SUITE_RESULTS`` once the suite has run.
 """
 
@@ -57,6 +58,7 @@ class RecordingResult(unittest.TextTestResult):
         if err is not None:
             failed = "failed" if issubclass(err[0], test.failureException) else "error"
             self.outcomes[subtest.id()] = f"{failed} {err[0].__name__}"
+            self.outcomes[test.id()] = "subtests failed"  # unittest reports no outcome of its own
 
 
 class RecordingRunner(DiscoverRunner):
