@@ -18,8 +18,7 @@ from __future__ import annotations
 import atexit
 import threading
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
-from typing import Final, final
+from typing import Final
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -28,25 +27,6 @@ from ..._core._errors import FleetError, InvalidCapacity
 from ..._core._fleet import Fleet
 from ..psycopg import ConnectionPool
 from ._settings import PoolSettings
-
-
-@final
-@dataclass(frozen=True, slots=True, eq=False)
-class Pooled:
-    """A pool of this process life.
-
-    Attributes:
-        pool: the host-wide psycopg pool.
-        generation: the process life it belongs to (``_fork.generation`` when built).
-    """
-
-    pool: ConnectionPool
-    generation: int
-
-    @property
-    def current(self) -> bool:
-        """Whether this process life built it (False in a forked child)."""
-        return self.generation == _fork.generation
 
 
 class Pools:
@@ -60,7 +40,7 @@ class Pools:
     def _start(self) -> None:
         self._lock = threading.Lock()
         self._fleets: dict[str, Fleet] = {}
-        self._pools: dict[str, tuple[Hashable, Pooled]] = {}
+        self._pools: dict[str, tuple[Hashable, ConnectionPool]] = {}
 
     def _after_fork_in_child(self) -> None:
         self._inherited.append((self._fleets, self._pools))
@@ -68,7 +48,7 @@ class Pools:
 
     def get(
         self, alias: str, signature: Hashable, build: Callable[[Pools], ConnectionPool]
-    ) -> Pooled:
+    ) -> ConnectionPool:
         """The pool of ``alias`` built with ``signature``, built now if there is none.
 
         A pool of the alias built with another signature is closed first (in
@@ -81,7 +61,7 @@ class Pools:
             build: makes the pool; it joins the fleet with :meth:`fleet`.
 
         Returns:
-            The :class:`Pooled` pool.
+            This process's pool of the alias.
 
         Raises:
             As ``build``.
@@ -95,10 +75,10 @@ class Pools:
                 return found[1]
             if found is not None:
                 del self._pools[alias]
-                found[1].pool.close()
-            pooled = Pooled(build(self), _fork.generation)
-            self._pools[alias] = (signature, pooled)
-        return pooled
+                found[1].close()
+            pool = build(self)
+            self._pools[alias] = (signature, pool)
+        return pool
 
     def fleet(self, settings: PoolSettings) -> Fleet:
         """This process's member of the settings' fleet, joined on first use.
@@ -132,15 +112,15 @@ class Pools:
         with self._lock:
             found = self._pools.pop(alias, None)
         if found is not None:
-            found[1].pool.close()
+            found[1].close()
 
     def close_all(self) -> None:
         """Close every pool of this process life, then leave its fleets."""
         with self._lock:
             pools, self._pools = self._pools, {}
             fleets, self._fleets = self._fleets, {}
-        for _, pooled in pools.values():
-            pooled.pool.close()
+        for _, pool in pools.values():
+            pool.close()
         for fleet in fleets.values():
             fleet.close()
 

@@ -25,7 +25,7 @@ from psycopg import IsolationLevel
 from ..._core import _fork
 from ..._core._errors import ClientCreateError, PoolClosed, PoolTimeout, TooManyRequests
 from ..psycopg import ConnectionPool, check_connection
-from ._pools import POOLS, Pooled, Pools
+from ._pools import POOLS, Pools
 from ._settings import pool_settings
 from .creation import DatabaseCreation
 from .features import DatabaseFeatures
@@ -58,7 +58,7 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
 
     def __init__(self, settings_dict: dict[str, Any], alias: str = DEFAULT_DB_ALIAS) -> None:
         super().__init__(settings_dict, alias)
-        self._orbit_pooled: Pooled | None = None  # the pool self.connection came from
+        self._orbit_pool: ConnectionPool | None = None  # the pool self.connection came from
         self._orbit_unusable = False  # a close now is for a failed health check
         pool_settings(self.settings_dict, alias)
         _fork.register(self)
@@ -79,11 +79,9 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
                 when the pool is built, or a fleet that cannot be joined (its
                 capacity differs, or every node is held).
         """
-        pooled = self._orbit_pooled
-        if pooled is not None and pooled.current:
-            return pooled.pool
-        found = self._pooled(self.get_connection_params())
-        return None if found is None else found.pool
+        if self._orbit_pool is not None:
+            return self._orbit_pool
+        return self._pooled(self.get_connection_params())
 
     def close_pool(self) -> None:
         """Close this process's pool for the alias (Django 5.1's name); the next
@@ -91,9 +89,10 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
         they are handed back."""
         POOLS.close(self.alias)
 
-    def _pooled(self, params: dict[str, Any]) -> Pooled | None:
+    def _pooled(self, params: dict[str, Any]) -> ConnectionPool | None:
         options = self.settings_dict.get("OPTIONS") or {}
-        if self.alias == NO_DB_ALIAS or options.get("pool", True) in (False, None):
+        given = options.get("pool", True)  # missing: pool_settings() says what to give
+        if self.alias == NO_DB_ALIAS or given is False or given is None:
             return None
         signature = _signature(params, options)
         return POOLS.get(self.alias, signature, lambda pools: self._build(pools, params))
@@ -139,35 +138,35 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
             ImproperlyConfigured: as :attr:`pool`, or a bad
                 ``OPTIONS["isolation_level"]``.
         """
-        pooled = self._pooled(conn_params)
-        if pooled is None:
+        pool = self._pooled(conn_params)
+        if pool is None:
             return super().get_new_connection(conn_params)
         level = _isolation_level(self.settings_dict["OPTIONS"])
         self.isolation_level = IsolationLevel.READ_COMMITTED if level is None else level
-        conn = _checkout(pooled.pool)
+        conn = _checkout(pool)
         if level is not None:
             try:
                 conn.isolation_level = level
             except BaseException:
-                pooled.pool.putconn(conn)
+                pool.putconn(conn)
                 raise
-        self._orbit_pooled = pooled
+        self._orbit_pool = pool
         return conn
 
     def _close(self) -> None:
-        pooled, self._orbit_pooled = self._orbit_pooled, None
+        pool, self._orbit_pool = self._orbit_pool, None
         conn = self.connection
         if conn is None:
             return
         with self.wrap_database_errors:
-            if pooled is None:  # opened directly: closed as without a pool
+            if pool is None:  # opened directly: closed as without a pool
                 conn.close()
                 return
             self.connection = None  # never handed back twice, whatever putconn raises
             if self._orbit_unusable:
-                pooled.pool.clients.discard(conn)
+                pool.clients.discard(conn)
             else:
-                pooled.pool.putconn(conn)
+                pool.putconn(conn)
 
     # Django 5.1 added the next two checks for its pool, whose close leaves no
     # connection behind; the engine needs them on Django 4.2 as well.
@@ -213,7 +212,7 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
             return
         POOLS.keep(self.connection)
         self.connection = None
-        self._orbit_pooled = None
+        self._orbit_pool = None
         if self.in_atomic_block:
             self.closed_in_transaction = True
             self.needs_rollback = True
