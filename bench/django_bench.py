@@ -4,7 +4,7 @@
 an item by primary key, then the names of the three after it), and a load
 generator in this process keeps ``--clients`` requests in flight (each a new
 HTTP connection, as gunicorn's sync workers close every one) for ``--seconds``
-after a second of warm-up. Contenders, each with the cap 4:
+after a warm-up in which every worker answers. Contenders, each with the cap 4:
 
 * ``orbitive``: ``ENGINE: orbitive.clients.django``, ``max_live`` 4 for the
   whole host, ``CONN_MAX_AGE`` 0 (each request hands its connection back);
@@ -15,9 +15,12 @@ after a second of warm-up. Contenders, each with the cap 4:
   (``CONN_MAX_AGE`` 600, server-side cursors off), as it is usually deployed;
 * with ``--handoff-after S``, ``orbitive/Ss`` as well: the engine with that turn.
 
-Reported: requests/s, p50, p99 and the longest latency, failed requests, and the
+Reported: requests/s, p50, p99 and the longest latency, failed requests, the
 peak of server connections while the contender ran (exactly, from the server's
-log of session starts and ends: :class:`~bench.clients_bench.ConnectionLog`).
+log of session starts and ends: :class:`~bench.clients_bench.ConnectionLog`),
+and the CPU that gunicorn, PostgreSQL and PgBouncer spent per request
+(:func:`cpu_seconds`), which the other work on the machine moves far less than
+the throughput.
 
 Run: ``.venv/bin/python -m bench.django_bench [--seconds S] [--clients N]
 [--repeat N] [--handoff-after S] [--json PATH]``; ``--repeat`` runs every row N
@@ -40,23 +43,15 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
 import psycopg
 
-from bench._measure import Skip
-from bench._servers import Server, free_port, postgres_url, start_postgres
-from bench.clients_bench import (
-    CAP,
-    LOG_SETTINGS,
-    WORKERS,
-    ConnectionLog,
-    drained,
-    start_pgbouncer,
-)
+from bench.clients_bench import CAP, LOG_SETTINGS, WORKERS, ConnectionLog, drained
 from bench.readiness_wake import remove_fleet_files
+from tests._servers import ServerUnavailable, TempPgBouncer, TempPostgres, TempServer, free_port
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 ITEMS: Final = 1_000
@@ -95,18 +90,8 @@ def database(kind: str, port: int, fleet: str) -> dict[str, Any]:
 
 
 def fill(url: str) -> None:
-    """The site's table with :data:`ITEMS` items (its model's table, made by hand), once
-    the server accepts sessions (it answers on its port a little before)."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            conn = psycopg.connect(url, autocommit=True)
-            break
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-    with conn:
+    """The site's table with :data:`ITEMS` items (its model's table, made by hand)."""
+    with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS django_site_item")
         conn.execute(
             "CREATE TABLE django_site_item (id bigserial PRIMARY KEY, "
@@ -204,41 +189,74 @@ async def _client(port: int, until: float, done: list[float], workers: set[int])
     return failed
 
 
-def load(port: int, clients: int, seconds: float) -> tuple[list[float], int]:
-    """``clients`` requests in flight: a warm-up until every worker has answered (and at
-    least :data:`WARM_UP_S`), then ``seconds`` measured; the measured latencies (seconds)
-    and how many measured requests failed."""
+async def _run(port: int, clients: int, until: float, done: list[float], seen: set[int]) -> int:
+    everyone = (_client(port, until, done, seen) for _ in range(clients))
+    return sum(await asyncio.gather(*everyone))
 
-    async def run(until: float, done: list[float], workers: set[int]) -> int:
-        everyone = (_client(port, until, done, workers) for _ in range(clients))
-        return sum(await asyncio.gather(*everyone))
 
-    workers: set[int] = set()
+def warm(port: int, clients: int) -> None:
+    """``clients`` requests in flight until every worker has answered (a second at least)."""
+    seen: set[int] = set()
     deadline = time.perf_counter() + 120
-    while len(workers) < WORKERS and time.perf_counter() < deadline:
-        asyncio.run(run(time.perf_counter() + WARM_UP_S, [], workers))
+    while len(seen) < WORKERS and time.perf_counter() < deadline:
+        asyncio.run(_run(port, clients, time.perf_counter() + WARM_UP_S, [], seen))
+
+
+def measure(port: int, clients: int, seconds: float) -> tuple[list[float], int]:
+    """``clients`` requests in flight for ``seconds``; the latencies of the answered ones
+    (seconds) and how many failed."""
     done: list[float] = []
-    failed = asyncio.run(run(time.perf_counter() + seconds, done, workers))
+    failed = asyncio.run(_run(port, clients, time.perf_counter() + seconds, done, set()))
     return done, failed
 
 
-def run_contender(kind: str, pg: Server, clients: int, seconds: float) -> dict[str, Any] | None:
+def cpu_seconds(groups: Iterable[int]) -> float:
+    """User and system CPU seconds of the processes of these process groups so far, with
+    what their children that ended used (a closed backend's, a recycled worker's).
+
+    The benchmark shares the machine's two cores with whatever else runs there, which
+    moves its throughput by a third from one run to the next; the CPU a contender spends
+    per request does not depend on that, and bounds the throughput of a machine that
+    runs nothing else.
+    """
+    wanted, total = set(groups), 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = Path(entry.path, "stat").read_bytes()
+        except OSError:  # ended meanwhile
+            continue
+        fields = raw[raw.rindex(b")") + 2 :].split()  # from field 3 (state) on
+        if int(fields[2]) in wanted:  # field 5, the process group
+            total += sum(int(field) for field in fields[11:15])  # utime stime cutime cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def run_contender(
+    kind: str, pg: TempPostgres, clients: int, seconds: float
+) -> dict[str, Any] | None:
     """One contender's row (None: skipped, with the reason printed)."""
-    drained(postgres_url(pg))
+    drained(pg.url)
     fleet = f"bench-django-{os.getpid()}"
     with contextlib.ExitStack() as stack:
-        port = pg.port
+        port, bouncer = pg.port, None
         if kind == "pgbouncer":
             try:
-                port = stack.enter_context(_bouncer(pg)).port
-            except Skip as why:
+                bouncer = stack.enter_context(_bouncer(pg))
+            except ServerUnavailable as why:
                 print(f"PgBouncer skipped: {why}")
                 return None
+            port = bouncer.port
         connections = ConnectionLog(pg)
         http = free_port()
         try:
-            with gunicorn(database(kind, port, fleet), http):
-                latencies, failed = load(http, clients, seconds)
+            with gunicorn(database(kind, port, fleet), http) as server:
+                groups = [server.pid, _group(pg), *([_group(bouncer)] if bouncer else [])]
+                warm(http, clients)
+                used = cpu_seconds(groups)
+                latencies, failed = measure(http, clients, seconds)
+                used = cpu_seconds(groups) - used
         finally:
             remove_fleet_files(fleet)
         highest = connections.peak()
@@ -253,7 +271,13 @@ def run_contender(kind: str, pg: Server, clients: int, seconds: float) -> dict[s
         "max_ms": 1000 * latencies[-1],
         "failed": failed,
         "peak_connections": highest,
+        "cpu_ms_per_request": 1000 * used / max(1, len(latencies)),
     }
+
+
+def _group(server: TempServer) -> int:
+    assert server.process is not None  # started
+    return server.process.pid  # it leads its own session
 
 
 def print_row(row: dict[str, Any]) -> None:
@@ -261,14 +285,15 @@ def print_row(row: dict[str, Any]) -> None:
         f"{row['contender']:<14} {row['requests_per_s']:>7,.0f} req/s  "
         f"p50 {row['p50_ms']:6.2f}  p99 {row['p99_ms']:7.2f}  p99.9 {row['p999_ms']:7.2f}  "
         f"max {row['max_ms']:7.1f} ms  failed {row['failed']}  "
-        f"peak {row['peak_connections']} connections",
+        f"peak {row['peak_connections']} connections  "
+        f"CPU {row['cpu_ms_per_request']:.2f} ms/request",
         flush=True,
     )
 
 
 @contextlib.contextmanager
-def _bouncer(pg: Server) -> Iterator[Server]:
-    bouncer = start_pgbouncer(pg.port)
+def _bouncer(pg: TempPostgres) -> Iterator[TempPgBouncer]:
+    bouncer = TempPgBouncer.start(pg, CAP)  # transaction mode, CAP server connections
     try:
         yield bouncer
     finally:
@@ -287,6 +312,7 @@ def summarise(rows: list[dict[str, Any]]) -> None:
             f"  median p50 {statistics.median(r['p50_ms'] for r in mine):6.2f}"
             f"  p99 {statistics.median(r['p99_ms'] for r in mine):7.2f} ms"
             f"  peak {max(r['peak_connections'] for r in mine)}"
+            f"  CPU {statistics.median(r['cpu_ms_per_request'] for r in mine):.2f} ms/request"
             f"  failed {sum(r['failed'] for r in mine)}"
         )
         for other in ("pgbouncer", "django pool"):
@@ -314,9 +340,9 @@ def main() -> None:
     if args.handoff_after is not None:
         kinds.append(f"orbitive/{args.handoff_after:g}s")
     rows: list[dict[str, Any]] = []
-    pg = start_postgres(*LOG_SETTINGS, "max_connections=100")
+    pg = TempPostgres.start(*LOG_SETTINGS)
     try:
-        fill(postgres_url(pg))
+        fill(pg.url)
         for _ in range(args.repeat):
             for kind in kinds:
                 row = run_contender(kind, pg, args.clients, args.seconds)

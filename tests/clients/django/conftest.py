@@ -8,15 +8,15 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from ...store._postgres import TempPostgres
+from ..._servers import TempPostgres
 
 
 @pytest.fixture
-def database(pg_server: TempPostgres) -> Iterator[str]:
+def database(postgres_server: TempPostgres) -> Iterator[str]:
     """A database of this test's own, dropped (its sessions ended) afterwards."""
     name = f"orbit_{secrets.token_hex(4)}"
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     yield name
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

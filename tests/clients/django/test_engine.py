@@ -19,7 +19,7 @@ import pytest
 from orbitive import Fleet
 
 from ..._processes import ROOT
-from ...store._postgres import TempPostgres
+from ..._servers import TempPostgres
 from ._sources import LTS_4_2, installed, source
 
 #: The environment's Django and the 4.2 LTS line.
@@ -35,7 +35,7 @@ def django_path(request: pytest.FixtureRequest) -> str:
 def run(
     name: str,
     django_path: str,
-    pg_server: TempPostgres,
+    postgres_server: TempPostgres,
     database: str,
     tag: str,
     pool: Any,
@@ -46,7 +46,7 @@ def run(
         os.environ,
         PYTHONPATH=os.pathsep.join(part for part in (django_path, str(ROOT)) if part),
         ORBIT_DJANGO_TAG=tag,
-        ORBIT_DJANGO_PORT=str(pg_server.port),
+        ORBIT_DJANGO_PORT=str(postgres_server.port),
         ORBIT_DJANGO_DB=database,
         ORBIT_DJANGO_POOL=json.dumps(pool),
         ORBIT_DJANGO_HEALTH_CHECKS="1" if health_checks else "0",
@@ -63,14 +63,14 @@ def run(
 
 @pytest.fixture
 def scenario(
-    django_path: str, pg_server: TempPostgres, database: str, tag: str, fleet_name: str
+    django_path: str, postgres_server: TempPostgres, database: str, tag: str, fleet_name: str
 ) -> Any:
     """Runs a scenario with ``OPTIONS["pool"]`` as given (the test's fleet added), or
     False with ``direct=True``."""
 
     def go(name: str, health_checks: bool = False, direct: bool = False, **pool: Any) -> None:
         options = False if direct else {"fleet": fleet_name, **pool}
-        run(name, django_path, pg_server, database, tag, options, health_checks)
+        run(name, django_path, postgres_server, database, tag, options, health_checks)
 
     return go
 
@@ -121,14 +121,15 @@ def test_pool_false_opens_and_closes_each_connection(scenario: Any) -> None:
 
 
 def test_a_failed_connect_raises_psycopgs_error_and_leaves_no_claim(
-    django_path: str, pg_server: TempPostgres, tag: str, fleet_name: str
+    django_path: str, postgres_server: TempPostgres, tag: str, fleet_name: str
 ) -> None:
     name = "a_failed_connect_raises_psycopgs_error_and_leaves_no_claim"
-    run(name, django_path, pg_server, "no_such_database", tag, {"fleet": fleet_name})
+    run(name, django_path, postgres_server, "no_such_database", tag, {"fleet": fleet_name})
 
 
 def test_a_fleet_of_another_capacity_is_improperly_configured_at_the_first_connection(
     scenario: Any, fleet_name: str
 ) -> None:
-    with Fleet.join(fleet_name, 4):  # the fleet exists with capacity 4; the engine's default is 64
-        scenario("a_fleet_of_another_capacity_is_improperly_configured_at_the_first_connection")
+    name = "a_fleet_of_another_capacity_is_improperly_configured_at_the_first_connection"
+    with Fleet.join(fleet_name, 4):  # the fleet exists with capacity 4
+        scenario(name, fleet_capacity=64)

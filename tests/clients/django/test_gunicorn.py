@@ -27,8 +27,8 @@ import psycopg
 import pytest
 
 from ..._processes import ROOT
-from ...recipes._recipes import free_port, started, write_recipes
-from ...store._postgres import TempPostgres
+from ..._servers import TempPostgres
+from ...docs._recipes import free_port, started, write_recipes
 from .._sampling import ServerConnections
 
 WORKERS: Final = 4
@@ -90,7 +90,7 @@ def _buy(port: int, sku: str) -> int:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("preload", [False, True], ids=["fork-per-worker", "preload"])
 def test_the_django_example_serves_every_buy_within_three_server_connections(
-    tmp_path: Path, pg_server: TempPostgres, database: str, fleet_name: str, preload: bool
+    tmp_path: Path, postgres_server: TempPostgres, database: str, fleet_name: str, preload: bool
 ) -> None:
     _site(tmp_path)
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
@@ -103,14 +103,14 @@ def test_the_django_example_serves_every_buy_within_three_server_connections(
         DB_NAME=database,
         DB_USER="postgres",
         DB_HOST="127.0.0.1",
-        DB_PORT=str(pg_server.port),
+        DB_PORT=str(postgres_server.port),
         DB_FLEET=fleet_name,
         DB_MAX_LIVE=str(MAX_LIVE),
     )
     migrate = [sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v", "0"]
     done = subprocess.run(migrate, cwd=tmp_path, env=env, capture_output=True, check=False)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
-    url = pg_server.url.rsplit("/", 1)[0] + f"/{database}"
+    url = postgres_server.url.rsplit("/", 1)[0] + f"/{database}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO shop_stock (sku, count) VALUES ('a', %s), ('b', %s)", (STOCK, STOCK)
@@ -138,7 +138,7 @@ def test_the_django_example_serves_every_buy_within_three_server_connections(
 
     with (
         started([*command, "mysite.wsgi"], tmp_path, env, port),
-        ServerConnections(pg_server.url, database, by="datname") as server,
+        ServerConnections(postgres_server.url, database, by="datname") as server,
     ):
         threads = [threading.Thread(target=load, args=(n,)) for n in range(THREADS)]
         for thread in threads:
@@ -148,7 +148,7 @@ def test_the_django_example_serves_every_buy_within_three_server_connections(
         if preload:  # the master's connection outlived the load, unbroken
             master = int((tmp_path / "master-backend").read_text())
             alive = "SELECT state FROM pg_stat_activity WHERE pid = %s"
-            with psycopg.connect(pg_server.url, autocommit=True) as conn:
+            with psycopg.connect(postgres_server.url, autocommit=True) as conn:
                 row = conn.execute(alive, (master,)).fetchone()
             assert row is not None and row[0] == "idle", row
     assert failures == []

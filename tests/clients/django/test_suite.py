@@ -25,7 +25,7 @@ from typing import Final
 import pytest
 
 from ..._processes import ROOT
-from ...store._postgres import TempPostgres
+from ..._servers import TempPostgres
 from ._sources import LTS_4_2, installed, source
 
 LABELS: Final = ("backends", "transactions", "transaction_hooks")
@@ -94,13 +94,13 @@ def _outcomes(process: subprocess.Popen[bytes], results: Path) -> dict[str, str]
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S)
 @pytest.mark.parametrize("requirement", [installed(), LTS_4_2], ids=["installed", "4.2"])
 def test_djangos_database_tests_end_as_with_the_stock_backend(
-    requirement: str, pg_server: TempPostgres, fleet_name: str, tmp_path: Path
+    requirement: str, postgres_server: TempPostgres, fleet_name: str, tmp_path: Path
 ) -> None:
     tree = source(requirement)
     stock_file, ours_file = tmp_path / "stock.json", tmp_path / "orbitive.json"
     runs = [
-        _start(tree, STOCK, pg_server, fleet_name, stock_file),
-        _start(tree, ENGINE, pg_server, fleet_name, ours_file),
+        _start(tree, STOCK, postgres_server, fleet_name, stock_file),
+        _start(tree, ENGINE, postgres_server, fleet_name, ours_file),
     ]
     try:
         stock = _outcomes(runs[0], stock_file)

@@ -16,9 +16,10 @@ limits hold across every process of a fleet::
 ``OPTIONS["pool"]`` takes:
 
 * ``fleet`` (required): the fleet's name, the same in every worker of the host;
-* ``fleet_capacity``: the fleet's node count (default 64), one node for each
-  process that may be alive at once: the workers, their replacements during a
-  reload, and a preloading master that used the database;
+* ``fleet_capacity``: the fleet's node count, one node for each process that
+  may be alive at once (the workers, their replacements during a reload, a
+  preloading master that used the database); by default the fleet's own, or
+  64 for a new fleet;
 * ``max_live``, ``min_idle``, ``max_idle`` (counts, host-wide), ``max_waiting``
   (callers of one process), ``timeout`` (seconds a checkout waits),
   ``idle_timeout``, ``max_lifetime``, ``handoff_after`` (seconds, floats) and

@@ -89,7 +89,7 @@ class Pools:
         """
         fleet = self._fleets.get(settings.fleet)
         if fleet is not None:
-            if fleet.capacity != settings.fleet_capacity:
+            if settings.fleet_capacity not in (None, fleet.capacity):
                 raise ImproperlyConfigured(
                     f"two databases name fleet {settings.fleet!r} with different "
                     f"fleet_capacity ({fleet.capacity} and {settings.fleet_capacity})"

@@ -20,11 +20,6 @@ from ..._core._errors import InvalidCapacity, InvalidName, InvalidPoolOptions
 from ..._core._fleet import _check_capacity, check_fleet_name
 from .._options import PoolOptions
 
-#: Nodes of the fleet when ``fleet_capacity`` is not given: every process that may be
-#: alive at once holds one (the workers, their replacements during a reload, a
-#: preloading master that used the database).
-FLEET_CAPACITY_DEFAULT: Final = 64
-
 #: ``OPTIONS["pool"]`` key -> the :class:`PoolOptions` field it sets.
 _OPTION_FIELDS: Final = {
     "max_live": "max_live",
@@ -61,12 +56,13 @@ class PoolSettings:
 
     Attributes:
         fleet: the fleet's name (1..32 characters of ``[A-Za-z0-9._-]``).
-        fleet_capacity: the fleet's node count, an int in 1..4096.
+        fleet_capacity: the fleet's node count, an int in 1..4096, or None: the
+            fleet's own, or 64 for a new fleet (as ``Fleet.join`` takes it).
         options: the host-wide sizes and timeouts.
     """
 
     fleet: str
-    fleet_capacity: int
+    fleet_capacity: int | None
     options: PoolOptions
 
 
@@ -139,7 +135,9 @@ def _checked(given: dict[Any, Any], where: str) -> PoolSettings:
         )
     try:
         fleet = check_fleet_name(given["fleet"])
-        capacity = _check_capacity(given.get("fleet_capacity", FLEET_CAPACITY_DEFAULT))
+        capacity = given.get("fleet_capacity")
+        if capacity is not None:
+            _check_capacity(capacity)
         fields = {_OPTION_FIELDS[name]: given[name] for name in _OPTION_FIELDS if name in given}
         pool_options = PoolOptions(**fields)
     except (InvalidName, InvalidCapacity, InvalidPoolOptions) as error:
