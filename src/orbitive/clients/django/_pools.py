@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import atexit
 import threading
-from collections.abc import Callable, Hashable
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final, NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -27,6 +27,14 @@ from ..._core._errors import FleetError, InvalidCapacity
 from ..._core._fleet import Fleet
 from ..psycopg import ConnectionPool
 from ._settings import PoolSettings
+
+
+class _Built(NamedTuple):
+    """A pool and copies of what it was made with."""
+
+    pool: ConnectionPool
+    params: dict[str, Any]
+    options: dict[str, Any]
 
 
 class Pools:
@@ -40,24 +48,32 @@ class Pools:
     def _start(self) -> None:
         self._lock = threading.Lock()
         self._fleets: dict[str, Fleet] = {}
-        self._pools: dict[str, tuple[Hashable, ConnectionPool]] = {}
+        self._pools: dict[str, _Built] = {}
 
     def _after_fork_in_child(self) -> None:
         self._inherited.append((self._fleets, self._pools))
         self._start()
 
     def get(
-        self, alias: str, signature: Hashable, build: Callable[[Pools], ConnectionPool]
+        self,
+        alias: str,
+        params: dict[str, Any],
+        options: dict[str, Any],
+        build: Callable[[Pools], ConnectionPool],
     ) -> ConnectionPool:
-        """The pool of ``alias`` built with ``signature``, built now if there is none.
+        """The pool of ``alias`` made with ``params`` and ``options``, built now if there
+        is none.
 
-        A pool of the alias built with another signature is closed first (in
-        this process; connections checked out of it close as they come back),
-        so one process never has two pools of one key.
+        A pool of the alias made with other ones (a test database's name, a new
+        time zone) is closed first (in this process; connections checked out of
+        it close as they come back), so one process never has two pools of one
+        key. The two are compared with ``==`` (a dict comparison, a fraction of a
+        microsecond: it runs on every checkout) against copies taken at build.
 
         Args:
             alias: the database alias.
-            signature: what the pool's connections are made with (hashable).
+            params: Django's connect arguments for the alias.
+            options: the alias's ``OPTIONS`` (its ``"pool"`` among them).
             build: makes the pool; it joins the fleet with :meth:`fleet`.
 
         Returns:
@@ -67,17 +83,17 @@ class Pools:
             As ``build``.
         """
         found = self._pools.get(alias)  # one dict read: the hot path takes no lock
-        if found is not None and found[0] == signature:
-            return found[1]
+        if found is not None and found.params == params and found.options == options:
+            return found.pool
         with self._lock:
-            found = self._pools.get(alias)
-            if found is not None and found[0] == signature:
-                return found[1]
+            found = self._pools.pop(alias, None)
+            if found is not None and found.params == params and found.options == options:
+                self._pools[alias] = found
+                return found.pool
             if found is not None:
-                del self._pools[alias]
-                found[1].close()
+                found.pool.close()
             pool = build(self)
-            self._pools[alias] = (signature, pool)
+            self._pools[alias] = _Built(pool, _copied(params), _copied(options))
         return pool
 
     def fleet(self, settings: PoolSettings) -> Fleet:
@@ -112,20 +128,28 @@ class Pools:
         with self._lock:
             found = self._pools.pop(alias, None)
         if found is not None:
-            found[1].close()
+            found.pool.close()
 
     def close_all(self) -> None:
         """Close every pool of this process life, then leave its fleets."""
         with self._lock:
             pools, self._pools = self._pools, {}
             fleets, self._fleets = self._fleets, {}
-        for _, pool in pools.values():
-            pool.close()
+        for built in pools.values():
+            built.pool.close()
         for fleet in fleets.values():
             fleet.close()
 
     def __repr__(self) -> str:
         return f"<Pools aliases={sorted(self._pools)} fleets={sorted(self._fleets)}>"
+
+
+def _copied(settings: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``settings`` whose dicts are copies too (a later change in place shows)."""
+    return {
+        name: _copied(value) if isinstance(value, dict) else value
+        for name, value in settings.items()
+    }
 
 
 #: The one registry of this process.

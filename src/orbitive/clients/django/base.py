@@ -11,7 +11,6 @@ the settings and the rules.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any, Final
 
 import psycopg
@@ -94,8 +93,7 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
         given = options.get("pool", True)  # missing: pool_settings() says what to give
         if self.alias == NO_DB_ALIAS or given is False or given is None:
             return None
-        signature = _signature(params, options)
-        return POOLS.get(self.alias, signature, lambda pools: self._build(pools, params))
+        return POOLS.get(self.alias, params, options, lambda pools: self._build(pools, params))
 
     def _build(self, pools: Pools, params: dict[str, Any]) -> ConnectionPool:
         settings = pool_settings(self.settings_dict, self.alias)
@@ -246,16 +244,6 @@ def _isolation_level(options: dict[str, Any]) -> IsolationLevel | None:
             f"Invalid transaction isolation level {value} specified. "
             "Use one of the psycopg.IsolationLevel values."
         ) from None
-
-
-def _signature(params: dict[str, Any], options: dict[str, Any]) -> Hashable:
-    """What a pool's connections are made with: a different one needs another pool.
-
-    ``CONN_HEALTH_CHECKS`` and ``CONN_MAX_AGE`` are read when a pool is built, as
-    Django's own pool reads them.
-    """
-    made = tuple(sorted((name, repr(value)) for name, value in params.items()))
-    return made, repr(options)
 
 
 def _key(alias: str, params: dict[str, Any]) -> str:
