@@ -7,7 +7,8 @@ HTTP connection, as gunicorn's sync workers close every one) for ``--seconds``
 after a warm-up in which every worker answers. Contenders, each with the cap 4:
 
 * ``orbitive``: ``ENGINE: orbitive.clients.django``, ``max_live`` 4 for the
-  whole host, ``CONN_MAX_AGE`` 0 (each request hands its connection back);
+  whole host, ``CONN_MAX_AGE`` 0 (each request hands its connection back), a
+  fleet of 16 nodes (twice the workers, as the README sizes it);
 * ``django pool``: Django's own pool (psycopg_pool), ``max_size`` 4 in every
   worker, so uncapped host-wide (8 x 4), ``CONN_MAX_AGE`` 0;
 * ``pgbouncer``: Django's stock backend connected to PgBouncer in transaction
@@ -81,7 +82,7 @@ def database(kind: str, port: int, fleet: str) -> dict[str, Any]:
         entry["OPTIONS"]["pool"] = {"min_size": 1, "max_size": CAP}
     else:
         _, _, turn = kind.partition("/")
-        pool: dict[str, Any] = {"fleet": fleet, "max_live": CAP}
+        pool: dict[str, Any] = {"fleet": fleet, "max_live": CAP, "fleet_capacity": 2 * WORKERS}
         if turn:
             pool["handoff_after"] = float(turn.removesuffix("s"))
         entry["ENGINE"] = "orbitive.clients.django"
