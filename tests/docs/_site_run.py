@@ -111,9 +111,11 @@ def _wait_answering(process: subprocess.Popen[bytes], url: str) -> None:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise AssertionError(f"the server exited with status {process.returncode}")
-        with contextlib.suppress(OSError, urllib.error.URLError):
-            with urllib.request.urlopen(url, timeout=5.0):
-                return
+        with (
+            contextlib.suppress(OSError, urllib.error.URLError),
+            urllib.request.urlopen(url, timeout=5.0),
+        ):
+            return
         time.sleep(0.2)
     raise AssertionError(f"{url} did not answer within {START_S} s")
 

@@ -34,21 +34,23 @@ def read_reply(conn):
 
 #: Page -> the stand-ins it names, as Python source run before its first block.
 STANDINS: Final = {
-    "leases.md": '''
+    "leases.md": """
 class _Storage:
     def write(self, data, token):
         assert isinstance(token, int)
 
 storage, data = _Storage(), b"invoice 42"
-''',
-    "store.md": '''
+""",
+    "store.md": """
 def write_results(fencing_token):
     assert fencing_token > 0
-''',
-    "clients.md": _CLIENT + '''
+""",
+    "clients.md": _CLIENT
+    + """
 request = b"GET /\\r\\n"
-''',
-    "pool.md": _CLIENT + '''
+""",
+    "pool.md": _CLIENT
+    + """
 REQUEST_SIZE = 16
 request_bytes = b"x" * REQUEST_SIZE
 my_connections = {}
@@ -65,5 +67,5 @@ def owner_address(node):
 
 class Overloaded(Exception):
     pass
-''',
+""",
 }
