@@ -8,7 +8,7 @@ after a warm-up in which every worker answers. Contenders, each with the cap 4:
 
 * ``orbitive``: ``ENGINE: orbitive.clients.django``, ``max_live`` 4 for the
   whole host, ``CONN_MAX_AGE`` 0 (each request hands its connection back), a
-  fleet of 16 nodes (twice the workers, as the README sizes it);
+  fleet of 16 nodes (twice the workers, as docs/operations.md sizes it);
 * ``django pool``: Django's own pool (psycopg_pool), ``max_size`` 4 in every
   worker, so uncapped host-wide (8 x 4), ``CONN_MAX_AGE`` 0;
 * ``pgbouncer``: Django's stock backend connected to PgBouncer in transaction

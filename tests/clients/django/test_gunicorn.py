@@ -1,6 +1,6 @@
-"""The README's Django example under real gunicorn: 4 workers share a host-wide cap of 3.
+"""The Django page's example under real gunicorn: 4 workers share a host-wide cap of 3.
 
-The test takes the example's files out of the README as written (settings,
+The test takes the example's files out of docs/django.md as written (settings,
 model, view, gunicorn settings), adds what ``django-admin startproject``
 would (``wsgi.py``) and a one-line ``urls.py``, creates the table and runs
 gunicorn with 4 workers and ``DB_MAX_LIVE=3``. Eight client threads buy from
@@ -37,7 +37,7 @@ THREADS: Final = 8
 BUYS_PER_THREAD: Final = 40
 STOCK: Final = 1_000
 
-#: What ``django-admin startproject`` and ``startapp`` would add to the README's files.
+#: What ``django-admin startproject`` and ``startapp`` would add to the page's files.
 STARTPROJECT: Final = {
     "mysite/__init__.py": "",
     "mysite/wsgi.py": (
@@ -51,7 +51,7 @@ STARTPROJECT: Final = {
     ),
 }
 
-#: gunicorn settings for the preloading run: the README's, plus a master that queries.
+#: gunicorn settings for the preloading run: the page's, plus a master that queries.
 PRELOAD_CONF: Final = """\
 exec(open("gunicorn.conf.py").read())
 preload_app = True
@@ -67,7 +67,7 @@ def when_ready(server):  # in the master, after the app is loaded, before the wo
 
 
 def _site(directory: Path) -> None:
-    files = write_recipes(directory, ROOT / "README.md")
+    files = write_recipes(directory, ROOT / "docs" / "django.md")
     expected = {"mysite/settings.py", "shop/models.py", "shop/views.py", "gunicorn.conf.py"}
     assert expected <= set(files), sorted(files)
     for name, text in STARTPROJECT.items():
