@@ -16,11 +16,16 @@ class ServerConnections:
     """A thread counting the server's connections tagged ``tag`` until stopped.
 
     ``highest`` is the largest count seen and ``samples`` how many were taken;
-    the sampler's own connection carries no tag.
+    the sampler's own connection carries no tag. ``by="datname"`` counts the
+    connections to the database named ``tag`` instead (the sampler's own is to
+    the URL's).
     """
 
-    def __init__(self, url: str, tag: str) -> None:
+    def __init__(self, url: str, tag: str, by: str = "application_name") -> None:
+        if by not in ("application_name", "datname"):
+            raise ValueError(f"by must be application_name or datname, got {by!r}")
         self.tag = tag
+        self._query = f"SELECT count(*) FROM pg_stat_activity WHERE {by} = %s"
         self.highest = 0
         self.samples = 0
         self._conn = psycopg.connect(url, autocommit=True)
@@ -31,9 +36,7 @@ class ServerConnections:
     def count(self) -> int:
         """Connections tagged ``tag`` now (one query; callable while sampling)."""
         with self._lock:
-            row = self._conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (self.tag,)
-            ).fetchone()
+            row = self._conn.execute(self._query, (self.tag,)).fetchone()
         assert row is not None
         return int(row[0])
 
