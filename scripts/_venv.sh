@@ -1,25 +1,23 @@
-# Sourced by scripts/demo, scripts/test and scripts/test-pythons: make a virtual
-# environment (VENV, default .venv, from PYTHON, default python3) and install orbitive
-# into it. EXTRAS names the optional dependency group to install with it ("" for none).
+# Sourced by scripts/demo and scripts/test: make .venv and install orbitive into it.
+# EXTRAS names the optional dependency group to install with it ("" for none).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-python3}"
-VENV="${VENV:-.venv}"
-if [ ! -x "$VENV/bin/python" ]; then
-    echo "setting up $VENV (first run only)..." >&2
-    "$PY" -m venv "$VENV"
+if [ ! -x .venv/bin/python ]; then
+    echo "setting up .venv (first run only)..." >&2
+    "$PY" -m venv .venv
 fi
 # Reinstall only when the build inputs (pyproject.toml, setup.py, the C sources)
 # changed since this group was last installed; the install compiles the C steps.
-STAMP="$VENV/.orbitive-installed-${EXTRAS:-core}"
+STAMP=".venv/.orbitive-installed-${EXTRAS:-core}"
 if [ ! -f "$STAMP" ] || [ -n "$(find pyproject.toml setup.py src \( -name '*.c' -o -name '*.h' \) -newer "$STAMP" -o -name '*.toml' -newer "$STAMP" -o -name setup.py -newer "$STAMP")" ]; then
-    echo "installing orbitive${EXTRAS:+[$EXTRAS]} into $VENV..." >&2
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
+    echo "installing orbitive${EXTRAS:+[$EXTRAS]} into .venv..." >&2
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
     touch "$STAMP"
 fi
 for table in lock pool; do
-    if ! "$VENV/bin/python" -c "import orbitive.$table._fastpath" 2>/dev/null; then
+    if ! .venv/bin/python -c "import orbitive.$table._fastpath" 2>/dev/null; then
         echo "warning: the $table table's C steps (src/orbitive/$table/_fastpath.c) were not" \
             "built; the Python steps run instead, more slowly (a C compiler and the Python" \
             "headers are needed)" >&2
