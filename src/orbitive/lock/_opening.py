@@ -25,7 +25,7 @@ try:
 except ImportError:  # not built (no C compiler): the Python steps are used
     Steps = None  # type: ignore[assignment, misc]
 
-#: What a table without its C operations costs (``bench/instructions.py``, README "Benchmarks").
+#: What a table without its C operations costs (``bench/instructions.py``, docs/performance.md).
 PYTHON_COST: Final = (
     "the lock table's operations run in Python, holding its whole section: an acquire + "
     "release pair costs about 135 times as many instructions as its C call (some 85 us "

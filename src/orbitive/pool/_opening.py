@@ -23,7 +23,7 @@ from ._layout import Layout, check_capacity, env_geometry
 from ._table import Table
 from ._values import Incarnation, Lease, ResourceId
 
-#: What a pool without its C operations costs (``bench/instructions.py``, README "Benchmarks").
+#: What a pool without its C operations costs (``bench/instructions.py``, docs/performance.md).
 PYTHON_COST: Final = (
     "the pool table's operations run in Python: a local reuse cycle (reserve, accept, "
     "complete) costs about 30 times as many instructions as its C calls"
