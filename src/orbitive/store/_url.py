@@ -207,13 +207,24 @@ def _split(url: str, shown: str) -> SplitResult:
     """``urlsplit(url)``; ``shown`` is the URL as messages may show it.
 
     Raises:
-        InvalidStoreUrl: urllib refuses it (an unbalanced "[", a bracketed host that
-            is no IP address).
+        InvalidStoreUrl: urllib refuses it (an unbalanced "["), or its bracketed host
+            is no IPv6 address (checked here: urllib checks it only from Python
+            3.11.4 on, and would hand ``zz`` of ``redis://[zz]`` to a resolver).
     """
     try:
-        return urlsplit(url)
+        parts = urlsplit(url)
     except ValueError as error:
         raise InvalidStoreUrl(f"store URL {shown!r}: {error}") from None
+    host = parts.netloc.rpartition("@")[2]
+    if "[" in host:
+        bracketed = host.partition("[")[2].partition("]")[0]
+        with contextlib.suppress(ValueError):
+            ipaddress.IPv6Address(bracketed)
+            return parts
+        raise InvalidStoreUrl(
+            f"store URL {shown!r}: its bracketed host {bracketed!r} is no IPv6 address"
+        )
+    return parts
 
 
 def _shm(url: str) -> _Opened:
