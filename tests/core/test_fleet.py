@@ -104,6 +104,24 @@ def test_incarnation_differs_for_every_life_of_a_node(
     assert seen == sorted(set(seen)), "incarnations repeat or go backwards"
 
 
+def test_incarnation_of_names_the_holders_life_and_none_for_a_free_node(
+    processes: Processes, fleet_name: str
+) -> None:
+    with Fleet.join(fleet_name, 3) as fleet:
+        assert fleet.incarnation_of(fleet.node) == fleet.incarnation
+        assert fleet.incarnation_of(1) is None
+        lives = []
+        for _ in range(2):  # two lives of node 1, one after the other
+            member = start_server(processes, fleet_name, 3, node=1)
+            assert fleet.incarnation_of(1) == member.incarnation
+            with Fleet.observe(fleet_name, 3) as observer:
+                assert observer.incarnation_of(1) == member.incarnation
+            lives.append(member.incarnation)
+            assert member.stop() == 0
+            assert fleet.incarnation_of(1) is None
+        assert lives[0] < lives[1]
+
+
 def test_is_alive_is_false_for_a_node_never_claimed(fleet_name: str) -> None:
     with Fleet.join(fleet_name, 4) as fleet:
         assert not fleet.is_alive(3)

@@ -230,6 +230,14 @@ def _ofd_held(fd: int, node: int) -> bool:
     return held != fcntl.F_UNLCK
 
 
+def _holder(fd: int, node: int) -> int | None:
+    """The incarnation recorded for ``node`` if another open file description holds it."""
+    if not _ofd_held(fd, node):
+        return None
+    raw = os.pread(fd, 8, INCARNATIONS_AT + 8 * node)
+    return _U64.unpack(raw)[0] if len(raw) == 8 else 0
+
+
 def let_go_membership(name: str, fd: int, placeholder: bool) -> None:
     """End :func:`hold_membership`: remove the placeholder if it still has its name, close."""
     try:
@@ -426,19 +434,34 @@ class Fleet:
             NodeOutsideFleet: node out of range.
             FleetError: the fleet is closed.
         """
+        return self.incarnation_of(node) is not None
+
+    def incarnation_of(self, node: int) -> int | None:
+        """The incarnation of the live process holding ``node``, or None when none does.
+
+        This is the proof of a new life: incarnations of one node only grow, so
+        a life that is not the holder's is over, even while the node is held (by
+        a process that opened no pool, say). A new holder records its own in the
+        instant after its claim; until then this returns its predecessor's, so a
+        life is never judged over too soon.
+
+        Raises:
+            NodeOutsideFleet: node out of range.
+            FleetError: the fleet is closed.
+        """
         _check_node(node, self.capacity)
         if self._closed:
             raise FleetError(f"fleet {self.name!r} is closed", fleet=self.name)
         if not self.shared or node == self._node:
-            return node == self._node
+            return self._incarnation if node == self._node else None
         if self._member_fd >= 0:
-            return _ofd_held(self._member_fd, node)
+            return _holder(self._member_fd, node)
         try:  # an observer: look without becoming a member
             fd = open_object(members_name(self.name), create=False)
         except FileNotFoundError:
-            return False
+            return None
         try:
-            return _ofd_held(fd, node)
+            return _holder(fd, node)
         finally:
             os.close(fd)
 
