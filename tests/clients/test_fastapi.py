@@ -29,7 +29,7 @@ import pytest
 from psycopg import sql
 
 from ..docs._recipes import _BLOCK, free_port, started
-from ..store._postgres import TempPostgres
+from .._servers import TempPostgres
 from ._http import get_json, run_load
 from ._sampling import ServerConnections
 
@@ -43,12 +43,12 @@ LAG_BOUND_S: Final = 0.05
 
 
 @pytest.fixture
-def role(pg_server: TempPostgres, tag: str) -> Iterator[str]:
+def role(postgres_server: TempPostgres, tag: str) -> Iterator[str]:
     """A login role of this test's own: ``pg_stat_activity.usename`` counts its connections."""
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(tag)))
     yield tag
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
         conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (tag,)
         )
@@ -107,14 +107,14 @@ def _settled(port: int) -> dict[str, Any]:
 def test_the_readme_example_keeps_the_cap_fails_no_request_and_never_blocks_the_loop(
     example: str,
     scheme: str,
-    pg_server: TempPostgres,
+    postgres_server: TempPostgres,
     role: str,
     fleet_name: str,
     tmp_path: Path,
 ) -> None:
-    url = f"{scheme}://{role}@127.0.0.1:{pg_server.port}/postgres"
+    url = f"{scheme}://{role}@127.0.0.1:{postgres_server.port}/postgres"
     port, server = _serve(example, url, fleet_name, tmp_path)
-    with server, ServerConnections(pg_server.url, role, column="usename") as witness:
+    with server, ServerConnections(postgres_server.url, role, column="usename") as witness:
         load = asyncio.run(run_load(port, lambda n: f"/items/{n}", CLIENTS, requests=REQUESTS_EACH))
         _every_worker(port, "/probe?reset=1")
         waited = asyncio.run(run_load(port, lambda n: "/slow", CLIENTS, requests=4))
