@@ -13,7 +13,8 @@ import pytest
 API_NAMES = {
     "orbitive.clients": {"ClientPool", "PoolOptions"},
     "orbitive.clients.psycopg": {"ConnectionPool"},
-    "orbitive.clients.sqlalchemy": {"FleetPool"},
+    "orbitive.clients.sqlalchemy": {"FleetPool", "AsyncFleetPool"},
+    "orbitive.clients.asyncpg": {"create_pool"},
 }
 ADDITIONS = {
     # statistics() and the named errors a caller catches.
@@ -29,6 +30,8 @@ ADDITIONS = {
     },
     "orbitive.clients.psycopg": {"AsyncConnectionPool"},
     "orbitive.clients.sqlalchemy": set(),
+    # what create_pool returns, and what its acquire() returns (asyncpg's names).
+    "orbitive.clients.asyncpg": {"Pool", "PoolAcquireContext"},
 }
 
 

@@ -28,8 +28,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from ..docs._recipes import _BLOCK, free_port, started
 from .._servers import TempPostgres
+from ..docs._recipes import _BLOCK, free_port, started
 from ._http import get_json, run_load
 from ._sampling import ServerConnections
 
