@@ -9,6 +9,8 @@ from types import TracebackType
 import psycopg
 from psycopg import sql
 
+from orbitive.clients import ClientPoolStatistics
+
 #: Seconds between two samples of pg_stat_activity.
 SAMPLE_EVERY_S = 0.005
 
@@ -69,3 +71,9 @@ class ServerConnections:
         self._stop.set()
         self._thread.join()
         self._conn.close()
+
+
+def busy(stats: ClientPoolStatistics) -> bool:
+    """Clients of the key in use or being created (a create whose caller was cancelled
+    goes on, and its client joins the idle ones or is closed when it is done)."""
+    return bool(stats.in_use or stats.creating)

@@ -16,11 +16,17 @@ import asyncpg
 import pytest
 
 from orbitive import Fleet
-from orbitive.clients import InvalidPoolOptions, PoolClosed, PoolOptions, PoolTimeout, UnknownClient
+from orbitive.clients import (
+    InvalidPoolOptions,
+    PoolClosed,
+    PoolOptions,
+    PoolTimeout,
+    UnknownClient,
+)
 from orbitive.clients.asyncpg import Pool, create_pool
 from orbitive.clients.sqlalchemy import FleetPool
 
-from ._sampling import ServerConnections
+from ._sampling import ServerConnections, busy
 
 
 class TaggedConnection(asyncpg.Connection):
@@ -169,7 +175,7 @@ def test_cancelled_while_waiting_mid_query_or_in_the_reset_loses_no_unit(
                         raise result
             assert cut > 50
             deadline = time.monotonic() + 10
-            while pool.statistics().in_use and time.monotonic() < deadline:
+            while busy(pool.statistics()) and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
             assert pool.statistics().in_use == 0
             held = [await pool.acquire(timeout=5.0) for _ in range(2)]  # max_live at once

@@ -21,7 +21,7 @@ from orbitive.clients import InvalidPoolOptions, PoolOptions
 from orbitive.clients.sqlalchemy import AsyncFleetPool, FleetPool
 
 from .._processes import Processes
-from ._sampling import ServerConnections
+from ._sampling import ServerConnections, busy
 from ._workers import sqlalchemy_holder
 from .conftest import CAPACITY
 
@@ -105,7 +105,7 @@ def test_cancelled_uses_give_every_unit_back(
         assert cut > 20
         clients = cast(AsyncFleetPool, engine.pool).clients
         deadline = time.monotonic() + 10
-        while clients.statistics().in_use and time.monotonic() < deadline:
+        while busy(clients.statistics()) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         assert clients.statistics().in_use == 0
         held = [await engine.connect() for _ in range(2)]  # max_live at once

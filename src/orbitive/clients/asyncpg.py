@@ -66,8 +66,9 @@ from .._core._fleet import Fleet
 from ..pool import POOL_KIND
 from ._client_pool import ClientPool
 from ._database import database_key, dsn_target
+from ._gate import Gate
 from ._home_loop import HomeLoop, LoopGone
-from ._options import PoolOptions
+from ._options import PoolOptions, seconds
 from ._stats import ClientPoolStatistics
 
 __all__ = ["Pool", "PoolAcquireContext", "create_pool"]
@@ -210,6 +211,7 @@ class Pool:
         self._max_queries = max_queries
         self._home = HomeLoop()
         self._clients: ClientPool[Any] | None = None
+        self._gate: Gate | None = None
         #: Every connection this pool made and has not closed: id -> (conn, generation).
         self._made: dict[int, tuple[Any, int]] = {}
         #: Connections acquired and not yet released: id -> (conn, acquire timeout).
@@ -245,6 +247,8 @@ class Pool:
                 options=self._options,
                 kind=self._kind,
             )
+            options = self._clients.options
+            self._gate = Gate(options.max_live, options.max_waiting, self._clients.key)
         return self
 
     @property
@@ -329,13 +333,20 @@ class Pool:
     async def _acquire(self, timeout: float | None) -> Any:
         if self._closing or self._closed:
             raise PoolClosed("the asyncpg pool is closed", key=self._key)
-        clients = self.clients
+        clients, gate = self.clients, self._gate
+        assert gate is not None  # opened with the ClientPool
+        wait = clients.options.acquire_timeout if timeout is None else seconds("timeout", timeout)
+        left = await gate.enter(wait)
         try:
-            conn = await clients.getconn_async(timeout)
+            conn = await clients.getconn_async(left)
         except ClientCreateError as error:
+            gate.leave()
             cause = error.__cause__
             if isinstance(cause, Exception):  # asyncpg's own error, as asyncpg raises it
                 raise cause from None
+            raise
+        except BaseException:
+            gate.leave()
             raise
         self._out[id(conn)] = (conn, timeout)
         self._released.clear()
@@ -344,7 +355,10 @@ class Pool:
                 await self._setup(conn)
             except BaseException:
                 self._out.pop(id(conn), None)
-                await clients.discard_async(conn)
+                try:
+                    await clients.discard_async(conn)
+                finally:
+                    gate.leave()
                 raise
         return conn
 
@@ -374,6 +388,14 @@ class Pool:
             )
         if not self._out:
             self._released.set()
+        try:
+            await self._give_back(connection, out[1] if timeout is None else timeout)
+        finally:
+            assert self._gate is not None
+            self._gate.leave()
+
+    async def _give_back(self, connection: Any, timeout: float | None) -> None:
+        """Reset ``connection`` and hand it to the ClientPool, or retire it (once)."""
         clients = self.clients
         connection._on_release()  # asyncpg's pool does: listeners warned, statements expired
         made = self._made.get(id(connection))
@@ -386,7 +408,7 @@ class Pool:
             await clients.discard_async(connection)
             return
         try:
-            await self._reset_connection(connection, out[1] if timeout is None else timeout)
+            await self._reset_connection(connection, timeout)
         except BaseException:
             connection.terminate()
             await clients.discard_async(connection)
