@@ -108,28 +108,24 @@ def run_row(label: str, pg: TempPostgres, seconds: float) -> dict[str, Any] | No
     }
 
 
-async def _per_pair(pool: Any, rounds: int, count: int) -> float:
-    """Median over ``rounds`` of the µs one acquire + release of an idle connection takes."""
-    for _ in range(200):
+async def _per_pair(pool: Any, count: int) -> tuple[float, float]:
+    """µs of wall and of this process's CPU one acquire + release of an idle connection
+    takes, over ``count`` pairs."""
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(count):
         async with pool.acquire():
             pass
-    samples = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(count):
-            async with pool.acquire():
-                pass
-        samples.append((time.perf_counter() - start) / count * 1e6)
-    return statistics.median(samples)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return wall / count * 1e6, cpu / count * 1e6
 
 
 async def _no_reset(conn: Any) -> None:
     """A reset hook that does nothing: the release runs no query (only a needed rollback)."""
 
 
-async def micro(url: str, rounds: int = 7, count: int = 2000) -> dict[str, float]:
-    """Acquire + release of an idle connection: orbitive and asyncpg, both resets, µs."""
-    found: dict[str, float] = {}
+async def micro(url: str, rounds: int = 7, count: int = 2000) -> dict[str, tuple[float, float]]:
+    """Acquire + release of an idle connection: orbitive and asyncpg, both resets; the
+    medians over ``rounds`` interleaved rounds of (wall µs, CPU µs) per pair."""
     with Fleet.join(FLEET, capacity=4) as fleet:
         pools: dict[str, Any] = {}
         for label, reset in (("reset", None), ("no reset", _no_reset)):
@@ -140,15 +136,22 @@ async def micro(url: str, rounds: int = 7, count: int = 2000) -> dict[str, float
             pools[f"asyncpg, {label}"] = await asyncpg.create_pool(
                 url, min_size=1, max_size=1, reset=reset
             )
-        samples: dict[str, list[float]] = {label: [] for label in pools}
+        samples: dict[str, list[tuple[float, float]]] = {label: [] for label in pools}
+        for pool in pools.values():
+            await _per_pair(pool, 200)  # warm
         for _ in range(rounds):  # interleaved: the neighbours' load moves every row alike
             for label, pool in pools.items():
-                samples[label].append(await _per_pair(pool, 1, count))
-        for label, pool in pools.items():
-            found[label] = statistics.median(samples[label])
+                samples[label].append(await _per_pair(pool, count))
+        for pool in pools.values():
             await pool.close()
     remove_fleet_files(FLEET)
-    return found
+    return {
+        label: (
+            statistics.median(wall for wall, _ in found),
+            statistics.median(cpu for _, cpu in found),
+        )
+        for label, found in samples.items()
+    }
 
 
 def main() -> None:
@@ -158,6 +161,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="rounds of every row, interleaved")
     parser.add_argument("--turn", type=float, default=0.1, help="the orbitive/Ns row's turn")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--pairs-only", action="store_true", help="only the acquire + release")
     args = parser.parse_args()
     try:
         pg = TempPostgres.start(*LOG_SETTINGS, "max_connections=200")
@@ -169,7 +173,7 @@ def main() -> None:
         print(f"FastAPI, uvicorn --workers 2, {CLIENTS} clients, cap {CAP}, {args.seconds:g} s")
         print(f"{'contender':<16} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
               f"{'peak':>5} {'failed':>6}")  # fmt: skip
-        for _ in range(args.repeat):
+        for _ in range(0 if args.pairs_only else args.repeat):
             for label in labels:
                 row = run_row(label, pg, args.seconds)
                 if row is None:
@@ -182,12 +186,14 @@ def main() -> None:
         pairs = asyncio.run(micro(pg.url))
     finally:
         pg.stop()
-    print("acquire + release of an idle connection, one process (median µs):")
-    for label, value in pairs.items():
-        print(f"  {label:<20} {value:8.1f}")
+    print("acquire + release of an idle connection, one process (median µs per pair):")
+    print(f"  {'pool':<20} {'wall':>8} {'CPU':>8}")
+    for label, (wall, cpu) in pairs.items():
+        print(f"  {label:<20} {wall:8.1f} {cpu:8.1f}")
     for reset_label in ("reset", "no reset"):
-        ratio = pairs[f"orbitive, {reset_label}"] / pairs[f"asyncpg, {reset_label}"]
-        print(f"  orbitive / asyncpg, {reset_label}: {ratio:.2f}x")
+        ours, theirs = pairs[f"orbitive, {reset_label}"], pairs[f"asyncpg, {reset_label}"]
+        print(f"  orbitive / asyncpg, {reset_label}: {ours[0] / theirs[0]:.2f}x wall, "
+              f"{ours[1] / theirs[1]:.2f}x CPU")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "pairs": pairs}, indent=2))
 

@@ -281,6 +281,7 @@ class Pool:
             **self._connect_kwargs,
         )
         if not isinstance(conn, self._connection_class):
+            conn.terminate()
             raise exceptions.InterfaceError(
                 f"expected pool connect callback to return an instance of "
                 f"{self._connection_class.__qualname__!r}, got {type(conn).__qualname__!r}"
