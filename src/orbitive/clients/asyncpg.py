@@ -430,7 +430,11 @@ class Pool:
     # -- the shortcuts -----------------------------------------------------------------------
 
     async def execute(self, query: str, *args: object, timeout: float | None = None) -> str:
-        """``Connection.execute`` on a pooled connection; returns its status string."""
+        """``Connection.execute`` on a pooled connection; returns its status string.
+
+        Raises:
+            As :meth:`acquire`, and the query's errors.
+        """
         async with self.acquire() as conn:
             status: str = await conn.execute(query, *args, timeout=timeout)
             return status
@@ -438,14 +442,22 @@ class Pool:
     async def executemany(
         self, command: str, args: Iterable[Sequence[object]], *, timeout: float | None = None
     ) -> None:
-        """``Connection.executemany`` on a pooled connection."""
+        """``Connection.executemany`` on a pooled connection.
+
+        Raises:
+            As :meth:`acquire`, and the query's errors.
+        """
         async with self.acquire() as conn:
             await conn.executemany(command, args, timeout=timeout)
 
     async def fetch(
         self, query: str, *args: object, timeout: float | None = None, record_class: Any = None
     ) -> list[Any]:
-        """``Connection.fetch`` on a pooled connection; a list of records."""
+        """``Connection.fetch`` on a pooled connection; a list of records.
+
+        Raises:
+            As :meth:`acquire`, and the query's errors.
+        """
         async with self.acquire() as conn:
             rows: list[Any] = await conn.fetch(
                 query, *args, timeout=timeout, record_class=record_class
@@ -455,14 +467,22 @@ class Pool:
     async def fetchval(
         self, query: str, *args: object, column: int | str = 0, timeout: float | None = None
     ) -> Any:
-        """``Connection.fetchval`` on a pooled connection; one value or None."""
+        """``Connection.fetchval`` on a pooled connection; one value or None.
+
+        Raises:
+            As :meth:`acquire`, and the query's errors.
+        """
         async with self.acquire() as conn:
             return await conn.fetchval(query, *args, column=column, timeout=timeout)
 
     async def fetchrow(
         self, query: str, *args: object, timeout: float | None = None, record_class: Any = None
     ) -> Any:
-        """``Connection.fetchrow`` on a pooled connection; one record or None."""
+        """``Connection.fetchrow`` on a pooled connection; one record or None.
+
+        Raises:
+            As :meth:`acquire`, and the query's errors.
+        """
         async with self.acquire() as conn:
             return await conn.fetchrow(query, *args, timeout=timeout, record_class=record_class)
 
@@ -474,7 +494,11 @@ class Pool:
         timeout: float | None = None,
         record_class: Any = None,
     ) -> list[Any]:
-        """``Connection.fetchmany`` on a pooled connection; a list of records."""
+        """``Connection.fetchmany`` on a pooled connection; a list of records.
+
+        Raises:
+            As :meth:`acquire`, and the query's errors.
+        """
         async with self.acquire() as conn:
             rows: list[Any] = await conn.fetchmany(
                 query, args, timeout=timeout, record_class=record_class
@@ -484,7 +508,11 @@ class Pool:
     # -- sizes -----------------------------------------------------------------------------
 
     def get_size(self) -> int:
-        """Connections of the key alive across the fleet (every process), idle or in use."""
+        """Connections of the key alive across the fleet (every process), idle or in use.
+
+        Raises:
+            PoolClosed: not open yet, or closed.
+        """
         return self.statistics().live
 
     def get_idle_size(self) -> int:
