@@ -13,9 +13,10 @@ import pytest
 API_NAMES = {
     "orbitive.clients": {"ClientPool", "PoolOptions"},
     "orbitive.clients.psycopg": {"ConnectionPool"},
-    "orbitive.clients.sqlalchemy": {"FleetPool"},
     # The Django engine is named by its path in settings; Django loads its base module.
     "orbitive.clients.django": set(),
+    "orbitive.clients.sqlalchemy": {"FleetPool", "AsyncFleetPool"},
+    "orbitive.clients.asyncpg": {"create_pool"},
 }
 ADDITIONS = {
     # statistics() and the named errors a caller catches.
@@ -36,6 +37,8 @@ ADDITIONS = {
     "orbitive.clients.django.base": {"DatabaseWrapper"},
     "orbitive.clients.django.creation": {"DatabaseCreation"},
     "orbitive.clients.django.features": {"DatabaseFeatures"},
+    # what create_pool returns, and what its acquire() returns (asyncpg's names).
+    "orbitive.clients.asyncpg": {"Pool", "PoolAcquireContext"},
 }
 
 
