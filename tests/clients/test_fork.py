@@ -97,7 +97,7 @@ def test_a_forked_child_closing_the_pool_keeps_the_parents_remote_socket(fleet: 
 def test_a_forked_childs_checkouts_run_on_its_own_table_steps_and_lane(fleet: Fleet) -> None:
     with _pool(fleet) as pool:
         pool.putconn(pool.getconn())  # the parent's C steps bound, one idle client
-        (parents,) = pool._ledger.idle
+        (parents,) = pool._family.idle
         table = pool.table
         slot = slice(table.locate(parents.rid), table.locate(parents.rid) + 64)
         before = bytes(table.buf[slot])
@@ -106,7 +106,7 @@ def test_a_forked_childs_checkouts_run_on_its_own_table_steps_and_lane(fleet: Fl
         def use() -> int:
             for _ in range(3):
                 client = pool.getconn()
-                (entry,) = pool._ledger.out.values()
+                (entry,) = pool._family.out.values()
                 if client is parents.client or entry.rid.node != fleet.node:
                     return 1
                 pool.putconn(client)

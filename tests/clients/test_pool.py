@@ -519,7 +519,7 @@ def test_an_idle_client_drained_in_the_table_is_closed_and_gives_its_budget_back
     with _pool(fleet, max_live=1) as pool:
         first = pool.getconn()
         pool.putconn(first)
-        (entry,) = pool._ledger.idle
+        (entry,) = pool._family.idle
         pool.pool.drain(entry.rid)  # through the Pool handle: no new reservation or take
         again = pool.getconn(timeout=2.0)  # the drained one is closed, its unit returned
         assert again is not first and first.closed
@@ -532,7 +532,7 @@ def test_the_upkeep_retires_a_drained_idle_client_and_the_ones_behind_it(fleet: 
         first, second = pool.getconn(), pool.getconn()
         pool.putconn(first)
         pool.putconn(second)
-        pool.pool.drain(pool._ledger.idle[0].rid)  # the oldest idle client: retired first
+        pool.pool.drain(pool._family.idle[0].rid)  # the oldest idle client: retired first
         deadline = time.monotonic() + 5.0
         while not (first.closed and second.closed):
             assert time.monotonic() < deadline, (first.closed, second.closed)

@@ -52,8 +52,7 @@ from .._core._errors import (
 )
 from ..pool import CreationPermit, Key, Pool
 from ._callbacks import call_async, call_sync
-from ._entry import Entry
-from ._ledger import Ledger
+from ._ledger import Entry, Family, Ledger
 from ._options import HANDOFF_GRACE_S, PoolOptions, seconds
 from ._retiring import Retiring
 from ._statistics import Counters
@@ -109,6 +108,7 @@ class Checkout(Generic[C]):
         options: the pool's options.
         handle: the pool's table handle (its waits; closing it ends them).
         ledger: the key's clients in this process.
+        family: the pool's family in the ledger.
         retiring: the pool's closing.
         counters: the pool's counters.
         create, close, check, reset: the pool's callables.
@@ -120,6 +120,7 @@ class Checkout(Generic[C]):
         options: PoolOptions,
         handle: Pool,
         ledger: Ledger[C],
+        family: Family[C],
         retiring: Retiring,
         counters: Counters,
         create: Callable[[], Any],
@@ -128,7 +129,7 @@ class Checkout(Generic[C]):
         reset: Callable[[C], Any] | None,
     ) -> None:
         self.key, self.options = key, options
-        self._handle, self._ledger, self._retiring = handle, ledger, retiring
+        self._handle, self._ledger, self._family, self._retiring = handle, ledger, family, retiring
         self._counters = counters
         self._create, self._close, self._check, self._reset = create, close, check, reset
         # The options the return reads, as plain attributes.
@@ -165,6 +166,8 @@ class Checkout(Generic[C]):
                         return reply  # type: ignore[no-any-return]
                 if step is None and not is_polite:
                     step = self._ledger.claim(self._max_live)
+                    if step is None:
+                        self._retire_foreign()
                 if step is not None and version is not None:  # served: no longer a waiter
                     version = None
                     self.stop_waiting()
@@ -256,13 +259,20 @@ class Checkout(Generic[C]):
     def take(self) -> Entry[C] | None:
         """One of this process's idle clients of the key, now checked out (newest first),
         or None; those whose resource was closed, reset or drained are retired."""
-        entry = self._ledger.take()
-        if entry is not None or not self._ledger.idle:
+        entry = self._ledger.take(self._family)
+        if entry is not None or not self._family.idle:
             return entry
-        entry, doomed = self._ledger.take_sorting()
+        entry, doomed = self._ledger.take_sorting(self._family)
         for each in doomed:
             self._retiring.hand_over(each)
         return entry
+
+    def _retire_foreign(self) -> None:
+        """At ``max_live`` with another family's client idle here: retire it, so that
+        this waiter creates in its unit instead of waiting for ever (see the ledger)."""
+        foreign = self._ledger.take_foreign(self._family)
+        if foreign is not None:
+            self._retiring.hand_over(foreign)
 
     def start_waiting(self) -> int:
         """Count this caller in as a waiter; the key's version.
@@ -360,7 +370,7 @@ class Checkout(Generic[C]):
             PoolClosed, and the table's errors: as :meth:`~._ledger.Ledger.register`.
         """
         try:
-            entry = self._ledger.register(permit, client, self._close, active=active)
+            entry = self._ledger.register(permit, client, self._family, self._close, active=active)
         except BaseException:
             self._retiring.close_quietly(client, self._close)
             raise

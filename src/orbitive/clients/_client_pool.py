@@ -37,8 +37,8 @@ The idle checkout and the plain return (:meth:`ClientPool.getconn`,
 more than its body; the comments there say which.
 
 A pool dropped without ``close()`` is collected (no part holds it); its
-finalizer stops its upkeep thread and server, and leaves the key's idle clients
-to the key's other pools in the process or, the last of them, retires them.
+finalizer stops its upkeep thread and server, and leaves its idle clients to
+the pools that share them or, the last of them, retires them.
 """
 
 from __future__ import annotations
@@ -57,8 +57,7 @@ from ..pool import POOL_KIND, Pool
 from ..pool._table import Table
 from ._callbacks import check_callable
 from ._checkout import Checkout
-from ._entry import Entry
-from ._ledger import Ledger
+from ._ledger import Entry, Family, Ledger
 from ._options import PoolOptions, pool_key, seconds
 from ._remote import Remote, check_payload
 from ._retiring import Retiring
@@ -79,10 +78,12 @@ class ClientPool(Generic[C]):
         fleet: the joined fleet (each worker process joins its own node).
         key: what makes clients interchangeable: a :class:`~orbitive.pool.Key`,
             or bytes or a str that is digested (a connection URL plus anything
-            that forbids reuse across contexts). The pools of one key in one
-            process share their clients: a client is closed with the ``close``
-            of the pool that created it, checked and reset by the pool that
-            checks it out and takes it back.
+            that forbids reuse across contexts). The key is the budget: every
+            pool of it, in any process, counts against one ``max_live``. In one
+            process, the pools of a key that create clients with one callable
+            (equal ``create``) check out each other's idle clients; a waiter of
+            any pool of the key never waits while another pool's client sits
+            idle in its process (that client is closed, and the waiter creates).
         create: makes a new client; a coroutine function (or a callable that
             returns an awaitable) only for :meth:`client_async`.
         close: closes a client (its errors are swallowed and counted).
@@ -153,12 +154,18 @@ class ClientPool(Generic[C]):
         upkeep thread and the remote-mode server (a forked child makes its own)."""
         if self._release is not None:
             self._release.detach()  # a forked child: the parent's parts stay the parent's
-        ledger: Ledger[C] = Ledger.attach(
-            self._fleet, self._pool.kind, self.key, borrowers=self._handler is not None
+        ledger: Ledger[C]
+        family: Family[C]
+        ledger, family = Ledger.attach(
+            self._fleet,
+            self._pool.kind,
+            self.key,
+            self._create,
+            borrowers=self._handler is not None,
         )
         retiring = Retiring(ledger, self.counters)
-        checkout = Checkout(
-            self.key, self.options, self._pool, ledger, retiring, self.counters,
+        checkout: Checkout[C] = Checkout(
+            self.key, self.options, self._pool, ledger, family, retiring, self.counters,
             self._create, self._close, self._check, self._reset,
         )  # fmt: skip
         remote: Remote[C] | None = None
@@ -166,20 +173,21 @@ class ClientPool(Generic[C]):
             try:
                 remote = Remote(
                     self._fleet.name, self._pool, self.key, self._handler, checkout, ledger,
-                    retiring, self.counters,
+                    family, retiring, self.counters,
                 )  # fmt: skip
             except BaseException:
-                retiring.release(ledger.detach())
+                retiring.release(ledger.detach(family))
                 raise
         upkeep = Upkeep(
             self.key, self.options, self._pool, ledger, checkout, retiring, self.counters,
             self._create, UPKEEP_INTERVAL_S,
         )  # fmt: skip
-        self._ledger, self._retiring, self._checkout = ledger, retiring, checkout
+        self._ledger, self._family, self._retiring = ledger, family, retiring
+        self._checkout = checkout
         self._upkeep, self._remote = upkeep, remote
         self._fork = _fork.generation
         self._release = weakref.finalize(
-            self, _let_go, ledger, retiring, upkeep, remote, _fork.generation
+            self, _let_go, ledger, family, retiring, upkeep, remote, _fork.generation
         )
         self._release.atexit = False  # at exit the closing threads' wait is enough
 
@@ -281,7 +289,7 @@ class ClientPool(Generic[C]):
         if timeout is not None:
             seconds("timeout", timeout)
         if self._fork == _fork.generation and not self._closed:  # the idle fast path
-            entry = self._ledger.take()
+            entry = self._ledger.take(self._family)
             if entry is not None:
                 # The hottest path inlines its small steps (a call costs more than its
                 # body here): without a check, Checkout.usable is the lifetime test.
@@ -295,18 +303,18 @@ class ClientPool(Generic[C]):
     def putconn(self, client: C) -> None:
         """Hand a client back: reset it, then keep it idle or close it (one table step).
 
-        A client checked out of another pool of the same key in this process
-        may be handed back here (they share their clients).
+        A client checked out of another pool of the key in this process with
+        the same ``create`` may be handed back here (they share their clients).
 
         Raises:
-            UnknownClient: no pool of the key in this process checked ``client``
-                out, or it was handed back already.
+            UnknownClient: no pool of the key and ``create`` in this process
+                checked ``client`` out, or it was handed back already.
             A BaseException from ``reset``, once the client is handed over to be
                 closed.
         """
         if self._fork != _fork.generation:
             return  # the parent's client: never touched here
-        entry = self._ledger.checked_in(client)
+        entry = self._ledger.checked_in(client, self._family)
         if self._reset is not None or self._closed:
             self._checkout.put(entry)
             return
@@ -329,7 +337,7 @@ class ClientPool(Generic[C]):
             A BaseException from ``close``, once the client's budget is returned.
         """
         if self._fork == _fork.generation:
-            self._retiring.retire(self._ledger.checked_in(client))
+            self._retiring.retire(self._ledger.checked_in(client, self._family))
 
     @contextlib.contextmanager
     def client(self, timeout: float | None = None) -> Iterator[C]:
@@ -374,7 +382,7 @@ class ClientPool(Generic[C]):
             As :meth:`putconn`.
         """
         if self._fork == _fork.generation:
-            await self._checkout.put_async(self._ledger.checked_in(client))
+            await self._checkout.put_async(self._ledger.checked_in(client, self._family))
 
     async def discard_async(self, client: C) -> None:
         """Asyncio twin of :meth:`discard`.
@@ -383,7 +391,7 @@ class ClientPool(Generic[C]):
             As :meth:`discard`.
         """
         if self._fork == _fork.generation:
-            await self._retiring.retire_async(self._ledger.checked_in(client))
+            await self._retiring.retire_async(self._ledger.checked_in(client, self._family))
 
     @contextlib.asynccontextmanager
     async def client_async(self, timeout: float | None = None) -> AsyncIterator[C]:
@@ -418,11 +426,12 @@ class ClientPool(Generic[C]):
     def close(self) -> None:
         """Stop the upkeep thread and close this pool's clients in this process. Idempotent.
 
-        The key's idle clients stay with its other pools in this process; the
-        last of them closes them. Returns once the clients that returns handed
-        over are closed too. Clients still checked out are closed when they are
-        handed back. An asyncio ``close`` callable is run to completion on a
-        helper loop; inside asyncio code prefer :meth:`close_async`.
+        Idle clients stay with this process's other pools of the key that
+        share them (the same ``create``); the last of them closes them. Returns
+        once the clients that returns handed over are closed too. Clients still
+        checked out are closed when they are handed back. An asyncio ``close``
+        callable is run to completion on a helper loop; inside asyncio code
+        prefer :meth:`close_async`.
 
         Raises:
             A BaseException from ``close`` (KeyboardInterrupt, say), once the
@@ -446,8 +455,8 @@ class ClientPool(Generic[C]):
         self._pool.close()
 
     def _shut(self) -> list[Entry[C]]:
-        """Mark closed and let go of this process's parts, waiting for nothing; the key's
-        idle entries to retire, for the last pool of the key (none twice)."""
+        """Mark closed and let go of this process's parts, waiting for nothing; the idle
+        entries to retire, for the last pool of its family (none twice)."""
         if self._closed:
             return []
         self._closed = True
@@ -459,7 +468,7 @@ class ClientPool(Generic[C]):
         self._upkeep.stop()
         if self._remote is not None:
             self._remote.close()
-        return self._ledger.detach()
+        return self._ledger.detach(self._family)
 
     def _join(self) -> None:
         """Wait for the upkeep thread and every queued close."""
@@ -489,20 +498,21 @@ class ClientPool(Generic[C]):
 
 def _let_go(
     ledger: Ledger[Any],
+    family: Family[Any],
     retiring: Retiring,
     upkeep: Upkeep[Any],
     remote: Remote[Any] | None,
     generation: int,
 ) -> None:
-    """A pool dropped unclosed, now collected: its upkeep thread and server stop, the
-    key's idle clients stay with the key's other pools in this process or, the last
-    pool, are retired in a closing thread, and the closing threads end once done."""
+    """A pool dropped unclosed, now collected: its upkeep thread and server stop, its
+    idle clients stay with the pools that share them or, the last of its family, are
+    retired in a closing thread, and its closing threads end once done."""
     if generation != _fork.generation:
         return  # a forked child's copy: the parent's parts
     upkeep.stop()
     if remote is not None:
         remote.close()
-    retiring.release(ledger.detach())
+    retiring.release(ledger.detach(family))
     retiring.end()
 
 

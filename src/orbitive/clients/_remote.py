@@ -59,8 +59,7 @@ from ..pool import Key, Lease, Pool, ResourceId
 from ..pool.session import accept_session, accept_session_async, open_session, open_session_async
 from ._callbacks import call_async, call_sync
 from ._checkout import Checkout
-from ._entry import Entry
-from ._ledger import Ledger
+from ._ledger import Entry, Family, Ledger
 from ._retiring import Retiring
 from ._statistics import Counters
 
@@ -149,6 +148,7 @@ class Remote(Generic[C]):
         handler: ``handler(client, request: bytes) -> bytes``, or a coroutine function.
         checkout: the pool's checkout and return.
         ledger: the key's clients in this process.
+        family: the pool's family in the ledger (the clients it serves others on).
         retiring: the pool's closing.
         counters: the pool's counters.
 
@@ -165,6 +165,7 @@ class Remote(Generic[C]):
         handler: Callable[[C, bytes], Any],
         checkout: Checkout[C],
         ledger: Ledger[C],
+        family: Family[C],
         retiring: Retiring,
         counters: Counters,
     ) -> None:
@@ -174,7 +175,7 @@ class Remote(Generic[C]):
         path = socket_path(fleet, handle.kind, key, handle.node)
         self.server: Server | AsyncServer = (
             AsyncServer if inspect.iscoroutinefunction(handler) else Server
-        )(path, handle, ledger, retiring, handler)
+        )(path, handle, ledger, family, retiring, handler)
 
     def close(self) -> None:
         """Stop serving other processes and remove the socket."""
@@ -323,10 +324,11 @@ class Server:
         path: str,
         handle: Pool,
         ledger: Ledger[Any],
+        family: Family[Any],
         retiring: Retiring,
         handler: Callable[[Any, bytes], Any],
     ) -> None:
-        self.path, self._handle, self._ledger = path, handle, ledger
+        self.path, self._handle, self._ledger, self._family = path, handle, ledger, family
         self._retiring, self._handler = retiring, handler
         if os.path.lexists(path):
             if not ours(path):
@@ -361,7 +363,7 @@ class Server:
                 conn.sendall(self._run(execution.id, request))
 
     def _run(self, rid: ResourceId, request: bytes) -> bytes:
-        entry = self._ledger.lend(rid)
+        entry = self._ledger.lend(rid, self._family)
         if entry is None:
             return _answer(REFUSED, b"")
         try:
@@ -390,10 +392,11 @@ class AsyncServer:
         path: str,
         handle: Pool,
         ledger: Ledger[Any],
+        family: Family[Any],
         retiring: Retiring,
         handler: Callable[[Any, bytes], Any],
     ) -> None:
-        self.path, self._handle, self._ledger = path, handle, ledger
+        self.path, self._handle, self._ledger, self._family = path, handle, ledger, family
         self._retiring, self._handler = retiring, handler
         self.server: asyncio.AbstractServer | None = None
         self._started = False
@@ -430,7 +433,7 @@ class AsyncServer:
             writer.close()
 
     async def _run(self, rid: ResourceId, request: bytes) -> bytes:
-        entry = self._ledger.lend(rid)
+        entry = self._ledger.lend(rid, self._family)
         if entry is None:
             return _answer(REFUSED, b"")
         try:

@@ -1,7 +1,7 @@
 """Retiring: every close of a ClientPool's clients, sync and asyncio side by side.
 
 A client is retired in two steps, in this order: its ``close`` (the close of the
-pool that created it, :attr:`~._entry.Entry.close`), then its resource is
+pool that created it, :attr:`~._ledger.Entry.close`), then its resource is
 unregistered, so its unit of ``max_live`` returns only once the client is
 closed and the server never sees more than ``max_live`` connections. The
 unregister runs whatever the close did, a ``BaseException`` included, exactly
@@ -53,8 +53,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
 from ._callbacks import call_async, run_anywhere
-from ._entry import Entry
-from ._ledger import Ledger
+from ._ledger import Entry, Ledger
 from ._statistics import Counters
 
 #: Most closing threads of one pool in one process (closes beyond them queue).

@@ -36,8 +36,7 @@ from ..pool import Key, Pool
 from ..pool._availability import FOR_IDLE_TIMEOUT, FOR_LIFETIME, FOR_WAITER
 from ._callbacks import run_anywhere
 from ._checkout import Checkout
-from ._entry import Entry
-from ._ledger import Ledger
+from ._ledger import Entry, Ledger
 from ._options import HANDOFF_GRACE_S, PoolOptions
 from ._retiring import Retiring
 from ._statistics import Counters
@@ -98,7 +97,7 @@ class Upkeep(Generic[C]):
 
     def _sleep(self) -> None:
         self._stop.wait(MIN_ROUND_S)
-        if self._ledger.idle and not self._stop.is_set():
+        if self._ledger.holds_idle() and not self._stop.is_set():
             version = self._handle.version(self._key)
             self._handle.wait_capacity(self._key, version, self.interval)
         else:
@@ -110,7 +109,7 @@ class Upkeep(Generic[C]):
             self._last_reap = now
             self._handle.reap_dead()
         options = self._options
-        if self._ledger.idle:
+        if self._ledger.holds_idle():
             turn, uses = options.handoff_after, options.handoff_uses or 1 << 64
             self._retire_idle(
                 FOR_WAITER,
