@@ -338,14 +338,15 @@ class Checkout(Generic[C]):
             raise failure from error
 
     async def made_async(self, permit: CreationPermit) -> C:
-        """Asyncio twin of :meth:`made`; a cancelled caller's client joins the idle ones."""
+        """Asyncio twin of :meth:`made`. A caller cancelled or interrupted meanwhile
+        leaves the create running, and its client joins the idle ones (:meth:`_adopt`)."""
         creating = asyncio.ensure_future(call_async(self._create))
         try:
             return await asyncio.shield(creating)
-        except asyncio.CancelledError:  # the create runs on: _adopt takes what it makes
-            creating.add_done_callback(lambda done: self._adopt(permit, done))
-            raise
         except BaseException as error:
+            if not _raised_by(creating, error):  # the caller's interruption: it runs on
+                _when_done(creating, lambda done: self._adopt(permit, done))
+                raise
             failure = self._failed_create(permit, error)
             if failure is error:
                 raise
@@ -426,10 +427,6 @@ class Checkout(Generic[C]):
             healthy = outcome is not False
         except Exception:
             healthy = False
-        except BaseException as error:
-            if not isinstance(error, asyncio.CancelledError):  # cancelled: outlasting's
-                self._retiring.hand_over(self._ledger.recall(entry))
-            raise
         if not healthy:
             self._counters.check_failures += 1
             await self._retiring.retire_async(self._ledger.recall(entry))
@@ -438,25 +435,29 @@ class Checkout(Generic[C]):
     async def outlasting(
         self, entry: Entry[C], work: Awaitable[Any], passed: Callable[[Any], bool]
     ) -> Any:
-        """Await ``work``, a user callable running on ``entry``'s client.
+        """Await ``work``, a user callable running on ``entry``'s checked-out client.
 
-        A caller cancelled meanwhile leaves it running (a coroutine in a task of
-        its own, a sync callable in its worker thread, which cannot be stopped),
-        so the client is never closed under it. Once it ends, the client is kept
-        idle if it returned ``passed(result)`` (and the table keeps it), else
-        retired: exactly once either way.
+        A caller cancelled or interrupted meanwhile leaves it running (a
+        coroutine in a task of its own, a sync callable in its worker thread,
+        which cannot be stopped), so the client is never closed under it. Once
+        it ends, the client is kept idle if ``passed(result)`` (and the table
+        keeps it), else retired: exactly once either way.
 
         Raises:
-            asyncio.CancelledError: the caller was cancelled; ``entry`` is no
-                longer the caller's.
-            Whatever ``work`` raises (``entry`` stays the caller's).
+            Exception: the callable's own; ``entry`` stays the caller's.
+            BaseException: the callable's own (KeyboardInterrupt, say: the
+                client is handed over to be closed), or the caller's
+                cancellation or interruption; ``entry`` is no longer the caller's.
         """
         running = asyncio.ensure_future(work)
         try:
             return await asyncio.shield(running)
-        except asyncio.CancelledError:
-            self._ledger.recall(entry)
-            running.add_done_callback(lambda done: self._settle(entry, done, passed))
+        except BaseException as error:
+            if not _raised_by(running, error):  # the caller's interruption: it runs on
+                self._ledger.recall(entry)
+                _when_done(running, lambda done: self._settle(entry, done, passed))
+            elif not isinstance(error, Exception):  # its own interrupt: state unknown
+                self._retiring.hand_over(self._ledger.recall(entry))
             raise
 
     def _settle(
@@ -505,10 +506,6 @@ class Checkout(Generic[C]):
                 self._counters.reset_failures += 1
                 await self._retiring.retire_async(entry)
                 return
-            except BaseException as error:
-                if not isinstance(error, asyncio.CancelledError):  # cancelled: outlasting's
-                    self._retiring.hand_over(entry)
-                raise
         self.give_back(entry)
 
     def give_back(self, entry: Entry[C]) -> None:
@@ -521,6 +518,20 @@ class Checkout(Generic[C]):
             entry, now, in_turn, self._idle_limit, self._max_live
         ):
             self._retiring.hand_over(entry)
+
+
+def _raised_by(running: asyncio.Future[Any], error: BaseException) -> bool:
+    """Whether ``error`` is what ``running`` itself raised (else it interrupted the caller
+    while ``running`` went on, or ended it from outside: cancelled)."""
+    return running.done() and not running.cancelled() and running.exception() is error
+
+
+def _when_done(running: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None]) -> None:
+    """``then(running)`` now if it is done, else once it is."""
+    if running.done():
+        then(running)
+    else:
+        running.add_done_callback(then)
 
 
 def _passed(outcome: Any) -> bool:

@@ -208,17 +208,14 @@ class Remote(Generic[C]):
         return reply
 
     async def _here_async(self, entry: Entry[C], data: bytes) -> bytes:
-        """Asyncio twin of :meth:`_here`; a caller cancelled meanwhile leaves the handler
-        running, and its client is closed once it ends (never reused mid-protocol)."""
+        """Asyncio twin of :meth:`_here`; a caller cancelled or interrupted meanwhile
+        leaves the handler running, and its client is closed once it ends (never reused
+        mid-protocol)."""
         work = call_async(self._handler, entry.client, data)
         try:
             reply = bytes(await self._checkout.outlasting(entry, work, _never))
         except Exception:
             await self._checkout.put_async(self._ledger.recall(entry))
-            raise
-        except BaseException as error:
-            if not isinstance(error, asyncio.CancelledError):  # cancelled: outlasting's
-                self._retiring.hand_over(self._ledger.recall(entry))
             raise
         await self._checkout.put_async(self._ledger.recall(entry))
         return reply
@@ -399,16 +396,19 @@ class AsyncServer:
         self.path, self._handle, self._ledger, self._family = path, handle, ledger, family
         self._retiring, self._handler = retiring, handler
         self.server: asyncio.AbstractServer | None = None
-        self._started = False
+        self._starting = False
 
     async def start(self) -> None:
-        """Listen on this loop (the first call only)."""
-        if self._started:
+        """Listen on this loop, once (a start interrupted part way is tried again)."""
+        if self.server is not None or self._starting:
             return
-        self._started = True
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-        self.server = await asyncio.start_unix_server(self._serve, self.path)
+        self._starting = True
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            self.server = await asyncio.start_unix_server(self._serve, self.path)
+        finally:
+            self._starting = False
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
