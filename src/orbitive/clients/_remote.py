@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Any, Final, Generic, TypeVar, final
 
 from .._core._access import euid
+from .._core._bytes import exact_bytes
 from .._core._errors import (
     AccessDenied,
     BusyError,
@@ -53,8 +54,9 @@ from .._core._errors import (
     RemoteRequestError,
     SessionClosed,
     StaleError,
+    shown,
 )
-from .._core._region import SHM_DIR
+from .._core._region import SHM_DIR, client_socket_name
 from ..pool import Key, Lease, Pool, ResourceId
 from ..pool.session import accept_session, accept_session_async, open_session, open_session_async
 from ._callbacks import call_async, call_sync
@@ -83,7 +85,7 @@ def socket_path(fleet: str, kind: int, key: Key, node: int) -> str:
     finds it whatever its environment; the sticky folder keeps other users from
     removing it, and :func:`ours` refuses one another user planted.
     """
-    return str(SHM_DIR / f"orbit-{fleet}-{kind}-clients-{node}-{str(key)[:12]}-{euid()}.sock")
+    return str(SHM_DIR / client_socket_name(fleet, kind, node, str(key)[:12]))
 
 
 def ours(path: str) -> bool:
@@ -99,11 +101,14 @@ def check_payload(payload: object) -> bytes:
     """``payload`` as bytes.
 
     Raises:
-        InvalidPoolOptions: not bytes-like, or longer than :data:`MESSAGE_MAX`.
+        InvalidPoolOptions: not bytes-like (or a released memoryview), or longer
+            than :data:`MESSAGE_MAX`.
     """
-    if not isinstance(payload, (bytes, bytearray, memoryview)):
-        raise InvalidPoolOptions(f"a request must be bytes, got {payload!r:.60}", key="payload")
-    data = bytes(payload)
+    data = exact_bytes(payload)
+    if data is None:
+        raise InvalidPoolOptions(
+            f"a request must be readable bytes, got {shown(payload)}", key="payload"
+        )
     if len(data) > MESSAGE_MAX:
         raise InvalidPoolOptions(f"a request has at most {MESSAGE_MAX} bytes", key="payload")
     return data
