@@ -1,196 +1,212 @@
-"""A caller that is interrupted or cancelled while a user callable runs: the client is
-given back or closed exactly once, never closed under the callable, and its unit of
-``max_live`` comes back.
+"""KeyboardInterrupt, CancelledError and other BaseExceptions at every call of a user
+callable (``create``, ``check``, ``reset``, ``close``), sync and asyncio; hanging
+callables whose caller is cancelled; and a signal's KeyboardInterrupt where the sync
+pool blocks.
 
-The exhaustive sweep of every injection point is ``test_cancellation.py``; these are
-the cases by name, each of which leaked a unit for good (or closed a client under a
-running callable) before the pool's exit paths covered ``BaseException``.
+Each sweep runs its scenario once clean to list the callables' calls, then once per
+call with that call raising (or hanging), on a fresh key each time, and checks the
+invariant of :mod:`._sweeps` after each run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Literal
 
 import pytest
 
 from orbitive import Fleet
-from orbitive.clients import ClientPool, PoolOptions
+from orbitive.clients import ClientPool, PoolClosed
 
-from ._fakes import FakeClient, close, retired
+from ._injection import BOUND_S, Style, Tracked
+from ._sweeps import (
+    ASYNC_SCENARIOS,
+    SYNC_SCENARIOS,
+    Point,
+    Scenario,
+    Stage,
+    SyncScenario,
+    invariant_problems,
+    run_callback_point,
+    run_hang_point,
+    staged,
+    sweep_calls,
+)
+from .conftest import Prober
 
-#: Generous bound for what happens in a closing thread or a task after the caller left.
-SETTLE_S = 5.0
+#: What a raising callable raises, by its style.
+RAISING: dict[str, tuple[Style, type[BaseException]]] = {
+    "coroutine-CancelledError": ("coroutine", asyncio.CancelledError),
+    "coroutine-KeyboardInterrupt": ("coroutine", KeyboardInterrupt),
+    "thread-KeyboardInterrupt": ("sync", KeyboardInterrupt),
+}
 
 
-@pytest.fixture(autouse=True)
-def _counts() -> Iterator[None]:
-    FakeClient.reset_counts()
-    yield
+@pytest.mark.parametrize("raising", list(RAISING))
+@pytest.mark.parametrize("scenario", ASYNC_SCENARIOS, ids=str)
+def test_every_callable_call_raising_leaves_the_asyncio_pool_whole(
+    fleet: Fleet, prober: Prober, scenario: Scenario, raising: str
+) -> None:
+    style, error = RAISING[raising]
+
+    def run(at: int) -> Point:
+        key = f"{scenario}/{raising}/{at}"
+        return run_callback_point(fleet, prober, key, scenario, style, error, at)
+
+    result = sweep_calls(run)
+    assert result.count >= 1
+    result.check()
 
 
-def _pool(fleet: Fleet, **callables: object) -> ClientPool[FakeClient]:
-    return ClientPool(
-        fleet, "interrupts", create=FakeClient, close=close,
-        options=PoolOptions(max_live=1), **callables,  # type: ignore[arg-type]
-    )  # fmt: skip
+@pytest.mark.parametrize("scenario", SYNC_SCENARIOS, ids=str)
+def test_every_callable_call_raising_keyboard_interrupt_leaves_the_sync_pool_whole(
+    fleet: Fleet, prober: Prober, scenario: SyncScenario
+) -> None:
+    def run(at: int) -> Point:
+        key = f"{scenario}/{at}"
+        return run_callback_point(fleet, prober, key, scenario, "sync", KeyboardInterrupt, at)
+
+    result = sweep_calls(run)
+    assert result.count >= 1
+    result.check()
 
 
-def _interrupt_once(calls: list[str], name: str) -> None:
-    calls.append(name)
-    if len(calls) == 1:
-        raise KeyboardInterrupt
-
-
-def test_a_keyboard_interrupt_in_a_sync_check_closes_the_client_and_returns_its_unit(
+@pytest.mark.parametrize("canceller", ["wait_for", "cancel"])
+@pytest.mark.parametrize("style", ["coroutine", "sync"], ids=["coroutine", "thread"])
+@pytest.mark.parametrize("scenario", ASYNC_SCENARIOS, ids=str)
+def test_a_hanging_callable_whose_caller_is_cancelled_leaves_the_pool_whole(
     fleet: Fleet,
+    prober: Prober,
+    scenario: Scenario,
+    style: Style,
+    canceller: Literal["wait_for", "cancel"],
 ) -> None:
-    calls: list[str] = []
-    with _pool(fleet, check=lambda client: _interrupt_once(calls, "check")) as pool:
-        first = pool.getconn()
-        pool.putconn(first)
-        with pytest.raises(KeyboardInterrupt):
-            pool.getconn()
-        assert retired(pool, 1) and first.closed  # its state is unknown: closed
-        again = pool.getconn(timeout=SETTLE_S)  # the one unit of max_live is free
-        assert again is not first
-        pool.putconn(again)
+    """The call hangs until its caller gives up (``asyncio.wait_for`` times out, or the
+    caller's task is cancelled once the call hangs), and then returns."""
+
+    def run(at: int) -> Point:
+        key = f"{scenario}/{style}/{canceller}/{at}"
+        return run_hang_point(fleet, prober, key, scenario, style, canceller, at)
+
+    result = sweep_calls(run, only_while_running=True)
+    assert result.count >= 1
+    result.check()
 
 
-def test_a_keyboard_interrupt_in_a_sync_reset_closes_the_client_and_returns_its_unit(
+class _Interrupt(BaseException):
+    """A BaseException of the user's own, as a framework's cancellation could be."""
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit, _Interrupt])
+@pytest.mark.parametrize(
+    ("scenario", "callable_"),
+    [(SYNC_SCENARIOS[1], "check"), (SYNC_SCENARIOS[3], "reset")],
+    ids=["check", "reset"],
+)
+def test_any_base_exception_in_a_sync_check_or_reset_leaks_no_unit(
     fleet: Fleet,
+    prober: Prober,
+    scenario: SyncScenario,
+    callable_: str,
+    error: type[BaseException],
 ) -> None:
-    calls: list[str] = []
-    with _pool(fleet, reset=lambda client: _interrupt_once(calls, "reset")) as pool:
-        first = pool.getconn()
-        with pytest.raises(KeyboardInterrupt):
-            pool.putconn(first)
-        assert retired(pool, 1) and first.closed
-        again = pool.getconn(timeout=SETTLE_S)
-        assert again is not first
-        pool.putconn(again)
+    """Issue 19, item 4 (the scenario's first call is the check, or the reset)."""
+    point = run_callback_point(fleet, prober, str(scenario), scenario, "sync", error, 1)
+    assert point.injected_at == f"call 1 ({callable_})"
+    assert point.ended == f"raised {error.__name__}"
+    assert not point.problems, point.problems
 
 
-@pytest.mark.parametrize("in_thread", [False, True], ids=["coroutine check", "sync check"])
-def test_a_checkout_cancelled_during_its_check_keeps_the_client_once_the_check_passes(
-    fleet: Fleet, in_thread: bool
-) -> None:
-    """asyncio.wait_for giving up while the check runs: the check goes on (a sync one in
-    its worker thread cannot be stopped), the client is not closed under it, and once it
-    passes the client is idle again."""
-    gate = threading.Event()
-    checking = threading.Event()
-
-    def check(client: FakeClient) -> bool:
-        checking.set()
-        assert gate.wait(SETTLE_S)
-        return not client.closed
-
-    async def check_async(client: FakeClient) -> bool:
-        checking.set()
-        while not gate.is_set():
-            await asyncio.sleep(0.005)
-        return not client.closed
-
-    pool = _pool(fleet, check=check if in_thread else check_async)
-
-    async def scenario() -> None:
-        first = await pool.getconn_async()
-        await pool.putconn_async(first)
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(pool.getconn_async(), 0.2)
-        assert checking.is_set() and not first.closed  # still checked, not closed
-        assert pool.statistics().in_use == 1
-        gate.set()
-        deadline = time.monotonic() + SETTLE_S
-        while pool.statistics().in_use:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
-        assert await pool.getconn_async(timeout=SETTLE_S) is first  # idle again, reused
-        await pool.putconn_async(first)
-        await pool.close_async()
-
-    asyncio.run(scenario())
-    assert FakeClient.open_now == 0 and pool.counters.close_errors == 0
+# -- a signal where the sync pool blocks ----------------------------------------------------
 
 
-def test_a_return_cancelled_during_its_reset_keeps_the_client_once_the_reset_is_done(
-    fleet: Fleet,
-) -> None:
-    async def reset(client: FakeClient) -> None:
-        await asyncio.sleep(0.3)
+@contextlib.contextmanager
+def interrupted_when(condition: Callable[[], bool]) -> Iterator[list[bool]]:
+    """Raise KeyboardInterrupt in this (the main) thread from a signal handler as soon as
+    ``condition()`` holds, as Ctrl-C would; the list says whether it was raised. A signal
+    that lands after the block raises nothing (it would end the test run)."""
+    raised: list[bool] = []
+    inside = threading.Event()
+    inside.set()
 
-    pool = _pool(fleet, reset=reset)
-
-    async def scenario() -> None:
-        first = await pool.getconn_async()
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(pool.putconn_async(first), 0.05)
-        assert pool.statistics().in_use == 1 and not first.closed  # being reset
-        deadline = time.monotonic() + SETTLE_S
-        while pool.statistics().in_use:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
-        assert await pool.getconn_async(timeout=SETTLE_S) is first
-        await pool.putconn_async(first)
-        await pool.close_async()
-
-    asyncio.run(scenario())
-    assert FakeClient.open_now == 0
-
-
-def test_a_close_interrupted_part_way_still_closes_every_idle_client(fleet: Fleet) -> None:
-    closes: list[FakeClient] = []
-
-    def interrupted_close(client: FakeClient) -> None:
-        client.close()
-        closes.append(client)
-        if len(closes) == 1:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if inside.is_set():
+            raised.append(True)
             raise KeyboardInterrupt
 
-    options = PoolOptions(max_live=3)
-    pool = ClientPool(fleet, "interrupts", create=FakeClient, close=interrupted_close,
-                      options=options)  # fmt: skip
-    held = [pool.getconn() for _ in range(3)]
-    for client in held:
-        pool.putconn(client)
-    with pytest.raises(KeyboardInterrupt):
-        pool.close()
-    deadline = time.monotonic() + SETTLE_S
-    while FakeClient.open_now:  # the rest are closed in a closing thread
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    with _pool(fleet) as other:
-        assert other.statistics().live == 0
+    def watch() -> None:
+        deadline = time.monotonic() + BOUND_S
+        while not condition():
+            if time.monotonic() > deadline or not inside.is_set():
+                return
+            time.sleep(0.002)
+        time.sleep(0.02)  # well inside the wait
+        signal.pthread_kill(main, signal.SIGUSR1)
+
+    assert threading.current_thread() is threading.main_thread()
+    main = threading.get_ident()
+    previous = signal.signal(signal.SIGUSR1, handler)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        yield raised
+    finally:
+        inside.clear()
+        watcher.join()
+        signal.signal(signal.SIGUSR1, previous)
 
 
-def test_a_request_cancelled_mid_handler_lets_it_finish_then_closes_its_client(
-    fleet: Fleet,
+def _waiting(pool: ClientPool[Tracked]) -> Callable[[], bool]:
+    return lambda: pool.statistics().local_waiting > 0
+
+
+def test_a_keyboard_interrupt_while_getconn_waits_leaves_the_pool_whole(
+    fleet: Fleet, prober: Prober
 ) -> None:
-    """The handler may be half way through a protocol exchange: its client is never
-    reused, and never closed under it."""
-    finished: list[FakeClient] = []
+    scenario = SYNC_SCENARIOS[0]
+    with staged(fleet, "getconn-waits", "sync", scenario) as stage:
+        stage.held += [stage.pool.getconn(), stage.pool.getconn()]  # max_live: it waits
+        with interrupted_when(_waiting(stage.pool)) as raised, pytest.raises(KeyboardInterrupt):
+            stage.pool.getconn(timeout=BOUND_S)
+        assert raised
+        assert not invariant_problems(fleet, prober, "getconn-waits", stage)
 
-    async def handler(client: FakeClient, request: bytes) -> bytes:
-        await asyncio.sleep(0.3)
-        assert not client.closed
-        finished.append(client)
-        return request
 
-    pool = _pool(fleet, handler=handler)
+def _closed(pool: ClientPool[Tracked]) -> bool:
+    try:
+        pool.statistics()
+    except PoolClosed:
+        return True
+    return False
 
-    async def scenario() -> None:
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(pool.request_async(b"ping"), 0.05)
-        deadline = time.monotonic() + SETTLE_S
-        while not (finished and finished[0].closed):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
-        assert await pool.request_async(b"pong", timeout=SETTLE_S) == b"pong"
-        await pool.close_async()
 
-    asyncio.run(scenario())
-    assert len(finished) == 2 and finished[1] is not finished[0]
-    assert FakeClient.open_now == 0
+def test_a_keyboard_interrupt_while_close_waits_leaves_the_pool_whole(
+    fleet: Fleet, prober: Prober
+) -> None:
+    """close() waits for its threads (the closes that returns handed over); interrupted
+    there, the client kept idle and the one being closed are closed all the same."""
+    scenario = SyncScenario("close-waits", _nothing, _nothing, options={"max_idle": 1})
+    with staged(fleet, "close-waits", "sync", scenario) as stage:
+        kept, handed_over = stage.pool.getconn(), stage.pool.getconn()
+        stage.pool.putconn(kept)
+        stage.callbacks.hang_at = 2  # its reset is call 1, its close call 2
+        stage.callbacks.arm()
+        stage.pool.putconn(handed_over)  # over max_idle: its close hangs in a closing thread
+        assert stage.callbacks.hung.wait(BOUND_S)
+        assert [call.name for call in stage.callbacks.calls] == ["reset", "close"]
+        with interrupted_when(lambda: _closed(stage.pool)) as raised:
+            with pytest.raises(KeyboardInterrupt):
+                stage.pool.close()
+            assert raised
+        stage.callbacks.release.set()
+        assert not invariant_problems(fleet, prober, "close-waits", stage)
+
+
+def _nothing(stage: Stage) -> None:
+    del stage
