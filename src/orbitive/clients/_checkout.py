@@ -51,7 +51,7 @@ from .._core._errors import (
     TooManyRequests,
 )
 from ..pool import CreationPermit, Key, Pool
-from ._callbacks import call_async, call_sync
+from ._callbacks import call_sync, started
 from ._ledger import Entry, Family, Ledger
 from ._options import HANDOFF_GRACE_S, PoolOptions, seconds
 from ._retiring import Retiring
@@ -340,7 +340,7 @@ class Checkout(Generic[C]):
     async def made_async(self, permit: CreationPermit) -> C:
         """Asyncio twin of :meth:`made`. A caller cancelled or interrupted meanwhile
         leaves the create running, and its client joins the idle ones (:meth:`_adopt`)."""
-        creating = asyncio.ensure_future(call_async(self._create))
+        creating = started(self._create)
         try:
             return await asyncio.shield(creating)
         except BaseException as error:
@@ -423,7 +423,7 @@ class Checkout(Generic[C]):
         if self._check is None:
             return True
         try:
-            outcome = await self.outlasting(entry, call_async(self._check, entry.client), _passed)
+            outcome = await self.outlasting(entry, started(self._check, entry.client), _passed)
             healthy = outcome is not False
         except Exception:
             healthy = False
@@ -433,9 +433,10 @@ class Checkout(Generic[C]):
         return healthy
 
     async def outlasting(
-        self, entry: Entry[C], work: Awaitable[Any], passed: Callable[[Any], bool]
+        self, entry: Entry[C], running: asyncio.Future[Any], passed: Callable[[Any], bool]
     ) -> Any:
-        """Await ``work``, a user callable running on ``entry``'s checked-out client.
+        """Await ``running``, a user callable on ``entry``'s checked-out client, as
+        :func:`~._callbacks.started` started it.
 
         A caller cancelled or interrupted meanwhile leaves it running (a
         coroutine in a task of its own, a sync callable in its worker thread,
@@ -449,7 +450,6 @@ class Checkout(Generic[C]):
                 client is handed over to be closed), or the caller's
                 cancellation or interruption; ``entry`` is no longer the caller's.
         """
-        running = asyncio.ensure_future(work)
         try:
             return await asyncio.shield(running)
         except BaseException as error:
@@ -501,7 +501,7 @@ class Checkout(Generic[C]):
             return
         if self._reset is not None:
             try:
-                await self.outlasting(entry, call_async(self._reset, entry.client), _ran)
+                await self.outlasting(entry, started(self._reset, entry.client), _ran)
             except Exception:
                 self._counters.reset_failures += 1
                 await self._retiring.retire_async(entry)

@@ -59,7 +59,7 @@ from .._core._errors import (
 from .._core._region import SHM_DIR, client_socket_name
 from ..pool import Key, Lease, Pool, ResourceId
 from ..pool.session import accept_session, accept_session_async, open_session, open_session_async
-from ._callbacks import call_async, call_sync
+from ._callbacks import call_async, call_sync, started
 from ._checkout import Checkout
 from ._ledger import Entry, Family, Ledger
 from ._retiring import Retiring
@@ -216,9 +216,9 @@ class Remote(Generic[C]):
         """Asyncio twin of :meth:`_here`; a caller cancelled or interrupted meanwhile
         leaves the handler running, and its client is closed once it ends (never reused
         mid-protocol)."""
-        work = call_async(self._handler, entry.client, data)
+        running = started(self._handler, entry.client, data)
         try:
-            reply = bytes(await self._checkout.outlasting(entry, work, _never))
+            reply = bytes(await self._checkout.outlasting(entry, running, _never))
         except Exception:
             await self._checkout.put_async(self._ledger.recall(entry))
             raise

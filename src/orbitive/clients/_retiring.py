@@ -20,9 +20,11 @@ Where a close runs:
   check or reset was interrupted. The close takes a round trip or more
   (psycopg waits for the server to end the session) and the caller has no
   reason to wait for it. A sync ``close`` runs in one of the pool's closing
-  threads; a coroutine ``close`` runs in a task of the running loop, and when
-  the loop ends first (``asyncio.run`` cancels the tasks left once its
-  coroutine returns) a closing thread closes the client on a loop of its own.
+  threads; a coroutine ``close`` runs in a task of the running loop. A
+  coroutine close that ends cancelled (the loop ending under it, as
+  ``asyncio.run`` cancels the tasks left once its coroutine returns, or its own
+  CancelledError) may have closed nothing, so a closing thread calls it again
+  on a loop of its own: the one case where ``close`` is called twice.
 * :meth:`Retiring.release`: the retirements nobody waits for (a pool dropped
   unclosed, a ``close()`` interrupted part way) in a closing thread of their own.
 
@@ -109,13 +111,9 @@ class Retiring:
             self._unregister(entry)
 
     async def retire_async(self, entry: Entry[Any]) -> None:
-        """Asyncio twin of :meth:`retire`; a caller cancelled meanwhile leaves the close
-        running (a coroutine ``close`` in a task of this loop, a sync one in a worker
-        thread), and the budget returns once it is done."""
-        if inspect.iscoroutinefunction(entry.close):
-            await asyncio.shield(self._closing(entry))
-        else:
-            await asyncio.to_thread(self.retire, entry)
+        """Asyncio twin of :meth:`retire`; a caller cancelled or interrupted meanwhile
+        leaves the close running, and the budget returns once it is done."""
+        await asyncio.shield(self._retirement(entry))
 
     def retire_all(self, entries: Sequence[Entry[Any]]) -> None:
         """:meth:`retire` each in turn; an interrupted one (a close raising
@@ -128,10 +126,18 @@ class Retiring:
                 raise
 
     async def retire_all_async(self, entries: Sequence[Entry[Any]]) -> None:
-        """Asyncio twin of :meth:`retire_all`: the closes run at once, each to its end
-        even if the caller is cancelled."""
+        """Asyncio twin of :meth:`retire_all`: every close starts before the first await,
+        so none is lost to a caller cancelled or a loop ended before they ran, and each
+        runs to its end."""
         if entries:
-            await asyncio.shield(asyncio.gather(*(self.retire_async(entry) for entry in entries)))
+            await asyncio.shield(asyncio.gather(*[self._retirement(entry) for entry in entries]))
+
+    def _retirement(self, entry: Entry[Any]) -> asyncio.Future[None]:
+        """``entry``'s retirement, started now: a coroutine ``close`` in a task of this
+        loop (:meth:`_closing`), a sync one in a worker thread."""
+        if inspect.iscoroutinefunction(entry.close):
+            return self._closing(entry)
+        return asyncio.get_running_loop().run_in_executor(None, self.retire, entry)
 
     # -- off the caller's path ----------------------------------------------------------
 
@@ -254,7 +260,10 @@ class Retiring:
         self._unregister(entry)
 
     def _after_closing(self, entry: Entry[Any], done: asyncio.Task[None]) -> None:
-        if done.cancelled():  # the loop ended first: a closing thread closes the client
+        """A close that ended cancelled (the loop ending under it, as ``asyncio.run`` cancels
+        the tasks left, or its own CancelledError) may have closed nothing: a closing
+        thread closes the client, on a loop of its own, then unregisters it."""
+        if done.cancelled():
             self._to_thread(entry)
 
     def _unregister(self, entry: Entry[Any]) -> None:
