@@ -48,11 +48,18 @@ Style = Literal["sync", "coroutine"]
 
 
 class Tracked:
-    """A fake client: its serial and how many times ``close`` was called on it."""
+    """A fake client: its serial, how many times ``close`` was called on it, and how many
+    of those calls ended cancelled (cut off: they may have closed nothing)."""
 
     def __init__(self, serial: int) -> None:
         self.serial = serial
         self.close_calls = 0
+        self.cut_off_closes = 0
+
+    @property
+    def closes(self) -> int:
+        """The closes that ended (returned or raised), not cut off."""
+        return self.close_calls - self.cut_off_closes
 
     def __repr__(self) -> str:
         return f"<Tracked {self.serial} closes={self.close_calls}>"
@@ -78,14 +85,22 @@ class Ledger:
             self.problems.append(f"{what}() ran on client {client.serial} after its close")
 
     def close(self, client: Tracked) -> None:
+        """A close call starts. A second one is a problem unless every one before it was
+        cut off: a coroutine close that ends cancelled may have closed nothing, and the
+        pool then closes the client again (``_retiring``)."""
         with self._lock:
             client.close_calls += 1
-            if client.close_calls > 1:
+            if client.close_calls - client.cut_off_closes > 1:
                 self.problems.append(f"client {client.serial} closed {client.close_calls} times")
+
+    def cut_off(self, client: Tracked) -> None:
+        """A coroutine close of ``client`` ended cancelled."""
+        with self._lock:
+            client.cut_off_closes += 1
 
     def unclosed(self) -> list[Tracked]:
         with self._lock:
-            return [client for client in self.created if client.close_calls == 0]
+            return [client for client in self.created if client.closes == 0]
 
 
 # -- the callables --------------------------------------------------------------------
@@ -235,10 +250,14 @@ class Callbacks:
 
     async def close_async(self, client: Tracked) -> None:
         try:
-            hang = self._enter("close")
-        finally:
-            self.ledger.close(client)
-        await self._suspend("close", hang)
+            try:
+                hang = self._enter("close")
+            finally:
+                self.ledger.close(client)
+            await self._suspend("close", hang)
+        except asyncio.CancelledError:
+            self.ledger.cut_off(client)
+            raise
 
 
 # -- the points of a loop ---------------------------------------------------------------
