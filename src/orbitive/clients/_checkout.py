@@ -17,20 +17,24 @@ idle or retire) follows them.
 
 A checkout right after this process closed a client for another process's
 waiter is *polite* (:meth:`~._ledger.Ledger.polite`): it waits one change of
-the key, at most :data:`~._options.HANDOFF_GRACE_S`, before it claims.
+the key, at most :data:`~._options.HANDOFF_GRACE_S`, before it claims. A
+checkout at ``max_live`` that finds only another family's client idle in its
+process retires that client (:meth:`~._ledger.Ledger.take_foreign`) and
+creates in its unit.
 
 **Every exit path returns or retires the client exactly once**, a
 ``BaseException`` included:
 
-* an interrupted create returns its claim (sync), or, in asyncio, leaves the
-  create running: its client joins the idle ones when it comes (a cancelled
-  caller), or its claim returns (a failed create);
-* a sync check or reset interrupted (``KeyboardInterrupt``) leaves the client
-  in an unknown state: it is handed over to be closed;
-* an asyncio caller cancelled while its check or reset runs (``wait_for``, a
-  client that went away) leaves the callable running; once it ends, the client
-  is kept idle if it passed (and the table keeps it), else closed
-  (:meth:`Checkout.outlasting`);
+* an interrupted sync create returns its claim; an asyncio caller cancelled or
+  interrupted while ``create`` runs leaves it running, and its client joins
+  the idle ones when it comes (or its claim returns, if it fails);
+* a ``BaseException`` (``KeyboardInterrupt``) from a sync ``check`` or
+  ``reset`` leaves the client in an unknown state: it is handed over to be
+  closed before the exception goes on;
+* an asyncio caller cancelled or interrupted while its ``check`` or ``reset``
+  runs (``wait_for``, a client that went away) leaves the callable running;
+  once it ends, the client is kept idle if it passed (and the table keeps it),
+  else closed (:meth:`Checkout.outlasting`): never closed under the callable;
 * a waiter is counted out as soon as it is served, or when the plan closes.
 """
 
@@ -138,7 +142,7 @@ class Checkout(Generic[C]):
         self._turn_uses = options.handoff_uses or 1 << 64  # None: no bound by count
         self.closed = False
 
-    def check_open(self) -> None:
+    def _check_open(self) -> None:
         """Raise PoolClosed once the pool is closed."""
         if self.closed:
             raise PoolClosed(f"client pool of key {self.key} is closed", key=self.key)
@@ -154,12 +158,12 @@ class Checkout(Generic[C]):
         A waiter is counted out as soon as it is served (before its client is
         checked or created), or when the generator closes.
         """
-        end, is_polite = self.deadline(timeout), self._ledger.polite()
+        end, is_polite = self._deadline(timeout), self._ledger.polite()
         version: int | None = None
         try:
             while True:
-                self.check_open()
-                step: Entry[C] | CreationPermit | None = self.take()
+                self._check_open()
+                step: Entry[C] | CreationPermit | None = self._take()
                 if step is None and borrowing:
                     reply = yield _BORROW
                     if reply is not None:
@@ -170,21 +174,21 @@ class Checkout(Generic[C]):
                         self._retire_foreign()
                 if step is not None and version is not None:  # served: no longer a waiter
                     version = None
-                    self.stop_waiting()
+                    self._ledger.stop_waiting()
                 if isinstance(step, Entry):
                     if (yield Use(step)):
                         return step
                 elif step is not None:
                     return self.registered(step, (yield Create(step)))
                 elif version is None:
-                    version = self.start_waiting()
+                    version = self._start_waiting()
                 else:
                     changed = yield Wait(version, self._wait_slice(end, is_polite))
                     version = self._handle.version(self.key) if changed is None else changed
                     is_polite = False
         finally:
             if version is not None:
-                self.stop_waiting()
+                self._ledger.stop_waiting()
 
     @overload
     def run(self, timeout: float | None, borrow: None = None) -> Entry[C]: ...
@@ -214,7 +218,7 @@ class Checkout(Generic[C]):
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         except FleetError:
-            self.check_open()  # closed meanwhile: PoolClosed
+            self._check_open()  # closed meanwhile: PoolClosed
             raise
         finally:
             steps.close()
@@ -249,14 +253,14 @@ class Checkout(Generic[C]):
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         except FleetError:
-            self.check_open()  # closed meanwhile: PoolClosed
+            self._check_open()  # closed meanwhile: PoolClosed
             raise
         finally:
             steps.close()
 
     # -- the plan's table steps ---------------------------------------------------------
 
-    def take(self) -> Entry[C] | None:
+    def _take(self) -> Entry[C] | None:
         """One of this process's idle clients of the key, now checked out (newest first),
         or None; those whose resource was closed, reset or drained are retired."""
         entry = self._ledger.take(self._family)
@@ -274,7 +278,7 @@ class Checkout(Generic[C]):
         if foreign is not None:
             self._retiring.hand_over(foreign)
 
-    def start_waiting(self) -> int:
+    def _start_waiting(self) -> int:
         """Count this caller in as a waiter; the key's version.
 
         Raises:
@@ -290,11 +294,7 @@ class Checkout(Generic[C]):
             )
         return version
 
-    def stop_waiting(self) -> None:
-        """Count a waiter of :meth:`start_waiting` out again."""
-        self._ledger.stop_waiting()
-
-    def deadline(self, timeout: float | None) -> float:
+    def _deadline(self, timeout: float | None) -> float:
         """``time.monotonic()`` seconds a checkout gives up at (None: ``acquire_timeout``).
 
         Raises:
@@ -379,7 +379,7 @@ class Checkout(Generic[C]):
         return entry
 
     def _adopt(self, permit: CreationPermit, done: asyncio.Future[Any]) -> None:
-        """A create whose caller was cancelled ended: keep its client idle, or close it."""
+        """A create whose caller gave up ended: keep its client idle, or close it."""
         if done.cancelled() or done.exception() is not None:
             permit.finish()
         elif self.closed:
@@ -415,8 +415,8 @@ class Checkout(Generic[C]):
         return healthy
 
     async def usable_async(self, entry: Entry[C]) -> bool:
-        """Asyncio twin of :meth:`usable`; a caller cancelled during the check leaves it
-        running (:meth:`outlasting`)."""
+        """Asyncio twin of :meth:`usable`; a caller cancelled or interrupted during the
+        check leaves it running (:meth:`outlasting`)."""
         if time.monotonic() - entry.created_at >= self._max_lifetime:
             await self._retiring.retire_async(self._ledger.recall(entry))
             return False
@@ -463,6 +463,7 @@ class Checkout(Generic[C]):
     def _settle(
         self, entry: Entry[C], done: asyncio.Future[Any], passed: Callable[[Any], bool]
     ) -> None:
+        """Where a client goes once the callable its caller gave up on has ended."""
         failed = done.cancelled() or done.exception() is not None or not passed(done.result())
         if failed or self.closed:
             self._retiring.hand_over(entry)
@@ -494,8 +495,8 @@ class Checkout(Generic[C]):
         self.give_back(entry)
 
     async def put_async(self, entry: Entry[C]) -> None:
-        """Asyncio twin of :meth:`put`; a caller cancelled during the reset leaves it
-        running (:meth:`outlasting`)."""
+        """Asyncio twin of :meth:`put`; a caller cancelled or interrupted during the reset
+        leaves it running (:meth:`outlasting`)."""
         if self.closed:  # closed on this loop, as the rest of close_async's
             await self._retiring.retire_async(entry)
             return
@@ -511,18 +512,16 @@ class Checkout(Generic[C]):
     def give_back(self, entry: Entry[C]) -> None:
         """Keep a returned client idle, or hand it over to be closed (one table step)."""
         now = time.monotonic()
-        age = now - entry.created_at
-        # Every return runs this: Entry.in_turn inlined (a call costs more than its body).
-        in_turn = age < self._turn and entry.uses % self._turn_uses != 0
-        if age >= self._max_lifetime or not self._ledger.give_back(
+        in_turn = entry.in_turn(now, self._turn, self._turn_uses)
+        if now - entry.created_at >= self._max_lifetime or not self._ledger.give_back(
             entry, now, in_turn, self._idle_limit, self._max_live
         ):
             self._retiring.hand_over(entry)
 
 
 def _raised_by(running: asyncio.Future[Any], error: BaseException) -> bool:
-    """Whether ``error`` is what ``running`` itself raised (else it interrupted the caller
-    while ``running`` went on, or ended it from outside: cancelled)."""
+    """Whether ``error`` is what ``running`` itself raised; else it interrupted the caller
+    while ``running`` went on (or ``running`` ended cancelled)."""
     return running.done() and not running.cancelled() and running.exception() is error
 
 

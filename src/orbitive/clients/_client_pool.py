@@ -76,10 +76,9 @@ class ClientPool(Generic[C]):
 
     Args:
         fleet: the joined fleet (each worker process joins its own node).
-        key: what makes clients interchangeable: a :class:`~orbitive.pool.Key`,
-            or bytes or a str that is digested (a connection URL plus anything
-            that forbids reuse across contexts). The key is the budget: every
-            pool of it, in any process, counts against one ``max_live``. In one
+        key: what one budget counts: a :class:`~orbitive.pool.Key`, or bytes
+            or a str that is digested (a connection URL, say). Every pool of the
+            key, in any process, counts against one ``max_live``. In one
             process, the pools of a key that create clients with one callable
             (equal ``create``) check out each other's idle clients; a waiter of
             any pool of the key never waits while another pool's client sits

@@ -48,6 +48,7 @@ from .._core._errors import (
     AccessDenied,
     BusyError,
     DrainingError,
+    FleetError,
     InvalidPoolOptions,
     MalformedError,
     OrbitError,
@@ -351,7 +352,9 @@ class Server:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        with conn, contextlib.suppress(OSError, SessionClosed, MalformedError):
+        # FleetError: the fleet was closed while the request ran (close() does not wait
+        # for one): its table, and so the unit to complete, are gone with it.
+        with conn, contextlib.suppress(OSError, SessionClosed, MalformedError, FleetError):
             try:
                 execution = accept_session(self._handle, conn)
             except OrbitError:  # stale, draining, replayed: nothing was accepted
@@ -432,7 +435,7 @@ class AsyncServer:
                 request = await reader.readexactly(size)
                 writer.write(await self._run(execution.id, request))
                 await writer.drain()
-        except (OSError, asyncio.IncompleteReadError):
+        except (OSError, asyncio.IncompleteReadError, FleetError):  # FleetError: as Server's
             return
         finally:
             writer.close()
