@@ -217,7 +217,8 @@ class ClientPool(Generic[C]):
             InvalidPoolOptions: no handler was given, or a bad payload or timeout.
             RemoteRequestError: the owner's handler raised (a local handler's
                 error propagates as it is).
-            As :meth:`getconn`.
+            PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError, InvalidPoolOptions:
+                as :meth:`getconn`.
         """
         self._remote_mode()
         data = check_payload(payload)
@@ -228,7 +229,8 @@ class ClientPool(Generic[C]):
         """Asyncio twin of :meth:`request`.
 
         Raises:
-            As :meth:`request`.
+            RemoteRequestError, PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError:
+                as :meth:`request`.
         """
         self._remote_mode()
         data = check_payload(payload)
@@ -343,7 +345,8 @@ class ClientPool(Generic[C]):
         """``with pool.client() as c:`` check out, use, hand back (even if the block raised).
 
         Raises:
-            As :meth:`getconn`.
+            PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError, InvalidPoolOptions:
+                as :meth:`getconn`.
         """
         client = self.getconn(timeout)
         try:
@@ -363,7 +366,8 @@ class ClientPool(Generic[C]):
         closed.
 
         Raises:
-            As :meth:`getconn`.
+            PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError, InvalidPoolOptions:
+                as :meth:`getconn`.
         """
         self.counters.requests += 1
         if timeout is not None:
@@ -397,7 +401,8 @@ class ClientPool(Generic[C]):
         """``async with pool.client_async() as c:`` the asyncio checkout.
 
         Raises:
-            As :meth:`getconn`.
+            PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError, InvalidPoolOptions:
+                as :meth:`getconn`.
         """
         client = await self.getconn_async(timeout)
         try:
