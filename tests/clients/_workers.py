@@ -447,6 +447,8 @@ def sqlalchemy_holder(
             conn.close()
         engine.dispose()
         channel.send("done")
+
+
 def budget_prober(channel: Channel, capacity: int) -> None:
     """Answer the test's probes until told to stop; one process for many tests' fleets.
 

@@ -13,7 +13,7 @@ import orbitive.clients
 
 PACKAGE = Path(orbitive.clients.__file__).parent
 #: The modules that may build a ClientPool: the package's face and the adapters.
-FACES = {"__init__", "psycopg", "sqlalchemy"}
+FACES = {"__init__", "psycopg", "sqlalchemy", "asyncpg"}
 
 
 def imports_within_clients() -> dict[str, set[str]]:
