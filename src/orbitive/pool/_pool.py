@@ -26,6 +26,7 @@ from ._values import (
     Lease,
     ResourceId,
     check_key,
+    check_label,
     check_lease,
     check_rid,
     check_seconds,
@@ -385,6 +386,28 @@ class Pool:
         max_live = check_units(max_live, "max_live", 1)
         table = self._t()
         return CreationPermit(table, key, table.claim(key, max_live))
+
+    def label_key(self, key: Key, label: str) -> str:
+        """Name ``key`` for people, unless a process of the fleet named it already.
+
+        The label is stored in the key's slot, so ``orbit pool``, metrics and
+        error messages in every process show it instead of the digest. The
+        first label given stays until the table's next epoch (``reset_all``):
+        the label returned is the key's, which may be another process's.
+
+        Args:
+            label: 1..127 bytes of UTF-8 without control characters; put no
+                secret in it (every process of the user can read it).
+
+        Returns:
+            The key's label (str).
+
+        Raises:
+            MalformedError: ``key`` is not a :class:`Key`, or ``label`` breaks the rule.
+            KeyFullError: no room to install the key.
+        """
+        raw = check_label(label)
+        return self._t().label(check_key(key), raw).decode(errors="replace")
 
     # -- inspection -------------------------------------------------------------------
 
