@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from .._core._region import object_name, object_size, read_prefix
 from ..pool import POOL_KIND
@@ -11,6 +10,7 @@ from ..pool._layout import MAGIC
 from ..pool._observer import Observation, observe
 from ..pool._stats import WAIT_BOUNDS_S
 from ._lock_commands import KNOWN_KINDS, fleet_name, kind_number
+from ._store_commands import add_json_option, print_json
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--kind", type=kind_number, metavar="K", default=POOL_KIND,
         help=f"the pool's kind number (default {POOL_KIND})",
     )  # fmt: skip
-    cmd.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_option(cmd)
     cmd.set_defaults(func=cmd_pool)
 
 
@@ -38,7 +38,7 @@ def cmd_pool(args: argparse.Namespace) -> int:
         print(f"fleet {args.fleet!r} has no pool table of kind {args.kind}")
         return 1
     if args.json:
-        print(json.dumps(as_json(observation), indent=2))
+        print_json(as_json(observation))
     else:
         print("\n".join(format_statistics(observation)))
     return 0
