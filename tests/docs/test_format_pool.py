@@ -55,8 +55,12 @@ def test_pool_resource_and_key_rows_match_the_constants() -> None:
     assert _layout.KEY_WAITS.size == 24 + 8 * len(_layout.WAIT_BOUNDS_US) == 96
     bounds_ms = ", ".join(f"{bound // 1000}" for bound in _layout.WAIT_BOUNDS_US)
     assert f"| waits + 24 | 72 | buckets | 9 x u64: per upper bound ({bounds_ms} ms)" in text
-    assert layout.key_label == layout.key_waits + _layout.KEY_WAITS.size
-    assert f"| waits + 96 | {_layout.LABEL_SIZE} | label |" in text
+    assert layout.key_limits == layout.key_waits + _layout.KEY_WAITS.size
+    assert (
+        f"| waits + 96 | {_layout.KEY_LIMITS.size} | limits | max_live, min_idle, max_idle" in text
+    )
+    assert layout.key_label == layout.key_limits + _layout.LIMITS_SIZE == layout.key_waits + 112
+    assert f"| waits + 112 | {_layout.LABEL_SIZE} | label |" in text
     assert f"(at most {_layout.LABEL_MAX})" in text
     assert layout.key_stride == -(-(layout.key_label + _layout.LABEL_SIZE) // 64) * 64
 

@@ -1,4 +1,4 @@
-"""A pool key's label and wait counters live in its slot: every process reads them."""
+"""A pool key's label, limits and wait counters live in its slot: every process reads them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import cast
 import pytest
 
 from orbitive import Fleet
-from orbitive.pool import Key, MalformedError, Pool
+from orbitive.pool import Key, KeyStatistics, MalformedError, Pool
 from orbitive.pool._layout import LABEL_MAX
 from orbitive.pool._stats import WAIT_BOUNDS_S
 
@@ -28,12 +28,12 @@ def _orbit_pool_json(fleet_name: str) -> dict[str, object]:
     return parsed
 
 
-def test_the_first_label_stays_and_another_process_reads_it(
+def test_the_last_label_counts_and_another_process_reads_it(
     shm_pool: Pool, fleet_name: str
 ) -> None:
     key = Key.digest(b"postgresql://app:secret@db:5432/main")
-    assert shm_pool.label_key(key, "app@db:5432/main") == "app@db:5432/main"
-    assert shm_pool.label_key(key, "another name") == "app@db:5432/main"
+    shm_pool.label_key(key, "a much longer label than the one that follows it")
+    shm_pool.label_key(key, "app@db:5432/main")
     unlabelled = Key(7)
     shm_pool.budget(unlabelled)  # installed, never labelled
     (row,) = [k for k in shm_pool.statistics().keys if k.key == key]
@@ -46,11 +46,21 @@ def test_the_first_label_stays_and_another_process_reads_it(
     assert keys[str(unlabelled)]["label"] is None
 
 
-def test_reset_all_empties_the_label(pool: Pool) -> None:
+def _row(pool: Pool, key: Key) -> KeyStatistics:
+    (row,) = [k for k in pool.statistics().keys if k.key == key]
+    return row
+
+
+def test_reset_all_empties_the_label_and_the_limits(pool: Pool) -> None:
     key = Key(1)
     pool.label_key(key, "first")
+    pool._t().describe(key, b"", (8, 1, 4))  # limits only: the label stays
+    row = _row(pool, key)
+    assert (row.label, row.max_live, row.min_idle, row.max_idle) == ("first", 8, 1, 4)
     pool.reset_all()
-    assert pool.label_key(key, "second") == "second"
+    pool.label_key(key, "second")
+    row = _row(pool, key)
+    assert (row.label, row.max_live, row.min_idle, row.max_idle) == ("second", 0, 0, 0)
 
 
 @pytest.mark.parametrize(
@@ -59,14 +69,16 @@ def test_reset_all_empties_the_label(pool: Pool) -> None:
 )
 def test_a_bad_label_is_a_malformed_error_and_writes_nothing(pool: Pool, label: object) -> None:
     key = Key(2)
+    pool.label_key(key, "good")
     with pytest.raises(MalformedError):
         pool.label_key(key, label)  # type: ignore[arg-type]
-    assert pool.label_key(key, "good") == "good"
+    assert _row(pool, key).label == "good"
 
 
 def test_a_label_of_127_bytes_is_kept_whole(pool: Pool) -> None:
     label = "ü" * 63 + "x"  # 127 bytes of UTF-8
-    assert pool.label_key(Key(3), label) == label
+    pool.label_key(Key(3), label)
+    assert _row(pool, Key(3)).label == label
 
 
 def test_waits_are_counted_by_bucket_and_timeouts_apart(pool: Pool) -> None:

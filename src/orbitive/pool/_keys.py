@@ -34,6 +34,7 @@ from ._layout import (
     EPOCH_OFFSET,
     KEY_CHANGES,
     KEY_HEAD,
+    KEY_LIMITS,
     KEY_LOHI,
     KEY_PARKED,
     KEY_WAITS,
@@ -76,6 +77,7 @@ class KeyTable:
         self.key_wait_seen = layout.key_wait_seen
         self.key_members = layout.key_members
         self.key_waits = layout.key_waits
+        self.key_limits = layout.key_limits
         self.key_label = layout.key_label
         self.member_bytes = layout.member_bytes
         self.member_mask = layout.member_mask
@@ -248,22 +250,24 @@ class KeyTable:
 
     # -- label and wait counters ------------------------------------------------------
 
-    def label(self, key: Key, label: bytes) -> bytes:
-        """Give ``key`` ``label`` (1..127 bytes of UTF-8) unless it has one; its label.
-
-        The first label written stays for the epoch, so every process reads the
-        same one. Installs the key.
+    def describe(self, key: Key, label: bytes, limits: tuple[int, int, int] | None) -> None:
+        """Write ``key``'s label (1..127 bytes of UTF-8; empty: keep the one it has) and
+        its ``(max_live, min_idle, max_idle)``, if given. Installs the key.
 
         Raises:
             KeyFullError: no room to install the key.
         """
         self.enter()
         try:
-            at = self.key_offset(self.find_key(key, True)) + self.key_label
-            if not self.buf[at]:
+            offset = self.key_offset(self.find_key(key, True))
+            if limits is not None:
+                store(self.buf, offset + self.key_limits, KEY_LIMITS, *limits)
+            if label:
+                at = offset + self.key_label
+                # A process killed in between leaves no label, never a torn one.
+                self.buf[at] = 0
                 self.buf[at + 1 : at + 1 + len(label)] = label
                 self.buf[at] = len(label)  # commit: the length last
-            return label_at(self.buf, at)
         finally:
             self.leave()
 

@@ -53,13 +53,14 @@ Key slot (key_stride bytes; F8 = round8(F))::
     waits + 16      8               wait_us    their waits, summed, in microseconds
     waits + 24      8 * B           buckets    per bound of WAIT_BOUNDS_US: waits that took
                                                at most it and more than the bound before
-    waits + 96      128             label      length u8, then that many bytes of UTF-8
+    waits + 96      12              limits     max_live, min_idle, max_idle (u32 each; 0: none)
+    waits + 112     128             label      length u8, then that many bytes of UTF-8
 
 (4F' = round8(4 * F); waits = members + round8(ceil(F*L/8)); B = 9.) A key's
 idle count is not stored: it is the free units (capacity - reserved - active)
 of its live members, counted inside the step that needs it, so it can never
-disagree with the resources it counts. The label is written once, by the first
-process that names the key, and read by anyone (``orbit pool``, metrics).
+disagree with the resources it counts. Limits and label describe the key for
+people and metrics: the client pool opened last on the key wrote them.
 
 Resource slot (384 bytes; global index = node * L + slot)::
 
@@ -146,6 +147,10 @@ WAIT_BOUNDS_US: Final = (1_000, 5_000, 10_000, 50_000, 100_000, 500_000, 1_000_0
                          10_000_000)  # fmt: skip
 #: timeouts, waits, wait_us, then one count per bound of WAIT_BOUNDS_US.
 KEY_WAITS: Final = struct.Struct(f"<QQQ{len(WAIT_BOUNDS_US)}Q")
+#: max_live, min_idle, max_idle of the client pool opened last on the key (0: none).
+KEY_LIMITS: Final = struct.Struct("<III")
+#: Bytes from the limits to the label (the limits, then 4 bytes of padding).
+LIMITS_SIZE: Final = 16
 #: Bytes of a key's label area: a length byte, then at most LABEL_MAX bytes of UTF-8.
 LABEL_SIZE: Final = 128
 LABEL_MAX: Final = LABEL_SIZE - 1
@@ -295,9 +300,14 @@ class Layout:
         return self.key_members + self.member_bytes
 
     @property
+    def key_limits(self) -> int:
+        """Offset of the limits inside a key slot (layout version 5)."""
+        return self.key_waits + KEY_WAITS.size
+
+    @property
     def key_label(self) -> int:
         """Offset of the label area inside a key slot (layout version 5)."""
-        return self.key_waits + KEY_WAITS.size
+        return self.key_limits + LIMITS_SIZE
 
     @property
     def member_mask(self) -> int:

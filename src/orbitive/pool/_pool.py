@@ -387,27 +387,23 @@ class Pool:
         table = self._t()
         return CreationPermit(table, key, table.claim(key, max_live))
 
-    def label_key(self, key: Key, label: str) -> str:
-        """Name ``key`` for people, unless a process of the fleet named it already.
+    def label_key(self, key: Key, label: str) -> None:
+        """Name ``key`` for people: ``orbit pool`` and metrics show the label, not the digest.
 
-        The label is stored in the key's slot, so ``orbit pool``, metrics and
-        error messages in every process show it instead of the digest. The
-        first label given stays until the table's next epoch (``reset_all``):
-        the label returned is the key's, which may be another process's.
+        The label is stored in the key's slot, so every process of the fleet,
+        and an observer, reads it; the one written last counts, until the
+        table's next epoch (``reset_all``) empties the slot.
 
         Args:
             label: 1..127 bytes of UTF-8 without control characters; put no
                 secret in it (every process of the user can read it).
-
-        Returns:
-            The key's label (str).
 
         Raises:
             MalformedError: ``key`` is not a :class:`Key`, or ``label`` breaks the rule.
             KeyFullError: no room to install the key.
         """
         raw = check_label(label)
-        return self._t().label(check_key(key), raw).decode(errors="replace")
+        self._t().describe(check_key(key), raw, None)
 
     # -- inspection -------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from ._layout import (
     HEADER,
     HEADER_SIZE,
     KEY_HEAD,
+    KEY_LIMITS,
     KEY_PARKED,
     KEY_WAITS,
     LIVE,
@@ -59,11 +60,12 @@ class KeyStatistics:
     ``idle`` is the free units (capacity - reserved - active) of the key's live
     resources. ``label`` names the key for people (the database's
     ``user@host:port/dbname``, or a name the application gave), empty when
-    nobody labelled it. Since the table's epoch began: ``timeouts_count``
-    checkouts gave up at ``max_live``; ``waits_count`` waited there and then
-    got a client, after ``waited_s`` seconds in all, ``wait_buckets`` of them
-    (per bound of :data:`WAIT_BOUNDS_S`) within that bound and above the one
-    before.
+    nobody labelled it; ``max_live``, ``min_idle`` and ``max_idle`` are the
+    limits of the client pool opened last on the key (0 when none was).
+    Since the table's epoch began: ``timeouts_count`` checkouts gave up at
+    ``max_live``; ``waits_count`` waited there and then got a client, after
+    ``waited_s`` seconds in all, ``wait_buckets`` of them (per bound of
+    :data:`WAIT_BOUNDS_S`) within that bound and above the one before.
     """
 
     index: int
@@ -77,6 +79,9 @@ class KeyStatistics:
     waiting: int = 0
     waiters: tuple[tuple[int, int], ...] = ()
     label: str = ""
+    max_live: int = 0
+    min_idle: int = 0
+    max_idle: int = 0
     timeouts_count: int = 0
     waits_count: int = 0
     waited_s: float = 0.0
@@ -150,6 +155,7 @@ def _keys(buf: mmap.mmap, layout: Layout) -> list[KeyStatistics]:
         claims = claims_struct.unpack_from(buf, offset + layout.key_claims)
         waiters = claims_struct.unpack_from(buf, offset + layout.key_waiters)
         timeouts, waits, wait_us, *buckets = KEY_WAITS.unpack_from(buf, offset + layout.key_waits)
+        max_live, min_idle, max_idle = KEY_LIMITS.unpack_from(buf, offset + layout.key_limits)
         members = offset + layout.key_members
         bits = int.from_bytes(buf[members : members + layout.member_bytes], "little")
         live = (bits & mask).bit_count()
@@ -166,6 +172,9 @@ def _keys(buf: mmap.mmap, layout: Layout) -> list[KeyStatistics]:
                 waiting=sum(waiters),
                 waiters=tuple((node, count) for node, count in enumerate(waiters) if count),
                 label=label_at(buf, offset + layout.key_label).decode(errors="replace"),
+                max_live=max_live,
+                min_idle=min_idle,
+                max_idle=max_idle,
                 timeouts_count=timeouts,
                 waits_count=waits,
                 waited_s=wait_us / 1e6,
