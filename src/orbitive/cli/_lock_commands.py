@@ -20,6 +20,7 @@ from .._core._region import (
     unlink_object,
 )
 from ..lock import LockEvent, LockKey, LockTable
+from ..lock._tables import open_tables
 from ._store_commands import (
     UsageError,
     add_json_option,
@@ -28,7 +29,6 @@ from ._store_commands import (
     store_force_release,
     store_locks,
 )
-from ._tables import open_tables
 
 #: What the well-known kind numbers hold.
 KNOWN_KINDS = {

@@ -90,6 +90,9 @@ SLOT: Final = struct.Struct("<BxHHHQQQQQ")
 
 DEFAULT_STATE_KIND: Final = 228
 DEFAULT_EVENT_KIND: Final = 229
+#: The kinds of the ``shm://`` store's own table (``orbitive.store``'s ``STORE_LAYOUT``).
+STORE_STATE_KIND: Final = 230
+STORE_EVENT_KIND: Final = 231
 
 
 def _env_int(name: str, default: int) -> int:
