@@ -11,6 +11,7 @@ import pytest
 
 from orbitive import Fleet
 from orbitive.pool import Key, KeyStatistics, MalformedError, Pool
+from orbitive.pool._availability import add_waiter
 from orbitive.pool._layout import LABEL_MAX
 from orbitive.pool._stats import WAIT_BOUNDS_S
 
@@ -84,11 +85,10 @@ def test_a_label_of_127_bytes_is_kept_whole(pool: Pool) -> None:
 def test_waits_are_counted_by_bucket_and_timeouts_apart(pool: Pool) -> None:
     key = Key(4)
     table = pool._t()
-    index = table.index(key)
-    for wait_us in (500, 1_000, 1_001, 7_000_000, 60_000_000):
-        table.count_wait(index, wait_us, False)
-    table.count_wait(index, 0, True)
-    table.count_wait(index, 0, True)
+    outcomes = [(us, False) for us in (500, 1_000, 1_001, 7_000_000, 60_000_000)]
+    for outcome in [*outcomes, (0, True), (0, True), None]:  # None: interrupted, not counted
+        add_waiter(table, key, 1)
+        add_waiter(table, key, -1, outcome)
     (row,) = [k for k in pool.statistics().keys if k.key == key]
     assert (row.timeouts_count, row.waits_count) == (2, 5)
     assert row.waited_s == pytest.approx(67.002501)

@@ -77,27 +77,34 @@ def plan(pool: ClientPool[Any], timeout: float | None) -> Generator[Action, Any,
     """
     end, is_polite = deadline(pool, timeout), polite(pool)
     version: int | None = None
+    began = 0.0  # when this caller began to wait at max_live
     try:
         while True:
             pool._local()
             step = pool._step(is_polite)
             if step is not None and version is not None:  # served: no longer a waiter
                 version = None
-                stop_waiting(pool)
+                stop_waiting(pool, began, timed_out=False)
             if isinstance(step, Entry):
                 if (yield Use(step)):
                     return step.client
             elif step is not None:
                 return pool._registered(step, (yield Create(step))).client
             elif version is None:
-                version = start_waiting(pool)
+                version, began = start_waiting(pool), time.monotonic()
             else:
-                changed = yield Wait(version, wait_slice(pool, end, is_polite))
+                try:
+                    seconds_left = wait_slice(pool, end, is_polite)
+                except PoolTimeout:
+                    version = None
+                    stop_waiting(pool, began, timed_out=True)
+                    raise
+                changed = yield Wait(version, seconds_left)
                 version = pool.pool.version(pool.key) if changed is None else changed
                 is_polite = False
     finally:
         if version is not None:
-            stop_waiting(pool)
+            stop_waiting(pool, began, timed_out=None)
 
 
 def checkout(pool: ClientPool[Any], timeout: float | None) -> Any:
@@ -211,7 +218,7 @@ def time_left(pool: ClientPool[Any], end: float) -> float:
     if remaining <= 0:
         pool.counters.timeouts += 1
         raise PoolTimeout(
-            f"no client for key {pool.key} within the timeout "
+            f"no client for {pool.name} within the timeout "
             f"(max_live {pool.options.max_live} reached fleet-wide)",
             key=pool.key,
         )
@@ -239,6 +246,7 @@ def start_waiting(pool: ClientPool[Any]) -> int:
                 key=pool.key,
             )
         pool._waiters += 1
+        pool.counters.queued += 1
     try:
         return add_waiter(pool.table, pool.key, 1)
     except BaseException:
@@ -247,8 +255,13 @@ def start_waiting(pool: ClientPool[Any]) -> int:
         raise
 
 
-def stop_waiting(pool: ClientPool[Any]) -> None:
-    """Count this waiter out again."""
+def stop_waiting(pool: ClientPool[Any], began: float, *, timed_out: bool | None) -> None:
+    """Count this waiter out again, and its wait since ``began`` (``time.monotonic()``):
+    in this process's ``waited_s``, and in the key's wait counters when it ended in a
+    client (``timed_out`` False) or a timeout (True), not otherwise (None)."""
+    waited = time.monotonic() - began
     with pool._lock:
         pool._waiters -= 1
-    pool._settle(lambda handle: add_waiter(handle._t(), pool.key, -1))
+        pool.counters.waited_s += waited
+    outcome = None if timed_out is None else (int(waited * 1e6), timed_out)
+    pool._settle(lambda handle: add_waiter(handle._t(), pool.key, -1, outcome))

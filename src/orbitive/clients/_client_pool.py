@@ -52,7 +52,7 @@ from ._async import hand_over, retire
 from ._callbacks import call_async, call_sync, check_callable, run_anywhere
 from ._checkout import checkout, checkout_async, take_idle_sorting
 from ._entry import Entry
-from ._options import PoolOptions, pool_key, seconds
+from ._options import PoolOptions, key_label, pool_key, seconds
 from ._remote import AsyncServer, Server, request, request_async, serve_async, start_server
 from ._retiring import Retirer
 from ._stats import ClientPoolStatistics, Counters, collect
@@ -85,9 +85,12 @@ class ClientPool(Generic[C]):
             this process then serves other processes' requests on its own.
         options: the :class:`PoolOptions` (defaults if None).
         kind: the pool table's SHM kind number.
+        label: the key's name for people (``orbit pool``, metrics, error
+            messages), 1..127 bytes of UTF-8; None: read from a str key that is
+            a URL (without its password) or a plain name (see :attr:`label`).
 
     Raises:
-        InvalidPoolOptions: a bad key, callable or options object.
+        InvalidPoolOptions: a bad key, callable, label or options object.
         MalformedError, FleetError, LayoutMismatch, AccessDenied: as
             :class:`~orbitive.pool.Pool`.
 
@@ -112,6 +115,7 @@ class ClientPool(Generic[C]):
         handler: Callable[[C, bytes], Any] | None = None,
         options: PoolOptions | None = None,
         kind: int = POOL_KIND,
+        label: str | None = None,
     ) -> None:
         self._closed = True  # until fully built
         self._server: Server | AsyncServer | None = None
@@ -125,6 +129,10 @@ class ClientPool(Generic[C]):
         elif type(options) is not PoolOptions:
             raise _bad_options(options)
         self.key = pool_key(key)
+        #: The key's name for people ("" when it has none: its digest shows instead).
+        self.label = key_label(key, label)
+        #: The label, or the key's digest: how messages name the pool.
+        self.name = self.label or f"key {self.key}"
         self.options = options
         # The options the fast paths read, as plain attributes.
         self._max_live, self._idle_limit = options.max_live, options.idle_limit
@@ -135,6 +143,12 @@ class ClientPool(Generic[C]):
         self._borrowers = handler is not None  # remote mode: borrowers may reserve idle units
         self._fleet = fleet
         self._pool = Pool(fleet, kind=kind)
+        limits = (options.max_live, options.min_idle, options.idle_limit)
+        try:
+            self._pool._t().describe(self.key, self.label.encode(), limits)
+        except BaseException:
+            self._pool.close()
+            raise
         self.counters = Counters()
         self._closed = False
         self._start_local()
@@ -430,6 +444,55 @@ class ClientPool(Generic[C]):
         entry = self._checked_in(client)
         if entry is not None:
             self._retire(entry)
+
+    def check_idle(self, check: Callable[[C], Any]) -> int:
+        """Check each idle client of this process with ``check`` (not the pool's own): one
+        that raises or returns False is closed, the others are handed back.
+
+        Other processes' idle clients are theirs to check.
+
+        Returns:
+            How many were closed (int).
+
+        Raises:
+            PoolClosed: the pool is closed.
+            InvalidPoolOptions: ``check`` returned an awaitable (use :meth:`check_idle_async`).
+        """
+        broken = 0
+        for entry in self._take_every_idle():
+            try:
+                healthy = call_sync("check", check, entry.client) is not False
+            except Exception:
+                healthy = False
+            if healthy:
+                self.putconn(entry.client)
+            else:
+                broken += 1
+                self.discard(entry.client)
+        return broken
+
+    async def check_idle_async(self, check: Callable[[C], Any]) -> int:
+        """Asyncio twin of :meth:`check_idle` (``check`` may be a coroutine function)."""
+        broken = 0
+        for entry in self._take_every_idle():
+            try:
+                healthy = await call_async(check, entry.client) is not False
+            except Exception:
+                healthy = False
+            if healthy:
+                await self.putconn_async(entry.client)
+            else:
+                broken += 1
+                await self.discard_async(entry.client)
+        return broken
+
+    def _take_every_idle(self) -> list[Entry[C]]:
+        """Every idle client of this process, checked out (PoolClosed when closed)."""
+        self._local()
+        with self._lock:
+            count = len(self._idle)
+        taken = [self._take_idle() for _ in range(count)]
+        return [entry for entry in taken if entry is not None]
 
     def _unregister(self, entry: Entry[C]) -> None:
         """Close ``entry``'s resource in the table, once its client is closed."""

@@ -367,6 +367,7 @@ def request(pool: ClientPool[Any], payload: object, timeout: float | None) -> by
     data = check_payload(payload)
     end = deadline(pool, timeout)
     version: int | None = None
+    began = 0.0
     try:
         while True:
             pool._local()
@@ -382,13 +383,13 @@ def request(pool: ClientPool[Any], payload: object, timeout: float | None) -> by
             if permit is not None:
                 return _here(pool, pool._registered(permit, pool._made(permit)).client, data)
             if version is None:
-                version = start_waiting(pool)
+                version, began = start_waiting(pool), time.monotonic()
                 continue
             changed = pool.pool.wait_capacity(pool.key, version, time_left(pool, end))
             version = pool.pool.version(pool.key) if changed is None else changed
     finally:
         if version is not None:
-            stop_waiting(pool)
+            stop_waiting(pool, began, timed_out=None)
 
 
 def _here(pool: ClientPool[Any], client: object, data: bytes) -> bytes:
@@ -404,6 +405,7 @@ async def request_async(pool: ClientPool[Any], payload: object, timeout: float |
     await serve_async(pool)
     end = deadline(pool, timeout)
     version: int | None = None
+    began = 0.0
     try:
         while True:
             pool._local()
@@ -420,13 +422,13 @@ async def request_async(pool: ClientPool[Any], payload: object, timeout: float |
                 client = pool._registered(permit, await made(pool, permit)).client
                 return await _here_async(pool, client, data)
             if version is None:
-                version = start_waiting(pool)
+                version, began = start_waiting(pool), time.monotonic()
                 continue
             changed = await pool.pool.poll_capacity(pool.key, version, time_left(pool, end))
             version = pool.pool.version(pool.key) if changed is None else changed
     finally:
         if version is not None:
-            stop_waiting(pool)
+            stop_waiting(pool, began, timed_out=None)
 
 
 async def _here_async(pool: ClientPool[Any], client: object, data: bytes) -> bytes:

@@ -273,22 +273,18 @@ class KeyTable:
 
     def count_wait(self, index: int, wait_us: int, timed_out: bool) -> None:
         """Count one finished wait at ``max_live`` on key ``index``: a timeout, or a
-        checkout served after ``wait_us`` microseconds. In its own section."""
-        self.enter()
-        try:
-            at = self.key_offset(index) + self.key_waits
-            counts = list(KEY_WAITS.unpack_from(self.buf, at))
-            if timed_out:
-                counts[0] += 1
-            else:
-                counts[1] += 1
-                counts[2] += wait_us
-                bucket = next((i for i, bound in enumerate(WAIT_BOUNDS_US) if wait_us <= bound), -1)
-                if bucket >= 0:
-                    counts[3 + bucket] += 1
-            store(self.buf, at, KEY_WAITS, *(count & M64 for count in counts))
-        finally:
-            self.leave()
+        checkout served after ``wait_us`` microseconds. In a section."""
+        at = self.key_offset(index) + self.key_waits
+        counts = list(KEY_WAITS.unpack_from(self.buf, at))
+        if timed_out:
+            counts[0] += 1
+        else:
+            counts[1] += 1
+            counts[2] += wait_us
+            bucket = next((i for i, bound in enumerate(WAIT_BOUNDS_US) if wait_us <= bound), -1)
+            if bucket >= 0:
+                counts[3 + bucket] += 1
+        store(self.buf, at, KEY_WAITS, *(count & M64 for count in counts))
 
     # -- identity -------------------------------------------------------------------
 
