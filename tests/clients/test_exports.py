@@ -27,7 +27,13 @@ ADDITIONS = {
         "TooManyRequests",
         "UnknownClient",
     },
-    "orbitive.clients.psycopg": {"AsyncConnectionPool"},
+    # psycopg_pool's errors, which are psycopg_pool's own when it is installed.
+    "orbitive.clients.psycopg": {
+        "AsyncConnectionPool",
+        "PoolClosed",
+        "PoolTimeout",
+        "TooManyRequests",
+    },
     "orbitive.clients.sqlalchemy": set(),
 }
 

@@ -62,7 +62,7 @@ def _close_record(record: ConnectionPoolEntry) -> None:
     if dbapi is None or "psycopg" not in sys.modules or not hasattr(dbapi, "pgconn"):
         record.close()
         return
-    from . import psycopg as adapter  # noqa: PLC0415 - only for psycopg connections
+    from . import _psycopg_connections as adapter  # noqa: PLC0415 - only for psycopg ones
 
     fd = adapter.watch_socket(dbapi)  # type: ignore[arg-type]  # a psycopg Connection
     try:
