@@ -208,7 +208,8 @@ class ClientPool(Generic[C]):
             InvalidPoolOptions: no handler was given, or a bad payload or timeout.
             RemoteRequestError: the owner's handler raised (a local handler's
                 error propagates as it is).
-            As :meth:`getconn`.
+            PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError, InvalidPoolOptions:
+                as :meth:`getconn`.
         """
         self.serving  # noqa: B018 - raises without a handler
         return request(self, payload, timeout)
@@ -217,7 +218,8 @@ class ClientPool(Generic[C]):
         """Asyncio twin of :meth:`request`.
 
         Raises:
-            As :meth:`request`.
+            RemoteRequestError, PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError:
+                as :meth:`request`.
         """
         self.serving  # noqa: B018 - raises without a handler
         return await request_async(self, payload, timeout)
@@ -535,7 +537,8 @@ class ClientPool(Generic[C]):
         """``with pool.client() as c:`` check out, use, hand back (even if the block raised).
 
         Raises:
-            As :meth:`getconn`.
+            PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError, InvalidPoolOptions:
+                as :meth:`getconn`.
         """
         client = self.getconn(timeout)
         try:
@@ -553,7 +556,8 @@ class ClientPool(Generic[C]):
         readiness descriptor.
 
         Raises:
-            As :meth:`getconn`.
+            PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError, InvalidPoolOptions:
+                as :meth:`getconn`.
         """
         self.counters.requests += 1
         if timeout is not None:
@@ -598,7 +602,8 @@ class ClientPool(Generic[C]):
         """``async with pool.client_async() as c:`` the asyncio checkout.
 
         Raises:
-            As :meth:`getconn`.
+            PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError, InvalidPoolOptions:
+                as :meth:`getconn`.
         """
         client = await self.getconn_async(timeout)
         try:

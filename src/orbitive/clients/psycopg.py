@@ -453,8 +453,9 @@ class ConnectionPool(_Base):
             timeout: seconds to wait for a connection; None: ``acquire_timeout``.
 
         Raises:
-            PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError (the
-            connect error is its ``__cause__``), InvalidPoolOptions.
+            PoolTimeout, PoolClosed, TooManyRequests, InvalidPoolOptions: as
+                :meth:`~orbitive.clients.ClientPool.getconn`.
+            ClientCreateError: the connect failed (its error is the ``__cause__``).
         """
         conn = self.getconn(timeout)
         began = time.monotonic()
@@ -531,7 +532,7 @@ class AsyncConnectionPool(_Base):
     no event loop.
 
     Raises:
-        As :class:`ConnectionPool`.
+        InvalidPoolOptions: as :class:`ConnectionPool`.
     """
 
     def __init__(

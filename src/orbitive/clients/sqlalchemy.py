@@ -84,8 +84,8 @@ class FleetPool(Pool):
         **kw: :class:`sqlalchemy.pool.Pool`'s own arguments.
 
     Raises:
-        InvalidPoolOptions, and as :class:`~orbitive.clients.ClientPool`; a checkout
-        raises SQLAlchemy's errors (see the module).
+        InvalidPoolOptions: bad options, and as :class:`~orbitive.clients.ClientPool`;
+            a checkout raises SQLAlchemy's errors (see the module).
     """
 
     def __init__(  # create_engine passes only arguments it finds named positionally here
