@@ -310,13 +310,19 @@ class ConnectionPool(_Base):
             from the conninfo, without the password.
         close_returns: ``conn.close()`` of a checked-out connection returns it
             to the pool (a bool; True needs psycopg 3.3 or later).
-        timeout, max_waiting, max_lifetime, max_idle: psycopg_pool's, setting
-            ``options``' ``acquire_timeout`` (seconds), ``max_waiting`` (this
-            process's waiting callers; 0: no limit), ``max_lifetime`` (seconds)
-            and ``idle_timeout`` (seconds: psycopg_pool's ``max_idle`` is a
-            time, not ``PoolOptions.max_idle``, a count).
-        min_size, max_size, num_workers, reconnect_timeout, reconnect_failed:
-            psycopg_pool's, refused (see the module's docstring).
+        timeout: psycopg_pool's: sets ``options``' ``acquire_timeout`` (seconds).
+        max_waiting: psycopg_pool's: sets ``options``' ``max_waiting`` (this
+            process's waiting callers; 0: no limit).
+        max_lifetime: psycopg_pool's: sets ``options``' ``max_lifetime`` (seconds).
+        max_idle: psycopg_pool's: sets ``options``' ``idle_timeout`` (seconds:
+            psycopg_pool's ``max_idle`` is a time, not ``PoolOptions.max_idle``,
+            a count).
+        min_size: psycopg_pool's, refused: use ``PoolOptions(min_idle=...)``.
+        max_size: psycopg_pool's, refused: use ``PoolOptions(max_live=...)``.
+        num_workers: psycopg_pool's, refused (no worker threads here).
+        reconnect_timeout: psycopg_pool's, refused (nothing reconnects in the
+            background).
+        reconnect_failed: psycopg_pool's, refused, as ``reconnect_timeout``.
         key: overrides the key derived from conninfo and kwargs.
         kind: the pool table's SHM kind number.
 
