@@ -241,8 +241,8 @@ def start_waiting(pool: ClientPool[Any]) -> int:
         if pool._waiters >= pool.options.max_waiting:
             pool.counters.refused += 1
             raise TooManyRequests(
-                f"{pool._waiters} callers of this process already wait for key "
-                f"{pool.key} (max_waiting {pool.options.max_waiting})",
+                f"{pool._waiters} callers of this process already wait for "
+                f"{pool.name} (max_waiting {pool.options.max_waiting})",
                 key=pool.key,
             )
         pool._waiters += 1

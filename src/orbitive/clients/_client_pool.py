@@ -182,7 +182,7 @@ class ClientPool(Generic[C]):
     def _local(self) -> None:
         """Raise PoolClosed when closed; in a forked child, forget the parent's clients."""
         if self._closed:
-            raise PoolClosed(f"client pool of key {self.key} is closed", key=self.key)
+            raise PoolClosed(f"client pool of {self.name} is closed", key=self.key)
         if self._fork != _fork.generation:
             # The parent's clients (and its socket) are the parent's: never touch them here.
             self._server = None
@@ -355,7 +355,7 @@ class ClientPool(Generic[C]):
             return error
         self.counters.create_errors += 1
         return ClientCreateError(
-            f"create() failed for key {self.key}: {error!r:.200}", key=self.key
+            f"create() failed for {self.name}: {error!r:.200}", key=self.key
         )
 
     def _usable(self, entry: Entry[C]) -> bool:

@@ -41,7 +41,7 @@ from .._core._errors import ClientCreateError, InvalidPoolOptions, PoolTimeout, 
 from .._core._fleet import Fleet
 from ..pool import POOL_KIND, Key
 from ._client_pool import ClientPool
-from ._options import PoolOptions, pool_key
+from ._options import PoolOptions, key_label, pool_key
 
 __all__ = ["FleetPool"]
 
@@ -115,6 +115,7 @@ class FleetPool(Pool):
             close=_close_record,
             options=fleet_options,
             kind=fleet_kind,
+            label=key_label(fleet_key, None) or None,  # "main-db" names the key
         )
 
     def _do_get(self) -> ConnectionPoolEntry:
