@@ -354,9 +354,7 @@ class ClientPool(Generic[C]):
         if isinstance(error, OrbitError) or not isinstance(error, Exception):
             return error
         self.counters.create_errors += 1
-        return ClientCreateError(
-            f"create() failed for {self.name}: {error!r:.200}", key=self.key
-        )
+        return ClientCreateError(f"create() failed for {self.name}: {error!r:.200}", key=self.key)
 
     def _usable(self, entry: Entry[C]) -> bool:
         if time.monotonic() - entry.created_at >= self._max_lifetime:
@@ -368,6 +366,10 @@ class ClientPool(Generic[C]):
             healthy = call_sync("check", self._check, entry.client) is not False
         except Exception:
             healthy = False
+        except BaseException:  # KeyboardInterrupt mid-check: the client's state is unknown
+            self.counters.check_failures += 1
+            self.discard(entry.client)
+            raise
         if not healthy:
             self.counters.check_failures += 1
             self.discard(entry.client)
@@ -388,10 +390,12 @@ class ClientPool(Generic[C]):
         if self._reset is not None:
             try:
                 call_sync("reset", self._reset, client)
-            except Exception:
+            except BaseException as error:  # KeyboardInterrupt too: retired, then raised
                 self.counters.reset_failures += 1
                 self._retire(entry)
-                return
+                if isinstance(error, Exception):
+                    return
+                raise
         if not self._give_back(entry):
             self._hand_over(entry)
 

@@ -77,7 +77,15 @@ from ._psycopg_connections import (
 )
 from ._stats import ClientPoolStatistics
 
-__all__ = ["AsyncConnectionPool", "ConnectionPool", "PoolClosed", "PoolTimeout", "TooManyRequests"]
+__all__ = [
+    "AsyncConnectionPool",
+    "ConnectionPool",
+    "PoolClosed",
+    "PoolTimeout",
+    "TooManyRequests",
+    "check_connection",
+    "check_connection_async",
+]
 for _cls in (PoolClosed, PoolTimeout, TooManyRequests):
     _cls.__module__ = __name__
 del _cls
