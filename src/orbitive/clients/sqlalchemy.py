@@ -65,10 +65,10 @@ from .._core._errors import ClientCreateError, InvalidPoolOptions, PoolClosed, P
 from .._core._fleet import Fleet
 from ..pool import POOL_KIND, Key
 from ._client_pool import ClientPool
-from ._database import database_key
+from ._database import database_key, target_label
 from ._gate import Gate
 from ._home_loop import HomeLoop, LoopGone
-from ._options import PoolOptions, key_label, pool_key, printable_label
+from ._options import PoolOptions, key_label, pool_key
 
 __all__ = ["AsyncFleetPool", "FleetPool"]
 
@@ -100,10 +100,7 @@ def _engine_label(key: object, creator: object, dialect: object) -> str | None:
     if key is not None:
         return key_label(key, None) or None
     params = _target(creator, dialect)
-    user, host = params.get("user"), params.get("host") or "localhost"
-    port, database = params.get("port"), params.get("dbname", params.get("database"))
-    text = f"{f'{user}@' if user else ''}{host}{f':{port}' if port else ''}"
-    return printable_label(f"{text}{f'/{database}' if database else ''}")
+    return target_label({**params, "database": params.get("dbname", params.get("database"))})
 
 
 def _target_key(creator: object, dialect: object) -> Key:
