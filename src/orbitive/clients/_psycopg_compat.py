@@ -23,7 +23,7 @@ import psycopg
 from .._core import _errors
 from .._core._errors import InvalidPoolOptions, OrbitError, shown
 from ._options import SIZE_MAX, PoolOptions
-from ._stats import ClientPoolStatistics
+from ._statistics import ClientPoolStatistics
 
 if TYPE_CHECKING:
     _TimeoutBase = psycopg.OperationalError

@@ -75,7 +75,7 @@ from ._psycopg_connections import (
     returnable,
     status,
 )
-from ._stats import ClientPoolStatistics
+from ._statistics import ClientPoolStatistics
 
 __all__ = [
     "AsyncConnectionPool",
