@@ -297,8 +297,8 @@ class ClientPool(Generic[C]):
             TooManyRequests: ``max_waiting`` callers of this process already wait.
             ClientCreateError: ``create()`` raised (the claim is returned).
             InvalidPoolOptions: a bad timeout, or ``create`` returned an awaitable.
-            A BaseException from ``create`` or ``check`` (KeyboardInterrupt, say),
-                once what it took is returned or retired.
+            BaseException: one from ``create`` or ``check`` (KeyboardInterrupt,
+                say), once what it took is returned or retired.
         """
         self.counters.requests += 1
         if timeout is not None:
@@ -324,8 +324,8 @@ class ClientPool(Generic[C]):
         Raises:
             UnknownClient: no pool of the key and ``create`` in this process
                 checked ``client`` out, or it was handed back already.
-            A BaseException from ``reset``, once the client is handed over to be
-                closed.
+            BaseException: one from ``reset``, once the client is handed over to
+                be closed.
         """
         if self._fork != _fork.generation:
             return  # the parent's client: never touched here
@@ -349,7 +349,7 @@ class ClientPool(Generic[C]):
 
         Raises:
             UnknownClient: as :meth:`putconn`.
-            A BaseException from ``close``, once the client's budget is returned.
+            BaseException: one from ``close``, once the client's budget is returned.
         """
         if self._fork == _fork.generation:
             self._retiring.retire(self._ledger.checked_in(client, self._family))
@@ -442,7 +442,7 @@ class ClientPool(Generic[C]):
         leaves it running; the client is then kept idle, or closed.
 
         Raises:
-            As :meth:`putconn`.
+            UnknownClient, BaseException: as :meth:`putconn`.
         """
         if self._fork == _fork.generation:
             await self._checkout.put_async(self._ledger.checked_in(client, self._family))
@@ -451,7 +451,7 @@ class ClientPool(Generic[C]):
         """Asyncio twin of :meth:`discard`.
 
         Raises:
-            As :meth:`discard`.
+            UnknownClient, BaseException: as :meth:`discard`.
         """
         if self._fork == _fork.generation:
             await self._retiring.retire_async(self._ledger.checked_in(client, self._family))
@@ -498,7 +498,7 @@ class ClientPool(Generic[C]):
         prefer :meth:`close_async`.
 
         Raises:
-            A BaseException from ``close`` (KeyboardInterrupt, say), once the
+            BaseException: one from ``close`` (KeyboardInterrupt, say), once the
                 clients not closed yet are left to a closing thread.
         """
         idle = self._shut()
