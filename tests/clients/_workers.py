@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import socket
+import threading
 import time
 from typing import Any
 
@@ -424,3 +425,144 @@ def queued_checkout(channel: Channel, fleet_name: str, capacity: int) -> None:
             channel.send("got")
             channel.recv(None)
             pool.discard(client)
+
+
+def metrics_worker(
+    channel: Channel, fleet_name: str, capacity: int, url: str, tag: str, max_live: int
+) -> None:
+    """A psycopg pool driven by the test's commands, each answered when done:
+
+    ``("churn", seconds)``: two threads run ~2 ms queries that long; answers how many.
+    ``"hold"``: check a connection out and keep it. ``("wait", n)``: start ``n``
+    threads that each wait for a connection and keep it. ``"release"``: give back
+    every connection held (after the waiting threads got theirs). ``("late", s)``:
+    a checkout that gives up after ``s`` seconds; answers the error's class name.
+    ``"stats"``: ``statistics().as_dict()``. ``"close"``: close and exit.
+    """
+    with Fleet.join(fleet_name, capacity) as fleet:
+        options = PoolOptions(max_live=max_live, max_idle=max_live)
+        pool = ConnectionPool(url, fleet=fleet, kwargs={"application_name": tag}, options=options)
+        held: list[Any] = []
+        waiters: list[threading.Thread] = []
+
+        def churn(until: float, done: list[int]) -> None:
+            while time.monotonic() < until:
+                with pool.connection() as conn:
+                    conn.execute("SELECT pg_sleep(0.002)")
+                done.append(1)
+
+        def wait() -> None:
+            held.append(pool.getconn(timeout=60.0))
+
+        while True:
+            command = channel.recv(None)
+            if isinstance(command, tuple) and command[0] == "churn":
+                done: list[int] = []
+                until = time.monotonic() + command[1]
+                threads = [threading.Thread(target=churn, args=(until, done)) for _ in range(2)]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                channel.send(len(done))
+            elif command == "hold":
+                held.append(pool.getconn())
+                channel.send("held")
+            elif isinstance(command, tuple) and command[0] == "wait":
+                waiters += [threading.Thread(target=wait) for _ in range(command[1])]
+                for thread in waiters:
+                    thread.start()
+                channel.send("started")
+            elif command == "release":
+                for thread in waiters:
+                    thread.join()
+                waiters.clear()
+                while held:
+                    pool.putconn(held.pop())
+                channel.send("released")
+            elif isinstance(command, tuple) and command[0] == "late":
+                try:
+                    pool.putconn(pool.getconn(timeout=command[1]))
+                    channel.send(None)
+                except OrbitError as error:
+                    channel.send(type(error).__name__)
+            elif command == "stats":
+                channel.send(pool.statistics().as_dict())
+            else:
+                pool.close()
+                channel.send("closed")
+                return
+
+
+def metrics_scraper(channel: Channel, fleet_name: str) -> None:
+    """A sidecar that never joins the fleet: answers each message with a scrape's text."""
+    from prometheus_client import CollectorRegistry, generate_latest  # noqa: PLC0415
+
+    from orbitive.metrics import FleetCollector  # noqa: PLC0415
+
+    registry = CollectorRegistry()
+    registry.register(FleetCollector(fleet_name))
+    while channel.recv(None) != "stop":
+        channel.send(generate_latest(registry).decode())
+
+
+def sqlalchemy_holder(
+    channel: Channel, fleet_name: str, capacity: int, url: str, max_live: int, hold: int
+) -> None:
+    """A sync engine (FleetPool, key from the URL) that holds ``hold`` connections until told."""
+    from sqlalchemy import create_engine, text  # noqa: PLC0415 - only this worker needs it
+
+    from orbitive.clients.sqlalchemy import FleetPool  # noqa: PLC0415
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        engine = create_engine(
+            url, poolclass=FleetPool, fleet=fleet, fleet_options=PoolOptions(max_live=max_live)
+        )
+        held = [engine.connect() for _ in range(hold)]
+        for conn in held:
+            conn.execute(text("SELECT 1"))
+        channel.send("holding")
+        channel.recv()
+        for conn in held:
+            conn.close()
+        engine.dispose()
+        channel.send("done")
+
+
+def budget_prober(channel: Channel, capacity: int) -> None:
+    """Answer the test's probes until told to stop; one process for many tests' fleets.
+
+    ``("probe", fleet, key, max_live, timeout)``: check ``max_live`` fake clients of
+    ``key`` out at once (each within ``timeout``), give them back and close the pool;
+    answers None, or the error's repr. ``("leave", fleet)``: leave that fleet (before
+    the test removes its files). ``"stop"``: leave every fleet and return.
+    """
+    from ._fakes import FakeClient, close  # noqa: PLC0415 - spawn imports this module lean
+
+    fleets: dict[str, Fleet] = {}
+    while (message := channel.recv(None)) != "stop":
+        verb, fleet_name, *rest = message
+        if verb == "leave":
+            left = fleets.pop(fleet_name, None)
+            if left is not None:
+                left.close()
+            channel.send("left")
+            continue
+        if fleet_name not in fleets:
+            fleets[fleet_name] = Fleet.join(fleet_name, capacity)
+        key, max_live, timeout = rest
+        options = PoolOptions(max_live=max_live, acquire_timeout=timeout)
+        pool = ClientPool(fleets[fleet_name], key, create=FakeClient, close=close, options=options)
+        held: list[FakeClient] = []
+        try:
+            held.extend(pool.getconn() for _ in range(max_live))
+        except OrbitError as error:
+            channel.send(f"{len(held)} of {max_live} at once, then {error!r}")
+        else:
+            channel.send(None)
+        finally:
+            for client in held:
+                pool.putconn(client)
+            pool.close()
+    for fleet in fleets.values():
+        fleet.close()

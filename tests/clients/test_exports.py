@@ -13,9 +13,10 @@ import pytest
 API_NAMES = {
     "orbitive.clients": {"ClientPool", "PoolOptions"},
     "orbitive.clients.psycopg": {"ConnectionPool"},
-    "orbitive.clients.sqlalchemy": {"FleetPool"},
     # The Django engine is named by its path in settings; Django loads its base module.
     "orbitive.clients.django": set(),
+    "orbitive.clients.sqlalchemy": {"FleetPool", "AsyncFleetPool"},
+    "orbitive.clients.asyncpg": {"create_pool"},
 }
 ADDITIONS = {
     # statistics() and the named errors a caller catches.
@@ -29,13 +30,23 @@ ADDITIONS = {
         "TooManyRequests",
         "UnknownClient",
     },
-    "orbitive.clients.psycopg": {"AsyncConnectionPool"},
+    # psycopg_pool's errors, which are psycopg_pool's own when it is installed.
+    "orbitive.clients.psycopg": {
+        "AsyncConnectionPool",
+        "PoolClosed",
+        "PoolTimeout",
+        "TooManyRequests",
+        "check_connection",
+        "check_connection_async",
+    },
     "orbitive.clients.sqlalchemy": set(),
     "orbitive.clients.django": set(),
     # What Django looks up in an engine's modules.
     "orbitive.clients.django.base": {"DatabaseWrapper"},
     "orbitive.clients.django.creation": {"DatabaseCreation"},
     "orbitive.clients.django.features": {"DatabaseFeatures"},
+    # what create_pool returns, and what its acquire() returns (asyncpg's names).
+    "orbitive.clients.asyncpg": {"Pool", "PoolAcquireContext"},
 }
 
 

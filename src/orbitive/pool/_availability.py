@@ -61,6 +61,7 @@ from ._values import U32_MAX, Key, ResourceId
 FOR_WAITER: Final = 0  # another process waits at max_live
 FOR_IDLE_TIMEOUT: Final = 1  # idle too long: only above the min_idle floor
 FOR_LIFETIME: Final = 2  # too old: always
+FOR_OWN_WAITER: Final = 3  # a waiter of this node cannot use it (another kind of client): always
 
 #: A waiting node whose waiters have not tried to claim for this long loses its
 #: place in the queue (3 x the client pool's longest sleep, ``WAIT_SLICE_S``).
@@ -270,7 +271,8 @@ def retire_idle(table: Table, rid: ResourceId, reason: int, max_live: int, min_i
 
     ``FOR_WAITER``: another node waits and the key is at ``max_live``, and no
     waiter of this node would take the client. ``FOR_IDLE_TIMEOUT``: the
-    fleet-wide idle count is above ``min_idle``. ``FOR_LIFETIME``: always. A
+    fleet-wide idle count is above ``min_idle``. ``FOR_LIFETIME`` and
+    ``FOR_OWN_WAITER`` (a waiter of this node cannot use it): always. A
     drained resource (``Pool.drain``), or one whose key index is past the key
     table (damage): always. A client in use or reserved meanwhile is never
     retired.
@@ -364,8 +366,12 @@ def claim_in_turn(table: Table, key: Key, max_live: int) -> tuple[int, int]:
     return index, epoch
 
 
-def add_waiter(table: Table, key: Key, delta: int) -> int:
+def add_waiter(table: Table, key: Key, delta: int, waited: tuple[int, bool] | None = None) -> int:
     """Count one waiter of this node in or out (+1 / -1); returns the key's version.
+
+    ``waited``, counting one out: ``(microseconds, timed_out)`` of its wait, which
+    the key's wait counters add (a timeout, or a wait that got a client); None:
+    the wait ended otherwise (the pool closed, the caller was interrupted).
 
     Counting one in bumps the key, so owners holding idle clients notice. The
     node's first waiter starts its queue time (``since``) with a stale
@@ -389,6 +395,8 @@ def add_waiter(table: Table, key: Key, delta: int) -> int:
             store(table.buf, at + table.key_wait_since + 4 * table.node, U32, now)
             stale = (now - SEEN_WITHIN_MS) & U32_MAX
             store(table.buf, at + table.key_wait_seen + 4 * table.node, U32, stale)
+        if waited is not None:
+            table.count_wait(index, *waited)
         if delta > 0 or head:
             table.key_changed(index)
         return table.changes(index)

@@ -138,7 +138,7 @@ def test_the_django_example_serves_every_buy_within_three_server_connections(
 
     with (
         started([*command, "mysite.wsgi"], tmp_path, env, port),
-        ServerConnections(postgres_server.url, database, by="datname") as server,
+        ServerConnections(postgres_server.url, database, column="datname") as server,
     ):
         threads = [threading.Thread(target=load, args=(n,)) for n in range(THREADS)]
         for thread in threads:

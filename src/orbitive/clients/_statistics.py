@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, final
+from typing import final
 
-from ..pool._availability import key_census
+from .._core._fleet import Fleet
+from ..pool import Key, Pool
+from ..pool._availability import Census
 from ..pool._deaths import find_dead
-
-if TYPE_CHECKING:
-    from ._client_pool import ClientPool
 
 
 @dataclass(slots=True)
@@ -27,6 +26,8 @@ class Counters:
     reset_failures: int = 0
     close_errors: int = 0
     borrowed: int = 0
+    queued: int = 0
+    waited_s: float = 0.0
 
 
 @final
@@ -42,7 +43,9 @@ class ClientPoolStatistics:
 
     This process: ``local_idle``, ``local_in_use``, ``local_waiting``, then the
     ``*_count`` counters since the pool was built (``borrowed_count``: remote
-    requests another process's client served).
+    requests another process's client served; ``queued_count``: checkouts that
+    waited at ``max_live``, whatever came of it, ``waited_s`` their waits, in
+    seconds).
     """
 
     max_live: int
@@ -66,26 +69,39 @@ class ClientPoolStatistics:
     reset_failures_count: int
     close_errors_count: int
     borrowed_count: int
+    queued_count: int
+    waited_s: float
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, float]:
         """The numbers by name, for a metrics exporter."""
         return {field.name: getattr(self, field.name) for field in fields(self)}
 
 
-def collect(pool: ClientPool[Any], local: tuple[int, int, int]) -> ClientPoolStatistics:
-    """Read the key's census and the dead lives, and add this process's counters."""
-    table = pool.table
-    counted = key_census(table, pool.key)
-    dead = set(find_dead(table, pool.pool._fleet))
+def collect(
+    handle: Pool,
+    fleet: Fleet,
+    key: Key,
+    counted: Census,
+    max_live: int,
+    local: tuple[int, int, int],
+    counters: Counters,
+) -> ClientPoolStatistics:
+    """The statistics of ``key``: its census, less the clients of dead lives the table
+    still lists, with this process's idle, in-use and waiting counts (``local``) and
+    its counters.
+
+    Raises:
+        FleetError: ``handle`` or ``fleet`` is closed.
+    """
+    dead = set(find_dead(handle._t(), fleet))
     dead_clients = sum(
         1
-        for candidate in pool.pool.candidates(pool.key)
+        for candidate in handle.candidates(key)
         if candidate.state == "live" and (candidate.owner_node, candidate.owner_incarnation) in dead
     )
     live = counted.live - dead_clients
-    counters = pool.counters
     return ClientPoolStatistics(
-        pool.options.max_live,
+        max_live,
         live,
         min(counted.idle, live),
         max(0, live - counted.idle),
@@ -104,4 +120,6 @@ def collect(pool: ClientPool[Any], local: tuple[int, int, int]) -> ClientPoolSta
         counters.reset_failures,
         counters.close_errors,
         counters.borrowed,
+        counters.queued,
+        counters.waited_s,
     )
