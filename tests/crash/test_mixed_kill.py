@@ -2,12 +2,15 @@
 
 Half of the churners unbind the C operations (``table._bind(None)``) (on a
 flock section all of them run the Python operations); each runs
-two threads that take one key, write their thread id into a shared witness,
-hold briefly, check the witness is still theirs, renew and release. The test
-kills churners with SIGKILL at random moments and checks, after every kill,
-that the table answers (no wedge), that at most one entry is live, and that the
-witness never names two live holders at once. Some kills must land inside a
-section (the robust mutex is repaired: its recovery count grows).
+two threads that take one key, write their thread id and their lease's end into
+a shared witness, hold briefly, check the witness is still theirs, renew and
+release. The test kills churners with SIGKILL at random moments and checks,
+after every kill, that the table answers (no wedge), that at most one entry is
+live, and that the witness never names two live holders at once within their
+tenures. (A holder stalled past its lease on a loaded machine is overtaken
+rightly: each check counts a breach only while the lease it guards is in force
+by the clock the table uses.) Some kills must land inside a section (the robust
+mutex is repaired: its recovery count grows).
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ TTL = 0.3
 KILLS = 40
 #: Kills at most, until one landed inside a section (the mutex repaired).
 MOST_KILLS = 200
-#: Witness layout: the tid of the holder at 0, a breach flag at 8.
-WITNESS_BYTES = 16
+#: Witness layout: the tid of the holder at 0, the end of its lease at 8 (monotonic
+#: microseconds, 0 once it is released), a breach flag at 16.
+WITNESS_BYTES = 24
 
 
 def _alive(tid: int) -> bool:
@@ -44,21 +48,39 @@ def _alive(tid: int) -> bool:
     return True
 
 
+def _read(witness: mmap.mmap, at: int) -> int:
+    return int.from_bytes(witness[at : at + 8], "little")
+
+
+def _write(witness: mmap.mmap, at: int, value: int) -> None:
+    witness[at : at + 8] = value.to_bytes(8, "little")
+
+
+def _microseconds(monotonic: float) -> int:
+    return int(monotonic * 1_000_000)
+
+
 def _hold(table: LockTable, witness: mmap.mmap, owner: LockOwner) -> None:
     me = threading.get_native_id()
     while True:
         result = table.try_acquire(KEY, owner, TTL)
         if not isinstance(result, Acquired):
             continue
-        before = int.from_bytes(witness[0:8], "little")
-        if before and before != me and _alive(before):
-            witness[8:16] = before.to_bytes(8, "little")  # two live holders
-        witness[0:8] = me.to_bytes(8, "little")
+        before, before_ends = _read(witness, 0), _read(witness, 8)
+        if (
+            before
+            and before != me
+            and _alive(before)
+            and _microseconds(time.monotonic()) < before_ends
+        ):
+            _write(witness, 16, before)  # two live holders, both within their leases
+        _write(witness, 8, _microseconds(result.lease.expires_at))
+        _write(witness, 0, me)
         time.sleep(0.0005)
-        if int.from_bytes(witness[0:8], "little") != me:
-            witness[8:16] = me.to_bytes(8, "little")
+        if _read(witness, 0) != me and time.monotonic() < result.lease.expires_at:
+            _write(witness, 16, me)  # overtaken within this lease
         table.renew(result.lease, TTL)
-        witness[0:8] = bytes(8)
+        _write(witness, 8, 0)  # released: no lease left to overlap
         table.release(result.lease)
 
 
@@ -105,7 +127,7 @@ def test_mixed_c_and_python_churners_killed_at_random_never_hold_twice(
                 churn, fleet_name, witness_fd, kill % 2 == 1
             )
             assert replacement.recv() == "running"
-    assert witness[8:16] == bytes(8), "two live holders at once"
+    assert _read(witness, 16) == 0, "two live holders at once"
     assert repaired(table, mechanism), f"no kill of {kills} landed in a section"
     time.sleep(TTL)  # every killed holder's tenure has ended
     assert isinstance(table.try_acquire(KEY, LockOwner(b"tester"), 30.0), Acquired)
