@@ -102,7 +102,8 @@ def sleeping_holder(
     channel: Channel, fleet_name: str, capacity: int, url: str, tag: str, hold: int, query: str
 ) -> None:
     """Check out ``hold`` connections (``max_live=hold``) and run ``query`` on each from a
-    thread of its own; send "running" once every thread has sent its query, then wait."""
+    thread of its own; send "running" once every thread has started, then wait (the
+    statements reach the server a little later)."""
     import threading  # noqa: PLC0415 - spawn imports this module lean
 
     with Fleet.join(fleet_name, capacity) as fleet:

@@ -97,9 +97,11 @@ def app_role(pg_url: str) -> Iterator[tuple[str, str]]:
         admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
-def _sessions(admin: psycopg.Connection[Any], role: str) -> int:
+def _sessions(admin: psycopg.Connection[Any], role: str, *, active: bool = False) -> int:
+    """The role's sessions on the server; only those running a statement when ``active``."""
     row = admin.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (role,)
+        "SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND (NOT %s OR state = 'active')",
+        (role, active),
     ).fetchone()
     assert row is not None
     return int(row[0])
@@ -108,6 +110,13 @@ def _sessions(admin: psycopg.Connection[Any], role: str) -> int:
 def _until_sessions(admin: psycopg.Connection[Any], role: str, at_most: int, within: float) -> int:
     deadline = time.monotonic() + within
     while (count := _sessions(admin, role)) > at_most and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return count
+
+
+def _until_active(admin: psycopg.Connection[Any], role: str, at_least: int, within: float) -> int:
+    deadline = time.monotonic() + within
+    while (count := _sessions(admin, role, active=True)) < at_least and time.monotonic() < deadline:
         time.sleep(0.02)
     return count
 
@@ -136,6 +145,9 @@ def test_a_worker_killed_mid_query_leaves_its_backends_until_the_server_checks_t
         doomed = spawned.start(sleeping_holder, fleet_name, CAPACITY, url, tag, 2, LONG_QUERY)
         assert doomed.recv(60) == "running"
         assert _until_sessions(admin, role, 2, 10.0) == 2
+        # Killed before its statement reached the server, a backend would sit idle and
+        # end at once on the closed socket: kill only once both statements run.
+        assert _until_active(admin, role, 2, 10.0) == 2
         assert doomed.kill() == -signal.SIGKILL
         killed = time.monotonic()
         successor = spawned.start(psycopg_holder, fleet_name, CAPACITY, url, tag, 2, 2)
