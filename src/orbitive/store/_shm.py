@@ -23,14 +23,33 @@ what the contract needs: names and owners of at most 255 bytes, and a short ring
 64 it takes about 0.8 MB of ``/dev/shm`` (:func:`footprint`), where a default
 ``LockTable`` would take 72 MB; it never collides with a ``LockTable`` an
 application opens on the same fleet.
+
+A semaphore of limit N is N keys of the namespace :data:`SEMAPHORE_NAMESPACE`,
+one per slot (label ``name NUL slot``), and one marker key (label ``name``)
+whose owner is the limit, as text. The table's steps each act on one key, so
+the count needs no more: at most N keys, at most N holders. The marker is what
+makes two limits meet:
+
+* An acquisition takes (or finds) the marker first: held under another limit,
+  it is refused, unless no slot of that limit is held any more (the slow path:
+  one table read per slot), when the marker is replaced. It then takes the
+  lowest free slot, and checks the marker again after, renewing it when it ends
+  before the new lease: a replacement that raced with the grant is seen by one
+  of the two sides, which gives back what it took and raises.
+* The marker lives :data:`_MARKER_SPAN` times the ttl of the grant or renewal
+  that last extended it, so it outlasts every lease whose holders use one ttl.
+  Holders of one semaphore that use very different ttls can, in a race between
+  two renewals, leave the marker ending before the longest lease; a user of
+  another limit arriving after the marker lapsed is then not refused.
 """
 
 from __future__ import annotations
 
 import select
-from collections.abc import Callable
-from typing import Final, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Final, NamedTuple, TypeVar
 
+from .._core._clock import TTL_MAX_S
 from .._core._errors import (
     ErrorKind,
     FleetError,
@@ -44,7 +63,8 @@ from .._core._fleet import Fleet, check_fleet_name, recorded_capacity
 from .._core._section import object_bytes
 from ..lock import Acquired, LockKey, LockLayout, LockLease, LockOwner, LockTable
 from ..lock._layout import EVENT_HEADER_SIZE
-from ._engine import Busy, Engine, LockInfo
+from ._engine import Busy, Engine, LockInfo, SlotInfo, limit_mismatch
+from ._guards import LIMIT_MAX
 
 #: The lock-table namespace of every store lock.
 NAMESPACE: Final = "orbitive.store"
@@ -64,13 +84,39 @@ STORE_LAYOUT: Final = LockLayout(
     ring_capacity=16,
     frame_bytes=EVENT_HEADER_SIZE + _PAYLOAD_MAX,
 )
+#: The lock-table namespace of semaphore keys; short, so that the namespace, a slot
+#: key's label (name, NUL, up to four digits) and its owner fit the table's payload.
+SEMAPHORE_NAMESPACE: Final = "semaphore"
+_SEMAPHORE_BYTES: Final = SEMAPHORE_NAMESPACE.encode()
+#: A semaphore's marker lasts this many times the ttl of the lease that extended it.
+_MARKER_SPAN: Final = 2.0
 #: Names (and owners) whose table key is kept ready; the cache is emptied when full.
 _CACHE_MAX: Final = 4096
+_K = TypeVar("_K")
 _V = TypeVar("_V")
+_T = TypeVar("_T")
 
 
-class ShmEngine(Engine[LockLease]):
-    """Named locks in the SHM lock table of one fleet."""
+class ShmUnit(NamedTuple):
+    """An SHM tenure of a semaphore slot: the slot, its lease, and the marker as last seen."""
+
+    slot: int
+    lease: LockLease
+    marker: LockLease
+
+    @property
+    def fencing_token(self) -> int:
+        """The slot lease's token."""
+        return self.lease.fencing_token
+
+    @property
+    def expires_at(self) -> float:
+        """The slot lease's expiry (``time.monotonic()`` seconds)."""
+        return self.lease.expires_at
+
+
+class ShmEngine(Engine[LockLease, ShmUnit]):
+    """Named locks and semaphores in the SHM lock table of one fleet."""
 
     kind = "shm"
     # Readiness wakes the waiter; the cap bounds a wake-up another thread of this
@@ -102,6 +148,9 @@ class ShmEngine(Engine[LockLease]):
         # Building a key hashes the name: each name's key (and owner) is built once.
         self._keys = _Cache(_key)
         self._owners = _Cache(LockOwner)
+        self._slots = _Cache(_semaphore_key)  # by label: name NUL slot
+        self._markers = _Cache(_semaphore_key)  # by label: name
+        self._limits: _Cache[int, LockOwner] = _Cache(lambda limit: LockOwner(str(limit)))
         self._closed = False
 
     def _failure(self, error: Exception) -> Exception:
@@ -154,6 +203,135 @@ class ShmEngine(Engine[LockLease]):
         except (OrbitError, ValueError) as error:
             raise self._failure(error) from error
 
+    def acquire_unit(self, name: str, limit: int, owner: str, ttl: float) -> ShmUnit | Busy:
+        return self._step(self._acquire_unit, name, limit, owner, ttl)
+
+    def renew_units(
+        self, name: str, owner: str, grants: Sequence[ShmUnit], ttl: float
+    ) -> list[ShmUnit | None]:
+        return self._step(self._renew_units, name, grants, ttl)
+
+    def release_units(self, name: str, owner: str, grants: Sequence[ShmUnit]) -> list[bool]:
+        release = self._table.release
+        return self._step(lambda: [release(grant.lease) for grant in grants])
+
+    def holders(self, name: str) -> list[SlotInfo]:
+        return [info for info in self.semaphores() if info.name == name]
+
+    def semaphores(self) -> list[SlotInfo]:
+        leases = self._step(self._table.leases)
+        mine = [lease for lease in leases if lease.key.namespace == _SEMAPHORE_BYTES]
+        limits = {
+            lease.key.label: _limit_of(lease) for lease in mine if b"\x00" not in lease.key.label
+        }
+        infos = []
+        for lease in mine:
+            label, nul, slot = lease.key.label.partition(b"\x00")
+            if nul and slot.isdigit():
+                name = label.decode(errors="replace")
+                infos.append(_slot_info(name, int(slot), limits.get(label, 0), lease))
+        return sorted(infos, key=lambda info: (info.name.encode(), info.slot))
+
+    def _step(self, step: Callable[..., _T], *args: object) -> _T:
+        """``step(*args)`` with the table's refusals as store errors (see :meth:`_failure`)."""
+        try:
+            return step(*args)
+        except StoreError:  # the semaphore's own verdicts, as they are
+            raise
+        except (OrbitError, ValueError) as error:
+            raise self._failure(error) from error
+
+    def _acquire_unit(self, name: str, limit: int, owner: str, ttl: float) -> ShmUnit | Busy:
+        marker = self._marker(name, limit, ttl)
+        try_acquire, who = self._table.try_acquire, self._owners[owner]
+        first: LockLease | None = None  # the holder that ends first
+        first_slot = 0
+        for slot in range(limit):
+            result = try_acquire(self._slots[f"{name}\x00{slot}"], who, ttl)
+            lease = result.lease
+            if type(result) is Acquired:
+                now = self._cover(name, marker, lease, ttl)
+                if now.owner != marker.owner:  # replaced for another limit meanwhile
+                    self._table.release(lease)
+                    raise limit_mismatch(name, limit, _limit_of(now))
+                return ShmUnit(slot, lease, now)
+            if first is None or lease.expires_at < first.expires_at:
+                first, first_slot = lease, slot
+        return Busy(None if first is None else _slot_info(name, first_slot, limit, first))
+
+    def _marker(self, name: str, limit: int, ttl: float) -> LockLease:
+        """The semaphore's marker under ``limit``, found, taken or taken over.
+
+        Raises:
+            SemaphoreLimitMismatch: holders of another limit are live.
+        """
+        wanted = self._limits[limit]
+        result = self._table.try_acquire(self._markers[name], wanted, _span(ttl))
+        marker = result.lease
+        if type(result) is Acquired or marker.owner == wanted:
+            return marker
+        return self._take_over(name, limit, marker, ttl)
+
+    def _take_over(self, name: str, limit: int, marker: LockLease, ttl: float) -> LockLease:
+        """Replace the marker of another limit none of whose slots is held (slow path).
+
+        Raises:
+            SemaphoreLimitMismatch: a slot of the marker's limit is held, before the
+                replacement or after it (then the new marker is given back).
+        """
+        table, wanted, found = self._table, self._limits[limit], _limit_of(marker)
+        if self._held_under(name, found):
+            raise limit_mismatch(name, limit, found)
+        table.release(marker)  # the exact tenure: a marker made meanwhile stays
+        result = table.try_acquire(self._markers[name], wanted, _span(ttl))
+        mine = result.lease
+        if type(result) is not Acquired:
+            if mine.owner == wanted:
+                return mine
+            raise limit_mismatch(name, limit, _limit_of(mine))
+        if self._held_under(name, found):  # a holder of the old limit got in meanwhile
+            table.release(mine)
+            raise limit_mismatch(name, limit, found)
+        return mine
+
+    def _held_under(self, name: str, limit: int) -> bool:
+        """True if a slot of ``name`` below ``limit`` is held (one table read per slot)."""
+        current = self._table.current
+        return any(current(self._slots[f"{name}\x00{slot}"]) for slot in range(limit))
+
+    def _cover(self, name: str, marker: LockLease, lease: LockLease, ttl: float) -> LockLease:
+        """The semaphore's marker now: ``marker`` renewed when it ended before ``lease``,
+        else as found (taken again under ``marker``'s limit if it had lapsed)."""
+        table, span = self._table, _span(ttl)
+        if marker.expires_at < lease.expires_at:
+            renewed = table.renew(marker, span)
+            if renewed is not None:
+                return renewed
+        result = table.try_acquire(self._markers[name], marker.owner, span)
+        now = result.lease
+        if type(result) is Acquired or now.owner != marker.owner:
+            return now
+        if now.expires_at < lease.expires_at:
+            return table.renew(now, span) or now
+        return now
+
+    def _renew_units(
+        self, name: str, grants: Sequence[ShmUnit], ttl: float
+    ) -> list[ShmUnit | None]:
+        renew = self._table.renew
+        leases = [renew(grant.lease, ttl) for grant in grants]
+        live = [lease for lease in leases if lease is not None]
+        if not live:
+            return [None] * len(grants)
+        marker = max((grant.marker for grant in grants), key=lambda lease: lease.expires_at)
+        now = self._cover(name, marker, max(live, key=lambda lease: lease.expires_at), ttl)
+        if now.owner != marker.owner:  # a takeover under way: it sees these leases and backs off
+            now = marker
+        return [
+            None if lease is None else ShmUnit(grant.slot, lease, now)
+            for grant, lease in zip(grants, leases, strict=True)
+        ]
+
     def arm(self) -> None:
         try:
             self._table.drain()
@@ -194,26 +372,54 @@ def footprint(capacity: int) -> int:
     return object_bytes(STORE_LAYOUT.state_size) + object_bytes(ring)
 
 
-class _Cache(dict[str, _V]):
-    """A value per string, built on first use by ``build``; emptied when full.
+class _Cache(dict[_K, _V]):
+    """A value per key, built on first use by ``build``; emptied when full.
 
     A hit is a plain dict lookup, with no Python call.
     """
 
-    def __init__(self, build: Callable[[str], _V]) -> None:
+    def __init__(self, build: Callable[[_K], _V]) -> None:
         super().__init__()
         self._build = build
 
-    def __missing__(self, text: str) -> _V:
+    def __missing__(self, key: _K) -> _V:
         if len(self) >= _CACHE_MAX:
             self.clear()
-        value = self[text] = self._build(text)
+        value = self[key] = self._build(key)
         return value
 
 
 def _key(name: str) -> LockKey:
     """The table key of the store lock ``name``."""
     return LockKey(NAMESPACE, name)
+
+
+def _semaphore_key(label: str) -> LockKey:
+    """The table key of a semaphore's marker (``name``) or slot (``name NUL slot``)."""
+    return LockKey(SEMAPHORE_NAMESPACE, label)
+
+
+def _span(ttl: float) -> float:
+    """The marker's window for a lease of ``ttl`` seconds."""
+    return min(_MARKER_SPAN * ttl, TTL_MAX_S)
+
+
+def _limit_of(marker: LockLease) -> int:
+    """The limit a marker records (0 for an owner that is not one)."""
+    text = marker.owner.value
+    return int(text) if text.isdigit() and int(text) <= LIMIT_MAX else 0
+
+
+def _slot_info(name: str, slot: int, limit: int, lease: LockLease) -> SlotInfo:
+    return SlotInfo(
+        name,
+        slot,
+        limit,
+        lease.owner.value.decode(errors="replace"),
+        lease.fencing_token,
+        lease.expires_at,
+        lease.remaining(),
+    )
 
 
 def _store_error(error: OrbitError) -> StoreError:
