@@ -90,11 +90,31 @@ SEMAPHORE_NAMESPACE: Final = "semaphore"
 _SEMAPHORE_BYTES: Final = SEMAPHORE_NAMESPACE.encode()
 #: A semaphore's marker lasts this many times the ttl of the lease that extended it.
 _MARKER_SPAN: Final = 2.0
+#: The longest ttl whose marker span is still a valid ttl.
+_SPAN_TTL_MAX: Final = TTL_MAX_S / _MARKER_SPAN
 #: Names (and owners) whose table key is kept ready; the cache is emptied when full.
 _CACHE_MAX: Final = 4096
+#: ``ShmUnit(slot, lease, marker)`` without the named tuple's Python ``__new__``.
+_unit = tuple.__new__
 _K = TypeVar("_K")
 _V = TypeVar("_V")
-_T = TypeVar("_T")
+
+
+class _Semaphore(NamedTuple):
+    """The table keys of a semaphore under one limit, built once per name and limit."""
+
+    name: str
+    marker: LockKey
+    limit_owner: LockOwner  # the marker's owner: the limit, as text
+    limit_value: bytes  # its bytes
+    slots: tuple[LockKey, ...]
+
+    @classmethod
+    def of(cls, name_and_limit: tuple[str, int]) -> _Semaphore:
+        name, limit = name_and_limit
+        slots = tuple(LockKey(SEMAPHORE_NAMESPACE, f"{name}\x00{slot}") for slot in range(limit))
+        owner = LockOwner(str(limit))
+        return cls(name, LockKey(SEMAPHORE_NAMESPACE, name), owner, owner.value, slots)
 
 
 class ShmUnit(NamedTuple):
@@ -148,9 +168,7 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
         # Building a key hashes the name: each name's key (and owner) is built once.
         self._keys = _Cache(_key)
         self._owners = _Cache(LockOwner)
-        self._slots = _Cache(_semaphore_key)  # by label: name NUL slot
-        self._markers = _Cache(_semaphore_key)  # by label: name
-        self._limits: _Cache[int, LockOwner] = _Cache(lambda limit: LockOwner(str(limit)))
+        self._semaphores = _Cache(_Semaphore.of)  # by (name, limit)
         self._closed = False
 
     def _failure(self, error: Exception) -> Exception:
@@ -204,22 +222,74 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
             raise self._failure(error) from error
 
     def acquire_unit(self, name: str, limit: int, owner: str, ttl: float) -> ShmUnit | Busy:
-        return self._step(self._acquire_unit, name, limit, owner, ttl)
+        # The hot path of a counting lease, inlined: the marker, the lowest free slot,
+        # the marker again (see the module docstring).
+        try:
+            keys = self._semaphores[name, limit]
+            try_acquire, who = self._table.try_acquire, self._owners[owner]
+            span = _MARKER_SPAN * ttl if ttl <= _SPAN_TTL_MAX else TTL_MAX_S
+            result = try_acquire(keys.marker, keys.limit_owner, span)
+            marker = result.lease
+            if type(result) is not Acquired and marker.owner.value != keys.limit_value:
+                marker = self._take_over(keys, marker, span)
+            first: LockLease | None = None  # the holder that ends first
+            for slot, key in enumerate(keys.slots):
+                result = try_acquire(key, who, ttl)
+                lease = result.lease
+                if type(result) is Acquired:  # check the marker again (see the docstring)
+                    check = try_acquire(keys.marker, keys.limit_owner, span)
+                    now = check.lease
+                    if type(check) is Acquired or (
+                        now.owner.value == keys.limit_value and now.expires_at >= lease.expires_at
+                    ):
+                        return _unit(ShmUnit, (slot, lease, now))
+                    return self._covered(keys, slot, lease, now, span)
+                if first is None or lease.expires_at < first.expires_at:
+                    first = lease
+        except StoreError:  # the semaphore's own verdict, as it is
+            raise
+        except (OrbitError, ValueError) as error:
+            raise self._failure(error) from error
+        return Busy(None if first is None else _slot_info(name, limit, first))
 
     def renew_units(
         self, name: str, owner: str, grants: Sequence[ShmUnit], ttl: float
     ) -> list[ShmUnit | None]:
-        return self._step(self._renew_units, name, grants, ttl)
+        renew = self._table.renew
+        try:
+            leases = [renew(grant.lease, ttl) for grant in grants]
+            live = [lease for lease in leases if lease is not None]
+            if not live:
+                return [None] * len(grants)
+            last = max(live, key=lambda lease: lease.expires_at)
+            marker = max((grant.marker for grant in grants), key=lambda lease: lease.expires_at)
+            now = self._cover(self._semaphores[name, 1].marker, marker, last, _span(ttl))
+        except (OrbitError, ValueError) as error:
+            raise self._failure(error) from error
+        if now.owner.value != marker.owner.value:  # a takeover sees these leases and backs off
+            now = marker
+        return [
+            None if lease is None else ShmUnit(grant.slot, lease, now)
+            for grant, lease in zip(grants, leases, strict=True)
+        ]
 
     def release_units(self, name: str, owner: str, grants: Sequence[ShmUnit]) -> list[bool]:
-        release = self._table.release
-        return self._step(lambda: [release(grant.lease) for grant in grants])
+        release, released = self._table.release, []
+        try:  # a loop, not a comprehension: no function object and frame (3.10, 3.11)
+            for grant in grants:
+                released.append(release(grant.lease))
+        except (OrbitError, ValueError) as error:
+            raise self._failure(error) from error
+        return released
 
     def holders(self, name: str) -> list[SlotInfo]:
         return [info for info in self.semaphores() if info.name == name]
 
     def semaphores(self) -> list[SlotInfo]:
-        leases = self._step(self._table.leases)
+        try:
+            leases = self._table.leases()
+        except (OrbitError, ValueError) as error:
+            raise self._failure(error) from error
         mine = [lease for lease in leases if lease.key.namespace == _SEMAPHORE_BYTES]
         limits = {
             lease.key.label: _limit_of(lease) for lease in mine if b"\x00" not in lease.key.label
@@ -229,64 +299,40 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
             label, nul, slot = lease.key.label.partition(b"\x00")
             if nul and slot.isdigit():
                 name = label.decode(errors="replace")
-                infos.append(_slot_info(name, int(slot), limits.get(label, 0), lease))
+                infos.append(_slot_info(name, limits.get(label, 0), lease))
         return sorted(infos, key=lambda info: (info.name.encode(), info.slot))
 
-    def _step(self, step: Callable[..., _T], *args: object) -> _T:
-        """``step(*args)`` with the table's refusals as store errors (see :meth:`_failure`)."""
-        try:
-            return step(*args)
-        except StoreError:  # the semaphore's own verdicts, as they are
-            raise
-        except (OrbitError, ValueError) as error:
-            raise self._failure(error) from error
-
-    def _acquire_unit(self, name: str, limit: int, owner: str, ttl: float) -> ShmUnit | Busy:
-        marker = self._marker(name, limit, ttl)
-        try_acquire, who = self._table.try_acquire, self._owners[owner]
-        first: LockLease | None = None  # the holder that ends first
-        first_slot = 0
-        for slot in range(limit):
-            result = try_acquire(self._slots[f"{name}\x00{slot}"], who, ttl)
-            lease = result.lease
-            if type(result) is Acquired:
-                now = self._cover(name, marker, lease, ttl)
-                if now.owner != marker.owner:  # replaced for another limit meanwhile
-                    self._table.release(lease)
-                    raise limit_mismatch(name, limit, _limit_of(now))
-                return ShmUnit(slot, lease, now)
-            if first is None or lease.expires_at < first.expires_at:
-                first, first_slot = lease, slot
-        return Busy(None if first is None else _slot_info(name, first_slot, limit, first))
-
-    def _marker(self, name: str, limit: int, ttl: float) -> LockLease:
-        """The semaphore's marker under ``limit``, found, taken or taken over.
+    def _covered(
+        self, keys: _Semaphore, slot: int, lease: LockLease, marker: LockLease, span: float
+    ) -> ShmUnit:
+        """The grant of ``lease`` when the marker found after it (``marker``) ends before it
+        or says another limit: the marker extended, or the lease given back.
 
         Raises:
-            SemaphoreLimitMismatch: holders of another limit are live.
+            SemaphoreLimitMismatch: the marker was taken over for another limit
+                meanwhile; ``lease`` is given back.
         """
-        wanted = self._limits[limit]
-        result = self._table.try_acquire(self._markers[name], wanted, _span(ttl))
-        marker = result.lease
-        if type(result) is Acquired or marker.owner == wanted:
-            return marker
-        return self._take_over(name, limit, marker, ttl)
+        now = self._cover(keys.marker, marker, lease, span)
+        if now.owner.value != keys.limit_value:
+            self._table.release(lease)
+            raise limit_mismatch(keys.name, len(keys.slots), _limit_of(now))
+        return ShmUnit(slot, lease, now)
 
-    def _take_over(self, name: str, limit: int, marker: LockLease, ttl: float) -> LockLease:
+    def _take_over(self, keys: _Semaphore, marker: LockLease, span: float) -> LockLease:
         """Replace the marker of another limit none of whose slots is held (slow path).
 
         Raises:
             SemaphoreLimitMismatch: a slot of the marker's limit is held, before the
                 replacement or after it (then the new marker is given back).
         """
-        table, wanted, found = self._table, self._limits[limit], _limit_of(marker)
+        table, name, limit, found = self._table, keys.name, len(keys.slots), _limit_of(marker)
         if self._held_under(name, found):
             raise limit_mismatch(name, limit, found)
         table.release(marker)  # the exact tenure: a marker made meanwhile stays
-        result = table.try_acquire(self._markers[name], wanted, _span(ttl))
+        result = table.try_acquire(keys.marker, keys.limit_owner, span)
         mine = result.lease
         if type(result) is not Acquired:
-            if mine.owner == wanted:
+            if mine.owner.value == keys.limit_value:
                 return mine
             raise limit_mismatch(name, limit, _limit_of(mine))
         if self._held_under(name, found):  # a holder of the old limit got in meanwhile
@@ -296,41 +342,24 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
 
     def _held_under(self, name: str, limit: int) -> bool:
         """True if a slot of ``name`` below ``limit`` is held (one table read per slot)."""
-        current = self._table.current
-        return any(current(self._slots[f"{name}\x00{slot}"]) for slot in range(limit))
+        current, slots = self._table.current, self._semaphores[name, limit].slots
+        return any(current(key) for key in slots)
 
-    def _cover(self, name: str, marker: LockLease, lease: LockLease, ttl: float) -> LockLease:
+    def _cover(self, key: LockKey, marker: LockLease, lease: LockLease, span: float) -> LockLease:
         """The semaphore's marker now: ``marker`` renewed when it ended before ``lease``,
-        else as found (taken again under ``marker``'s limit if it had lapsed)."""
-        table, span = self._table, _span(ttl)
+        else as found at ``key`` (taken again under ``marker``'s limit if it had lapsed)."""
+        table = self._table
         if marker.expires_at < lease.expires_at:
             renewed = table.renew(marker, span)
             if renewed is not None:
                 return renewed
-        result = table.try_acquire(self._markers[name], marker.owner, span)
+        result = table.try_acquire(key, marker.owner, span)
         now = result.lease
-        if type(result) is Acquired or now.owner != marker.owner:
+        if type(result) is Acquired or now.owner.value != marker.owner.value:
             return now
         if now.expires_at < lease.expires_at:
             return table.renew(now, span) or now
         return now
-
-    def _renew_units(
-        self, name: str, grants: Sequence[ShmUnit], ttl: float
-    ) -> list[ShmUnit | None]:
-        renew = self._table.renew
-        leases = [renew(grant.lease, ttl) for grant in grants]
-        live = [lease for lease in leases if lease is not None]
-        if not live:
-            return [None] * len(grants)
-        marker = max((grant.marker for grant in grants), key=lambda lease: lease.expires_at)
-        now = self._cover(name, marker, max(live, key=lambda lease: lease.expires_at), ttl)
-        if now.owner != marker.owner:  # a takeover under way: it sees these leases and backs off
-            now = marker
-        return [
-            None if lease is None else ShmUnit(grant.slot, lease, now)
-            for grant, lease in zip(grants, leases, strict=True)
-        ]
 
     def arm(self) -> None:
         try:
@@ -394,14 +423,9 @@ def _key(name: str) -> LockKey:
     return LockKey(NAMESPACE, name)
 
 
-def _semaphore_key(label: str) -> LockKey:
-    """The table key of a semaphore's marker (``name``) or slot (``name NUL slot``)."""
-    return LockKey(SEMAPHORE_NAMESPACE, label)
-
-
 def _span(ttl: float) -> float:
-    """The marker's window for a lease of ``ttl`` seconds."""
-    return min(_MARKER_SPAN * ttl, TTL_MAX_S)
+    """The marker's window for a lease of ``ttl`` seconds (inlined in ``acquire_unit``)."""
+    return _MARKER_SPAN * ttl if ttl <= _SPAN_TTL_MAX else TTL_MAX_S
 
 
 def _limit_of(marker: LockLease) -> int:
@@ -410,10 +434,11 @@ def _limit_of(marker: LockLease) -> int:
     return int(text) if text.isdigit() and int(text) <= LIMIT_MAX else 0
 
 
-def _slot_info(name: str, slot: int, limit: int, lease: LockLease) -> SlotInfo:
+def _slot_info(name: str, limit: int, lease: LockLease) -> SlotInfo:
+    """The snapshot of a slot lease (its slot read from its key's label)."""
     return SlotInfo(
         name,
-        slot,
+        int(lease.key.label.rpartition(b"\x00")[2]),
         limit,
         lease.owner.value.decode(errors="replace"),
         lease.fencing_token,
