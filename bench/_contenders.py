@@ -23,7 +23,6 @@ from orbitive import Fleet
 from orbitive.lock import Acquired, LockKey, LockOwner, LockTable
 
 from ._measure import Kind, Skip
-from ._servers import postgres_url
 from ._workspace import Prepared, Session, Workspace
 from .readiness_wake import remove_fleet_files
 
@@ -140,7 +139,7 @@ def store_shm(ws: Workspace, keys: int) -> Prepared:
 def store_postgres(ws: Workspace, keys: int) -> Prepared:
     """The store contract over the runner's PostgreSQL server."""
     need("psycopg", hint="pip install -e '.[postgres]'")
-    url = postgres_url(ws.server("postgres"))
+    url = ws.postgres().url
     _pg_connect(url).close()
     return _store(ws, keys, url, _nothing)
 
@@ -148,7 +147,7 @@ def store_postgres(ws: Workspace, keys: int) -> Prepared:
 def store_redis(ws: Workspace, keys: int) -> Prepared:
     """The store contract over the runner's redis-server (the one redis-py Lock uses)."""
     need("redis")
-    port = ws.server("redis").port
+    port = ws.redis().port
     return _store(ws, keys, f"redis://127.0.0.1:{port}/0?prefix={ws.unique('bstore')}:", _nothing)
 
 
@@ -237,7 +236,7 @@ fasteners = _file_lock("fasteners", lambda package, path: package.InterProcessLo
 def redis_lock(ws: Workspace, keys: int) -> Prepared:
     """redis-py Lock (SET NX PX + a Lua release) against the runner's redis-server."""
     redis: Any = need("redis")
-    port = ws.server("redis").port
+    port = ws.redis().port
     prefix = ws.unique("bench")
 
     def open_session() -> Session:
@@ -271,7 +270,7 @@ def _pg_connect(url: str) -> Any:
 
 def pg_advisory(ws: Workspace, keys: int) -> Prepared:
     """pg_try_advisory_lock + pg_advisory_unlock on one autocommit connection."""
-    url = postgres_url(ws.server("postgres"))
+    url = ws.postgres().url
     _pg_connect(url).close()
 
     def open_session() -> Session:

@@ -28,8 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.store_bench import NETWORK, engine_url, interleaved_us
 from orbitive.store import Store, open_store
-from tests.store._postgres import PostgresUnavailable
-from tests.store._redis import RedisUnavailable
+from tests._servers import ServerUnavailable
 
 #: Largest ratio of a semaphore pair's median to the named-lock pair's (issue 23).
 TARGET_RATIO = 1.5
@@ -78,7 +77,7 @@ def main() -> None:
         try:
             with engine_url(engine, args.postgres) as url, open_store(url) as store:
                 lock_us, semaphore_us, last_us = medians_us(store, pairs, args.limit)
-        except (PostgresUnavailable, RedisUnavailable) as error:
+        except ServerUnavailable as error:
             print(f"{engine:<9} skipped: {error}")
             continue
         ratio, last_ratio = semaphore_us / lock_us, last_us / lock_us

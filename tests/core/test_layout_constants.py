@@ -17,20 +17,12 @@ from orbitive._core import _clock, _robust
 from orbitive.lock import _events, _layout, _ring, _types
 from orbitive.pool import _layout as pool_layout
 
+from .._structs import fields
+
 
 def offsets(layout: struct.Struct) -> list[int]:
     """The offset of every field of a little-endian ``struct`` format, in order."""
-    codes = layout.format.lstrip("<")
-    found, at, count = [], "", ""
-    for code in codes:
-        if code.isdigit():
-            count += code
-            continue
-        if code != "x":  # a pad byte is no field
-            found.append(struct.calcsize("<" + at))
-        at += count + code
-        count = ""
-    return found
+    return [offset for offset, _ in fields(layout)]
 
 
 RES = offsets(pool_layout.RES_HOT)  # state, node, generation, incarnation, ..., epoch (11)

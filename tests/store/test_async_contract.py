@@ -128,6 +128,19 @@ def test_async_with_on_the_handle_releases(store: Store) -> None:
     assert "released" in repr(lock)
 
 
+def test_async_with_on_the_store_closes_it(store_url: str) -> None:
+    async def body() -> Store:
+        async with open_store(store_url) as store:
+            assert await store.try_lock_async("ctx", "w", LONG) is not None
+        return store
+
+    store = run(body())
+    assert "closed" in repr(store)
+    with pytest.raises(StoreError) as caught:
+        store.inspect("ctx")
+    assert caught.value.kind is ErrorKind.CLOSED
+
+
 # -- guards ---------------------------------------------------------------------------------
 
 

@@ -334,7 +334,11 @@ class LockTable:
             self._state.release()
 
     def unlink(self) -> None:
-        """Remove the state and ring objects' names (and lock files); mappings stay valid."""
+        """Remove the state and ring objects' names (and lock files); mappings stay valid.
+
+        Raises:
+            AccessDenied: a name is no longer ours (another user's object took it).
+        """
         self._state.unlink()
         self._ring.region.unlink()
 

@@ -108,7 +108,8 @@ class Pool:
                 "build a new Pool with the child's own incarnation",
                 fleet=self._fleet.name,
             )
-        self._table.bind(self._fleet.node, self._fleet.incarnation)
+        life = self._fleet.incarnation
+        self._table.bind(self._fleet.node, life, life)
         self._attach()
 
     def _attach(self) -> None:
@@ -561,6 +562,9 @@ class Pool:
 
         Existing mappings keep working; the next process to open the pool creates
         a new table. Never unlink a table a running fleet uses.
+
+        Raises:
+            AccessDenied: the name is no longer ours (another user's object took it).
         """
         table = self._t()
         if table.region.shared:

@@ -504,6 +504,7 @@ class Table(KeyTable):
             if self.doorbell(node) == incarnation:
                 changed.update(self._forget_node(node, claims=True))
                 store(self.buf, self.layout.doorbells + 8 * node, U64, 0)
+                store(self.buf, self.layout.bell_lives + 8 * node, U64, 0)
             for index in sorted(changed):
                 self.key_changed(index)
         finally:

@@ -51,6 +51,7 @@ from typing import Final, NamedTuple, TypeVar
 
 from .._core._clock import TTL_MAX_S
 from .._core._errors import (
+    CapacityMismatch,
     ErrorKind,
     FleetError,
     InvalidCapacity,
@@ -59,7 +60,7 @@ from .._core._errors import (
     OrbitError,
     StoreError,
 )
-from .._core._fleet import Fleet, check_fleet_name, recorded_capacity
+from .._core._fleet import CAPACITY_DEFAULT, Fleet
 from .._core._section import object_bytes
 from ..lock import Acquired, LockKey, LockLayout, LockLease, LockOwner, LockTable
 from ..lock._layout import EVENT_HEADER_SIZE
@@ -70,7 +71,7 @@ from ._guards import LIMIT_MAX
 NAMESPACE: Final = "orbitive.store"
 _NAMESPACE_BYTES: Final = NAMESPACE.encode()
 #: Fleet capacity of an ``shm://`` store that creates its fleet.
-SHM_CAPACITY_DEFAULT: Final = 64
+SHM_CAPACITY_DEFAULT: Final = CAPACITY_DEFAULT
 #: Longest name and owner, in UTF-8 bytes (the store's own rules).
 _TEXT_MAX: Final = 255
 _PAYLOAD_MAX: Final = len(_NAMESPACE_BYTES) + 2 * _TEXT_MAX
@@ -148,17 +149,22 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
         """Join ``fleet`` with ``capacity`` nodes (None: the fleet's own, else 64).
 
         Raises:
-            InvalidStoreUrl: a bad fleet name, or the fleet has another capacity.
+            InvalidStoreUrl: a bad fleet name.
+            CapacityMismatch: the fleet exists with another capacity (the message
+                quotes the URL and says how to clear the fleet).
             StoreError: ``UNAVAILABLE`` when every node of the fleet is held.
         """
+        shown = f"shm://{fleet}" + ("" if capacity is None else f"?capacity={capacity}")
         try:
-            self._fleet = _join(fleet, capacity)
+            self._fleet = Fleet.join(fleet, capacity)
+        except CapacityMismatch as error:  # a valid URL: the fleet in /dev/shm disagrees
+            raise CapacityMismatch(f"store URL {shown!r}: {error.message}", fleet=fleet) from None
         except InvalidName as error:
-            raise InvalidStoreUrl(f"store URL {'shm://' + fleet!r}: {error.message}") from error
+            raise InvalidStoreUrl(f"store URL {shown!r}: {error.message}") from error
         except InvalidCapacity as error:
-            raise InvalidStoreUrl(f"store URL {'shm://' + fleet!r}: {error.message}") from error
+            raise InvalidStoreUrl(f"store URL {shown!r}: {error.message}") from error
         except FleetError as error:
-            message = f"store URL {'shm://' + fleet!r}: {error.message}"
+            message = f"store URL {shown!r}: {error.message}"
             raise StoreError(message, kind=ErrorKind.UNAVAILABLE) from error
         try:
             self._table = LockTable(self._fleet, STORE_LAYOUT)
@@ -386,13 +392,6 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
 
     def __repr__(self) -> str:
         return f"<ShmEngine fleet={self._fleet.name!r}>"
-
-
-def _join(fleet: str, capacity: int | None) -> Fleet:
-    check_fleet_name(fleet)  # before its name is used to look anything up
-    if capacity is None:
-        capacity = recorded_capacity(fleet) or SHM_CAPACITY_DEFAULT
-    return Fleet.join(fleet, capacity=capacity)
 
 
 def footprint(capacity: int) -> int:

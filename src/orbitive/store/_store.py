@@ -28,6 +28,7 @@ Timeline of a renew (why it is a *new full window*, not an extension)::
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -52,7 +53,8 @@ class Store:
     """A named-lock store over one engine; open it with :func:`orbitive.store.open_store`.
 
     Thread-safe; a forked child may keep using it (engines reconnect in the child).
-    Use it as a context manager to close it.
+    Use it as a context manager to close it, ``with`` or ``async with`` (which closes
+    it without blocking the event loop).
     """
 
     def __init__(self, engine: Engine[Any, Any], url: str, async_form: AsyncForm) -> None:
@@ -299,6 +301,13 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Close the store from a worker thread: closing a connection may wait on the network."""
+        await asyncio.to_thread(self.close)
 
     def __reduce__(self) -> tuple[object, ...]:
         raise TypeError(
