@@ -33,6 +33,8 @@ from .test_async_cancel import STEPS, cancelled_after, release_soon
 
 LONG = 60.0
 SHORT = 0.5
+#: How soon a waiter woken by a release holds its slot, in seconds.
+WOKEN_S = 0.12
 _T = TypeVar("_T")
 
 
@@ -151,13 +153,15 @@ def test_acquire_async_times_out_naming_the_semaphore(store: Store) -> None:
     run(body())
 
 
-def test_an_async_waiter_is_woken_by_a_release_from_another_thread(store: Store) -> None:
+def woken_after_release(store: Store) -> float:
+    """Seconds from a release in another thread to the async waiter holding the slot,
+    once the waiter's pauses have reached their cap (as in the sync suite)."""
     holder = store.semaphore("wake", 1).try_acquire("w1", LONG)
     assert holder is not None
     released: list[float] = []
 
     def release_later() -> None:
-        time.sleep(2.0)  # the waiter's pauses have grown to their cap
+        time.sleep(2.0)
         released.append(time.monotonic())
         assert holder.release()
 
@@ -169,7 +173,13 @@ def test_an_async_waiter_is_woken_by_a_release_from_another_thread(store: Store)
     thread.start()
     woken = run(body())
     thread.join()
-    assert woken - released[0] < 0.3, f"woken {woken - released[0]:.3f} s after the release"
+    return woken - released[0]
+
+
+def test_an_async_waiter_is_woken_by_a_release_from_another_thread(store: Store) -> None:
+    for round_no in range(3):  # as in the sync suite: three rounds
+        late = woken_after_release(store)
+        assert late < WOKEN_S, f"round {round_no}: woken {late:.3f} s after the release"
 
 
 def test_an_async_waiter_is_freed_by_a_lapse_by_its_expiry(store: Store) -> None:

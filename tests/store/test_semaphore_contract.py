@@ -35,6 +35,8 @@ from .test_contract import BAD_NAMES, BAD_OWNERS, BAD_TTLS
 LONG = 60.0
 #: Short enough to lapse quickly, long enough to act within.
 SHORT = 0.5
+#: How soon a waiter woken by a release holds its slot, in seconds.
+WOKEN_S = 0.12
 BAD_LIMITS = [0, -1, 4097, True, 2.0, "3", None]
 
 
@@ -392,7 +394,9 @@ def test_a_lease_without_renewal_lapses_and_a_refused_renewal_calls_on_lost(stor
     assert lost == [lease]  # a refused renewal calls back
 
 
-def test_a_waiter_is_woken_by_a_release_not_by_its_next_poll(store: Store) -> None:
+def woken_after_release(store: Store) -> float:
+    """Seconds from a release to the waiter holding the slot, once the waiter's pauses
+    have reached their cap (1 s while notifications arrive; 50 ms on SQLite, which polls)."""
     holder = held(store, "wake", 1, ttl=LONG)
     woken: list[float] = []
 
@@ -402,12 +406,20 @@ def test_a_waiter_is_woken_by_a_release_not_by_its_next_poll(store: Store) -> No
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    time.sleep(2.0)  # the waiter's pauses have grown to their cap
+    time.sleep(2.0)
     released = time.monotonic()
     assert holder.release()
     waiter.join(20.0)
     assert len(woken) == 1
-    assert woken[0] - released < 0.3, f"woken {woken[0] - released:.3f} s after the release"
+    return woken[0] - released
+
+
+def test_a_waiter_is_woken_by_a_release_not_by_its_next_poll(store: Store) -> None:
+    # Woken by polling, a waiter would hold the slot a uniform 0-1 s after the release:
+    # under the bound in each of three rounds with a chance of about 1 in 500.
+    for round_no in range(3):
+        late = woken_after_release(store)
+        assert late < WOKEN_S, f"round {round_no}: woken {late:.3f} s after the release"
 
 
 def test_a_holder_that_lapses_frees_a_waiter_by_its_expiry(store: Store) -> None:

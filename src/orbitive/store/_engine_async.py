@@ -81,10 +81,10 @@ class AsyncEngine(Generic[_G, _U]):
         """Remove the exact tenures of ``grants``; True for each one still live."""
         return _in_thread(self._engine.release_units, name, owner, grants)
 
-    def subscribe(self, name: str) -> Awaitable[Subscription | None]:
-        """The sync engine's :meth:`~._engine.Engine.subscribe`, in a worker thread (it may
-        wait for the listening connection)."""
-        return _in_thread(self._engine.subscribe, name)
+    def subscribe(self, name: str) -> Subscription | None:
+        """The sync engine's :meth:`~._engine.Engine.subscribe` (it never blocks): its
+        subscriptions wake asyncio waiters too."""
+        return self._engine.subscribe(name)
 
     async def wait(self, delay: float) -> None:
         """Pause up to ``delay`` seconds, returning early if the engine signals a change."""

@@ -12,10 +12,11 @@ Facts the waiters rely on:
 * One daemon thread per engine owns the listening connection. It starts with
   the first waiter, and ends once no waiter has been left for :data:`IDLE_S`
   seconds, or when the engine closes.
-* A waiter subscribes before its first attempt and waits (at most the bound the
-  engine gives) until the thread listens, so a release that commits after the
-  attempt always wakes it. It is woken once per notification, however many
-  arrive before it waits again.
+* A waiter subscribes before its first attempt. Once the thread listens it wakes
+  every waiter (a release before that went unheard), so a release that commits
+  after a waiter's attempt always wakes it: by its notification, or by the wake
+  that starts the listening. A waiter is woken once per notification, however
+  many arrive before it waits again.
 * A connection that breaks, or fails to connect, wakes every waiter (a
   notification may have been missed) and is made again after a pause that
   doubles up to one second. While the thread does not listen, the waiters pause
@@ -76,13 +77,10 @@ class Notifications:
 
     Args:
         channel: the engine's listening connection.
-        ready_wait_s: how long :meth:`subscribe` waits for the thread to listen, in
-            seconds (the engine's call timeout).
     """
 
-    def __init__(self, channel: Channel, ready_wait_s: float) -> None:
+    def __init__(self, channel: Channel) -> None:
         self._channel = channel
-        self._ready_wait_s = ready_wait_s
         self._mutex = threading.Lock()  # guards everything below, and each Subscription's futures
         self._waiters: dict[str, set[Subscription]] = {}
         self._listening = threading.Event()
@@ -99,8 +97,7 @@ class Notifications:
     def subscribe(self, name: str) -> Subscription:
         """Wake-ups for a waiter of ``name``; call before its first attempt, close after.
 
-        Waits up to the ``ready_wait_s`` bound for the thread to listen; past it
-        (the server is unreachable) the subscription still works, by polling.
+        Never blocks: it starts the thread if none runs.
         """
         subscription = Subscription(self, name)
         with self._mutex:
@@ -110,7 +107,6 @@ class Notifications:
                     target=self._run, name="orbitive-semaphore-listener", daemon=True
                 )
                 self._thread.start()
-        self._listening.wait(self._ready_wait_s)
         return subscription
 
     def _leave(self, subscription: Subscription) -> None:

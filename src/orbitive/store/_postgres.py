@@ -332,7 +332,7 @@ class PostgresEngine(Engine[Granted, UnitGranted]):
         self._run(_ensure_schema, retry=False)
         self._listener: DeadlineConnection | None = None
         self._heard = 0.0  # time.monotonic() the listener last heard from the server
-        self._notifications = Notifications(self, ready_wait_s=timeout)
+        self._notifications = Notifications(self)
         _fork.register(self)
 
     # -- the primitives ---------------------------------------------------------------------

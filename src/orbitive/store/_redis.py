@@ -424,7 +424,7 @@ class RedisEngine(Engine[RedisGrant, RedisUnit]):
         self._subscriber: Any = None  # the listening Connection, made once per process
         self._heard = 0.0  # time.monotonic() the subscriber last heard from the server
         self._pinged = 0.0  # time.monotonic() of an unanswered PING, or 0
-        self._notifications = Notifications(self, ready_wait_s=timeout)
+        self._notifications = Notifications(self)
         try:
             self._check_version()
             for script in _SCRIPTS:

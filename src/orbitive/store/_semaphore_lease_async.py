@@ -4,9 +4,8 @@ that make one: the twin of :mod:`._semaphore_lease`.
 The handle is an :class:`~._lock_async.AsyncLock` whose engine steps are the
 semaphore's; the attempt is the lock's cancel-safe admission
 (:func:`._lock_async.admit`), so a task cancelled while acquiring leaves no slot
-held. The wait subscribes to the engine's notifications where it has them, in
-a worker thread (the subscription may wait for the listening connection), and
-is woken on its own loop.
+held. The wait subscribes to the engine's notifications where it has them and is
+woken on its own loop.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from typing import Any, TypeVar, cast
 
 from ._backend import Backend
 from ._engine import Busy, Grant, UnitGrant
-from ._engine_async import AsyncEngine, run_to_completion
+from ._engine_async import AsyncEngine
 from ._lock import ATTEMPT_MAX, next_pause
 from ._lock_async import AsyncLock, admit
 from ._notifications import Subscription
@@ -78,14 +77,10 @@ async def wait_for(
         StoreError: as the engine raises.
         asyncio.CancelledError: the task was cancelled; no slot is left held.
     """
-    subscription, cancelled = await run_to_completion(backend.asyncio().subscribe(name))
+    subscription = backend.asyncio().subscribe(name)
     if subscription is None:
-        if cancelled is not None:
-            raise cancelled
         return await _pursue(backend, name, limit, owner, ttl, timeout, None)
     with subscription:
-        if cancelled is not None:
-            raise cancelled
         return await _pursue(backend, name, limit, owner, ttl, timeout, subscription)
 
 

@@ -64,7 +64,7 @@ class ShmAsyncEngine(AsyncEngine[LockLease, ShmUnit]):
     async def release_units(self, name: str, owner: str, grants: Sequence[ShmUnit]) -> list[bool]:
         return self._shm.release_units(name, owner, grants)
 
-    async def subscribe(self, name: str) -> Subscription | None:
+    def subscribe(self, name: str) -> Subscription | None:
         """None: a semaphore waiter waits on the table's readiness, as a lock waiter does."""
         return None
 
