@@ -131,18 +131,20 @@ class Notifications:
                 for subscription in subscriptions:
                     subscription._fire()
 
-    def _should_stop(self) -> bool:
-        """True when the thread should end (closed, or idle too long); it then forgets itself."""
-        with self._mutex:
-            idle = not self._waiters and time.monotonic() - self._idle_since > IDLE_S
-            if self._closed or idle:
-                self._thread = None
-                return True
-            return False
+    def _wanted(self) -> bool:
+        """True while the thread should listen: the engine is open and a waiter is left,
+        or was until less than :data:`IDLE_S` seconds ago."""
+        return not self._closed and (
+            bool(self._waiters) or time.monotonic() - self._idle_since <= IDLE_S
+        )
 
     def _run(self) -> None:
         pause = _RETRY_FIRST_S
-        while not self._should_stop():
+        while True:
+            with self._mutex:  # decided under the mutex: a new waiter then starts a thread
+                if not self._wanted():
+                    self._thread = None
+                    return
             try:
                 self._channel.listen()
             except Exception:  # any failure to connect: waiters poll meanwhile, retry later
@@ -154,7 +156,7 @@ class Notifications:
             self._listening.set()
             self._wake(None)  # a release before the thread listened went unheard
             try:
-                while not self._should_stop():
+                while self._wanted():
                     names = self._channel.receive(RECEIVE_S)
                     if names:
                         self._wake(names)
