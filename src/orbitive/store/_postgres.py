@@ -151,7 +151,8 @@ _UNIT_ROW: Final = (
     f"s.slot, s.semaphore_limit, s.owner, s.fencing_token, {_UNIT_EPOCH}, {_UNIT_LEFT}"
 )
 # The grant of a semaphore slot as a server-side function: serialised per name by the
-# advisory lock, then a retry of this attempt, the limit check, the count, the slot.
+# advisory lock, then one read of the name's live rows (count, another limit, a retry of
+# this attempt, the slots taken) and the write of the lowest free slot.
 _UNIT_ACQUIRE_FUNCTION: Final = f"""
 CREATE OR REPLACE FUNCTION orbitive_semaphore_acquire(
     p_name text, p_limit integer, p_owner text, p_ttl float8, p_attempt text)
@@ -162,18 +163,21 @@ DECLARE
     t timestamptz;
     live integer;
     other integer;
-    free integer;
+    mine integer;
+    taken integer[];
+    free integer := 0;
 BEGIN
     PERFORM pg_advisory_xact_lock({_SEMAPHORE_LOCK}, hashtext(p_name));
     t := clock_timestamp();
-    RETURN QUERY  -- a retry whose first try committed
-    SELECT 'granted', {_UNIT_ROW} FROM orbitive_semaphores AS s
-    WHERE s.name = p_name AND s.attempt = p_attempt AND s.expires_at > t;
-    IF FOUND THEN
+    SELECT count(*), max(s.semaphore_limit) FILTER (WHERE s.semaphore_limit <> p_limit),
+           min(s.slot) FILTER (WHERE s.attempt = p_attempt), array_agg(s.slot)
+    INTO live, other, mine, taken
+    FROM orbitive_semaphores AS s WHERE s.name = p_name AND s.expires_at > t;
+    IF mine IS NOT NULL THEN  -- a retry whose first try committed
+        RETURN QUERY SELECT 'granted', {_UNIT_ROW} FROM orbitive_semaphores AS s
+        WHERE s.name = p_name AND s.slot = mine;
         RETURN;
     END IF;
-    SELECT count(*), max(s.semaphore_limit) FILTER (WHERE s.semaphore_limit <> p_limit)
-    INTO live, other FROM orbitive_semaphores AS s WHERE s.name = p_name AND s.expires_at > t;
     IF other IS NOT NULL THEN
         RETURN QUERY SELECT 'mismatch', NULL::integer, other, NULL::text, NULL::bigint,
             NULL::float8, NULL::float8;
@@ -184,9 +188,9 @@ BEGIN
         WHERE s.name = p_name AND s.expires_at > t ORDER BY s.expires_at LIMIT 1;
         RETURN;
     END IF;
-    SELECT min(g) INTO free FROM generate_series(0, p_limit - 1) AS g
-    WHERE NOT EXISTS (SELECT 1 FROM orbitive_semaphores AS s
-                      WHERE s.name = p_name AND s.slot = g AND s.expires_at > t);
+    WHILE free = ANY(taken) LOOP
+        free := free + 1;
+    END LOOP;
     RETURN QUERY
     INSERT INTO orbitive_semaphores AS s (name, slot, semaphore_limit, owner, fencing_token,
                                           acquired_at, expires_at, attempt)
@@ -198,28 +202,25 @@ BEGIN
         expires_at = EXCLUDED.expires_at, attempt = EXCLUDED.attempt
     RETURNING 'granted', {_UNIT_ROW};
 END $$"""
-# Release a batch of one owner's units of one name; the receipt of the attempt keeps
-# the answer for a retry, and the name is notified when a live unit was freed.
+# Release a batch of one owner's units of one name, one DELETE per unit; a receipt of the
+# attempt keeps the answer for a retry (which removes nothing and reads it), and the
+# name is notified when a live unit was freed.
 _UNIT_RELEASE_FUNCTION: Final = f"""
 CREATE OR REPLACE FUNCTION orbitive_semaphore_release(
     p_name text, p_owner text, p_slots integer[], p_tokens bigint[], p_attempt text)
 RETURNS boolean[] LANGUAGE plpgsql AS $$
 DECLARE
-    done boolean[];
+    done boolean[] := '{{}}';
+    live boolean;
 BEGIN
-    SELECT r.released INTO done FROM orbitive_semaphore_receipts AS r
-    WHERE r.attempt = p_attempt;
-    IF FOUND THEN
-        RETURN done;
-    END IF;
-    WITH gone AS (
-        DELETE FROM orbitive_semaphores AS s USING unnest(p_slots, p_tokens) AS u(slot, token)
-        WHERE s.name = p_name AND s.slot = u.slot AND s.owner = p_owner
-          AND s.fencing_token = u.token
-        RETURNING s.slot, s.expires_at > clock_timestamp() AS live
-    )
-    SELECT array_agg(coalesce(g.live, false) ORDER BY u.at) INTO done
-    FROM unnest(p_slots) WITH ORDINALITY AS u(slot, at) LEFT JOIN gone AS g ON g.slot = u.slot;
+    FOR at IN 1 .. coalesce(array_length(p_slots, 1), 0) LOOP
+        live := NULL;
+        DELETE FROM orbitive_semaphores AS s
+        WHERE s.name = p_name AND s.slot = p_slots[at] AND s.owner = p_owner
+          AND s.fencing_token = p_tokens[at]
+        RETURNING s.expires_at > clock_timestamp() INTO live;
+        done := done || coalesce(live, false);
+    END LOOP;
     IF true = ANY(done) THEN
         INSERT INTO orbitive_semaphore_receipts (attempt, released) VALUES (p_attempt, done);
         PERFORM pg_notify('{CHANNEL}', p_name);
@@ -227,8 +228,11 @@ BEGIN
             DELETE FROM orbitive_semaphore_receipts
             WHERE done_at < clock_timestamp() - interval '1 hour';
         END IF;
+        RETURN done;
     END IF;
-    RETURN done;
+    RETURN coalesce(
+        (SELECT r.released FROM orbitive_semaphore_receipts AS r WHERE r.attempt = p_attempt),
+        done);
 END $$"""
 _SCHEMA: Final = (
     """CREATE TABLE IF NOT EXISTS orbitive_locks (
