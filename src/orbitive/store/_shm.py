@@ -64,6 +64,7 @@ from .._core._fleet import CAPACITY_DEFAULT, Fleet
 from .._core._section import object_bytes
 from ..lock import Acquired, LockKey, LockLayout, LockLease, LockOwner, LockTable
 from ..lock._layout import EVENT_HEADER_SIZE
+from ..lock._types import TOKEN_MASK
 from ._engine import Busy, Engine, LockInfo, SlotInfo, limit_mismatch
 from ._guards import LIMIT_MAX
 
@@ -95,7 +96,7 @@ _MARKER_SPAN: Final = 2.0
 _SPAN_TTL_MAX: Final = TTL_MAX_S / _MARKER_SPAN
 #: Names (and owners) whose table key is kept ready; the cache is emptied when full.
 _CACHE_MAX: Final = 4096
-#: ``ShmUnit(slot, lease, marker)`` without the named tuple's Python ``__new__``.
+#: ``ShmUnit(...)`` without the named tuple's Python ``__new__``.
 _unit = tuple.__new__
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -119,21 +120,14 @@ class _Semaphore(NamedTuple):
 
 
 class ShmUnit(NamedTuple):
-    """An SHM tenure of a semaphore slot: the slot, its lease, and the marker as last seen."""
+    """An SHM tenure of a semaphore slot: the slot, the token and expiry of its lease (as
+    fields: a handle reads them), the lease, and the marker as last seen."""
 
     slot: int
+    fencing_token: int
+    expires_at: float
     lease: LockLease
     marker: LockLease
-
-    @property
-    def fencing_token(self) -> int:
-        """The slot lease's token."""
-        return self.lease.fencing_token
-
-    @property
-    def expires_at(self) -> float:
-        """The slot lease's expiry (``time.monotonic()`` seconds)."""
-        return self.lease.expires_at
 
 
 class ShmEngine(Engine[LockLease, ShmUnit]):
@@ -232,23 +226,25 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
         # the marker again (see the module docstring).
         try:
             keys = self._semaphores[name, limit]
+            _, marker_key, limit_owner, limit_value, slots = keys
             try_acquire, who = self._table.try_acquire, self._owners[owner]
             span = _MARKER_SPAN * ttl if ttl <= _SPAN_TTL_MAX else TTL_MAX_S
-            result = try_acquire(keys.marker, keys.limit_owner, span)
+            result = try_acquire(marker_key, limit_owner, span)
             marker = result.lease
-            if type(result) is not Acquired and marker.owner.value != keys.limit_value:
+            if type(result) is not Acquired and marker.owner.value != limit_value:
                 marker = self._take_over(keys, marker, span)
             first: LockLease | None = None  # the holder that ends first
-            for slot, key in enumerate(keys.slots):
+            for slot, key in enumerate(slots):
                 result = try_acquire(key, who, ttl)
                 lease = result.lease
                 if type(result) is Acquired:  # check the marker again (see the docstring)
-                    check = try_acquire(keys.marker, keys.limit_owner, span)
+                    check = try_acquire(marker_key, limit_owner, span)
                     now = check.lease
                     if type(check) is Acquired or (
-                        now.owner.value == keys.limit_value and now.expires_at >= lease.expires_at
+                        now.owner.value == limit_value and now.expires_at >= lease.expires_at
                     ):
-                        return _unit(ShmUnit, (slot, lease, now))
+                        token = lease.lock_id & TOKEN_MASK  # its fencing_token, no property call
+                        return _unit(ShmUnit, (slot, token, lease.expires_at, lease, now))
                     return self._covered(keys, slot, lease, now, span)
                 if first is None or lease.expires_at < first.expires_at:
                     first = lease
@@ -275,7 +271,9 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
         if now.owner.value != marker.owner.value:  # a takeover sees these leases and backs off
             now = marker
         return [
-            None if lease is None else ShmUnit(grant.slot, lease, now)
+            None
+            if lease is None
+            else grant._replace(expires_at=lease.expires_at, lease=lease, marker=now)
             for grant, lease in zip(grants, leases, strict=True)
         ]
 
@@ -322,7 +320,7 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
         if now.owner.value != keys.limit_value:
             self._table.release(lease)
             raise limit_mismatch(keys.name, len(keys.slots), _limit_of(now))
-        return ShmUnit(slot, lease, now)
+        return ShmUnit(slot, lease.fencing_token, lease.expires_at, lease, now)
 
     def _take_over(self, keys: _Semaphore, marker: LockLease, span: float) -> LockLease:
         """Replace the marker of another limit none of whose slots is held (slow path).
