@@ -186,8 +186,10 @@ class Store:
         never past the holder's expiry.
 
         Args:
-            name, owner, ttl, timeout: as for :meth:`lock` (seconds as float;
-                ``timeout=None`` waits forever, 0 makes exactly one attempt).
+            name: the lock name (see :meth:`try_lock`).
+            owner: the owner; None makes a fresh ``"host:pid:random"`` one.
+            ttl: lease length in seconds (float), as for :meth:`lock`.
+            timeout: seconds to wait; None waits forever; 0 makes exactly one attempt.
             auto_renew: renew every ``ttl / 3`` in an asyncio task until released or lost.
             on_lost: called in the event loop with the lock when a renew finds the
                 lease lost; :attr:`AsyncLock.lost` turns True either way. It must not
