@@ -34,7 +34,7 @@ from .test_async_cancel import STEPS, cancelled_after, release_soon
 LONG = 60.0
 SHORT = 0.5
 #: How soon a waiter woken by a release holds its slot, in seconds.
-WOKEN_S = 0.12
+WOKEN_S = 0.2
 _T = TypeVar("_T")
 
 
