@@ -265,7 +265,7 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
                 return [None] * len(grants)
             last = max(live, key=lambda lease: lease.expires_at)
             marker = max((grant.marker for grant in grants), key=lambda lease: lease.expires_at)
-            now = self._cover(self._semaphores[name, 1].marker, marker, last, _span(ttl))
+            now = self._cover(marker.key, marker, last, _span(ttl))
         except (OrbitError, ValueError) as error:
             raise self._failure(error) from error
         if now.owner.value != marker.owner.value:  # a takeover sees these leases and backs off
