@@ -36,6 +36,9 @@ makes two limits meet:
   lowest free slot, and checks the marker again after, renewing it when it ends
   before the new lease: a replacement that raced with the grant is seen by one
   of the two sides, which gives back what it took and raises.
+* An acquisition that finds every slot held reads the marker once more: a marker
+  of another limit (a replacement that raced with its first look) is refused, so
+  a full semaphore of another limit never answers as a full one of this limit.
 * The marker lives :data:`_MARKER_SPAN` times the ttl of the grant or renewal
   that last extended it, so it outlasts every lease whose holders use one ttl.
   Holders of one semaphore that use very different ttls can, in a race between
@@ -248,6 +251,9 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
                     return self._covered(keys, slot, lease, now, span)
                 if first is None or lease.expires_at < first.expires_at:
                     first = lease
+            found = self._table.current(marker_key)  # every slot held: by whose limit?
+            if found is not None and found.owner.value != limit_value:
+                raise limit_mismatch(name, limit, _limit_of(found))
         except StoreError:  # the semaphore's own verdict, as it is
             raise
         except (OrbitError, ValueError) as error:
