@@ -235,17 +235,28 @@ def listed_objects() -> list[tuple[str, int, int]]:
 
     Entries that are not our regular files, and objects still being created, are skipped.
     """
+    return sorted(
+        (fleet, int(kind), size) for fleet, kind, size in _our_objects() if kind.isdigit()
+    )
+
+
+def listed_memberships() -> list[tuple[str, int]]:
+    """(fleet, bytes) of every membership object of this user, sorted by fleet."""
+    return sorted((fleet, size) for fleet, kind, size in _our_objects() if kind == "members")
+
+
+def _our_objects() -> Iterator[tuple[str, str, int]]:
+    """(fleet, kind or ``members``, bytes) of every regular file of ours named
+    ``orbit-{fleet}-{kind}-{uid}``: no socket, no temporary name, nobody else's."""
     suffix = f"-{euid()}"
-    found = []
     for entry in os.scandir(SHM_DIR):
         if not entry.name.startswith("orbit-") or not entry.name.endswith(suffix):
             continue
         fleet, _, kind = entry.name[len("orbit-") : -len(suffix)].rpartition("-")
         with contextlib.suppress(OSError):
             st = entry.stat(follow_symlinks=False)
-            if fleet and kind.isdigit() and stat.S_ISREG(st.st_mode) and st.st_uid == euid():
-                found.append((fleet, int(kind), st.st_size))
-    return sorted(found)
+            if fleet and stat.S_ISREG(st.st_mode) and st.st_uid == euid():
+                yield fleet, kind, st.st_size
 
 
 def leftover_creations(fleet: str) -> list[str]:

@@ -35,7 +35,7 @@ from tempfile import TemporaryDirectory
 from .. import Fleet
 from ..lock import Acquired, Fence, LockKey, LockOwner, LockTable
 from ._demo_pool import run_pool_demo
-from ._lock_commands import remove_stopped_fleet_files
+from ._lock_commands import clear_stopped_fleet
 
 NAMESPACE = "orbit.demo"
 KEYS = 4
@@ -255,7 +255,7 @@ def _lock_demo(args: argparse.Namespace) -> int:
     )
     with TemporaryDirectory(prefix="orbit-demo-") as tmp:
         status = _run(fleet_name, capacity, args, str(Path(tmp) / "resource.sock"))
-    remove_stopped_fleet_files(fleet_name)
+    clear_stopped_fleet(fleet_name)
     return status
 
 

@@ -27,7 +27,7 @@ from .._core._errors import OrbitError
 from .._core._fleet import Fleet
 from ..clients import ClientPool, PoolOptions
 from ..pool import Key, Pool
-from ._lock_commands import remove_stopped_fleet_files
+from ._lock_commands import clear_stopped_fleet
 
 MESSAGE: Final = 64
 KEY: Final = Key.digest(b"tcp://127.0.0.1/echo")
@@ -175,7 +175,7 @@ def run_pool_demo(workers: int, seconds: float) -> int:
                     process.join(30.0)
             pool.unlink()
         echo.shutdown()
-    remove_stopped_fleet_files(name)
+    clear_stopped_fleet(name)
     return _summarise(name, workers, seconds, max_live, results, sampler, echo.max_open)
 
 
