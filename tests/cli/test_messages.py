@@ -97,10 +97,11 @@ def test_pool_on_a_lock_table_kind_says_what_the_kind_holds(
     with Fleet.join(fleet_name, 2) as fleet:
         table = LockTable(fleet)
         assert main(["pool", fleet_name, "--kind", "228"]) == 1
-        out = capsys.readouterr().out
+        err = capsys.readouterr().err
         table.close()
-    assert (
-        out.strip() == f"fleet {fleet_name!r} kind 228 holds a lock state table, not a pool table"
+    assert err.strip() == (
+        f"fleet {fleet_name!r} kind 228 holds a lock state table, not a pool table "
+        f"('orbit list {fleet_name}' shows its kinds)"
     )
 
 
