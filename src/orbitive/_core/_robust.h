@@ -9,6 +9,8 @@
  * block"); the kernel's robust list hands it on when its holder dies, and the
  * next locker sees EOWNERDEAD, marks it consistent (every table step is crash-safe
  * by its own write order, so no other repair is needed) and counts the recovery.
+ * The step that repaired a mutex reports it once it has left the section
+ * (robust_report), so that no log handler runs inside a section.
  */
 #ifndef ORBITIVE_ROBUST_H
 #define ORBITIVE_ROBUST_H
@@ -30,6 +32,9 @@ enum {
     SECTION_STRIPES_MAX = 63,
     SECTION_BYTES = 4096
 };
+
+/* Mutexes this thread repaired (EOWNERDEAD) that no robust_report has reported yet. */
+static _Thread_local int robust_repaired;
 
 static inline pthread_mutex_t *robust_mutex(uint8_t *block, int stripe)
 {
@@ -139,10 +144,39 @@ static inline int robust_lock(uint8_t *block, int stripe)
     }
     if (rc == EOWNERDEAD) {
         rc = pthread_mutex_consistent(mutex);
-        if (rc == 0) /* atomic: another stripe's holder may count one at the same time */
+        if (rc == 0) { /* atomic: another stripe's holder may count one at the same time */
             __atomic_add_fetch((uint64_t *)(block + SECTION_RECOVERIES_AT), 1, __ATOMIC_RELAXED);
+            robust_repaired++;
+        }
     }
     return rc;
+}
+
+/* Report the mutexes this thread repaired, if any, as report(count), and forget them.
+ * A step calls it once it has left the section. The error indicator (the step's own
+ * error) is kept as it was; a report that fails is written as unraisable, since a
+ * repair is news, never the step's failure. */
+static inline void robust_report(PyObject *report)
+{
+    int count = robust_repaired;
+    if (count == 0)
+        return;
+    robust_repaired = 0;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *raised = PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+#endif
+    PyObject *done = PyObject_CallFunction(report, "i", count);
+    if (done == NULL)
+        PyErr_WriteUnraisable(report);
+    Py_XDECREF(done);
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(raised);
+#else
+    PyErr_Restore(type, value, trace);
+#endif
 }
 
 /* Unlock. A type word changed while this thread held the mutex is put back first

@@ -43,6 +43,7 @@ typedef struct {
     PyObject *wake;  /* Ring.wake: called when a driver is parked */
     PyObject *fork_dict, *generation; /* _fork's globals, and its generation at creation */
     PyObject *table, *table_dict;     /* the LockTable, and _steps's globals (crash_hook) */
+    PyObject *repaired; /* the state region's report_repaired: a dead holder's stripes */
     Types types;
     Py_ssize_t capacity, stride, payload_max;
     Py_ssize_t lanes, heads_at, slots_at, ring_capacity, ring_stride, frame_bytes;
