@@ -219,6 +219,15 @@ def stop_in_a_section_owning_a_resource(channel: Channel, name: str, capacity: i
     table.try_acquire(KEY, LockOwner(b"victim"), ttl=60.0)
 
 
+def stop_in_the_pools_section(channel: Channel, name: str, capacity: int) -> None:
+    """Open the fleet's pool and stop (SIGSTOP) inside its table's critical section, after
+    sending ``"inside"``; the test SIGKILLs it there."""
+    pool = Pool(Fleet.join(name, capacity))
+    pool._table.region.acquire()
+    channel.send("inside")
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
 def report_node(channel: Channel, fleet: Fleet) -> None:
     """Fork-only: report ``fleet.node`` as a forked child sees it through the parent's Fleet.
 

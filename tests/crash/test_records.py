@@ -1,11 +1,14 @@
 """What a survivor's log records say after a member was SIGKILLed inside a critical
-section while it owned a pool resource (issue 24, item 2).
+section while it owned a pool resource, and inside the pool's own section (issue 24,
+item 2).
 
 The victim stops inside the lock table's section (a Python step holds every stripe)
 and is killed there. The survivor's next step repairs what it locks of the section,
 on its C steps (the stripes its probe covers) or on the Python steps (every stripe),
 and its death watch closes the victim's resource: two WARNING records, one each on
-``orbitive.fleet`` and ``orbitive.pool``, and nothing else.
+``orbitive.fleet`` and ``orbitive.pool``, and nothing else. A member killed inside
+the pool table's section is repaired, and logged, by the survivor's next C pool
+operation.
 """
 
 from __future__ import annotations
@@ -18,10 +21,10 @@ import pytest
 from orbitive._core._region import object_name
 from orbitive._core._section import recoveries
 from orbitive.lock import Acquired, LockOwner, LockTable, _steps
-from orbitive.pool import Pool
+from orbitive.pool import Key, Pool, ResourceId
 
 from .._capabilities import require_c_steps
-from .._children import KEY, stop_in_a_section_owning_a_resource
+from .._children import KEY, stop_in_a_section_owning_a_resource, stop_in_the_pools_section
 from .._processes import Processes
 
 
@@ -66,4 +69,33 @@ def test_the_survivors_records_say_what_the_kill_left_and_what_was_repaired(
             f"(incarnation {incarnation}) is gone; closed the 1 resource(s) it left "
             "(its share of max_live is free)",
         ),
+    ]
+
+
+def test_a_member_killed_inside_the_pools_section_is_repaired_and_logged_by_a_c_step(
+    processes: Processes,
+    shared_table: LockTable,
+    fleet_name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="orbitive")
+    with Pool(shared_table.fleet) as pool:
+        require_c_steps(pool._operations, "orbitive.pool._fastpath")
+        rid = pool.register(Key(0x5EED), 1)
+        assert isinstance(rid, ResourceId)
+        victim = processes.start(stop_in_the_pools_section, fleet_name, 4)
+        assert victim.recv() == "inside"
+        assert victim.kill() == -signal.SIGKILL
+        assert caplog.records == []
+        lease = pool.reserve(rid)  # the C operation: it repairs the section, then logs
+        assert lease.id == rid
+        assert recoveries(pool._table.region.block) == 1
+    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
+        (
+            "orbitive.fleet",
+            logging.WARNING,
+            f"shm object {pool._table.region.name!r}: a process died inside its critical "
+            "section; this process repaired 1 stripe mutex(es) (EOWNERDEAD), 1 repair(s) of "
+            "this object in all",
+        )
     ]

@@ -77,9 +77,8 @@ static PyObject *RobustMutex_acquire(RobustMutex *self, PyObject *unused)
 {
     if (!ready(self))
         return NULL;
-    int rc = robust_lock_range(self->block, 0, self->stripes - 1);
-    int repaired = robust_repaired;
-    robust_repaired = 0;
+    int repaired = 0;
+    int rc = robust_lock_range(self->block, 0, self->stripes - 1, &repaired);
     if (rc != 0) {
         robust_error(rc);
         return NULL;

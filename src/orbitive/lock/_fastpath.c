@@ -53,6 +53,7 @@ static int enter(Steps *t, Maps *m, const Entry *e, Held *h)
 {
     h->lo = 0;
     h->hi = -1;
+    h->repaired = 0;
     if (maps_get(t, m) < 0) {
         PyErr_Clear(); /* a closed mapping: the Python operation says why */
         return 0;
@@ -60,7 +61,7 @@ static int enter(Steps *t, Maps *m, const Entry *e, Held *h)
     if (cover(t, m->s, e, h) != 0 || t->closed) { /* closed while this thread waited */
         let_go(t, h);
         maps_release(m);
-        robust_report(t->repaired);
+        robust_report(t->repaired, &h->repaired);
         return 0;
     }
     return 1;
@@ -77,7 +78,7 @@ static int leave(Steps *t, Maps *m, Held *h, int wake)
     }
     let_go(t, h);
     maps_release(m);
-    robust_report(t->repaired);
+    robust_report(t->repaired, &h->repaired);
     return failed;
 }
 

@@ -142,14 +142,15 @@ static int enter(Operations *o, Slot *s, Py_ssize_t offset)
         PyErr_Clear(); /* a closed mapping: the Python operation says why */
         return 0;
     }
-    if (s->view.len < o->end || robust_lock(o->block.buf, 0) != 0) {
+    s->repaired = 0;
+    if (s->view.len < o->end || robust_lock(o->block.buf, 0, &s->repaired) != 0) {
         PyBuffer_Release(&s->view);
         return 0;
     }
     if (o->closed) {
         robust_unlock(o->block.buf, 0);
         PyBuffer_Release(&s->view);
-        robust_report(o->repaired);
+        robust_report(o->repaired, &s->repaired);
         return 0;
     }
     s->p = (uint8_t *)s->view.buf + offset;
@@ -160,7 +161,7 @@ static void leave(Operations *o, Slot *s)
 {
     robust_unlock(o->block.buf, 0);
     PyBuffer_Release(&s->view);
-    robust_report(o->repaired);
+    robust_report(o->repaired, &s->repaired);
 }
 
 /* time.time_ns() // 1_000_000 (_clock.wall_ms) */
