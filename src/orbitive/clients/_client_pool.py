@@ -283,7 +283,7 @@ class ClientPool(Generic[C]):
             TooManyRequests: ``max_waiting`` callers of this process already wait.
             ClientCreateError: ``create()`` raised (the claim is returned).
             InvalidPoolOptions: a bad timeout, or ``create`` returned an awaitable.
-            A BaseException from ``create`` or ``check`` (KeyboardInterrupt, say),
+            BaseException: from ``create`` or ``check`` (KeyboardInterrupt, say),
                 once what it took is returned or retired.
         """
         self.counters.requests += 1
@@ -310,7 +310,7 @@ class ClientPool(Generic[C]):
         Raises:
             UnknownClient: no pool of the key and ``create`` in this process
                 checked ``client`` out, or it was handed back already.
-            A BaseException from ``reset``, once the client is handed over to be
+            BaseException: from ``reset``, once the client is handed over to be
                 closed.
         """
         if self._fork != _fork.generation:
@@ -323,9 +323,9 @@ class ClientPool(Generic[C]):
         now = time.monotonic()
         age = now - entry.created_at
         in_turn = age < self._turn and entry.uses % self._turn_uses != 0
-        if age >= self._max_lifetime or not self._ledger.give_back(
-            entry, now, in_turn, self._idle_limit, self._max_live
-        ):
+        if age >= self._max_lifetime:
+            self._retiring.hand_over(self._checkout.aged(entry))
+        elif not self._ledger.give_back(entry, now, in_turn, self._idle_limit, self._max_live):
             self._retiring.hand_over(entry)
 
     def discard(self, client: C) -> None:
@@ -335,7 +335,7 @@ class ClientPool(Generic[C]):
 
         Raises:
             UnknownClient: as :meth:`putconn`.
-            A BaseException from ``close``, once the client's budget is returned.
+            BaseException: from ``close``, once the client's budget is returned.
         """
         if self._fork == _fork.generation:
             self._retiring.retire(self._ledger.checked_in(client, self._family))
@@ -382,7 +382,7 @@ class ClientPool(Generic[C]):
         leaves it running; the client is then kept idle, or closed.
 
         Raises:
-            As :meth:`putconn`.
+            UnknownClient, BaseException: as :meth:`putconn`.
         """
         if self._fork == _fork.generation:
             await self._checkout.put_async(self._ledger.checked_in(client, self._family))
@@ -391,7 +391,7 @@ class ClientPool(Generic[C]):
         """Asyncio twin of :meth:`discard`.
 
         Raises:
-            As :meth:`discard`.
+            UnknownClient, BaseException: as :meth:`discard`.
         """
         if self._fork == _fork.generation:
             await self._retiring.retire_async(self._ledger.checked_in(client, self._family))
@@ -438,7 +438,7 @@ class ClientPool(Generic[C]):
         prefer :meth:`close_async`.
 
         Raises:
-            A BaseException from ``close`` (KeyboardInterrupt, say), once the
+            BaseException: from ``close`` (KeyboardInterrupt, say), once the
                 clients not closed yet are left to a closing thread.
         """
         idle = self._shut()
