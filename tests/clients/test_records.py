@@ -38,7 +38,7 @@ def until(caplog: pytest.LogCaptureFixture, count: int, timeout: float = 10.0) -
 
 
 def where(pool: ClientPool[FakeClient], fleet: Fleet) -> str:
-    return f"client pool of fleet {fleet.name!r}, key {pool.key}"
+    return f"client pool of fleet {fleet.name!r} ({pool.name})"
 
 
 def test_a_client_past_max_lifetime_is_logged_as_it_is_retired(

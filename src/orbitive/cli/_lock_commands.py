@@ -16,6 +16,7 @@ from .._core._fleet import (
     check_fleet_name,
     hold_membership,
     let_go_membership,
+    members_name,
     membership,
 )
 from .._core._region import (
@@ -29,8 +30,15 @@ from .._core._region import (
     unlink_object,
 )
 from ..lock import LockEvent, LockKey, LockTable
-from ._store_commands import UsageError, add_store_option, store_force_release, store_locks
-from ._tables import open_tables
+from ..lock._tables import open_tables
+from ._store_commands import (
+    UsageError,
+    add_json_option,
+    add_store_option,
+    print_json,
+    store_force_release,
+    store_locks,
+)
 
 #: What the well-known kind numbers hold.
 KNOWN_KINDS = {
@@ -73,6 +81,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "fleet", nargs="?", type=fleet_name, help="fleet name (default: list every fleet)"
     )
     cmd.add_argument("--kind", type=kind_number, metavar="K", help=f"only this {KIND_HELP}")
+    add_json_option(cmd)
     cmd.set_defaults(func=cmd_list)
 
     cmd = subparsers.add_parser(
@@ -107,6 +116,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     cmd.add_argument("fleet", nargs="?", type=fleet_name, help="fleet name")
     add_store_option(cmd)
+    add_json_option(cmd)
     cmd.set_defaults(func=cmd_locks)
 
     cmd = subparsers.add_parser("watch", help="print lock transitions as they happen")
@@ -153,42 +163,64 @@ def _kinds(args: argparse.Namespace) -> range | list[int]:
     return range(256) if args.kind is None else [args.kind]
 
 
+#: One name of a fleet: its kind (a number, or ``members``), bytes (None: gone), the
+#: name, and what it holds.
+Row = tuple[int | str, int | None, str, str]
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     """Print every name of the fleet that ``orbit clear`` would remove.
 
     The objects of each kind are probed by their exact names (no globbing); then
     come client sockets and dead creations' temporary names, and (without
     ``--kind``) the membership object, with the capacity and the nodes held.
+    With ``--json``: ``{"fleets": [{"fleet", "objects": [{"kind", "bytes", "name",
+    "holds"}]}]}`` (``kind`` a number, or ``"members"``; ``bytes`` null for a name
+    gone meanwhile), empty lists (and exit 1) when nothing exists.
     """
     if args.fleet is None:
-        return _list_fleets()
-    rows = []
+        return _list_fleets(args.json)
+    rows: list[Row] = []
     for kind in _kinds(args):
         name = object_name(args.fleet, kind)
         size = object_size(name)
         if size is not None:
-            rows.append(_row(str(kind), size, name, KNOWN_KINDS.get(kind, "")))
+            rows.append((kind, size, name, KNOWN_KINDS.get(kind, "")))
     shown = {object_name(args.fleet, kind) for kind in _kinds(args)}
     for name in fleet_entries(args.fleet, _kinds(args), members=args.kind is None):
         if name not in shown:
             rows.append(_entry_row(args.fleet, name))
-    for row in rows:
-        print(row)
-    if not rows:
-        print(f"fleet {args.fleet!r} has no SHM objects", file=sys.stderr)
-        return 1
-    return 0
+    if args.json:
+        print_json({"fleets": [_fleet_json(args.fleet, rows)] if rows else []})
+    else:
+        for row in rows:
+            print(_row_text(row))
+        if not rows:
+            print(f"fleet {args.fleet!r} has no SHM objects", file=sys.stderr)
+    return 0 if rows else 1
 
 
-def _row(kind: str, size: int | None, name: str, what: str) -> str:
+def _row_text(row: Row) -> str:
+    kind, size, name, what = row
     bytes_text = "gone" if size is None else f"{size:,} bytes"
-    return f"{kind:>7}  {bytes_text:>18}  {name}  {what}".rstrip()
+    return f"{kind!s:>7}  {bytes_text:>18}  {name}  {what}".rstrip()
 
 
-def _entry_row(fleet: str, name: str) -> str:
-    """A row for a name that is not a kind's object: a socket, a temporary name, the
+def _fleet_json(fleet: str, rows: list[Row]) -> dict[str, object]:
+    return {
+        "fleet": fleet,
+        "objects": [
+            {"kind": kind, "bytes": size, "name": name, "holds": what or None}
+            for kind, size, name, what in rows
+        ],
+    }
+
+
+def _entry_row(fleet: str, name: str) -> Row:
+    """The row of a name that is not a kind's object: a socket, a temporary name, the
     membership object."""
-    kind = name[len(f"orbit-{fleet}-") :].partition("-")[0]
+    kind_text = name[len(f"orbit-{fleet}-") :].partition("-")[0]
+    kind: int | str = int(kind_text) if kind_text.isdecimal() else kind_text
     try:
         size: int | None = os.lstat(SHM_DIR / name).st_size
     except FileNotFoundError:
@@ -199,7 +231,7 @@ def _entry_row(fleet: str, name: str) -> str:
         what = "client pool socket of node " + name.split("-clients-")[1].partition("-")[0]
     else:
         what = _membership_text(fleet)
-    return _row(kind, size, name, what)
+    return kind, size, name, what
 
 
 def _membership_text(fleet: str) -> str:
@@ -213,19 +245,24 @@ def _membership_text(fleet: str) -> str:
     return f"membership object: capacity {found.capacity}, nodes held: {held}"
 
 
-def _list_fleets() -> int:
+def _list_fleets(as_json: bool) -> int:
     """One line per fleet of this user that has SHM objects: its kinds and bytes."""
-    fleets: dict[str, list[tuple[str, int]]] = {}
+    fleets: dict[str, list[Row]] = {}
     for fleet, kind, size in listed_objects():
-        fleets.setdefault(fleet, []).append((str(kind), size))
+        fleets.setdefault(fleet, []).append((kind, size, object_name(fleet, kind), ""))
     for fleet, size in listed_memberships():
-        fleets.setdefault(fleet, []).append(("members", size))
+        row: Row = ("members", size, members_name(fleet), "membership object")
+        fleets.setdefault(fleet, []).append(row)
+    if as_json:
+        listing = [_fleet_json(fleet, rows) for fleet, rows in sorted(fleets.items())]
+        print_json({"fleets": listing})
+        return 0 if fleets else 1
     if not fleets:
         print("no fleets with SHM objects", file=sys.stderr)
         return 1
-    for fleet, objects in sorted(fleets.items()):
-        kinds = ", ".join(kind for kind, _ in objects)
-        print(f"{fleet}  kinds {kinds}  {sum(size for _, size in objects):,} bytes")
+    for fleet, rows in sorted(fleets.items()):
+        kinds = ", ".join(str(row[0]) for row in rows)
+        print(f"{fleet}  kinds {kinds}  {sum(row[1] or 0 for row in rows):,} bytes")
     return 0
 
 
@@ -313,18 +350,57 @@ def _key_text(key: LockKey) -> tuple[str, str]:
 def cmd_locks(args: argparse.Namespace) -> int:
     """Print every live lease of a fleet, or every live lock of a store."""
     if args.fleet is None:
-        return store_locks(args.store)
+        return store_locks(args.store, as_json=args.json)
     if args.store is not None:
         raise UsageError("give FLEET or --store URL, not both")
     with open_tables(args.fleet, observe=True) as tables:
         if not tables:
             return _no_table(args.fleet)
+        if args.json:
+            print_json({"fleet": args.fleet, "tables": [_table_json(t) for t in tables]})
+            return 0
         print(_LEASE_HEADER)
         for table in tables:
             _print_leases(table)
         for table in tables:
             _print_summary(table)
     return 0
+
+
+def _table_json(table: LockTable) -> dict[str, object]:
+    """One lock table for ``orbit locks FLEET --json``: its counters and live leases.
+
+    ``acquisitions`` is the last fencing token (each acquisition takes the next);
+    ``conflicts`` the ``try_acquire`` calls that found a live holder;
+    ``recoveries`` the section's stripe mutexes repaired after a holder died.
+    """
+    stats = table.statistics()
+    leases = []
+    for lease in table.leases():
+        namespace, label = _key_text(lease.key)
+        leases.append(
+            {
+                "namespace": namespace,
+                "label": label,
+                "owner": lease.owner.text(),
+                "fencing_token": lease.fencing_token,
+                "remaining_s": lease.remaining(),
+                "state_revision": lease.state_revision,
+            }
+        )
+    return {
+        "state_kind": table.layout.state_kind,
+        "event_kind": table.layout.event_kind,
+        "capacity": stats.capacity,
+        "live": stats.occupied_count,
+        "tombstones": stats.tombstone_count,
+        "max_probe": stats.max_probe,
+        "acquisitions": stats.last_fencing_token,
+        "conflicts": stats.conflicts_count,
+        "recoveries": stats.recoveries_count,
+        "last_state_revision": stats.last_state_revision,
+        "leases": leases,
+    }
 
 
 _LEASE_HEADER = (

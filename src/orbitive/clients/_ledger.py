@@ -137,8 +137,8 @@ class Ledger(Generic[C]):
 
     def __init__(self, fleet: Fleet, kind: int, key: Key, name: tuple[int, int, Key]) -> None:
         self.key = key
-        #: How the log records name the key's pools.
-        self.where = f"client pool of fleet {fleet.name!r}, key {key}"
+        #: How the log records name the fleet of the key's pools.
+        self.where = f"client pool of fleet {fleet.name!r}"
         self._fleet, self._kind, self._name = fleet, kind, name
         self._handle = Pool(fleet, kind=kind)  # its own: it outlives any one ClientPool's
         self._lock = threading.Lock()
@@ -434,11 +434,13 @@ class Ledger(Generic[C]):
                 self.waiters -= 1
             raise
 
-    def stop_waiting(self) -> None:
-        """Count a waiter of :meth:`start_waiting` out again."""
+    def stop_waiting(self, waited: tuple[int, bool] | None = None) -> None:
+        """Count a waiter of :meth:`start_waiting` out again; ``waited``, the
+        ``(microseconds, timed_out)`` of a wait that ended in a client or a timeout,
+        goes to the key's wait counters (None: it ended otherwise)."""
         with self._lock:
             self.waiters -= 1
-        self._settle(lambda handle: add_waiter(handle._t(), self.key, -1))
+        self._settle(lambda handle: add_waiter(handle._t(), self.key, -1, waited))
 
     def polite(self) -> bool:
         """Whether a checkout lets another process's waiter create first.

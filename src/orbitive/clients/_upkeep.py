@@ -140,7 +140,7 @@ class Upkeep(Generic[C]):
             why, bound = _LOGGED[reason]
             _log.info(
                 "%s: retiring %d idle client(s) %s (%g s)",
-                self._ledger.where,
+                self._checkout.where,
                 len(taken),
                 why,
                 bound(options),
