@@ -80,15 +80,20 @@ def busy_fleet(fleet_name: str) -> Iterator[LockTable]:
 
 
 def commands(fleet: str) -> list[list[str]]:
-    """Every sub-command, each with arguments that make it write to stdout."""
+    """Every sub-command, each with arguments that make it write to stdout (and each
+    --json form)."""
     return [
         ["list"],
         ["list", fleet],
+        ["list", fleet, "--json"],
         ["clear", f"{fleet}-stopped", "--kind", "229"],
         ["locks", fleet],
+        ["locks", fleet, "--json"],
         ["locks"],
+        ["locks", "--json"],
         ["inspect", LOCK],
         ["pool", fleet],
+        ["pool", fleet, "--json"],
         ["force-release", fleet, "jobs", "nightly"],
         ["force-release", LOCK],
         ["run", "--lock", "job", "--", "/bin/echo", "into the closed pipe"],
