@@ -65,14 +65,8 @@ def wake_results(rounds: int, repeats: int) -> list[Result]:
     results = []
     fleet, region = readiness_wake.open_region()
     try:
-        backends, skipped = readiness_wake.usable_backends()
-        for name, reason in skipped.items():
-            results.append(_result(f"orbitive readiness ({name})", "orbitive", [], reason))
-        for backend in backends:
-            runs = [
-                readiness_wake.latency_us(fleet, region, backend, rounds) for _ in range(repeats)
-            ]
-            results.append(_result(f"orbitive readiness ({backend.NAME})", "orbitive", runs))
+        runs = [readiness_wake.latency_us(fleet, region, rounds) for _ in range(repeats)]
+        results.append(_result("orbitive readiness (socket)", "orbitive", runs))
     finally:
         readiness_wake.remove_region(fleet, region)
     runs = [pipe_latency_us(rounds) for _ in range(repeats)]

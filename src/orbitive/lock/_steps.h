@@ -12,12 +12,14 @@
 enum { EMPTY = 0, OCCUPIED = 1, TOMBSTONE = 2 };
 enum { STATE_HEADER = 128, SLOT_HEADER = 48, MAX_PROBE_AT = 20, TOKEN_AT = 64, REVISION_AT = 72 };
 enum { RING_HEADER = 64, LANE_HEAD = 64, FRAME_HEADER = 32, EVENT_HEADER = 35 };
-enum { GENERATION_AT = 24, ACQUIRED = 1, RENEWED = 2, RELEASED = 3 };
+enum { GENERATION_AT = 24, KEY_WORD_AT = 8, ACQUIRED = 1, RENEWED = 2, RELEASED = 3 };
+#define ANY_BUCKET UINT32_C(0xFFFFFFFF) /* _ring.ANY_BUCKET */
 #define EVENT_MAGIC UINT32_C(0x4F4C434B)
 #define EVENT_VERSION 1
 #define TOKEN_MASK ((UINT64_C(1) << 40) - 1)
 #define COUNTER_LIMIT (UINT64_C(1) << 62)
 #define TTL_MAX_S 1e9 /* _clock.TTL_MAX_S */
+#define ROUND64(n) (((n) + 63) / 64 * 64) /* _ring._round_up(n, 64) */
 
 /* Step outcomes. */
 enum { DONE = 0, BUSY = 1, FULL = 2, EXHAUSTED = 3, CORRUPT = 4, ABSENT = 5 };
@@ -40,12 +42,12 @@ typedef struct {
     PyObject *state; /* the state table's mmap */
     PyObject *ring;  /* the transition ring's mmap */
     Py_buffer block; /* the state object's section block, held for life */
-    PyObject *wake;  /* Ring.wake: called when a driver is parked */
+    PyObject *wake;  /* Ring.wake: called when a readiness socket is armed */
     PyObject *fork_dict, *generation; /* _fork's globals, and its generation at creation */
     PyObject *table, *table_dict;     /* the LockTable, and _steps's globals (crash_hook) */
     Types types;
     Py_ssize_t capacity, stride, payload_max;
-    Py_ssize_t lanes, heads_at, slots_at, ring_capacity, ring_stride, frame_bytes;
+    Py_ssize_t lanes, waiting_at, heads_at, slots_at, ring_capacity, ring_stride, frame_bytes;
     Py_ssize_t node, stripe_slots;
     uint64_t id_base;
     int stripes, closed, ready;
@@ -179,8 +181,8 @@ static Py_ssize_t probe(const Steps *t, uint8_t *s, const Entry *e, Py_ssize_t l
     return ~free_after(t, s, slot, mask - limit, e);
 }
 
-/* publish (Ring.publish plus bump): one lock-event frame in the node's lane.
- * *wake: a driver is parked. */
+/* publish (Ring.publish plus Channel.bump): one lock-event frame in the node's lane.
+ * *wake: a readiness socket is armed (Ring.wake signals it). */
 static int publish(const Steps *t, uint8_t *r, const Entry *e, uint8_t kind, uint64_t revision,
                    uint64_t t1, uint64_t t2, int *wake)
 {
@@ -214,7 +216,7 @@ static int publish(const Steps *t, uint8_t *r, const Entry *e, uint8_t kind, uin
     fence();
     st64(head, counter + 1);
     fence();
-    /* Sequentially consistent, and so a full barrier: the parked bytes are read after it. */
+    /* Sequentially consistent, and so a full barrier: the armed bytes are read after it. */
     __atomic_add_fetch((uint32_t *)(r + GENERATION_AT), 1, __ATOMIC_SEQ_CST);
     *wake = 0;
     for (Py_ssize_t n = 0; n < t->lanes; n++)
@@ -223,6 +225,27 @@ static int publish(const Steps *t, uint8_t *r, const Entry *e, uint8_t kind, uin
             break;
         }
     return DONE;
+}
+
+/* Ring.key_released: after a release, the nodes waiting for a key of e's bucket (their
+ * waiting slot names it, or any bucket); when there are some, the bucket's key word + 1,
+ * and *word set to it for one FUTEX_WAKE once the stripes are let go. The slots are
+ * read under the stripes the waiter's own attempt took, which orders them
+ * (lock/_key_wait.py). */
+static long key_released(const Steps *t, uint8_t *r, const Entry *e, uint32_t **word)
+{
+    uint32_t bucket = (uint32_t)(e->digest % (uint64_t)t->lanes);
+    const uint8_t *slots = r + t->waiting_at;
+    long waiting = 0;
+    for (Py_ssize_t n = 0; n < t->lanes; n++) {
+        uint32_t v = ld32(slots + 4 * n);
+        waiting += v == bucket + 1 || v == ANY_BUCKET;
+    }
+    if (waiting) {
+        *word = (uint32_t *)(r + t->heads_at + (Py_ssize_t)bucket * LANE_HEAD + KEY_WORD_AT);
+        __atomic_add_fetch(*word, 1, __ATOMIC_SEQ_CST);
+    }
+    return waiting;
 }
 
 /* The insert half of insert (raise_bound, then the slot): max_probe raised, then TOMBSTONE, rewrite, OCCUPIED last. */

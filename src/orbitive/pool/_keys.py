@@ -26,7 +26,7 @@ from .._core._errors import (
     MalformedError,
     OrbitError,
 )
-from .._core._readiness import bump
+from .._core._readiness import Channel, bump
 from .._core._region import Region, store
 from ._layout import (
     BELL_PARKED,
@@ -74,6 +74,10 @@ class KeyTable:
         self.member_bytes = layout.member_bytes
         self.member_mask = layout.member_mask
         self.bell = layout.bell
+        #: The bell: readiness of this table for every process that armed interest.
+        self.channel = Channel(
+            region, layout.bell, layout.bell + BELL_PARKED, layout.fleet_capacity
+        )
         self.zero_nodes = bytes(layout.fleet_capacity)
         self.claims_struct = struct.Struct(f"<{layout.fleet_capacity}I")
         self._key_shift = 64 - (layout.key_capacity.bit_length() - 1)
@@ -222,7 +226,7 @@ class KeyTable:
         interest = offset + self.key_interest
         if buf[interest : interest + capacity] != self.zero_nodes:
             buf[interest : interest + capacity] = self.zero_nodes
-            bump(buf, self.bell, self.bell + BELL_PARKED, capacity)
+            self.channel.bump()
 
     def members(self, index: int) -> int:
         """The key's member bitmap; bits past the last resource slot (damage) are dropped."""

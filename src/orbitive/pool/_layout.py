@@ -6,7 +6,7 @@ All integers are little-endian. Areas follow each other, each starting on a
 
     area        size                          content
     header      64                            geometry, epoch, checksum (below)
-    bell        round64(8 + F)                generation u32 @0; parked[F] u8 @8
+    bell        round64(8 + F)                generation u32 @0; armed[F] u8 @8
     doorbells   round64(8 * F)                incarnation u64 per node (0: none)
     keys        K * key_stride                key slots (below)
     resources   F * L * 384                   resource slots, node-major (below)
@@ -91,7 +91,7 @@ from .._core._region import store
 #: The default SHM kind of the pool table.
 POOL_KIND: Final = 247
 #: Bumped whenever any offset or meaning below changes.
-LAYOUT_VERSION: Final = 3
+LAYOUT_VERSION: Final = 4
 MAGIC: Final = b"POOL"
 HEADER_SIZE: Final = 64
 RESOURCE_SIZE: Final = 384
@@ -124,7 +124,7 @@ HEADER_NAMES: Final = (
 HEADER_CHECKED: Final = 60  # bytes covered by the checksum
 EPOCH_OFFSET: Final = 32
 
-BELL_PARKED: Final = 8  # parked bytes start 8 bytes into the bell area
+BELL_PARKED: Final = 8  # armed bytes (readiness sockets, ``_core._channel``) @8 of the bell
 
 KEY_HEAD: Final = struct.Struct("<B7xQQI")  # state, key_lo, key_hi, changes
 KEY_LOHI: Final = 8
