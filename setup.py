@@ -2,11 +2,20 @@
 
 Each module is one translation unit; its ``.h`` parts are listed as ``depends``,
 so an edit to one rebuilds the module and an sdist carries them.
+
+A module that fails to compile (no compiler, no Python headers) is skipped and
+its Python twin runs, unless ``ORBITIVE_REQUIRE_C_STEPS=1`` is set: then the
+build fails, as a release wheel without its C steps must (``scripts/dist``
+sets it).
 """
+
+import os
 
 from setuptools import Extension, setup
 
-SHARED = ["src/orbitive/_core/_robust.h", "src/orbitive/_core/_slots.h"]
+OPTIONAL = os.environ.get("ORBITIVE_REQUIRE_C_STEPS") != "1"
+
+SHARED = [f"src/orbitive/_core/{part}.h" for part in ("_robust", "_slots", "_layout")]
 POOL_PARTS = ("_table", "_execution", "_availability")
 
 setup(
@@ -15,21 +24,21 @@ setup(
             "orbitive._core._robust_c",
             ["src/orbitive/_core/_robust.c"],
             depends=SHARED,
-            optional=True,
+            optional=OPTIONAL,
         ),
         Extension(
             "orbitive.lock._fastpath",
             ["src/orbitive/lock/_fastpath.c"],
             include_dirs=["src/orbitive/_core"],
             depends=[*SHARED, "src/orbitive/lock/_steps.h", "src/orbitive/lock/_calls.h"],
-            optional=True,
+            optional=OPTIONAL,
         ),
         Extension(
             "orbitive.pool._fastpath",
             ["src/orbitive/pool/_fastpath.c"],
             include_dirs=["src/orbitive/_core"],
             depends=[*SHARED, *(f"src/orbitive/pool/{part}.h" for part in POOL_PARTS)],
-            optional=True,
+            optional=OPTIONAL,
         ),
     ]
 )

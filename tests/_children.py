@@ -295,6 +295,16 @@ def publish_until_killed(
         number += 1
 
 
+def lock_table_member(channel: Channel, name: str, capacity: int) -> None:
+    """Join fleet ``name`` (lowest free node) and use only its lock table, as ``orbit run
+    --store shm://`` does: no pool is opened. Sends (node, incarnation), then waits."""
+    fleet = Fleet.join(name, capacity)
+    table = LockTable(fleet)
+    table.try_acquire(OTHER_KEY, LockOwner(b"lock-table-member"), ttl=60.0)
+    channel.send((fleet.node, fleet.incarnation))
+    time.sleep(3600)
+
+
 def sleep_forever(channel: Channel) -> None:
     """Block until killed."""
     channel.send("sleeping")

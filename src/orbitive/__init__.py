@@ -1,14 +1,18 @@
 """orbitive: keyed leases, a fleet-wide resource pool and named locks for sibling processes.
 
 Public namespaces: :mod:`orbitive` (this module: :class:`Fleet`, :class:`OrbitError`
-and the errors shared by every layer), :mod:`orbitive.lock`, :mod:`orbitive.store`,
-:mod:`orbitive.pool` and :mod:`orbitive.pool.session`.
+and the errors shared by every layer), :mod:`orbitive.lock` (keyed leases in shared
+memory), :mod:`orbitive.store` (named locks on SQLite, PostgreSQL, Redis or shared
+memory), :mod:`orbitive.pool` and :mod:`orbitive.pool.session` (the fleet-wide
+resource pool), and :mod:`orbitive.clients` (a connection pool capped host-wide, with
+its psycopg and SQLAlchemy adapters).
 """
 
 from __future__ import annotations
 
 from ._core._errors import (
     AccessDenied,
+    CapacityMismatch,
     FleetError,
     InvalidArgumentType,
     InvalidCapacity,
@@ -23,6 +27,7 @@ from ._core._fleet import Fleet
 __version__ = "0.1.0"
 __all__ = [
     "AccessDenied",
+    "CapacityMismatch",
     "Fleet",
     "FleetError",
     "InvalidArgumentType",

@@ -23,7 +23,7 @@ import pytest
 from orbitive import Fleet, LayoutMismatch
 from orbitive._core._fleet import hold_membership, members_name
 from orbitive._core._region import CREATING, SHM_DIR, Region, leftover_creations, unlink_object
-from orbitive.cli import _lock, main
+from orbitive.cli import _lock_commands, main
 from orbitive.lock import Acquired, LockOwner, LockTable, Occupied
 
 from .._children import KEY
@@ -56,7 +56,7 @@ def unlink_after_the_joiner(monkeypatch: pytest.MonkeyPatch, joiner: Child) -> l
                 replies.append("waited")  # the joiner waits for clear to finish
         return unlink_object(name)
 
-    monkeypatch.setattr(_lock, "unlink_object", unlink)
+    monkeypatch.setattr(_lock_commands, "unlink_object", unlink)
     return replies
 
 
@@ -65,7 +65,7 @@ def test_a_first_join_during_clear_never_gives_a_key_two_holders(
 ) -> None:
     with Fleet.join(fleet_name, 4) as fleet:
         LockTable(fleet).close()
-    assert _lock.remove_stopped_fleet_files(fleet_name)
+    assert _lock_commands.remove_stopped_fleet_files(fleet_name)
     with Processes("fork") as processes:
         joiner = processes.start(join_and_take, fleet_name)
         replies = unlink_after_the_joiner(monkeypatch, joiner)

@@ -12,6 +12,7 @@ from orbitive import Fleet
 from orbitive.clients import ClientPool, PoolOptions, PoolTimeout
 from orbitive.clients._retiring import MOST_THREADS
 
+from .._children import lock_table_member
 from .._processes import Processes
 from ._fakes import FakeClient, close
 from ._workers import fake_churner, fake_holder, hung_closer, stuck_creator
@@ -120,3 +121,21 @@ def test_a_waiter_killed_mid_checkout_is_counted_out_within_a_second(
         assert pool.counters.retired == 0  # kept idle: nobody waits for it any more
         assert pool.getconn() is held
         pool.putconn(held)
+
+
+def test_a_killed_workers_budget_returns_when_a_process_without_a_pool_takes_its_node(
+    spawned: Processes, fleet: Fleet
+) -> None:
+    """As ``orbit run --store shm://...`` joining right after the kill: it takes the
+    freed node and opens no pool, so no doorbell ever shows its life."""
+    holder = spawned.start(fake_holder, fleet.name, CAPACITY, 2, 0)
+    assert holder.recv(60) == 2
+    assert holder.kill() == -signal.SIGKILL
+    member = spawned.start(lock_table_member, fleet.name, CAPACITY)
+    member.recv(60)  # holds the dead worker's node (the lowest free one)
+    with _pool(fleet, 2) as pool:
+        held = [pool.getconn(timeout=5.0) for _ in range(2)]  # the whole budget is back
+        stats = pool.statistics()
+        assert (stats.live, stats.dead_owners_count, stats.creating) == (2, 0, 0)
+        for client in held:
+            pool.putconn(client)

@@ -73,6 +73,7 @@ ADDITIONS = {
     "orbitive": {
         "__version__",
         "AccessDenied",
+        "CapacityMismatch",
         "FleetError",
         "InvalidArgumentType",
         "InvalidCapacity",

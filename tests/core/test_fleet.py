@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from orbitive import Fleet
+from orbitive import CapacityMismatch, Fleet
 from orbitive._core._errors import FleetError, InvalidCapacity, InvalidName, NodeOutsideFleet
-from orbitive._core._fleet import members_name
+from orbitive._core._fleet import CAPACITY_DEFAULT, members_name
 from orbitive._core._region import SHM_DIR
 from orbitive.lock import Acquired, LockKey, LockTable
 
 from .._children import report_node, sleep_forever, start_server, try_twice_in_child
+from .._fleets import remove_fleet_files
 from .._processes import Processes, exec_program
 
 KEY = LockKey("tests.fleet", "fork")
@@ -67,6 +68,20 @@ def test_a_closed_fleet_gives_its_node_back_at_once(fleet_name: str) -> None:
         fleet.node  # noqa: B018 - the property raises
 
 
+def test_join_without_a_capacity_takes_the_fleets_own_or_the_default(fleet_name: str) -> None:
+    with Fleet.join(fleet_name) as new:
+        assert new.capacity == CAPACITY_DEFAULT == 64  # as shm://FLEET
+    remove_fleet_files(fleet_name)
+    with Fleet.join(fleet_name, 3), Fleet.join(fleet_name) as joined:
+        assert joined.capacity == 3  # the capacity the fleet was created with
+
+
+def test_another_capacity_is_a_capacity_mismatch(fleet_name: str) -> None:
+    with Fleet.join(fleet_name, 3), pytest.raises(CapacityMismatch) as caught:
+        Fleet.join(fleet_name, 4)
+    assert isinstance(caught.value, InvalidCapacity) and "has capacity 3" in str(caught.value)
+
+
 def test_explicit_node_is_claimed_and_reported(fleet_name: str) -> None:
     with Fleet.join(fleet_name, 8, node=5) as fleet:
         assert (fleet.name, fleet.capacity, fleet.node) == (fleet_name, 8, 5)
@@ -87,6 +102,24 @@ def test_incarnation_differs_for_every_life_of_a_node(
         seen.append(member.incarnation)
         assert member.stop() == 0
     assert seen == sorted(set(seen)), "incarnations repeat or go backwards"
+
+
+def test_incarnation_of_names_the_holders_life_and_none_for_a_free_node(
+    processes: Processes, fleet_name: str
+) -> None:
+    with Fleet.join(fleet_name, 3) as fleet:
+        assert fleet.incarnation_of(fleet.node) == fleet.incarnation
+        assert fleet.incarnation_of(1) is None
+        lives = []
+        for _ in range(2):  # two lives of node 1, one after the other
+            member = start_server(processes, fleet_name, 3, node=1)
+            assert fleet.incarnation_of(1) == member.incarnation
+            with Fleet.observe(fleet_name, 3) as observer:
+                assert observer.incarnation_of(1) == member.incarnation
+            lives.append(member.incarnation)
+            assert member.stop() == 0
+            assert fleet.incarnation_of(1) is None
+        assert lives[0] < lives[1]
 
 
 def test_is_alive_is_false_for_a_node_never_claimed(fleet_name: str) -> None:
@@ -132,7 +165,8 @@ def test_longest_and_odd_but_valid_names_are_accepted() -> None:
 
 @pytest.mark.parametrize("capacity", [0, -1, 4097, 2.0, True, None, "4"], ids=repr)
 def test_bad_capacity_raises_invalid_capacity(fleet_name: str, capacity: Any) -> None:
-    for make in (Fleet.join, Fleet.local):
+    # None is join's default (the fleet's own capacity, else 64); a local fleet needs one.
+    for make in (Fleet.local,) if capacity is None else (Fleet.join, Fleet.local):
         with pytest.raises(InvalidCapacity) as caught:
             make(fleet_name, capacity)
         assert isinstance(caught.value, ValueError)

@@ -80,3 +80,5 @@ def joined(fleet_name: str) -> Iterator[Fleet]:
 def test_is_alive_refuses_odd_nodes_with_named_errors(joined: Fleet, node: object) -> None:
     alive, _ = call(joined.is_alive, node, allowed=(NodeOutsideFleet, FleetError))
     assert alive in (None, True, False)
+    life, _ = call(joined.incarnation_of, node, allowed=(NodeOutsideFleet, FleetError))
+    assert life is None or life == joined.incarnation

@@ -29,6 +29,7 @@ from orbitive.lock import (
     Occupied,
     OwnerEmpty,
 )
+from orbitive.lock._types import NODE_SHIFT
 
 from .._processes import ROOT
 
@@ -43,6 +44,12 @@ def test_str_parts_are_utf8_and_bytes_parts_are_kept() -> None:
     assert str(key) == "runtime.tasks.pool/queue:ü"
     buffers: tuple[Any, Any] = (bytearray(b"ns"), memoryview(b"x"))  # accepted at run time
     assert LockKey(*buffers) == LockKey("ns", "x")
+
+
+def test_a_lease_repr_shows_its_fencing_token_and_node() -> None:
+    lease = LockLease(LockKey("ns", "k"), LockOwner(b"o"), (3 << NODE_SHIFT) | 17, 5, 1.0, 2.5, 7)
+    shown = repr(lease)
+    assert "fencing_token=17" in shown and "node=3" in shown and "slot=7" in shown
 
 
 def test_keys_differ_by_where_namespace_ends() -> None:

@@ -20,7 +20,16 @@ from typing import Any
 
 from orbitive import Fleet
 from orbitive._core._readiness import BACKEND
-from orbitive.pool import POOL_KIND, CreationPermit, Execution, Key, Lease, Pool, ResourceId
+from orbitive.pool import (
+    POOL_KIND,
+    CreationPermit,
+    Execution,
+    Incarnation,
+    Key,
+    Lease,
+    Pool,
+    ResourceId,
+)
 from orbitive.pool._availability import add_waiter
 
 Context = ForkContext | SpawnContext
@@ -183,3 +192,12 @@ def rid_of(value: Any) -> ResourceId:
     """Narrow an agent reply to a ResourceId."""
     assert isinstance(value, ResourceId)
     return value
+
+
+def explicit_life_member(channel: Any, fleet_name: str, capacity: int, key: Key) -> None:
+    """Join, open a Pool with an explicit incarnation (7), register one resource of ``key``,
+    send (node, 7) through ``channel`` (a ``tests._processes.Channel``), then wait."""
+    with Fleet.join(fleet_name, capacity) as fleet, Pool(fleet, Incarnation(7)) as pool:
+        pool.register(key, 1)
+        channel.send((fleet.node, pool.incarnation))
+        time.sleep(3600)

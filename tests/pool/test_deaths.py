@@ -9,10 +9,14 @@ from collections.abc import Callable
 
 import pytest
 
+from orbitive import Fleet
 from orbitive._core._errors import MalformedError, NodeOutsideFleet, StaleError
 from orbitive.pool import Create, DeathWatch, Incarnation, Key, Limits, Pool, Wait
 
-from ._agent import Agent, rid_of
+from .._children import lock_table_member
+from .._processes import Processes
+from ._agent import Agent, explicit_life_member, rid_of
+from .conftest import CAPACITY
 
 KEY = Key.digest(b"https://api.example")
 
@@ -192,3 +196,34 @@ def test_a_new_life_on_a_dead_nodes_lane_takes_back_its_claims(
     assert shm_pool.budget(KEY) == (1, 0)  # its predecessor's claim went back at bind
     assert shm_pool.reap_dead() == [(doomed.node, doomed.incarnation)]
     assert shm_pool.budget(KEY) == (0, 0)
+
+
+def test_a_life_whose_node_a_process_without_a_pool_took_is_over(
+    shm_pool: Pool, shm_fleet: Fleet, agents: Callable[[], Agent]
+) -> None:
+    """The node's doorbell still shows the dead life (nobody bound a pool since), but the
+    membership object's incarnation of the node is the new process's: the old life is over."""
+    doomed = agents()
+    doomed.call("claim", KEY, 5)
+    doomed.call("register", KEY, 1)
+    _kill(doomed)
+    with Processes("fork") as started:
+        member = started.start(lock_table_member, shm_fleet.name, CAPACITY)
+        node, incarnation = member.recv()
+        assert node == doomed.node and incarnation > doomed.incarnation
+        assert shm_pool.budget(KEY) == (1, 1)  # its claim and its resource are still listed
+        assert shm_pool.reap_dead() == [(doomed.node, doomed.incarnation)]
+        assert shm_pool.budget(KEY) == (0, 0)
+        assert shm_pool.reap_dead() == []  # the new member's own life is not reported
+
+
+def test_a_live_member_with_an_explicit_incarnation_is_not_reported(
+    shm_pool: Pool, fleet_name: str
+) -> None:
+    """A pool life need not be the fleet's incarnation; its process holds the node all the same."""
+    with Processes("fork") as started:
+        member = started.start(explicit_life_member, fleet_name, CAPACITY, KEY)
+        node, life = member.recv()
+        assert shm_pool.owners() == [(node, life)]
+        assert shm_pool.reap_dead() == []
+        assert shm_pool.budget(KEY) == (1, 0)

@@ -88,7 +88,7 @@ def pair(
     slow._steps = None  # the Python reference
     for table in (fast, slow):
         write_header(table.buf, LAYOUT, EPOCH)
-        table.bind(*LIVES[0])
+        table.bind(*LIVES[0], LIVES[0][1])  # a pool life that is its fleet life
     yield fast, slow
     for fleet, name in zip(fleets, names, strict=True):
         fleet.close()

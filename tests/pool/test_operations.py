@@ -24,6 +24,7 @@ import pytest
 
 from orbitive import Fleet
 from orbitive._core._errors import MalformedError, OrbitError
+from orbitive._core._region import store
 from orbitive.pool import Execution, Incarnation, Key, Lease, Pool, ResourceId
 from orbitive.pool._availability import add_waiter
 from orbitive.pool._execution import PythonExecution
@@ -32,6 +33,7 @@ from orbitive.pool._layout import (
     RES_KEY_INDEX,
     RES_SINCE,
     RESOURCE_SIZE,
+    U64,
     write_header,
 )
 from orbitive.pool._table import Table
@@ -55,10 +57,10 @@ def pools(request: pytest.FixtureRequest) -> Iterator[tuple[Pool, Pool]]:
     fleets = [make(name, 3) for name in names]
     fast, slow = (Pool(fleet, Incarnation(LIFE)) for fleet in fleets)
     slow._bind(None)  # the Python reference
-    for pool in (fast, slow):  # one epoch and one owner life: equal bytes
+    for pool in (fast, slow):  # one epoch, one owner life and one fleet life: equal bytes
         table = pool._table
         write_header(table.buf, table.layout, EPOCH)
-        table.bind(0, LIFE)
+        store(table.buf, table.layout.bell_lives, U64, LIFE)
     yield fast, slow
     for pool, fleet, name in zip((fast, slow), fleets, names, strict=True):
         pool.close()

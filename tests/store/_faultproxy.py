@@ -14,6 +14,8 @@ the test:
 * :meth:`black_hole`: from now on nothing is relayed either way and nothing is
   closed, on open and new connections alike (no FIN, no RST: a silent network),
   until :meth:`heal`.
+* :meth:`cut`: from now on every connection is reset as soon as it is accepted
+  or sends anything (a cable pulled, a firewall rejecting), until :meth:`heal`.
 
 ``fired`` counts the one-shot faults that happened. Loopback only; every socket
 is closed by :meth:`stop`.
@@ -69,6 +71,7 @@ class FaultProxy:
         self._fault = Fault.NONE
         self._on_fire: Callable[[], None] | None = None
         self._silent = False
+        self._cut = False
         self._stopped = threading.Event()
         self.fired = 0
         self._thread = threading.Thread(target=self._loop, name="fault-proxy", daemon=True)
@@ -96,10 +99,16 @@ class FaultProxy:
         with self._mutex:
             self._silent = True
 
+    def cut(self) -> None:
+        """Reset every connection at its next byte, and every new one at once, until
+        :meth:`heal`."""
+        with self._mutex:
+            self._cut = True
+
     def heal(self) -> None:
         """Relay again; connections that were black-holed stay open, their bytes are gone."""
         with self._mutex:
-            self._silent = False
+            self._silent = self._cut = False
 
     # -- the relay loop -----------------------------------------------------------------------
 
@@ -115,6 +124,11 @@ class FaultProxy:
         try:
             client, _ = self._listener.accept()
         except BlockingIOError:
+            return
+        if self._cut:
+            with contextlib.suppress(OSError):
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RST)
+            client.close()
             return
         try:
             server = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=5.0)
@@ -137,11 +151,13 @@ class FaultProxy:
             self._close(link, reset=False)
             return
         with self._mutex:
-            fault, silent = self._fault, self._silent
+            fault, silent, cut = self._fault, self._silent, self._cut
             upward = sock is link.client
             if silent:
                 return
-            if fault is Fault.LOSE_REPLY and not upward:
+            if cut:
+                fault = Fault.NONE
+            elif fault is Fault.LOSE_REPLY and not upward:
                 self._fault, self.fired = Fault.NONE, self.fired + 1
             elif fault is Fault.RESET_REQUEST and upward:
                 self._fault, self.fired = Fault.NONE, self.fired + 1
@@ -149,6 +165,9 @@ class FaultProxy:
                     link.server.sendall(chunk[: len(chunk) // 2])
             else:
                 fault = Fault.NONE
+        if cut:
+            self._close(link, reset=True)
+            return
         if fault is Fault.NONE:
             try:
                 link.peer(sock).sendall(chunk)

@@ -36,11 +36,10 @@ def _free_port() -> int:
 class TempRedis:
     """One running server: ``url`` over TCP, ``unix_url`` over its Unix socket."""
 
-    def __init__(
-        self, root: Path, process: subprocess.Popen[bytes], port: int, tls_port: int | None
-    ) -> None:
+    def __init__(self, root: Path, command: list[str], port: int, tls_port: int | None) -> None:
         self.root = root
-        self.process = process
+        self.command = command
+        self.process: subprocess.Popen[bytes] | None = None
         self.port = port
         self.socket_path = root / "redis.sock"
         self.url = f"redis://127.0.0.1:{port}/0"
@@ -62,22 +61,35 @@ class TempRedis:
         tls_port = _free_port() if tls else None
         if tls_port is not None:
             command += _tls_options(root, tls_port)
-        with (root / "server.log").open("wb") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=root)
-        server = cls(root, process, port, tls_port)
+        server = cls(root, command, port, tls_port)
         try:
-            server._wait_ready()
+            server._run()
         except BaseException:
             server.stop()
             raise
         return server
 
-    def _wait_ready(self) -> None:
+    def restart(self) -> None:
+        """Stop the server if it runs (it keeps no data) and start it again on the same ports.
+
+        Raises RedisUnavailable when it will not start again.
+        """
+        self.halt()
+        self._run()
+
+    def _run(self) -> None:
+        with (self.root / "server.log").open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, cwd=self.root
+            )
+        self._wait_ready(self.process)
+
+    def _wait_ready(self, process: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2.0)
         try:
             while True:
-                if self.process.poll() is not None:
+                if process.poll() is not None:
                     raise RedisUnavailable(f"redis-server exited: {self.log_tail()}")
                 try:
                     client.ping()
@@ -99,14 +111,19 @@ class TempRedis:
 
     def stop(self) -> None:
         """SIGTERM, SIGKILL after 10 s, then remove the directory."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        self.halt()
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def halt(self) -> None:
+        """Stop the server process (SIGTERM, SIGKILL after 10 s) and keep its directory."""
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 def _tls_options(root: Path, port: int) -> list[str]:

@@ -176,7 +176,7 @@ def test_a_lock_async_cancelled_while_waiting_leaves_no_lock(store: Store, steps
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        engine = store._engine
+        engine = store._backend.engine
         if isinstance(engine, ShmEngine):  # no reader left on the readiness descriptor
             assert not asyncio.get_running_loop().remove_reader(engine.fileno())
 

@@ -128,6 +128,19 @@ def test_async_with_on_the_handle_releases(store: Store) -> None:
     assert "released" in repr(lock)
 
 
+def test_async_with_on_the_store_closes_it(store_url: str) -> None:
+    async def body() -> Store:
+        async with open_store(store_url) as store:
+            assert await store.try_lock_async("ctx", "w", LONG) is not None
+        return store
+
+    store = run(body())
+    assert "closed" in repr(store)
+    with pytest.raises(StoreError) as caught:
+        store.inspect("ctx")
+    assert caught.value.kind is ErrorKind.CLOSED
+
+
 # -- guards ---------------------------------------------------------------------------------
 
 
@@ -362,10 +375,10 @@ def test_shm_waits_are_one_reader_per_loop_on_the_readiness_descriptor(shm_url: 
             loop = asyncio.get_running_loop()
             waiters = [asyncio.create_task(acquired(store.lock_async("ready"))) for _ in range(3)]
             await asyncio.sleep(0.3)
-            engine = store._asyncio()
+            engine = store._backend.asyncio()
             assert isinstance(engine, ShmAsyncEngine) and engine.atomic
             fd, waiting = engine._waiting[loop]  # one reader serves the loop's three waiters
-            assert fd == store._engine.fileno() and len(waiting) == 3  # type: ignore[attr-defined]
+            assert fd == store._backend.engine.fileno() and len(waiting) == 3  # type: ignore[attr-defined]
             assert holder.release()  # the transition wakes them through the descriptor
             locks = []
             for task in asyncio.as_completed(waiters):

@@ -148,7 +148,7 @@ def test_a_sub_millisecond_ttl_counts_as_one_millisecond(store: Store) -> None:
 
 
 def test_the_engines_own_guard_keeps_its_message_in_the_cause(store: Store) -> None:
-    engine = store._engine  # bypass the contract's guard on purpose
+    engine = store._backend.engine  # bypass the contract's guard on purpose
     with pytest.raises(StoreError) as caught:
         engine.acquire("raw", "w1", 0.0)
     assert caught.value.kind is ErrorKind.DATABASE
@@ -363,7 +363,7 @@ def test_a_dropped_handle_is_not_counted_as_held(store: Store) -> None:
     held(store, "dropped")  # the handle dies at once; its lease lapses in time
     gc.collect()
     assert store.statistics().held_count == 1
-    assert len(store._granted) == 1  # the dead handle took its reference with it
+    assert len(store._backend._granted) == 1  # the dead handle took its reference with it
     assert kept.release()
 
 

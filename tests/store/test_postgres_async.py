@@ -17,7 +17,7 @@ from .test_postgres import kill_other_sessions
 def test_an_async_lock_survives_its_connection_being_recycled(postgres_url: str) -> None:
     async def body() -> None:
         with open_store(postgres_url) as store:
-            assert isinstance(store._asyncio(), PostgresAsyncEngine)
+            assert isinstance(store._backend.asyncio(), PostgresAsyncEngine)
             lock = await store.try_lock_async("survivor", "w1", 60.0)
             assert lock is not None
             assert kill_other_sessions(postgres_url) >= 2  # the sync and the async session
@@ -56,7 +56,7 @@ def test_a_database_error_is_a_database_store_error(postgres_url: str) -> None:
     async def body() -> None:
         with open_store(postgres_url) as store:
             with pytest.raises(StoreError) as caught:
-                await store._asyncio().acquire("raw", "w1", 0.0)  # past the contract's guard
+                await store._backend.asyncio().acquire("raw", "w1", 0.0)  # past the guard
             assert caught.value.kind is ErrorKind.DATABASE
             assert isinstance(caught.value.__cause__, psycopg.Error)
             assert store.inspect("raw") is None

@@ -220,3 +220,10 @@ def test_refusals_never_show_the_password(url: str) -> None:
     with pytest.raises(InvalidStoreUrl) as caught:
         open_store(url)
     assert "secret" not in str(caught.value)
+
+
+def test_a_prefix_with_no_utf8_form_is_refused_at_open(redis_server: TempRedis) -> None:
+    """Not a UnicodeEncodeError on every later call."""
+    for prefix in ("\ud800", "a%ed%a0%80b"):
+        with pytest.raises(InvalidStoreUrl, match="prefix"):
+            open_store(f"{redis_server.url}?prefix={prefix}")

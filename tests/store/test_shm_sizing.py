@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orbitive import Fleet
+from orbitive import CapacityMismatch, Fleet
 from orbitive.lock import LockKey, LockTable
 from orbitive.store import ErrorKind, InvalidStoreUrl, StoreError, open_store
 from orbitive.store._shm import SHM_CAPACITY_DEFAULT, STORE_LAYOUT, footprint
@@ -49,11 +49,14 @@ def test_an_application_lock_table_and_the_store_share_a_fleet(fleet_name: str) 
         table.close()
 
 
-def test_another_capacity_is_a_bad_url_that_says_how_to_change_it(fleet_name: str) -> None:
-    with Fleet.join(fleet_name, 2), pytest.raises(InvalidStoreUrl) as caught:
-        open_store(f"shm://{fleet_name}?capacity=8")
+def test_another_capacity_is_a_mismatch_that_quotes_the_url_and_says_what_to_do(
+    fleet_name: str,
+) -> None:
+    with Fleet.join(fleet_name, 2), pytest.raises(CapacityMismatch) as caught:
+        open_store(f"shm://{fleet_name}?capacity=8")  # a valid URL: not InvalidStoreUrl
+    assert not isinstance(caught.value, InvalidStoreUrl)
     message = str(caught.value)
-    assert "has capacity 2" in message
+    assert f"shm://{fleet_name}?capacity=8" in message and "has capacity 2" in message
     assert f"orbit clear {fleet_name} --all --yes" in message and "?capacity=N" in message
 
 

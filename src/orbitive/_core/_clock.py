@@ -43,7 +43,7 @@ def check_ttl(ttl: object, *, what: str = "ttl") -> float:
 
     Raises:
         InvalidTtl: not a number, a bool, NaN, infinite, ``<= 0`` or above
-            :data:`TTL_MAX_S` (however large an int). (Seed 000: "every
+            :data:`TTL_MAX_S` (however large an int). (Lease contract: "every
             acquisition has a positive TTL".)
     """
     if type(ttl) is float:  # the common case

@@ -6,7 +6,7 @@ catch by the usual Python category)::
     OrbitError
     +-- argument errors (the caller passed something invalid)
     |   +-- InvalidName (ValueError)             fleet name, store lock name
-    |   +-- NodeOutsideFleet, InvalidCapacity (ValueError)
+    |   +-- NodeOutsideFleet, InvalidCapacity (ValueError) +-- CapacityMismatch
     |   +-- InvalidArgumentType (TypeError)      not a LockKey, LockOwner, lease, token
     |   +-- InvalidTtl (ValueError, TypeError)   ttl <= 0, NaN, inf, bool, non-number
     |   +-- NamespaceEmpty, KeyEmpty, OwnerEmpty (ValueError)
@@ -175,6 +175,11 @@ class NodeOutsideFleet(OrbitError, ValueError):
 
 class InvalidCapacity(OrbitError, ValueError):
     """A fleet capacity is not an int in the allowed range, or differs from the fleet's."""
+
+
+class CapacityMismatch(InvalidCapacity):
+    """A valid capacity that is not the one the fleet was created with (it lives in
+    ``/dev/shm`` until ``orbit clear FLEET --all --yes``); the message says what to do."""
 
 
 class InvalidArgumentType(OrbitError, TypeError):

@@ -35,6 +35,7 @@ from typing import Final
 from . import _fork
 from ._access import euid
 from ._errors import (
+    CapacityMismatch,
     FleetError,
     InvalidCapacity,
     InvalidName,
@@ -55,6 +56,8 @@ from ._region import (
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,32}")
 #: Largest fleet capacity (node ids are 16-bit in every layout).
 CAPACITY_MAX: Final = 4096
+#: The capacity of a fleet joined with none given, when it does not exist yet (as ``shm://``).
+CAPACITY_DEFAULT: Final = 64
 _U64: Final = struct.Struct("<Q")
 #: Membership object header: magic, version, reserved, capacity; incarnations from 64.
 MEMBERS: Final = struct.Struct("<IHHI")
@@ -165,12 +168,12 @@ def _check_recorded(fd: int, name: str, capacity: int) -> None:
     """Refuse a membership object that records another capacity (or none).
 
     Raises:
-        InvalidCapacity: the fleet already has another capacity.
+        CapacityMismatch: the fleet already has another capacity.
         LayoutMismatch: it is no membership object, or a clear's placeholder.
     """
     recorded = _read_capacity(fd, name)
     if recorded != capacity:
-        raise InvalidCapacity(
+        raise CapacityMismatch(
             f"fleet {name!r} has capacity {recorded}; joining with {capacity} would give "
             f"its members different lane counts: join with capacity={recorded}; "
             f"{capacity_advice(name)}",
@@ -227,6 +230,14 @@ def _ofd_held(fd: int, node: int) -> bool:
     return held != fcntl.F_UNLCK
 
 
+def _holder(fd: int, node: int) -> int | None:
+    """The incarnation recorded for ``node`` if another open file description holds it."""
+    if not _ofd_held(fd, node):
+        return None
+    raw = os.pread(fd, 8, INCARNATIONS_AT + 8 * node)
+    return _U64.unpack(raw)[0] if len(raw) == 8 else 0
+
+
 def let_go_membership(name: str, fd: int, placeholder: bool) -> None:
     """End :func:`hold_membership`: remove the placeholder if it still has its name, close."""
     try:
@@ -280,12 +291,14 @@ class Fleet:
     # -- construction ----------------------------------------------------------------
 
     @classmethod
-    def join(cls, name: str, capacity: int, node: int | None = None) -> Fleet:
+    def join(cls, name: str, capacity: int | None = None, node: int | None = None) -> Fleet:
         """Join the SHM fleet ``name``, claiming ``node`` or the lowest free node.
 
         Args:
             name: 1..32 characters of ``[A-Za-z0-9._-]``.
             capacity: number of nodes (writer lanes), 1..4096; all members agree.
+                None takes the capacity the fleet was created with, or
+                :data:`CAPACITY_DEFAULT` (64) for a new fleet, as ``shm://FLEET`` does.
             node: the node id to claim, ``0 <= node < capacity``; None claims the
                 lowest node no live process holds.
 
@@ -305,7 +318,10 @@ class Fleet:
             with Fleet.join("web", capacity=8) as fleet:
                 print(fleet.node, fleet.incarnation)
         """
-        fleet = cls(check_fleet_name(name), _check_capacity(capacity), shared=True)
+        name = check_fleet_name(name)  # before its name is used to look anything up
+        if capacity is None:
+            capacity = recorded_capacity(name) or CAPACITY_DEFAULT
+        fleet = cls(name, _check_capacity(capacity), shared=True)
         if node is not None:
             _check_node(node, fleet.capacity)
             fleet._explicit_node = True
@@ -418,19 +434,34 @@ class Fleet:
             NodeOutsideFleet: node out of range.
             FleetError: the fleet is closed.
         """
+        return self.incarnation_of(node) is not None
+
+    def incarnation_of(self, node: int) -> int | None:
+        """The incarnation of the live process holding ``node``, or None when none does.
+
+        This is the proof of a new life: incarnations of one node only grow, so
+        a life that is not the holder's is over, even while the node is held (by
+        a process that opened no pool, say). A new holder records its own in the
+        instant after its claim; until then this returns its predecessor's, so a
+        life is never judged over too soon.
+
+        Raises:
+            NodeOutsideFleet: node out of range.
+            FleetError: the fleet is closed.
+        """
         _check_node(node, self.capacity)
         if self._closed:
             raise FleetError(f"fleet {self.name!r} is closed", fleet=self.name)
         if not self.shared or node == self._node:
-            return node == self._node
+            return self._incarnation if node == self._node else None
         if self._member_fd >= 0:
-            return _ofd_held(self._member_fd, node)
+            return _holder(self._member_fd, node)
         try:  # an observer: look without becoming a member
             fd = open_object(members_name(self.name), create=False)
         except FileNotFoundError:
-            return False
+            return None
         try:
-            return _ofd_held(fd, node)
+            return _holder(fd, node)
         finally:
             os.close(fd)
 

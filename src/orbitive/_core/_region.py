@@ -28,11 +28,12 @@ import contextlib
 import errno
 import mmap
 import os
+import re
 import secrets
 import stat
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -158,13 +159,75 @@ def _allocate(fd: int, name: str, size: int) -> None:
         ) from error
 
 
+def client_socket_name(fleet: str, kind: int, node: int, tag: str) -> str:
+    """The name in ``/dev/shm`` of the Unix socket a client pool's owner on ``node``
+    serves remote requests on (``tag``: hex digits of the pool's key)."""
+    return f"orbit-{fleet}-{kind}-clients-{node}-{tag}-{euid()}.sock"
+
+
 def unlink_object(name: str) -> bool:
-    """Remove an SHM object name; True if it existed. Mappings stay valid."""
+    """Remove an SHM object name (or client socket) of ours; True if it existed.
+
+    Mappings stay valid. A name that is another user's, or neither a regular
+    file nor a socket, is left as it is: the sticky ``/dev/shm`` lets only its
+    owner remove it, and root must not remove what another user planted.
+
+    Raises:
+        AccessDenied: the name is not ours to remove (the message names it).
+    """
+    path = _path(name)
     try:
-        os.unlink(_path(name))
+        info = os.lstat(path)
     except FileNotFoundError:
         return False
+    if info.st_uid != euid():
+        raise AccessDenied(f"not removing {str(path)!r}: owned by uid {info.st_uid}, not {euid()}")
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISSOCK(info.st_mode)):
+        raise AccessDenied(f"not removing {str(path)!r}: not a file or socket orbitive makes")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    except PermissionError as error:
+        raise AccessDenied(f"not removing {str(path)!r}: {error.strerror}") from None
     return True
+
+
+def fleet_entries(fleet: str, kinds: Collection[int], *, members: bool) -> list[str]:
+    """The names in ``/dev/shm`` of fleet ``fleet`` (exactly: not those of ``fleet-2``)
+    under this user's pattern, whoever owns them, for ``orbit clear``.
+
+    They are the fleet's objects of ``kinds``, its membership object when
+    ``members``, the client sockets of ``kinds`` and the temporary names of
+    creations whose creator is gone; the membership object comes last.
+    """
+    wanted = {str(kind) for kind in kinds}
+    found, membership = [], []
+    for name, match in _fleet_names(fleet):
+        if CREATING in name:
+            if not creator_alive(name):
+                found.append(name)
+        elif match["members"]:
+            membership += [name] if members else []
+        elif (match["kind"] or match["socket"]) in wanted:
+            found.append(name)
+    return sorted(found) + membership
+
+
+def _fleet_names(fleet: str) -> Iterator[tuple[str, re.Match[str]]]:
+    """Every name in ``/dev/shm`` that this user's objects, temporary names and client
+    sockets of fleet ``fleet`` take (:func:`object_name`, ``_fleet.members_name``,
+    :func:`client_socket_name`), with its match: ``kind``, ``members`` or ``socket``."""
+    uid, escaped = euid(), re.escape(fleet)
+    pattern = re.compile(
+        rf"orbit-{escaped}-(?:(?P<kind>\d{{1,3}})|(?P<members>members))-{uid}"
+        rf"(?:{re.escape(CREATING)}\d+-[0-9a-f]+)?"
+        rf"|orbit-{escaped}-(?P<socket>\d{{1,3}})-clients-\d+-[0-9a-f]+-{uid}\.sock"
+    )
+    for entry in os.scandir(SHM_DIR):
+        match = pattern.fullmatch(entry.name)
+        if match is not None:
+            yield entry.name, match
 
 
 def listed_objects() -> list[tuple[str, int, int]]:
@@ -186,13 +249,9 @@ def listed_objects() -> list[tuple[str, int, int]]:
 
 
 def leftover_creations(fleet: str) -> list[str]:
-    """Temporary names of a fleet's objects whose creators died before linking them."""
-    prefix = f"orbit-{fleet}-"
-    return [
-        entry.name
-        for entry in os.scandir(SHM_DIR)
-        if entry.name.startswith(prefix) and CREATING in entry.name
-    ]
+    """Temporary names of fleet ``fleet``'s objects (exactly that fleet's), sorted: each
+    is a creation under way, or one whose creator died before linking it."""
+    return sorted(name for name, _ in _fleet_names(fleet) if CREATING in name)
 
 
 def creator_alive(name: str) -> bool:

@@ -6,6 +6,7 @@
  * acquire() locks every stripe in ascending order: the whole region.
  */
 #define PY_SSIZE_T_CLEAN
+#include "_layout.h"
 #include "_robust.h"
 
 typedef struct {
@@ -147,6 +148,13 @@ static struct PyModuleDef robust_module = {
     PyDoc_STR("The section's robust mutex in C (see _robust.py)."), -1, NULL,
 };
 
+static const LayoutConstant layout[] = {
+    LAYOUT_CONSTANT(SECTION_RECOVERIES_AT), LAYOUT_CONSTANT(SECTION_MUTEX_AT),
+    LAYOUT_CONSTANT(SECTION_STRIPE_BYTES),  LAYOUT_CONSTANT(SECTION_STRIPES_MAX),
+    LAYOUT_CONSTANT(SECTION_BYTES),         LAYOUT_CONSTANT(ROBUST_TID_MASK),
+    LAYOUT_CONSTANT(ROBUST_OWNER_DIED),
+};
+
 PyMODINIT_FUNC PyInit__robust_c(void)
 {
     if (PyType_Ready(&RobustMutexType) < 0)
@@ -155,6 +163,7 @@ PyMODINIT_FUNC PyInit__robust_c(void)
     if (module == NULL)
         return NULL;
     if (PyModule_AddObjectRef(module, "RobustMutex", (PyObject *)&RobustMutexType) < 0 ||
+        add_layout(module, layout, sizeof layout / sizeof layout[0]) < 0 ||
         PyModule_AddIntConstant(module, "MUTEX_BYTES", (long)sizeof(pthread_mutex_t)) < 0 ||
 #ifdef __GLIBC__
         PyModule_AddIntConstant(module, "GLIBC", 1) < 0

@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Section block offsets, mirrored in _section.py. */
+/* Section block offsets, mirrored in _robust.py (compared by tests/core/test_layout_constants.py). */
 enum {
     SECTION_RECOVERIES_AT = 16,
     SECTION_MUTEX_AT = 64,

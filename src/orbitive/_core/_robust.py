@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-#: Section block offsets, mirrored in ``_robust.h``.
+#: Section block offsets, mirrored in ``_robust.h`` (``_robust_c.LAYOUT``, compared by a test).
 SECTION_RECOVERIES_AT: Final = 16
 SECTION_MUTEX_AT: Final = 64
 SECTION_STRIPE_BYTES: Final = 64

@@ -3,6 +3,8 @@
 from mmap import mmap
 
 MUTEX_BYTES: int
+#: The layout constants of ``_robust.h``, by name.
+LAYOUT: dict[str, int]
 GLIBC: int
 
 class RobustMutex:

@@ -8,7 +8,7 @@ Because the lock lives in the object, any two processes that map the object
 exclude each other, whatever their environment (``XDG_RUNTIME_DIR``,
 ``TMPDIR``, working folder): there is no lock file to disagree about.
 
-Two mechanisms, both released by the kernel when their holder dies (seed 000,
+Two mechanisms, both released by the kernel when their holder dies (lease contract,
 "Crash-safe"), measured side by side in ``bench/section_bench.py``:
 
 * :data:`ROBUST_MUTEX` (the default): a ``PTHREAD_PROCESS_SHARED`` +

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from .. import __version__
 from .._core._errors import OrbitError
 from . import _commands
-from ._store import UsageError
+from ._store_commands import UsageError
 
 #: Exit status for bad usage (argparse's own, or an argument the library refuses), and
 #: for any other OrbitError raised by a command.

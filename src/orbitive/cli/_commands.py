@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import _demo, _lock, _pool_command, _run, _store
+from . import _demo, _lock_commands, _pool_command, _run, _store_commands
 
-MODULES: list[ModuleType] = [_lock, _store, _pool_command, _run, _demo]
+MODULES: list[ModuleType] = [_lock_commands, _store_commands, _pool_command, _run, _demo]

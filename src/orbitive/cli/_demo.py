@@ -35,7 +35,7 @@ from tempfile import TemporaryDirectory
 from .. import Fleet
 from ..lock import Acquired, Fence, LockKey, LockOwner, LockTable
 from ._demo_pool import run_pool_demo
-from ._lock import remove_stopped_fleet_files
+from ._lock_commands import remove_stopped_fleet_files
 
 NAMESPACE = "orbit.demo"
 KEYS = 4

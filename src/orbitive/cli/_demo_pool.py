@@ -27,7 +27,7 @@ from .._core._errors import OrbitError
 from .._core._fleet import Fleet
 from ..clients import ClientPool, PoolOptions
 from ..pool import Key, Pool
-from ._lock import remove_stopped_fleet_files
+from ._lock_commands import remove_stopped_fleet_files
 
 MESSAGE: Final = 64
 KEY: Final = Key.digest(b"tcp://127.0.0.1/echo")

@@ -7,9 +7,10 @@ import argparse
 from .. import Fleet
 from .._core._region import object_name, object_size, read_prefix
 from ..pool import POOL_KIND, Key, PoolStatistics
+from ..pool._deaths import live_lives
 from ..pool._layout import MAGIC
 from ..pool._stats import inspect
-from ._lock import KNOWN_KINDS, fleet_name, kind_number
+from ._lock_commands import KNOWN_KINDS, fleet_name, kind_number
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,22 +37,20 @@ def cmd_pool(args: argparse.Namespace) -> int:
         print(f"fleet {args.fleet!r} has no pool table of kind {args.kind}")
         return 1
     observer = Fleet.observe(args.fleet, statistics.fleet_capacity)
-    alive = {node for node in range(statistics.fleet_capacity) if observer.is_alive(node)}
-    print("\n".join(format_statistics(statistics, alive)))
+    print("\n".join(format_statistics(statistics, live_lives(statistics, observer))))
     return 0
 
 
-def _life(node: int, alive: set[int]) -> str:
-    return "alive" if node in alive else "dead"
+def _life(life: tuple[int, int], alive: set[tuple[int, int]]) -> str:
+    return "alive" if life in alive else "dead"
 
 
-def _dead_by_key(stats: PoolStatistics, alive: set[int]) -> dict[Key, tuple[int, int]]:
+def _dead_by_key(stats: PoolStatistics, alive: set[tuple[int, int]]) -> dict[Key, tuple[int, int]]:
     """Per key, (resources, idle units) whose owner life is over: its node is free, or
     another life holds it. Such resources count as dead, not live, until reported."""
-    lives = dict(stats.members)
     dead: dict[Key, tuple[int, int]] = {}
     for res in stats.resources:
-        if res.owner_node in alive and lives.get(res.owner_node) == res.owner_incarnation:
+        if (res.owner_node, res.owner_incarnation) in alive:
             continue
         count, idle = dead.get(res.key, (0, 0))
         free = max(0, res.capacity - res.reserved - res.active) if res.state == "live" else 0
@@ -59,8 +58,9 @@ def _dead_by_key(stats: PoolStatistics, alive: set[int]) -> dict[Key, tuple[int,
     return dead
 
 
-def format_statistics(stats: PoolStatistics, alive: set[int]) -> list[str]:
-    """The lines ``orbit pool`` prints for one snapshot; ``alive``: nodes a live process holds.
+def format_statistics(stats: PoolStatistics, alive: set[tuple[int, int]]) -> list[str]:
+    """The lines ``orbit pool`` prints for one snapshot; ``alive``: the (node, incarnation)
+    lives that are not over (``live_lives``).
 
     A resource whose owner node is dead stays in the table until its death is
     reported (``Pool.node_dead``, ``watch_deaths`` or a client pool's upkeep); the
@@ -68,6 +68,7 @@ def format_statistics(stats: PoolStatistics, alive: set[int]) -> list[str]:
     Per key, as PgBouncer's ``SHOW POOLS``: LIVE, IDLE and IN USE resources of
     live owners, WAITING client-pool callers, CREATING claims, DEAD resources.
     """
+    members = stats.members
     lines = [
         f"pool of fleet {stats.fleet!r}, kind {stats.kind}, epoch {stats.epoch}",
         f"  geometry    {stats.fleet_capacity} nodes x {stats.lane_capacity} resources, "
@@ -77,7 +78,7 @@ def format_statistics(stats: PoolStatistics, alive: set[int]) -> list[str]:
         f"{stats.creating_count} creating, {stats.waiting_nodes_count} waiting",
         "  members     "
         + (
-            ", ".join(f"node {n} (incarnation {i}, {_life(n, alive)})" for n, i in stats.members)
+            ", ".join(f"node {n} (incarnation {i}, {_life((n, i), alive)})" for n, i in members)
             or "none"
         ),
         "",
@@ -101,9 +102,9 @@ def format_statistics(stats: PoolStatistics, alive: set[int]) -> list[str]:
         f"{'CAP':>4}  {'RES':>4}  {'ACT':>4}  {'FENCE':>8}",
     ]
     for res in stats.resources:
+        owner = f"{res.owner_node} {_life((res.owner_node, res.owner_incarnation), alive)}"
         lines.append(
-            f"  {res.id!s:<14}  {res.key!s:<32}  "
-            f"{f'{res.owner_node} {_life(res.owner_node, alive)}':<11}  "
+            f"  {res.id!s:<14}  {res.key!s:<32}  {owner:<11}  "
             f"{res.owner_incarnation:>20}  {res.state:<8}  {res.capacity:>4}  "
             f"{res.reserved:>4}  {res.active:>4}  {res.fence:>8}"
         )

@@ -34,7 +34,7 @@ from typing import Final
 
 from .._core._errors import LockTimeout
 from ..store import Lock, Store, open_store
-from ._store import UsageError, add_store_option
+from ._store_commands import UsageError, add_store_option
 
 #: Exit status when the lock is held elsewhere (sysexits.h EX_TEMPFAIL).
 EXIT_BUSY: Final = 75

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._core._errors import InvalidPoolOptions
+from .._core._errors import InvalidPoolOptions, shown
 
 
 def check_callable(name: str, value: object, *, optional: bool) -> None:
@@ -20,7 +20,7 @@ def check_callable(name: str, value: object, *, optional: bool) -> None:
     if value is None and optional:
         return
     if not callable(value):
-        raise InvalidPoolOptions(f"{name} must be callable, got {value!r:.60}", key=name)
+        raise InvalidPoolOptions(f"{name} must be callable, got {shown(value)}", key=name)
 
 
 def call_sync(name: str, function: Callable[..., Any], *args: object) -> Any:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Final, final
+from typing import Final, cast, final
 
-from .._core._errors import InvalidPoolOptions
+from .._core._bytes import exact_bytes
+from .._core._errors import InvalidPoolOptions, shown
 from ..pool import Key
 
 #: The longest duration an option takes, in seconds (about 31.7 years).
@@ -20,21 +21,21 @@ SIZE_MAX: Final = (1 << 32) - 1
 def _size(name: str, value: object, low: int) -> int:
     if type(value) is not int or not low <= value <= SIZE_MAX:
         raise InvalidPoolOptions(
-            f"{name} must be an int in {low}..{SIZE_MAX}, got {value!r:.60}", key=name
+            f"{name} must be an int in {low}..{SIZE_MAX}, got {shown(value)}", key=name
         )
     return value
 
 
 def _seconds(name: str, value: object) -> float:
     if type(value) is not int and type(value) is not float:
-        raise InvalidPoolOptions(f"{name} must be seconds as a float, got {value!r:.60}", key=name)
+        raise InvalidPoolOptions(f"{name} must be seconds as a float, got {shown(value)}", key=name)
     try:
         seconds = float(value)
     except OverflowError:  # an int past the float range
         seconds = math.inf
     if not 0.0 < seconds <= SECONDS_MAX:  # also false for NaN
         raise InvalidPoolOptions(
-            f"{name} must be finite seconds in (0, {SECONDS_MAX:g}], got {value!r:.60}", key=name
+            f"{name} must be finite seconds in (0, {SECONDS_MAX:g}], got {shown(value)}", key=name
         )
     return seconds
 
@@ -122,15 +123,20 @@ def pool_key(key: object) -> Key:
     """
     if type(key) is Key:
         return key
-    if isinstance(key, str):
+    raw: bytes | None
+    if issubclass(type(key), str):  # type(), not isinstance: __class__ may lie
         try:
-            key = key.encode("utf-8")
+            raw = str.__str__(cast(str, key)).encode("utf-8")  # its own encode is not called
         except UnicodeEncodeError:
-            raise InvalidPoolOptions(f"key {key!r:.60} is not encodable text", key="key") from None
-    if isinstance(key, bytes) and key:
-        return Key.digest(key)
+            raise InvalidPoolOptions(
+                f"key {shown(key)} is not encodable text (a lone surrogate)", key="key"
+            ) from None
+    else:
+        raw = exact_bytes(key)
+    if raw:
+        return Key.digest(raw)
     raise InvalidPoolOptions(
-        f"key must be a Key, or non-empty bytes or str to digest, got {key!r:.60}", key="key"
+        f"key must be a Key, or non-empty bytes or str to digest, got {shown(key)}", key="key"
     )
 
 

@@ -32,6 +32,7 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core._access import euid
+from .._core._bytes import exact_bytes
 from .._core._errors import (
     AccessDenied,
     BusyError,
@@ -42,8 +43,9 @@ from .._core._errors import (
     RemoteRequestError,
     SessionClosed,
     StaleError,
+    shown,
 )
-from .._core._region import SHM_DIR
+from .._core._region import SHM_DIR, client_socket_name
 from ..pool import Lease, ResourceId
 from ..pool.session import accept_session, accept_session_async, open_session, open_session_async
 from ._async import made, retire, usable
@@ -74,9 +76,7 @@ def socket_path(pool: ClientPool[Any], node: int) -> str:
     """
     table = pool.pool
     key = str(pool.key)[:12]
-    return str(
-        SHM_DIR / f"orbit-{table._fleet.name}-{table.kind}-clients-{node}-{key}-{euid()}.sock"
-    )
+    return str(SHM_DIR / client_socket_name(table._fleet.name, table.kind, node, key))
 
 
 def ours(path: str) -> bool:
@@ -92,11 +92,14 @@ def check_payload(payload: object) -> bytes:
     """``payload`` as bytes.
 
     Raises:
-        InvalidPoolOptions: not bytes-like, or longer than :data:`MESSAGE_MAX`.
+        InvalidPoolOptions: not bytes-like (or a released memoryview), or longer
+            than :data:`MESSAGE_MAX`.
     """
-    if not isinstance(payload, (bytes, bytearray, memoryview)):
-        raise InvalidPoolOptions(f"a request must be bytes, got {payload!r:.60}", key="payload")
-    data = bytes(payload)
+    data = exact_bytes(payload)
+    if data is None:
+        raise InvalidPoolOptions(
+            f"a request must be readable bytes, got {shown(payload)}", key="payload"
+        )
     if len(data) > MESSAGE_MAX:
         raise InvalidPoolOptions(f"a request has at most {MESSAGE_MAX} bytes", key="payload")
     return data

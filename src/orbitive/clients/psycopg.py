@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import select
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import psycopg
 from psycopg import pq
 
-from .._core._errors import InvalidPoolOptions
+from .._core._errors import InvalidPoolOptions, shown
 from .._core._fleet import Fleet
 from ..pool import POOL_KIND, Key
 from ._client_pool import ClientPool
@@ -52,18 +53,75 @@ _OPEN: Final = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 CLOSE_WAIT_S: Final = 2.0
 
 
-def connection_key(conninfo: str, kwargs: dict[str, Any], flavour: str) -> Key:
-    """The pool key of a connection target: conninfo, connect arguments and class.
+#: Arguments of ``psycopg.Connection.connect`` that shape only this process's side of a
+#: connection, not the server or the session: not part of the key (a row factory's
+#: repr even holds an address, other in every process).
+CLIENT_SIDE: Final = frozenset(
+    {"autocommit", "prepare_threshold", "context", "row_factory", "cursor_factory"}
+)
+
+
+def connection_key(conninfo: str, kwargs: dict[str, Any]) -> Key:
+    """The pool key of a connection target: conninfo and connection parameters.
+
+    The same for :class:`ConnectionPool` and :class:`AsyncConnectionPool`, and
+    whatever :data:`CLIENT_SIDE` arguments they add: one database is one budget,
+    whichever API opens it (a fleet of sync and asyncio workers shares
+    ``max_live``). Each pool still checks out only connections it made itself.
 
     Raises:
-        InvalidPoolOptions: ``conninfo`` is not a str or ``kwargs`` not a dict.
+        InvalidPoolOptions: ``conninfo`` is not a str, or has a NUL or no UTF-8 form
+            (a lone surrogate); ``kwargs`` is not a dict of str names, or a
+            connection parameter (any name but :data:`CLIENT_SIDE`'s) is not a str
+            (UTF-8, no NUL), an int of at most 64 bits, a float or None.
     """
-    if not isinstance(conninfo, str):
-        raise InvalidPoolOptions(f"conninfo must be a str, got {conninfo!r:.60}", key="conninfo")
+    conninfo = _text(conninfo, "conninfo", "conninfo")
     if not isinstance(kwargs, dict):
-        raise InvalidPoolOptions(f"kwargs must be a dict, got {kwargs!r:.60}", key="kwargs")
-    parts = sorted((str(name), repr(value)) for name, value in kwargs.items())
-    return Key.digest(f"psycopg\0{flavour}\0{conninfo}\0{parts!r}".encode())
+        raise InvalidPoolOptions(f"kwargs must be a dict, got {shown(kwargs)}", key="kwargs")
+    parts = []
+    for name, value in kwargs.items():
+        if _text(name, "a kwargs name", "kwargs") not in CLIENT_SIDE:
+            parts.append((name, _parameter(name, value)))
+    return Key.digest(f"psycopg\0{conninfo}\0{sorted(parts)!r}".encode())
+
+
+def _parameter(name: str, value: object) -> str:
+    """A connection parameter's value as the key spells it.
+
+    Raises:
+        InvalidPoolOptions: not a str (UTF-8, no NUL), an int of at most 64 bits, a
+            float or None.
+    """
+    if issubclass(type(value), str):
+        return repr(_text(value, f"kwargs[{name!r}]", "kwargs"))
+    if value is None or type(value) in (float, bool):
+        return repr(value)
+    if type(value) is int and value.bit_length() <= 64:
+        return repr(value)
+    raise InvalidPoolOptions(
+        f"kwargs[{name!r}] is a connection parameter: a str, a 64-bit int, a float or "
+        f"None, got {shown(value)}",
+        key="kwargs",
+    )
+
+
+def _text(value: object, what: str, key: str) -> str:
+    """``value`` as the exact text libpq gets (a str subclass's own methods not called).
+
+    Raises:
+        InvalidPoolOptions: not a str, a NUL, or no UTF-8 form (a lone surrogate),
+            naming ``what``; its ``key`` is ``key``.
+    """
+    if not issubclass(type(value), str):  # type(), not isinstance: __class__ may lie
+        raise InvalidPoolOptions(f"{what} must be a str, got {shown(value)}", key=key)
+    text = str.__str__(cast(str, value))
+    if "\x00" in text:
+        raise InvalidPoolOptions(f"{what} has a NUL character", key=key)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise InvalidPoolOptions(f"{what} has no UTF-8 form (a lone surrogate)", key=key) from None
+    return text
 
 
 def check_connection(conn: psycopg.Connection[Any]) -> None:
@@ -147,7 +205,10 @@ class ConnectionPool(_Base):
         conninfo: the libpq connection string or URL.
         fleet: this process's joined fleet.
         kwargs: more arguments for ``psycopg.Connection.connect`` (for example
-            ``{"application_name": "web"}``); part of the key.
+            ``{"application_name": "web"}``); its connection parameters (all but
+            :data:`CLIENT_SIDE`) are part of the key, which an
+            :class:`AsyncConnectionPool` of the same conninfo and parameters
+            shares (one budget).
         options: host-wide sizes and timeouts (:class:`PoolOptions`).
         configure: called with each new connection before first use.
         check: called on checkout (default :func:`check_connection`; None skips).
@@ -173,7 +234,7 @@ class ConnectionPool(_Base):
         kind: int = POOL_KIND,
     ) -> None:
         kwargs = {} if kwargs is None else kwargs
-        derived = connection_key(conninfo, kwargs, "sync") if key is None else key
+        derived = connection_key(conninfo, kwargs) if key is None else key
         self.conninfo, self.kwargs = conninfo, dict(kwargs)
         self._configure, self._reset_hook = configure, reset
         self._build(fleet, derived, self._connect, _close, check, self._reset, options, kind)
@@ -269,7 +330,7 @@ class AsyncConnectionPool(_Base):
         kind: int = POOL_KIND,
     ) -> None:
         kwargs = {} if kwargs is None else kwargs
-        derived = connection_key(conninfo, kwargs, "async") if key is None else key
+        derived = connection_key(conninfo, kwargs) if key is None else key
         self.conninfo, self.kwargs = conninfo, dict(kwargs)
         self._configure, self._reset_hook = configure, reset
         self._build(fleet, derived, self._connect, _close_async, check, self._reset, options, kind)
@@ -347,15 +408,18 @@ def await_gone(fd: int) -> None:
 
     A backend leaves ``pg_stat_activity`` before it closes its socket, so once
     this returns the server no longer counts the connection: only then does
-    the pool hand its budget to another process.
+    the pool hand its budget to another process. The wait is a ``poll``, which
+    takes any descriptor number (``select`` refuses 1024 and above, which a
+    busy process's sockets get).
     """
     if fd < 0:
         return
     try:
+        watch = select.poll()
+        watch.register(fd, select.POLLIN)
         deadline = time.monotonic() + CLOSE_WAIT_S
         while (remaining := deadline - time.monotonic()) > 0:
-            readable, _, _ = select.select([fd], [], [], remaining)
-            if not readable or not os.read(fd, 65536):
+            if not watch.poll(math.ceil(remaining * 1000.0)) or not os.read(fd, 65536):
                 return
     except OSError:  # reset by the server: gone as well
         return

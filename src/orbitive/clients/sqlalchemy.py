@@ -31,12 +31,13 @@ Needs SQLAlchemy (2.0 or later); imported only when this module is.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import exc
 from sqlalchemy.pool import ConnectionPoolEntry, Pool
 
-from .._core._errors import ClientCreateError, InvalidPoolOptions, PoolTimeout
+from .._core._bytes import exact_bytes
+from .._core._errors import ClientCreateError, InvalidPoolOptions, PoolTimeout, shown
 from .._core._fleet import Fleet
 from ..pool import POOL_KIND, Key
 from ._client_pool import ClientPool
@@ -47,10 +48,11 @@ __all__ = ["FleetPool"]
 
 def _engine_key(key: object) -> Key:
     """Keys given as text or bytes are digested apart from the psycopg adapter's."""
-    if isinstance(key, str):
-        key = key.encode("utf-8", "surrogatepass")
-    if isinstance(key, bytes) and key:
-        return Key.digest(b"sqlalchemy\0" + key)
+    if issubclass(type(key), str):  # type(), not isinstance: __class__ may lie
+        key = str.__str__(cast(str, key)).encode("utf-8", "surrogatepass")
+    raw = exact_bytes(key)
+    if raw:
+        return Key.digest(b"sqlalchemy\0" + raw)
     return pool_key(key)
 
 
@@ -97,7 +99,7 @@ class FleetPool(Pool):
     ) -> None:
         if not isinstance(fleet, Fleet):
             raise InvalidPoolOptions(
-                f"FleetPool needs fleet=<a joined Fleet>, got {fleet!r:.60}", key="fleet"
+                f"FleetPool needs fleet=<a joined Fleet>, got {shown(fleet)}", key="fleet"
             )
         super().__init__(creator, **kw)
         self._fleet_args: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""Keyed leases in a fleet-shared SHM table (seed 000_d589d255ec75758a.txt).
+"""Keyed leases in a fleet-shared SHM table (the lease contract, docs/architecture.md).
 
 One open-addressed state table per fleet holds at most one live entry per
 :class:`LockKey`, with a TTL on the host monotonic clock, an opaque

@@ -32,6 +32,7 @@
  * and its threads' C steps do so one at a time under the GIL.
  */
 #define PY_SSIZE_T_CLEAN
+#include "_layout.h"
 #include "_robust.h"
 #include "_slots.h"
 #include <limits.h>
@@ -467,6 +468,16 @@ static struct PyModuleDef fastpath_module = {
     NULL,
 };
 
+static const LayoutConstant layout[] = {
+    LAYOUT_CONSTANT(EMPTY),         LAYOUT_CONSTANT(OCCUPIED),      LAYOUT_CONSTANT(TOMBSTONE),
+    LAYOUT_CONSTANT(STATE_HEADER),  LAYOUT_CONSTANT(SLOT_HEADER),   LAYOUT_CONSTANT(MAX_PROBE_AT),
+    LAYOUT_CONSTANT(TOKEN_AT),      LAYOUT_CONSTANT(REVISION_AT),   LAYOUT_CONSTANT(RING_HEADER),
+    LAYOUT_CONSTANT(LANE_HEAD),     LAYOUT_CONSTANT(FRAME_HEADER),  LAYOUT_CONSTANT(EVENT_HEADER),
+    LAYOUT_CONSTANT(GENERATION_AT), LAYOUT_CONSTANT(ACQUIRED),      LAYOUT_CONSTANT(RENEWED),
+    LAYOUT_CONSTANT(RELEASED),      LAYOUT_CONSTANT(EVENT_MAGIC),   LAYOUT_CONSTANT(EVENT_VERSION),
+    LAYOUT_CONSTANT(TOKEN_MASK),    LAYOUT_CONSTANT(COUNTER_LIMIT), LAYOUT_CONSTANT(TTL_MAX_S),
+};
+
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
     generation_name = PyUnicode_InternFromString("generation");
@@ -482,7 +493,8 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     PyObject *module = PyModule_Create(&fastpath_module);
     if (module == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(module, "Steps", (PyObject *)&StepsType) < 0) {
+    if (PyModule_AddObjectRef(module, "Steps", (PyObject *)&StepsType) < 0 ||
+        add_layout(module, layout, sizeof layout / sizeof layout[0]) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -6,6 +6,9 @@ from types import ModuleType
 
 from ._types import Acquired, LockKey, LockLease, Occupied
 
+#: The layout constants the C steps share with their Python twin, by name.
+LAYOUT: dict[str, int]
+
 class Steps:
     def __init__(
         self,

@@ -35,7 +35,7 @@ probe stops at EMPTY or after ``max_probe + 1`` slots: ``max_probe`` is raised t
 entry's displacement ``(slot - home) & (capacity - 1)`` before the entry is written
 (it only grows until a reset), and a value above ``capacity - 1`` reads as
 ``capacity - 1``.
-Invariant (crash safety, seed 000 "tombstone before rewrite"): a slot is set
+Invariant (crash safety, lease contract, "tombstone before rewrite"): a slot is set
 TOMBSTONE before any of its bytes change and OCCUPIED only after all of them
 are written, all inside the critical section.
 

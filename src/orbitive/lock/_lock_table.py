@@ -3,7 +3,7 @@
 Every public method validates its arguments, then runs one critical-section
 step (process mutex + the state object's section, see ``_region`` and
 ``_section``). Each step is one immediate attempt: no sleep, retry or timeout
-(seed 000, "Every operation is one immediate attempt"). The steps, and the
+(lease contract, "Every operation is one immediate attempt"). The steps, and the
 crash-safety invariant they keep, are in ``_steps`` (the Python reference) and
 ``_inspection`` (leases and statistics); the transition frames in ``_events``.
 
@@ -62,7 +62,7 @@ _EXPIRY_SLACK_S: Final = 0.001
 
 
 class LockTable:
-    """Keyed leases shared by every process of a fleet (seed 000).
+    """Keyed leases shared by every process of a fleet (the lease contract).
 
     ``LockTable(fleet)`` subscribes after the current transition heads;
     :meth:`replay_retained` subscribes from the oldest retained transition.
@@ -195,7 +195,7 @@ class LockTable:
             LayoutMismatch: this node's ring lane head in shared memory is corrupt.
             FleetError: the fleet is closed, or this handle only observes.
 
-        Seed 000: TTL on the host monotonic clock; strictly increasing fencing
+        Lease contract: TTL on the host monotonic clock; strictly increasing fencing
         tokens; a full table refuses, it never evicts.
         """
         return self._try_acquire(key, owner, ttl)
@@ -439,7 +439,11 @@ class LockTable:
             self._state.release()
 
     def unlink(self) -> None:
-        """Remove the state and ring objects' names (and lock files); mappings stay valid."""
+        """Remove the state and ring objects' names (and lock files); mappings stay valid.
+
+        Raises:
+            AccessDenied: a name is no longer ours (another user's object took it).
+        """
         self._state.unlink()
         self._ring.region.unlink()
 

@@ -9,7 +9,7 @@ order of writes, under the same names (``read_live``, ``holds_key``,
 ``find_tenure``, ``rewrite``). They run when the C module is missing, for
 everything it declines, and while the test-only :data:`crash_hook` is set.
 
-Invariant (seed 000 "Crash-safe"): the counters are advanced first, then the
+Invariant (lease contract, "Crash-safe"): the counters are advanced first, then the
 transition is published, then the slot is set TOMBSTONE, rewritten, and set
 OCCUPIED last. A process killed anywhere in that sequence leaves the key absent
 or intact, never half-written, and the kernel releases its lock; at worst a
@@ -374,7 +374,7 @@ class ReferenceSteps:
         entry a lookup can reach is the key's holder, so a renew or release
         can never act on an entry that damaged bytes cut off from its chain.
         (A live entry of the key in its home slot is what the probe would find
-        first, so that case skips the probe.) Seed 000: release and renewal
+        first, so that case skips the probe.) Lease contract: release and renewal
         compare the key and the stored owner.
         """
         key, slot = lease.key, lease.slot

@@ -73,7 +73,7 @@ class HasNamespace(Protocol):
 class LockKey:
     """What is mutually excluded: a readable namespace plus a resource label.
 
-    Only the key decides contention (seed 000, "Identity"). ``str`` values are
+    Only the key decides contention (lease contract, "Identity"). ``str`` values are
     encoded as UTF-8; bytes are kept as they are.
 
     Raises:
@@ -196,6 +196,16 @@ class LockLease(NamedTuple):
     def remaining(self) -> float:
         """Seconds left before expiry, never negative."""
         return max(0.0, self.expires_at - time.monotonic())
+
+    def __repr__(self) -> str:
+        # The fencing token and node first: they are what a reader of a log wants, and
+        # the packed lock_id hides both.
+        return (
+            f"LockLease(key={self.key!r}, owner={self.owner!r}, "
+            f"fencing_token={self.fencing_token}, node={self.node}, "
+            f"lock_id={self.lock_id:#x}, state_revision={self.state_revision}, "
+            f"expires_at={self.expires_at:.3f}, slot={self.slot})"
+        )
 
 
 @final

@@ -1,4 +1,4 @@
-"""Fleet-wide resource leases over shared memory (seed 003_05881e98aad03f13.txt).
+"""Fleet-wide resource leases over shared memory (the pool contract, docs/architecture.md).
 
 Who has a free one, and may I have it: processes of one fleet register the
 resources they own (a warm connection, say) under a :class:`Key`; any process
@@ -42,7 +42,7 @@ from ._pool import Pool
 from ._stats import KeyStatistics, PoolStatistics, ResourceStatistics
 from ._values import Candidate, Incarnation, Key, Lease, ResourceId
 
-#: The API contract's names (api.md), then what a custom Policy, the death helper
+#: The names of the pool contract, then what a custom Policy, the death helper
 #: and ``statistics()`` need, then the pool's errors.
 __all__ = [
     "POOL_KIND",

@@ -13,7 +13,7 @@ answer is :class:`~._plan.Wait`, so a caller never spins here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from .._core._errors import (
     BusyError,
@@ -25,15 +25,22 @@ from .._core._errors import (
     shown,
 )
 from . import _snapshots
+from ._execution import CreationPermit
 from ._plan import Create, Decision, Limits, LocalReuse, Plan, Policy, Reject, RemoteReuse, Wait
-from ._values import Candidate, Key, check_key
-
-if TYPE_CHECKING:
-    from ._pool import Pool
+from ._table import Table
+from ._values import Candidate, Key, Lease, ResourceId, check_key
 
 
-def acquire(pool: Pool, key: Key, limits: Limits, policy: Policy) -> Plan:
-    """:meth:`Pool.acquire`: check, then at most ``limits.attempts`` rounds (raises as it says)."""
+def acquire(
+    table: Table,
+    reserve: Callable[[ResourceId], Lease],
+    claim: Callable[[Key, int], CreationPermit],
+    key: Key,
+    limits: Limits,
+    policy: Policy,
+) -> Plan:
+    """:meth:`Pool.acquire` on ``table``, committing through the pool's ``reserve`` and
+    ``claim_create``: check, then at most ``limits.attempts`` rounds (raises as it says)."""
     check_key(key)
     if type(limits) is not Limits:
         raise MalformedError(f"limits must be Limits, got {type(limits).__name__}")
@@ -41,24 +48,24 @@ def acquire(pool: Pool, key: Key, limits: Limits, policy: Policy) -> Plan:
         raise MalformedError(f"policy must be an object with a decide method, got {shown(policy)}")
     version = 0
     for _ in range(limits.attempts):
-        candidates, live, creating, version = snapshot(pool, key, install=True)
+        candidates, live, creating, version = snapshot(table, key, install=True)
         decision = policy.decide(key, candidates, (live, creating), limits)
-        plan = _commit(pool, key, decision, limits, version)
+        plan = _commit(table, reserve, claim, key, decision, limits, version)
         if plan is not None:
             return plan
     return Wait(version)
 
 
-def snapshot(pool: Pool, key: Key, *, install: bool) -> tuple[list[Candidate], int, int, int]:
+def snapshot(table: Table, key: Key, *, install: bool) -> tuple[list[Candidate], int, int, int]:
     """(candidates, live, creating, version) of ``key``; all empty when it is not installed."""
-    found = _snapshots.snapshot(pool._t(), key, install)
+    found = _snapshots.snapshot(table, key, install)
     return ([], 0, 0, 0) if found is None else found
 
 
-def budget(pool: Pool, key: Key) -> tuple[int, int]:
+def budget(table: Table, key: Key) -> tuple[int, int]:
     """(live, creating) of ``key`` from a snapshot that installs it; (0, 0) if there is no room."""
     try:
-        _, live, creating, _ = snapshot(pool, key, install=True)
+        _, live, creating, _ = snapshot(table, key, install=True)
     except KeyFullError:
         return 0, 0
     return live, creating
@@ -72,21 +79,28 @@ def _decide_of(policy: object) -> object:
         return None
 
 
-def _commit(pool: Pool, key: Key, decision: Decision, limits: Limits, version: int) -> Plan | None:
+def _commit(
+    table: Table,
+    reserve: Callable[[ResourceId], Lease],
+    claim: Callable[[Key, int], CreationPermit],
+    key: Key,
+    decision: Decision,
+    limits: Limits,
+    version: int,
+) -> Plan | None:
     """The plan ``decision`` commits to, or None when a race was lost (another round)."""
     if type(decision) is not Decision:
         raise MalformedError(f"a policy must return a Decision, got {shown(decision)}")
     if decision.action == "reuse" and decision.id is not None:
         try:
-            lease = pool.reserve(decision.id)
+            lease = reserve(decision.id)
         except (BusyError, StaleError, DrainingError):
             return None
-        table = pool._table
         mine = table.owner(decision.id) == (table.node, table.incarnation)
         return LocalReuse(lease) if mine else RemoteReuse(lease)
     if decision.action == "create":
         try:
-            return Create(pool.claim_create(key, limits.max_live))
+            return Create(claim(key, limits.max_live))
         except CreationBudgetError:
             return None
     if decision.action == "wait":

@@ -5,15 +5,21 @@ claims, so they come back unsupervised.
 
 Facts this relies on:
 
-* A member holds its node by ``flock`` on the node's lock file; the kernel drops
-  it when the process dies, SIGKILL included. ``fleet.is_alive(node)`` is
-  "someone holds that lock now".
+* A member holds its node by an OFD lock on the fleet's membership object; the
+  kernel drops it when the process dies, SIGKILL included. Right after its
+  claim the member records its fleet incarnation in the node's word there, and
+  a node's incarnations only grow. ``fleet.incarnation_of(node)`` is the
+  holder's incarnation, None while nobody holds the node.
 * Every Pool stamps its incarnation in its node's doorbell when it binds, and
-  lives on one node follow each other. So a life that owns resources on a node
-  is over when the node is free, or when the doorbell shows another life (a
-  newer process took the node and opened the pool). A node held by a process
-  that has not opened the pool yet keeps the old life until it does: the scan
-  never reports a life it cannot prove dead.
+  its fleet incarnation beside it (the bell's life; the two are equal unless
+  the Pool was given an incarnation of its own). Lives on one node follow each
+  other. So a life that owns resources on a node is over when the doorbell
+  shows another life (a newer process took the node and opened the pool), or
+  when the bell's own life is over: the node is free, or its holder recorded
+  another fleet incarnation than the bell's (a newer process took the node and
+  opened no pool, as ``orbit run --store shm://`` does). A newer holder that
+  has not recorded its incarnation yet keeps the old life for that instant:
+  the scan never reports a life it cannot prove over.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import final
 from .._core._errors import MalformedError, NodeOutsideFleet, OrbitError, shown
 from .._core._fleet import Fleet
 from . import _snapshots
+from ._stats import PoolStatistics
 from ._table import Table
 from ._values import U64_MAX, Incarnation, check_seconds
 
@@ -65,10 +72,27 @@ def find_dead(table: Table, fleet: Fleet) -> list[tuple[int, int]]:
         if node == table.node:
             dead += [(node, life) for life in sorted(incarnations) if life != table.incarnation]
             continue
-        alive = fleet.is_alive(node)
         bell = table.doorbell(node)
-        dead += [(node, life) for life in sorted(incarnations) if not alive or life != bell]
+        over = bell_over(fleet, node, table.bell_life(node))
+        dead += [(node, life) for life in sorted(incarnations) if over or life != bell]
     return dead
+
+
+def live_lives(statistics: PoolStatistics, fleet: Fleet) -> set[tuple[int, int]]:
+    """The (node, incarnation) lives of a table snapshot that are not over (as
+    :func:`find_dead` judges them, for an observer such as ``orbit pool``)."""
+    bell_lives = dict(statistics.bell_lives)
+    return {
+        (node, life)
+        for node, life in statistics.members
+        if not bell_over(fleet, node, bell_lives.get(node, 0))
+    }
+
+
+def bell_over(fleet: Fleet, node: int, bell_life: int) -> bool:
+    """Whether the process that rang ``node``'s doorbell, of fleet incarnation
+    ``bell_life``, is gone: nobody holds the node, or a newer life does."""
+    return fleet.incarnation_of(node) != bell_life or not bell_life
 
 
 def check_interval(interval: object) -> float:

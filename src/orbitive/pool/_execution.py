@@ -23,7 +23,7 @@ class Execution:
     """One accepted unit of a resource, in use by its owner.
 
     ``complete()`` (or leaving the ``with`` block) gives the unit back; that is the
-    only way accepted capacity returns (seed 003). An Execution dropped without
+    only way accepted capacity returns (the pool contract). An Execution dropped without
     ``complete()`` warns (``ResourceWarning``) and gives the unit back too. A
     forked child's copy never completes the parent's unit.
     """

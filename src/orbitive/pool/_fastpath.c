@@ -31,6 +31,7 @@
  * bits address resource slots only below fleet_capacity x lane_capacity).
  */
 #define PY_SSIZE_T_CLEAN
+#include "_layout.h"
 #include "_robust.h"
 #include "_slots.h"
 #include <limits.h>
@@ -481,6 +482,15 @@ static struct PyModuleDef fastpath_module = {
     -1, NULL,
 };
 
+static const LayoutConstant layout[] = {
+    LAYOUT_CONSTANT(RESOURCE_SIZE),   LAYOUT_CONSTANT(PENDING),     LAYOUT_CONSTANT(LIVE),
+    LAYOUT_CONSTANT(DRAINING),        LAYOUT_CONSTANT(NODE_AT),     LAYOUT_CONSTANT(GENERATION_AT),
+    LAYOUT_CONSTANT(INCARNATION_AT),  LAYOUT_CONSTANT(CAPACITY_AT), LAYOUT_CONSTANT(KEY_INDEX_AT),
+    LAYOUT_CONSTANT(ACTIVE_AT),       LAYOUT_CONSTANT(FENCE_AT),    LAYOUT_CONSTANT(LAST_RESERVE_AT),
+    LAYOUT_CONSTANT(EPOCH_AT),        LAYOUT_CONSTANT(FENCES_AT),   LAYOUT_CONSTANT(SINCE_AT),
+    LAYOUT_CONSTANT(KEY_CHANGES),     LAYOUT_CONSTANT(KEY_PARKED),  LAYOUT_CONSTANT(BELL_PARKED),
+};
+
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
     PyObject *fork = PyImport_ImportModule("orbitive._core._fork");
@@ -503,7 +513,8 @@ PyMODINIT_FUNC PyInit__fastpath(void)
         return NULL;
     if (PyModule_AddObjectRef(module, "Steps", (PyObject *)&StepsType) < 0 ||
         PyModule_AddObjectRef(module, "Operations", (PyObject *)&OperationsType) < 0 ||
-        PyModule_AddObjectRef(module, "Execution", (PyObject *)&ExecutionType) < 0) {
+        PyModule_AddObjectRef(module, "Execution", (PyObject *)&ExecutionType) < 0 ||
+        add_layout(module, layout, sizeof layout / sizeof layout[0]) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -6,6 +6,9 @@ from types import ModuleType, TracebackType
 from ._table import Table
 from ._values import Lease, ResourceId
 
+#: The layout constants the C steps share with their Python twin, by name.
+LAYOUT: dict[str, int]
+
 class Steps:
     def __init__(self, buf: mmap, first: int, end: int) -> None: ...
     def reserve(self, offset: int, node: int, generation: int, epoch: int, now: int, /) -> int: ...

@@ -246,8 +246,13 @@ class KeyTable:
 
     # -- identity -------------------------------------------------------------------
 
-    def bind(self, node: int, incarnation: int) -> None:
+    def bind(self, node: int, incarnation: int, fleet_life: int) -> None:
         """Adopt (node, incarnation) as this process's owner identity and stamp the doorbell.
+
+        The doorbell records ``incarnation`` (the pool's life, the fleet's by
+        default) and beside it ``fleet_life``, the fleet incarnation of this
+        process, which the membership object shows while this process holds the
+        node (``pool/_deaths.py`` compares the two).
 
         A previous life of the node (its doorbell shows another incarnation) is
         over: this process holds the node now. Its creation claims are returned
@@ -273,6 +278,7 @@ class KeyTable:
                 for index in self._forget_node(node, claims=previous != 0):
                     self.key_changed(index)
                 store(self.buf, doorbell, U64, incarnation)
+            store(self.buf, self.layout.bell_lives + 8 * node, U64, fleet_life)
         finally:
             self.leave()
         self.node, self.incarnation = node, incarnation
@@ -303,6 +309,11 @@ class KeyTable:
     def doorbell(self, node: int) -> int:
         """The incarnation recorded for ``node`` (0: none)."""
         value: int = U64.unpack_from(self.buf, self.layout.doorbells + 8 * node)[0]
+        return value
+
+    def bell_life(self, node: int) -> int:
+        """The fleet incarnation of the process whose pool rang ``node``'s doorbell (0: none)."""
+        value: int = U64.unpack_from(self.buf, self.layout.bell_lives + 8 * node)[0]
         return value
 
     # -- creation claims --------------------------------------------------------------

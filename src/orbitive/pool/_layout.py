@@ -8,6 +8,8 @@ All integers are little-endian. Areas follow each other, each starting on a
     header      64                            geometry, epoch, checksum (below)
     bell        round64(8 + F)                generation u32 @0; armed[F] u8 @8
     doorbells   round64(8 * F)                incarnation u64 per node (0: none)
+    bell lives  round64(8 * F)                per node: the fleet incarnation of the
+                                              doorbell's process (0: none)
     keys        K * key_stride                key slots (below)
     resources   F * L * 384                   resource slots, node-major (below)
 
@@ -91,7 +93,7 @@ from .._core._region import store
 #: The default SHM kind of the pool table.
 POOL_KIND: Final = 247
 #: Bumped whenever any offset or meaning below changes.
-LAYOUT_VERSION: Final = 4
+LAYOUT_VERSION: Final = 5
 MAGIC: Final = b"POOL"
 HEADER_SIZE: Final = 64
 RESOURCE_SIZE: Final = 384
@@ -231,9 +233,14 @@ class Layout:
         return self.bell + _round(BELL_PARKED + self.fleet_capacity, 64)
 
     @property
+    def bell_lives(self) -> int:
+        """Offset of the per-node fleet incarnations of the doorbells (layout version 4)."""
+        return self.doorbells + _round(8 * self.fleet_capacity, 64)
+
+    @property
     def keys(self) -> int:
         """Offset of key slot 0."""
-        return self.doorbells + _round(8 * self.fleet_capacity, 64)
+        return self.bell_lives + _round(8 * self.fleet_capacity, 64)
 
     @property
     def key_interest(self) -> int:

@@ -56,7 +56,8 @@ def open_table(
         lane if lane_capacity is None else check_capacity(lane_capacity, "lane_capacity"),
     )
     table = table_for(fleet, layout)
-    table.bind(fleet.node, fleet.incarnation if incarnation is None else incarnation.value)
+    life = fleet.incarnation
+    table.bind(fleet.node, life if incarnation is None else incarnation.value, life)
     return table
 
 

@@ -108,7 +108,8 @@ class Pool:
                 "build a new Pool with the child's own incarnation",
                 fleet=self._fleet.name,
             )
-        self._table.bind(self._fleet.node, self._fleet.incarnation)
+        life = self._fleet.incarnation
+        self._table.bind(self._fleet.node, life, life)
         self._attach()
 
     def _attach(self) -> None:
@@ -183,7 +184,7 @@ class Pool:
                 callable ``decide``, too), or the policy returned no Decision.
             KeyFullError: the key table has no room for this key.
 
-        Seed 003: "acquire runs the loop for one request ... and hands back a
+        Pool contract: "acquire runs the loop for one request ... and hands back a
         committed Plan". Example::
 
             match pool.acquire(key, Limits(max_live=4, attempts=4), LocalFirst()):
@@ -193,7 +194,7 @@ class Pool:
                 case Wait(version):
                     pool.wait_capacity(key, version, timeout=5.0)
         """
-        return acquire(self, key, limits, policy)
+        return acquire(self._t(), self.reserve, self.claim_create, key, limits, policy)
 
     # -- leases -----------------------------------------------------------------------
 
@@ -389,11 +390,11 @@ class Pool:
 
     def candidates(self, key: Key) -> list[Candidate]:
         """Every live or draining resource under ``key`` (a snapshot, not a lease)."""
-        return snapshot(self, check_key(key), install=False)[0]
+        return snapshot(self._t(), check_key(key), install=False)[0]
 
     def budget(self, key: Key) -> tuple[int, int]:
         """(live, creating) for ``key``, fleet-wide; installs the key, (0, 0) if full."""
-        return budget(self, check_key(key))
+        return budget(self._t(), check_key(key))
 
     def owners(self) -> list[tuple[int, int]]:
         """Sorted distinct (node, incarnation) owning live or draining resources.
@@ -561,6 +562,9 @@ class Pool:
 
         Existing mappings keep working; the next process to open the pool creates
         a new table. Never unlink a table a running fleet uses.
+
+        Raises:
+            AccessDenied: the name is no longer ours (another user's object took it).
         """
         table = self._t()
         if table.region.shared:

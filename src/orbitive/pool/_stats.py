@@ -80,7 +80,9 @@ class ResourceStatistics:
 class PoolStatistics:
     """The whole table at one moment.
 
-    Counters carry ``_count``; ``members`` lists (node, incarnation) doorbells.
+    Counters carry ``_count``; ``members`` lists (node, incarnation) doorbells
+    and ``bell_lives`` (node, fleet incarnation) of the processes that rang them
+    (the life a node's holder must still have for the doorbell's life to go on).
     """
 
     fleet: str
@@ -97,6 +99,7 @@ class PoolStatistics:
     creating_count: int
     waiting_nodes_count: int
     members: tuple[tuple[int, int], ...]
+    bell_lives: tuple[tuple[int, int], ...]
     keys: tuple[KeyStatistics, ...]
     resources: tuple[ResourceStatistics, ...]
 
@@ -177,11 +180,12 @@ def collect(buf: mmap.mmap, layout: Layout, fleet: str) -> PoolStatistics:
     """Read the statistics of the table in ``buf`` (call under its critical section)."""
     resources = _resources(buf, layout)
     keys = _with_idle(_keys(buf, layout), resources)
-    members = []
+    members, bell_lives = [], []
     for node in range(layout.fleet_capacity):
         life = U64.unpack_from(buf, layout.doorbells + 8 * node)[0]
         if life:
             members.append((node, life))
+            bell_lives.append((node, U64.unpack_from(buf, layout.bell_lives + 8 * node)[0]))
     return PoolStatistics(
         fleet=fleet,
         kind=layout.kind,
@@ -197,6 +201,7 @@ def collect(buf: mmap.mmap, layout: Layout, fleet: str) -> PoolStatistics:
         creating_count=sum(k.creating for k in keys),
         waiting_nodes_count=sum(k.waiting_nodes for k in keys),
         members=tuple(members),
+        bell_lives=tuple(bell_lives),
         keys=tuple(keys),
         resources=tuple(resources),
     )

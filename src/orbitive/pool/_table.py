@@ -2,7 +2,7 @@
 
 Every step runs between ``enter()`` and ``leave()`` (the region's process mutex
 and ``flock``, see :mod:`._keys`), so it is atomic for every process of the
-fleet; that is what keeps ``reserve`` from ever over-admitting (seed 003:
+fleet; that is what keeps ``reserve`` from ever over-admitting (pool contract:
 "reserves one unit with a single compare-and-swap").
 
 Invariant (crash safety): a process killed inside a step leaves a table the
@@ -503,6 +503,7 @@ class Table(KeyTable):
             if self.doorbell(node) == incarnation:
                 changed.update(self._forget_node(node, claims=True))
                 store(self.buf, self.layout.doorbells + 8 * node, U64, 0)
+                store(self.buf, self.layout.bell_lives + 8 * node, U64, 0)
             for index in sorted(changed):
                 self.key_changed(index)
         finally:

@@ -1,4 +1,4 @@
-"""Named locks with a TTL, an owner and a fencing token (seed 002).
+"""Named locks with a TTL, an owner and a fencing token (the store contract, docs/architecture.md).
 
 One contract over four engines: a SQLite file (the embedded default), PostgreSQL
 or one Redis node (several hosts) and the SHM lock table of a fleet. See
@@ -22,10 +22,10 @@ from .._core._errors import (
     LockTimeout,
     StoreError,
 )
-from ._async import AsyncLock
-from ._base import Store
 from ._engine import LockInfo
-from ._handle import Lock
+from ._lock import Lock
+from ._lock_async import AsyncLock
+from ._store import Store
 from ._url import open_store
 
 __all__ = [

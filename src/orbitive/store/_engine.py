@@ -10,7 +10,6 @@ import abc
 import time
 from dataclasses import dataclass
 from typing import (
-    TYPE_CHECKING,
     Any,
     ClassVar,
     Generic,
@@ -22,9 +21,6 @@ from typing import (
 )
 
 from .._core._errors import ErrorKind, StoreError
-
-if TYPE_CHECKING:
-    from ._engine_async import AsyncEngine
 
 
 class LockInfo(NamedTuple):
@@ -154,17 +150,6 @@ class Engine(abc.ABC, Generic[_G]):
     def wait(self, delay: float) -> None:
         """Pause up to ``delay`` seconds, returning early if the engine signals a change."""
         time.sleep(delay)
-
-    def async_engine(self) -> AsyncEngine[_G]:
-        """This engine's asyncio form (one per store, made on first async use).
-
-        The default runs these primitives in the event loop's default executor (a
-        worker thread), so every engine has one; an engine with native asyncio or
-        with steps too short for a thread returns its own (see ``_engine_async``).
-        """
-        from ._engine_async import AsyncEngine  # noqa: PLC0415 - it imports this module
-
-        return AsyncEngine(self)
 
 
 @final

@@ -1,7 +1,8 @@
 """The asyncio form of an engine: the same primitives as awaitables, never blocking the loop.
 
-:class:`AsyncEngine` is what the asyncio helpers (:mod:`._async`) drive. This
-class is also the default form of every engine (:meth:`Engine.async_engine`): it
+:class:`AsyncEngine` is what the asyncio helpers (:mod:`._lock_async`) drive. This
+class is also the default form of every engine (``open_store`` pairs each engine
+with its form): it
 runs the engine's sync primitives in the event loop's default executor, one
 worker thread per call in flight, so SQLite and any new engine get an asyncio
 form for free. An engine overrides it where it has something better: PostgreSQL
@@ -25,12 +26,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
-from ._engine import Busy, Grant
-
-if TYPE_CHECKING:
-    from ._engine import Engine
+from ._engine import Busy, Engine, Grant
 
 _G = TypeVar("_G", bound=Grant)
 _T = TypeVar("_T")

@@ -54,7 +54,6 @@ from ._network import Deadline, attempt_id, gave_up, timed_out, unavailable
 if TYPE_CHECKING:
     import psycopg
 
-    from ._postgres_async import PostgresAsyncEngine
     from ._postgres_wait import DeadlineConnection
 
 _T = TypeVar("_T")
@@ -281,12 +280,6 @@ class PostgresEngine(Engine[Granted]):
         with self._mutex:
             self._closed = True
             self._drop()
-
-    def async_engine(self) -> PostgresAsyncEngine:
-        """The same statements over ``psycopg.AsyncConnection`` (``_postgres_async``)."""
-        from ._postgres_async import PostgresAsyncEngine  # noqa: PLC0415 - it imports this module
-
-        return PostgresAsyncEngine(self)
 
     def __repr__(self) -> str:
         return "<PostgresEngine>"

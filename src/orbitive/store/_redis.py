@@ -19,14 +19,20 @@ Facts this engine relies on:
   value, release and force-release leave a receipt ``{prefix}receipt:{attempt}``
   that lives :data:`RECEIPT_MIN_S` seconds or three call timeouts, whichever is
   longer. A retry after a lost reply reports what the first attempt did.
-* The engine owns one redis-py ``Connection`` (built by the URL's pool class,
-  so TCP, TLS and Unix sockets alike), used by one thread at a time under a
-  mutex, as the PostgreSQL engine does: a command is one ``send_command`` and
-  one ``read_response``, without the client's pool and instrumentation on every
-  call. redis-py's own retries are switched off (a blind retry of a grant could
-  change its answer); a connection error drops the connection and the call is
-  retried once on a new one. Each socket step (connect, command) is bounded by
-  a quarter of the call timeout, so two attempts of connect plus command fit.
+* The engine owns one redis-py ``Connection`` per process (built by the URL's
+  pool class, so TCP, TLS and Unix sockets alike), used by one thread at a time
+  under a mutex, as the PostgreSQL engine does: a command is one
+  ``send_command`` and one ``read_response``, without the client's pool and
+  instrumentation on every call. redis-py's own retries are switched off (a
+  blind retry of a grant could change its answer); a connection error
+  disconnects it and the call is retried once, the same ``Connection``
+  connecting afresh. Each socket step (connect, command) is bounded by a
+  quarter of the call timeout, so two attempts of connect plus command fit.
+* The pool counts every ``Connection`` it makes against its limit and forgets
+  one only when it is released to it, which the engine never does: so the
+  engine makes exactly one per process, never one per reconnect (one per
+  reconnect ran out of the limit after about 50 failed calls, and every call
+  after was refused with "Too many connections").
 * ``locks()`` walks the prefix with ``SCAN`` and reads each batch of keys in
   one script: every lease live through the whole walk is listed once (SCAN may
   return a key twice; the engine keeps one), one granted or released during it
@@ -35,7 +41,7 @@ Facts this engine relies on:
   (restart, ``SCRIPT FLUSH``) answers NOSCRIPT and gets the script again.
 * After ``fork`` the child drops the inherited connection: redis-py closes its
   socket without ``shutdown`` in a process other than its creator, so the
-  parent's session lives on; the child connects afresh on first use.
+  parent's session lives on; the child makes its own on first use.
 """
 
 from __future__ import annotations
@@ -190,10 +196,11 @@ class RedisEngine(Engine[RedisGrant]):
                 retry=module.retry.Retry(module.backoff.NoBackoff(), 0),
                 retry_on_timeout=False,
             )
-        except (ValueError, TypeError) as error:  # redis-py's verdict on the URL
+            # a redis-py Connection (its methods are untyped), built from the URL's arguments
+            self._conn: Any = self._pool.make_connection()
+        except (ValueError, TypeError, self._errors) as error:  # redis-py's verdict on the URL
             raise InvalidStoreUrl(f"redis store URL refused: {error}") from None
         self._mutex = threading.Lock()
-        self._conn: Any = None  # a redis-py Connection (its methods are untyped)
         self._closed = False
         self._prefix = prefix
         self._lease_prefix = f"{prefix}lock:"
@@ -305,7 +312,7 @@ class RedisEngine(Engine[RedisGrant]):
                 try:
                     return self._exchange(command, script)
                 except self._transient as error:
-                    self._drop()
+                    self._disconnect()
                     failure = error
                 except self._errors as error:
                     raise StoreError(f"redis store: {error}", kind=ErrorKind.DATABASE) from error
@@ -331,17 +338,22 @@ class RedisEngine(Engine[RedisGrant]):
         if self._closed:
             raise StoreError("redis store is closed", kind=ErrorKind.CLOSED)
         if self._conn is None:
-            self._conn = self._pool.make_connection()
+            self._conn = self._pool.make_connection()  # once per process: see the docstring
         return self._conn
 
+    def _disconnect(self) -> None:
+        """Close the socket; the same ``Connection`` connects afresh on its next command."""
+        if self._conn is not None:
+            self._conn.disconnect()
+
     def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.disconnect()
+        self._disconnect()
+        self._conn = None
 
     def _after_fork_in_child(self) -> None:
         self._mutex = threading.Lock()
         self._drop()  # in a child, redis-py closes the socket without shutdown
+        self._pool.reset()  # the child's pool counts only the connection it makes
 
     def close(self) -> None:
         with self._mutex:

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import select
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import Final, TypeVar
 
 from .._core._errors import (
+    CapacityMismatch,
     ErrorKind,
     FleetError,
     InvalidCapacity,
@@ -40,20 +41,17 @@ from .._core._errors import (
     OrbitError,
     StoreError,
 )
-from .._core._fleet import Fleet, check_fleet_name, recorded_capacity
+from .._core._fleet import CAPACITY_DEFAULT, Fleet
 from .._core._section import object_bytes
 from ..lock import Acquired, LockKey, LockLayout, LockLease, LockOwner, LockTable
 from ..lock._layout import EVENT_HEADER_SIZE
 from ._engine import Busy, Engine, LockInfo
 
-if TYPE_CHECKING:
-    from ._shm_async import ShmAsyncEngine
-
 #: The lock-table namespace of every store lock.
 NAMESPACE: Final = "orbitive.store"
 _NAMESPACE_BYTES: Final = NAMESPACE.encode()
 #: Fleet capacity of an ``shm://`` store that creates its fleet.
-SHM_CAPACITY_DEFAULT: Final = 64
+SHM_CAPACITY_DEFAULT: Final = CAPACITY_DEFAULT
 #: Longest name and owner, in UTF-8 bytes (the store's own rules).
 _TEXT_MAX: Final = 255
 _PAYLOAD_MAX: Final = len(_NAMESPACE_BYTES) + 2 * _TEXT_MAX
@@ -85,17 +83,22 @@ class ShmEngine(Engine[LockLease]):
         """Join ``fleet`` with ``capacity`` nodes (None: the fleet's own, else 64).
 
         Raises:
-            InvalidStoreUrl: a bad fleet name, or the fleet has another capacity.
+            InvalidStoreUrl: a bad fleet name.
+            CapacityMismatch: the fleet exists with another capacity (the message
+                quotes the URL and says how to clear the fleet).
             StoreError: ``UNAVAILABLE`` when every node of the fleet is held.
         """
+        shown = f"shm://{fleet}" + ("" if capacity is None else f"?capacity={capacity}")
         try:
-            self._fleet = _join(fleet, capacity)
+            self._fleet = Fleet.join(fleet, capacity)
+        except CapacityMismatch as error:  # a valid URL: the fleet in /dev/shm disagrees
+            raise CapacityMismatch(f"store URL {shown!r}: {error.message}", fleet=fleet) from None
         except InvalidName as error:
-            raise InvalidStoreUrl(f"store URL {'shm://' + fleet!r}: {error.message}") from error
+            raise InvalidStoreUrl(f"store URL {shown!r}: {error.message}") from error
         except InvalidCapacity as error:
-            raise InvalidStoreUrl(f"store URL {'shm://' + fleet!r}: {error.message}") from error
+            raise InvalidStoreUrl(f"store URL {shown!r}: {error.message}") from error
         except FleetError as error:
-            message = f"store URL {'shm://' + fleet!r}: {error.message}"
+            message = f"store URL {shown!r}: {error.message}"
             raise StoreError(message, kind=ErrorKind.UNAVAILABLE) from error
         try:
             self._table = LockTable(self._fleet, STORE_LAYOUT)
@@ -175,12 +178,6 @@ class ShmEngine(Engine[LockLease]):
         except (OrbitError, ValueError) as error:
             raise self._failure(error) from error
 
-    def async_engine(self) -> ShmAsyncEngine:
-        """Table steps on the loop, waits on the readiness descriptor (``_shm_async``)."""
-        from ._shm_async import ShmAsyncEngine  # noqa: PLC0415 - it imports this module
-
-        return ShmAsyncEngine(self)
-
     def close(self) -> None:
         self._closed = True
         self._table.close()
@@ -188,13 +185,6 @@ class ShmEngine(Engine[LockLease]):
 
     def __repr__(self) -> str:
         return f"<ShmEngine fleet={self._fleet.name!r}>"
-
-
-def _join(fleet: str, capacity: int | None) -> Fleet:
-    check_fleet_name(fleet)  # before its name is used to look anything up
-    if capacity is None:
-        capacity = recorded_capacity(fleet) or SHM_CAPACITY_DEFAULT
-    return Fleet.join(fleet, capacity=capacity)
 
 
 def footprint(capacity: int) -> int:

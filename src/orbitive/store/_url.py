@@ -23,18 +23,23 @@ open to group or others.
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any, Final, cast
-from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qs, unquote, urlsplit, urlunsplit
 
 from .._core._access import check_dir
 from .._core._errors import InvalidStoreUrl
 from .._core._fleet import CAPACITY_MAX
-from ._base import Store
+from ._backend import AsyncForm
 from ._engine import Engine
+from ._engine_async import AsyncEngine
 from ._network import split_param, split_timeout
+from ._store import Store
 
 _SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 #: The password of a ``scheme://user:password@`` URL, for messages about unparsable URLs.
@@ -67,10 +72,14 @@ def open_store(url: str | None = None) -> Store:
         An open :class:`Store`; close it, or use it as a context manager.
 
     Raises:
-        InvalidStoreUrl: not a str or None, an unknown scheme, a malformed URL, a
-            lone surrogate in a PostgreSQL URL or a SQLite path (also ``ValueError``),
-            a ``sqlite:`` path to a file that is not a SQLite database, or an
-            ``shm://`` fleet that has another capacity than ``?capacity=N`` asks for.
+        InvalidStoreUrl: not a str or None, an unknown scheme, a malformed URL
+            (one urllib or libpq cannot split, a host name no resolver takes, a
+            redis-py argument it refuses), a NUL, a lone surrogate in a network
+            URL or a SQLite path, a Redis ``?prefix=`` that is not UTF-8 once
+            percent-decoded (also ``ValueError``), or a ``sqlite:`` path to a file
+            that is not a SQLite database.
+        CapacityMismatch: an ``shm://`` fleet has another capacity than
+            ``?capacity=N`` asks for (an ``InvalidCapacity``, also ``ValueError``).
         StoreError: ``UNAVAILABLE`` when the database cannot be opened or reached,
             ``psycopg`` (``redis``) is not installed for a PostgreSQL (Redis) URL, or
             every node of an ``shm://`` fleet is held.
@@ -86,27 +95,36 @@ def open_store(url: str | None = None) -> Store:
                 with lock:
                     run_job(lock.fencing_token)
 
-    Seed 002: one contract, the same on a SQLite file, the SHM table, PostgreSQL and Redis.
+    Store contract: one contract, the same on a SQLite file, the SHM table, PostgreSQL and Redis.
     """
-    engine, shown = _engine_for(url)
-    return Store(engine, shown)
+    engine, shown, async_form = _engine_for(url)
+    return Store(engine, shown, async_form)
 
 
-def _engine_for(url: object) -> tuple[Engine[Any], str]:
+#: What a URL opens: the engine, the URL as shown (password removed), the asyncio form.
+_Opened = tuple[Engine[Any], str, AsyncForm]
+
+
+def _engine_for(url: object) -> _Opened:
     if url is None:
         from ._sqlite import SqliteEngine  # noqa: PLC0415 - engines load on demand
 
         path = default_path()
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         check_dir(path.parent)
-        return SqliteEngine(path, private=True), f"sqlite://{path}"
+        engine = SqliteEngine(path, private=True)
+        return engine, f"sqlite://{path}", partial(AsyncEngine, engine)
     if not issubclass(type(url), str):  # type(), not isinstance: __class__ may lie
         raise InvalidStoreUrl(f"store URL must be a str or None, not {type(url).__name__}")
     url = str.__str__(cast(str, url))  # an exact str: a subclass's methods are not called
+    if "\x00" in url:
+        raise InvalidStoreUrl("store URL has a NUL character")
     match = _SCHEME.match(url)
     scheme = match.group(1).lower() if match else ""
     if scheme == "sqlite":
         return _sqlite(url)
+    if not _is_utf8(url):  # a path may carry any byte (above); a network name may not
+        raise InvalidStoreUrl(f"store URL {url!r} has no UTF-8 form (a lone surrogate)")
     if scheme in ("postgresql", "postgres"):
         return _postgres(url)
     if scheme == "shm":
@@ -119,7 +137,7 @@ def _engine_for(url: object) -> tuple[Engine[Any], str]:
     )
 
 
-def _sqlite(url: str) -> tuple[Engine[Any], str]:
+def _sqlite(url: str) -> _Opened:
     from ._sqlite import SqliteEngine  # noqa: PLC0415 - engines load on demand
 
     rest = url[len("sqlite:") :]
@@ -129,7 +147,7 @@ def _sqlite(url: str) -> tuple[Engine[Any], str]:
             raise InvalidStoreUrl(
                 f"store URL {url!r}: use sqlite:///absolute/path or sqlite:relative/path"
             )
-    if not rest or "?" in rest or "#" in rest or "\x00" in rest:
+    if not rest or "?" in rest or "#" in rest:
         raise InvalidStoreUrl(f"store URL {url!r} has no usable file path")
     try:
         os.fsencode(rest)  # a lone surrogate the file system encoding cannot carry
@@ -137,43 +155,72 @@ def _sqlite(url: str) -> tuple[Engine[Any], str]:
         raise InvalidStoreUrl(
             f"store URL {url!r}: the path has no file system form (a lone surrogate)"
         ) from None
-    return SqliteEngine(Path(rest), private=False), url
+    engine = SqliteEngine(Path(rest), private=False)
+    return engine, url, partial(AsyncEngine, engine)
 
 
-def _postgres(url: str) -> tuple[Engine[Any], str]:
+def _postgres(url: str) -> _Opened:
     from ._postgres import PostgresEngine  # noqa: PLC0415 - psycopg loads on demand
+    from ._postgres_async import PostgresAsyncEngine  # noqa: PLC0415
 
-    if not _is_utf8(url):
-        raise InvalidStoreUrl(f"store URL {url!r} has no UTF-8 form (a lone surrogate)")
     conninfo, timeout = split_timeout(url)
     problem = _libpq_refuses(conninfo)
     if problem:  # an unclosed IPv6 bracket is a bad URL, not an unreachable server
         shown = _PASSWORD.sub(r"\1***@", url)
         raise InvalidStoreUrl(f"store URL {shown!r} is malformed: {problem}")
-    return PostgresEngine(conninfo, timeout=timeout), _redacted(url)
+    engine = PostgresEngine(conninfo, timeout=timeout)
+    return engine, _redacted(url), partial(PostgresAsyncEngine, engine)
 
 
 def _libpq_refuses(url: str) -> str:
-    """libpq's own reason not to parse ``url`` ('' when it parses, or psycopg is missing)."""
+    """libpq's own reason not to parse ``url``, or a host no resolver takes ('' when it
+    parses, or psycopg is missing)."""
     try:
         from psycopg import ProgrammingError  # noqa: PLC0415 - psycopg loads on demand
         from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415
     except ImportError:
         return ""  # PostgresEngine says psycopg is missing
     try:
-        conninfo_to_dict(url)
+        params = conninfo_to_dict(url)
     except ProgrammingError as error:  # its message quotes the URL, password and all: cut it
         return str(error).strip().splitlines()[0].split(" in URI")[0] or "libpq refuses it"
+    hosts = str(params.get("host") or "").split(",")
+    return next(filter(None, map(_host_refused, hosts)), "")
+
+
+def _host_refused(host: str) -> str:
+    """Why a resolver refuses the host name ``host`` before any lookup ('' when it takes
+    it: an IP address, a socket folder, or a name of valid IDNA labels)."""
+    if not host or host.startswith("/"):
+        return ""
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(host)
+        return ""
+    try:
+        host.encode("idna")  # what socket.getaddrinfo does to a str host
+    except UnicodeError as error:
+        return f"host {host!r} is not a host name ({error.__cause__ or error})"
     return ""
 
 
-def _shm(url: str) -> tuple[Engine[Any], str]:
-    from ._shm import ShmEngine  # noqa: PLC0415 - orbitive.lock loads on demand
+def _split(url: str, shown: str) -> SplitResult:
+    """``urlsplit(url)``; ``shown`` is the URL as messages may show it.
 
+    Raises:
+        InvalidStoreUrl: urllib refuses it (an unbalanced "[", a bracketed host that
+            is no IP address).
+    """
     try:
-        parts = urlsplit(url)
-    except ValueError as error:  # an unbalanced "[" in the netloc, say
-        raise InvalidStoreUrl(f"store URL {url!r}: {error}") from None
+        return urlsplit(url)
+    except ValueError as error:
+        raise InvalidStoreUrl(f"store URL {shown!r}: {error}") from None
+
+
+def _shm(url: str) -> _Opened:
+    from ._shm import ShmEngine  # noqa: PLC0415 - orbitive.lock loads on demand
+    from ._shm_async import ShmAsyncEngine  # noqa: PLC0415
+
+    parts = _split(url, url)
     query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=False)
     unknown = set(query) - {"capacity"}
     if parts.path not in ("", "/") or unknown or parts.fragment or not parts.netloc:
@@ -186,7 +233,8 @@ def _shm(url: str) -> tuple[Engine[Any], str]:
                 f"store URL {url!r}: capacity must be a whole number in 1..{CAPACITY_MAX}"
             )
         capacity = int(value)
-    return ShmEngine(parts.netloc, capacity), url
+    engine = ShmEngine(parts.netloc, capacity)
+    return engine, url, partial(ShmAsyncEngine, engine)
 
 
 def _is_utf8(text: str) -> bool:
@@ -197,22 +245,41 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
-def _redis(url: str) -> tuple[Engine[Any], str]:
-    from ._redis import PREFIX_DEFAULT, RedisEngine  # noqa: PLC0415 - redis loads on demand
+def _redis(url: str) -> _Opened:
+    from ._redis import RedisEngine  # noqa: PLC0415 - redis loads on demand
 
     rest, timeout = split_timeout(url)
     rest, prefix = split_param(rest, "prefix")
-    parts = urlsplit(rest)
+    parts = _split(rest, _redacted(url))
     where = parts.path if parts.scheme.lower() == "unix" else parts.hostname
     if not where or parts.fragment:
         raise InvalidStoreUrl(
             f"store URL {_redacted(url)!r}: expected redis://host[:port][/db], rediss://... "
             "or unix:///path/to/redis.sock"
         )
-    prefix = PREFIX_DEFAULT if prefix is None else unquote(prefix)
+    if parts.scheme.lower() != "unix" and (problem := _host_refused(where)):
+        raise InvalidStoreUrl(f"store URL {_redacted(url)!r}: {problem}")
+    engine = RedisEngine(rest, timeout=timeout, prefix=_prefix(prefix))
+    return engine, _redacted(url), partial(AsyncEngine, engine)
+
+
+def _prefix(raw: str | None) -> str:
+    """The ``?prefix=`` value, percent-decoded (:data:`PREFIX_DEFAULT` when absent).
+
+    Raises:
+        InvalidStoreUrl: empty, a control character, or no UTF-8 text once decoded.
+    """
+    from ._redis import PREFIX_DEFAULT  # noqa: PLC0415 - redis loads on demand
+
+    if raw is None:
+        return PREFIX_DEFAULT
+    try:
+        prefix = unquote(raw, errors="strict")
+    except UnicodeDecodeError:
+        raise InvalidStoreUrl("store URL parameter prefix is not UTF-8 once decoded") from None
     if not prefix or _CONTROL.search(prefix):
         raise InvalidStoreUrl("store URL parameter prefix must be non-empty, no control characters")
-    return RedisEngine(rest, timeout=timeout, prefix=prefix), _redacted(url)
+    return prefix
 
 
 def _redacted(url: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-DOC = (Path(__file__).parent.parent / "docs" / "format.md").read_text()
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "format.md").read_text()
 
 
 def section(title: str) -> str:

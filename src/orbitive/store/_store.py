@@ -1,7 +1,8 @@
-"""The named-lock store contract (seed 002): the Store, its blocking and asyncio helpers.
+"""The store contract (docs/architecture.md, "Contracts"): the Store and its public verbs.
 
-The public verbs live here and validate (with :mod:`._guards`); the handles are in
-:mod:`._handle` and :mod:`._async`. Each engine (``_sqlite``, ``_postgres``,
+The public verbs live here and validate (with :mod:`._guards`), then call the
+handle modules, the sync :mod:`._lock` and its asyncio twin :mod:`._lock_async`,
+over the store's :class:`~._backend.Backend`. Each engine (``_sqlite``, ``_postgres``,
 ``_shm``) implements only the :class:`Engine` primitives, each one transaction or
 one table step. So every rule below is the contract's, identical on every engine:
 
@@ -27,16 +28,13 @@ Timeline of a renew (why it is a *new full window*, not an extension)::
 
 from __future__ import annotations
 
-import itertools
-import random
-import threading
-import time
-import weakref
+import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import Any
 
-from .._core._errors import LockTimeout
-from ._engine import Busy, ClosedEngine, Engine, Grant, LockInfo, StoreStatistics
+from . import _lock, _lock_async
+from ._backend import AsyncForm, Backend
+from ._engine import Engine, LockInfo, StoreStatistics
 from ._guards import (
     check_name,
     check_owner,
@@ -45,76 +43,25 @@ from ._guards import (
     check_timeout,
     random_owner,
 )
-from ._handle import Lock, Tenure
-
-if TYPE_CHECKING:
-    from ._async import Acquiring, AsyncLock
-    from ._engine_async import AsyncEngine
-
-_H = TypeVar("_H", bound=Tenure)
-#: First pause of the blocking helper between attempts, in seconds (doubles, jittered).
-_WAIT_FIRST_S: Final = 0.002
-
-
-# -- the store -----------------------------------------------------------------------------
-
-
-class _Counter:
-    """Counts events from any thread without a lock.
-
-    :attr:`add` is the ``__next__`` of an ``itertools.count``, one atomic step on
-    every CPython build (the idiom ``threading`` and ``asyncio`` use for their own
-    counters). A read takes a number too, so :meth:`read` subtracts the numbers
-    earlier reads took; reads must not overlap one another (the store serialises them).
-    """
-
-    __slots__ = ("_reads", "add")
-
-    def __init__(self) -> None:
-        self.add: Callable[[], int] = itertools.count().__next__
-        self._reads = 0
-
-    def read(self) -> int:
-        """How many times :attr:`add` was called so far."""
-        taken = self.add() - self._reads
-        self._reads += 1
-        return taken
+from ._lock import Lock
+from ._lock_async import Acquiring, AsyncLock
 
 
 class Store:
     """A named-lock store over one engine; open it with :func:`orbitive.store.open_store`.
 
     Thread-safe; a forked child may keep using it (engines reconnect in the child).
-    Use it as a context manager to close it.
+    Use it as a context manager to close it, ``with`` or ``async with`` (which closes
+    it without blocking the event loop).
     """
 
-    def __init__(self, engine: Engine[Any], url: str) -> None:
-        self._engine: Engine[Any] = engine  # a ClosedEngine once closed
-        self._kind = engine.kind
-        self._monotonic = engine.monotonic_clock
-        self._url = url
-        self._acquisitions = _Counter()
-        self._refusals = _Counter()
-        self._renewals = _Counter()
-        self._losses = _Counter()
-        self._releases = _Counter()
-        self._reads_mutex = threading.Lock()  # serialises the counters' reads
-        # Every lock granted here and still alive: a lock's death drops its
-        # reference through the callback (set.discard, run in C, no Python frame).
-        self._granted: set[weakref.ref[Tenure]] = set()
-        self._async: AsyncEngine[Any] | None = None  # the engine's asyncio form, on first use
+    def __init__(self, engine: Engine[Any], url: str, async_form: AsyncForm) -> None:
+        self._backend = Backend(engine, url, async_form)
 
     @property
     def url(self) -> str:
         """The store's URL, password removed."""
-        return self._url
-
-    def _deadline(self, started: float, ttl: float, grant: Grant) -> float:
-        """The local monotonic deadline of a grant requested at ``started``."""
-        deadline = started + ttl
-        if self._monotonic and grant.expires_at < deadline:  # min() costs a call
-            return grant.expires_at
-        return deadline
+        return self._backend.url
 
     def try_lock(self, name: str, owner: str, ttl: float) -> Lock | None:
         """Take ``name`` for ``owner`` for ``ttl`` seconds if nobody holds it.
@@ -135,34 +82,11 @@ class Store:
                 touched (cause chained); ``UNAVAILABLE`` when the engine cannot be
                 reached; ``CLOSED`` after :meth:`close`.
 
-        Seed 002: "try_lock grants exclusively; None means someone holds it".
+        Store contract: "try_lock grants exclusively; None means someone holds it".
         """
         name, owner, ttl = check_name(name), check_owner(owner), check_store_ttl(ttl)
-        result = self._attempt(name, owner, ttl)
+        result = _lock.attempt(self._backend, name, owner, ttl)
         return result if type(result) is Lock else None
-
-    def _attempt(self, name: str, owner: str, ttl: float) -> Lock | Busy:
-        """One engine attempt: the new Lock, or the engine's refusal."""
-        started = time.monotonic()
-        return self._admit(Lock, name, owner, ttl, started, self._engine.acquire(name, owner, ttl))
-
-    def _admit(
-        self,
-        handle: type[_H],
-        name: str,
-        owner: str,
-        ttl: float,
-        started: float,
-        result: Grant | Busy,
-    ) -> _H | Busy:
-        """The handle of an engine's grant (requested at ``started``), or its refusal, counted."""
-        if type(result) is Busy:
-            self._refusals.add()
-            return result
-        lock = handle(self, name, owner, result, self._deadline(started, ttl, result))
-        self._granted.add(weakref.ref(lock, self._granted.discard))
-        self._acquisitions.add()
-        return lock
 
     def lock(
         self,
@@ -204,30 +128,18 @@ class Store:
             with store.lock("jobs/nightly", ttl=30.0, timeout=10.0) as lock:
                 run_job(fencing_token=lock.fencing_token)
 
-        Seed 002: the blocking helper renews at about a third of the TTL.
+        Store contract: the blocking helper renews at about a third of the TTL.
         """
         name, ttl = check_name(name), check_store_ttl(ttl)
         owner = random_owner() if owner is None else check_owner(owner)
         wait_s = check_timeout(timeout)
         check_renewal(auto_renew, on_lost)
-        lock = self._wait_for(name, owner, ttl, wait_s)
+        lock = _lock.wait_for(self._backend, name, owner, ttl, wait_s)
         if auto_renew:
             lock._start_renewer(ttl, on_lost)
         else:
             lock._on_lost = on_lost
         return lock
-
-    def _wait_for(self, name: str, owner: str, ttl: float, timeout: float | None) -> Lock:
-        engine = self._engine
-        started = time.monotonic()
-        attempt = 0
-        while True:
-            engine.arm()
-            result = self._attempt(name, owner, ttl)
-            if not isinstance(result, Busy):
-                return result
-            engine.wait(next_pause(name, result, started, timeout, attempt, engine.poll_cap_s))
-            attempt = min(attempt + 1, 20)
 
     async def try_lock_async(self, name: str, owner: str, ttl: float) -> AsyncLock | None:
         """:meth:`try_lock` for asyncio code: the event loop is never blocked.
@@ -246,11 +158,11 @@ class Store:
             asyncio.CancelledError: the task was cancelled; a grant the engine
                 committed meanwhile has been released again, so no lock is left behind.
 
-        Seed 002: "try_lock grants exclusively; None means someone holds it".
+        Store contract: "try_lock grants exclusively; None means someone holds it".
         """
-        from ._async import try_lock_async  # noqa: PLC0415 - _async imports this module
-
-        return await try_lock_async(self, name, owner, ttl)
+        name, owner, ttl = check_name(name), check_owner(owner), check_store_ttl(ttl)
+        result = await _lock_async.attempt(self._backend, name, owner, ttl)
+        return result if type(result) is AsyncLock else None
 
     def lock_async(
         self,
@@ -296,25 +208,13 @@ class Store:
             async with store.lock_async("jobs/nightly", ttl=30.0, timeout=10.0) as lock:
                 await run_job(fencing_token=lock.fencing_token)
 
-        Seed 002: the blocking helper renews at about a third of the TTL.
+        Store contract: the blocking helper renews at about a third of the TTL.
         """
-        from ._async import Acquiring  # noqa: PLC0415 - _async imports this module
-
         name, ttl = check_name(name), check_store_ttl(ttl)
         owner = random_owner() if owner is None else check_owner(owner)
         wait_s = check_timeout(timeout)
         check_renewal(auto_renew, on_lost)
-        return Acquiring(self, name, owner, ttl, wait_s, auto_renew, on_lost)
-
-    def _asyncio(self) -> AsyncEngine[Any]:
-        """The engine's asyncio form, made on first use (a closed store's refuses)."""
-        found = self._async
-        if found is None:
-            with self._reads_mutex:
-                if self._async is None:
-                    self._async = self._engine.async_engine()
-                found = self._async
-        return found
+        return Acquiring(self._backend, name, owner, ttl, wait_s, auto_renew, on_lost)
 
     def inspect(self, name: str) -> LockInfo | None:
         """The live lease on ``name``, or None.
@@ -322,7 +222,7 @@ class Store:
         Raises:
             InvalidLockName: bad name. StoreError: ``UNAVAILABLE`` or ``CLOSED``.
         """
-        return self._engine.inspect(check_name(name))
+        return self._backend.engine.inspect(check_name(name))
 
     def locks(self) -> list[LockInfo]:
         """Every live lease in the store, sorted by name.
@@ -330,7 +230,7 @@ class Store:
         Raises:
             StoreError: ``UNAVAILABLE`` or ``CLOSED``.
         """
-        return self._engine.locks()
+        return self._backend.engine.locks()
 
     def force_release(self, name: str) -> bool:
         """Administratively remove whatever lease holds ``name``.
@@ -342,42 +242,28 @@ class Store:
         Raises:
             InvalidLockName: bad name. StoreError: ``UNAVAILABLE`` or ``CLOSED``.
         """
-        return self._engine.force_release(check_name(name))
+        return self._backend.engine.force_release(check_name(name))
 
     def statistics(self) -> StoreStatistics:
         """Counters of this Store object (this process), and locks it holds now."""
-        held = sum(1 for lock in self._granted_locks() if not lock._released and not lock.lost)
-        with self._reads_mutex:
-            return StoreStatistics(
-                engine=self._kind,
-                held_count=held,
-                acquired_count=self._acquisitions.read(),
-                busy_count=self._refusals.read(),
-                renewed_count=self._renewals.read(),
-                lost_count=self._losses.read(),
-                released_count=self._releases.read(),
-            )
-
-    def _granted_locks(self) -> list[Tenure]:
-        """The locks granted by this store that are still alive (held or not)."""
-        alive = (ref() for ref in list(self._granted))
-        return [lock for lock in alive if lock is not None]
+        return self._backend.statistics()
 
     def close(self) -> None:
         """Stop background renewals and close the engine; locks are left to lapse. Idempotent."""
-        for lock in self._granted_locks():
-            lock._stop_renewer()
-        engine, self._engine = self._engine, ClosedEngine(self._url)
-        asynchronous, self._async = self._async, None
-        if asynchronous is not None:
-            asynchronous.close()
-        engine.close()
+        self._backend.close()
 
     def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Close the store from a worker thread: closing a connection may wait on the network."""
+        await asyncio.to_thread(self.close)
 
     def __reduce__(self) -> tuple[object, ...]:
         raise TypeError(
@@ -386,31 +272,6 @@ class Store:
         )
 
     def __repr__(self) -> str:
-        state = "closed" if isinstance(self._engine, ClosedEngine) else "open"
-        return f"<Store {self._kind} {self._url!r} {state}>"
-
-
-def next_pause(
-    name: str, busy: Busy, started: float, timeout: float | None, attempt: int, cap_s: float
-) -> float:
-    """How long a waiter pauses after its ``attempt``-th refusal, in seconds (no I/O).
-
-    Jittered doubling from :data:`_WAIT_FIRST_S` up to the engine's ``cap_s``, never
-    past the holder's expiry nor the end of the ``timeout`` counted from ``started``
-    (``time.monotonic()``). The blocking and the asyncio helpers both pause by it.
-
-    Raises:
-        LockTimeout: the timeout has run out.
-    """
-    left = None if timeout is None else started + timeout - time.monotonic()
-    if left is not None and left <= 0.0:
-        raise LockTimeout(_busy_message(name, busy.holder, timeout), key=name)
-    delay = random.uniform(0.5, 1.0) * min(cap_s, _WAIT_FIRST_S * 2.0**attempt)
-    if busy.holder is not None:
-        delay = min(delay, busy.holder.remaining_s + 0.001)
-    return delay if left is None else min(delay, left)
-
-
-def _busy_message(name: str, holder: LockInfo | None, timeout: float | None) -> str:
-    who = "another owner" if holder is None else f"{holder.owner!r}"
-    return f"lock {name!r} still held by {who} after {timeout or 0.0:g} s"
+        backend = self._backend
+        state = "closed" if backend.closed else "open"
+        return f"<Store {backend.kind} {backend.url!r} {state}>"

@@ -2,33 +2,18 @@
 
 from __future__ import annotations
 
-import struct
-
 from orbitive.pool import _layout, session
 from orbitive.pool._layout import Layout
 
-from .._format_doc import section
+from .._structs import fields
+from ._format_doc import section
 
 
 def _offsets(fmt: str, names: tuple[str, ...]) -> list[tuple[int, int, str]]:
     """(offset, size, name) of each field of a little-endian struct format."""
-    rows, offset = [], 0
-    codes = struct.Struct(fmt).format.lstrip("<")
-    parsed: list[str] = []
-    count = ""
-    for char in codes:
-        if char.isdigit():
-            count += char
-        else:
-            parsed.append(count + char)
-            count = ""
-    named = iter(names)
-    for code in parsed:
-        size = struct.calcsize("<" + code)
-        if not code.endswith("x"):
-            rows.append((offset, size, next(named)))
-        offset += size
-    return rows
+    found = fields(fmt)
+    assert len(found) == len(names)
+    return [(offset, size, name) for (offset, size), name in zip(found, names, strict=True)]
 
 
 def test_pool_header_rows_match_the_header_struct() -> None:

@@ -1,9 +1,10 @@
-"""The store for asyncio code: ``try_lock_async``, ``lock_async`` and the :class:`AsyncLock`.
+"""The asyncio lock handle, :class:`AsyncLock`, and the verbs that make one: the twin of
+:mod:`._lock` (``try_lock_async``, ``lock_async``'s :class:`Acquiring`).
 
 A thin driver over the engine's asyncio form (:mod:`._engine_async`): the
-guards, the pause between attempts (:func:`._base.next_pause`) and the state of
-a handle (:class:`._handle.Tenure`) are the blocking helper's, so both follow
-one contract. Nothing here blocks the event loop.
+guards, the pause between attempts (:func:`._lock.next_pause`) and the state of
+a handle (:class:`._lock.Tenure`) are the sync twin's, so both follow one
+contract. Nothing here blocks the event loop.
 
 Cancellation, the rules these functions keep:
 
@@ -29,17 +30,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 from .._core._errors import StoreError
-from ._base import Store, next_pause
+from ._backend import Backend
 from ._engine import Busy, Grant
 from ._engine_async import AsyncEngine, run_to_completion
-from ._guards import check_name, check_owner, check_store_ttl
-from ._handle import Tenure, renew_retry_s
+from ._guards import check_store_ttl
+from ._lock import ATTEMPT_MAX, Tenure, next_pause, renew_retry_s
 
-#: The largest attempt number the pause doubles for (as the blocking helper).
-_ATTEMPT_MAX: Final = 20
 _T = TypeVar("_T")
 
 
@@ -54,8 +53,10 @@ class AsyncLock(Tenure):
 
     __slots__ = ("_releasing", "_renewer")
 
-    def __init__(self, store: Store, name: str, owner: str, grant: Grant, deadline: float) -> None:
-        super().__init__(store, name, owner, grant, deadline)
+    def __init__(
+        self, backend: Backend, name: str, owner: str, grant: Grant, deadline: float
+    ) -> None:
+        super().__init__(backend, name, owner, grant, deadline)
         self._releasing = False  # an engine release is in flight
         self._renewer: asyncio.Task[None] | None = None
 
@@ -76,14 +77,14 @@ class AsyncLock(Tenure):
             asyncio.CancelledError: the task was cancelled; the renew the engine
                 started was finished and recorded first.
 
-        Seed 002: "renew gives a new full window from now; False when lost".
+        Store contract: "renew gives a new full window from now; False when lost".
         """
         return await self._renew(check_store_ttl(ttl))
 
     async def _renew(self, ttl: float) -> bool:
         if self._released or self._releasing or self._lost:
             return False
-        engine = self._store._asyncio()
+        engine = self._backend.asyncio()
         started = time.monotonic()
         step = engine.renew(self._name, self._owner, self._grant, ttl)
         renewed, cancelled = await _settled(engine, step)
@@ -109,12 +110,12 @@ class AsyncLock(Tenure):
                 started was finished and recorded first, else the lock is still
                 held and this method may be awaited again.
 
-        Seed 002: "release removes only the owner's own tenure".
+        Store contract: "release removes only the owner's own tenure".
         """
         await self._stop_renewal()
         if self._released or self._releasing:
             return False
-        engine = self._store._asyncio()
+        engine = self._backend.asyncio()
         self._releasing = True
         try:
             step = engine.release(self._name, self._owner, self._grant)
@@ -182,19 +183,13 @@ async def _settled(
     return await run_to_completion(step)
 
 
-async def try_lock_async(store: Store, name: str, owner: str, ttl: float) -> AsyncLock | None:
-    """:meth:`Store.try_lock_async` (documented there)."""
-    name, owner, ttl = check_name(name), check_owner(owner), check_store_ttl(ttl)
-    result = await _attempt(store, name, owner, ttl)
-    return result if type(result) is AsyncLock else None
-
-
-async def _attempt(store: Store, name: str, owner: str, ttl: float) -> AsyncLock | Busy:
-    """One engine attempt: the new AsyncLock, or the engine's refusal; cancel-safe."""
-    engine = store._asyncio()
+async def attempt(backend: Backend, name: str, owner: str, ttl: float) -> AsyncLock | Busy:
+    """One engine attempt with validated arguments: the new AsyncLock, or the refusal;
+    cancel-safe (a grant that arrives with a cancellation is released again)."""
+    engine = backend.asyncio()
     started = time.monotonic()
     result, cancelled = await _settled(engine, engine.acquire(name, owner, ttl))
-    handle = store._admit(AsyncLock, name, owner, ttl, started, result)
+    handle = backend.admit(AsyncLock, name, owner, ttl, started, result)
     if cancelled is not None:
         if type(handle) is AsyncLock:
             await _discard(handle, cancelled)
@@ -221,18 +216,18 @@ class Acquiring:
 
     __slots__ = (
         "_auto_renew",
+        "_backend",
         "_lock",
         "_name",
         "_on_lost",
         "_owner",
-        "_store",
         "_timeout",
         "_ttl",
     )
 
     def __init__(
         self,
-        store: Store,
+        backend: Backend,
         name: str,
         owner: str,
         ttl: float,
@@ -240,7 +235,7 @@ class Acquiring:
         auto_renew: bool,
         on_lost: Callable[[AsyncLock], object] | None,
     ) -> None:
-        self._store = store
+        self._backend = backend
         self._name = name
         self._owner = owner
         self._ttl = ttl
@@ -250,7 +245,7 @@ class Acquiring:
         self._lock: AsyncLock | None = None
 
     async def _acquire(self) -> AsyncLock:
-        lock = await _wait_for(self._store, self._name, self._owner, self._ttl, self._timeout)
+        lock = await wait_for(self._backend, self._name, self._owner, self._ttl, self._timeout)
         if self._auto_renew:
             lock._start_renewer(self._ttl, self._on_lost)
         else:
@@ -270,16 +265,22 @@ class Acquiring:
             await lock.release()
 
 
-async def _wait_for(
-    store: Store, name: str, owner: str, ttl: float, timeout: float | None
+async def wait_for(
+    backend: Backend, name: str, owner: str, ttl: float, timeout: float | None
 ) -> AsyncLock:
-    """Attempt, pause, attempt again until granted (or ``LockTimeout``)."""
+    """Attempt, pause, attempt again until granted.
+
+    Raises:
+        LockTimeout: still held elsewhere after ``timeout`` seconds.
+        StoreError: as the engine raises.
+        asyncio.CancelledError: the task was cancelled; no lock is left behind.
+    """
     started = time.monotonic()
-    attempt = 0
+    tries = 0
     while True:
-        result = await _attempt(store, name, owner, ttl)
+        result = await attempt(backend, name, owner, ttl)
         if not isinstance(result, Busy):
             return result
-        engine = store._asyncio()
-        await engine.wait(next_pause(name, result, started, timeout, attempt, engine.poll_cap_s))
-        attempt = min(attempt + 1, _ATTEMPT_MAX)
+        engine = backend.asyncio()
+        await engine.wait(next_pause(name, result, started, timeout, tries, engine.poll_cap_s))
+        tries = min(tries + 1, ATTEMPT_MAX)

@@ -1,27 +1,33 @@
-"""The lock handles: what a held named lock knows, and how it renews and releases.
+"""The sync lock handle: what a held named lock knows, how it renews and releases, and
+the sync verbs that make one (one attempt; the blocking wait).
 
 :class:`Tenure` holds what both handles share (identity, window, and how an
 engine's answer to a renew or a release changes the handle); :class:`Lock` is the
 thread-safe handle of :meth:`Store.try_lock` and :meth:`Store.lock`, renewed in a
-background thread by :class:`_Renewer`. The asyncio handle is ``_async.AsyncLock``.
+background thread by :class:`_Renewer`. :func:`attempt` and :func:`wait_for` are
+the verbs; :func:`next_pause` is the pause between attempts, which the asyncio
+twin (:mod:`._lock_async`: ``AsyncLock`` and the same verbs) shares.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-from .._core._errors import StoreError
-from ._engine import Grant
+from .._core._errors import LockTimeout, StoreError
+from ._backend import Backend
+from ._engine import Busy, Grant, LockInfo
 from ._guards import check_store_ttl
-
-if TYPE_CHECKING:
-    from ._base import Store
 
 #: A renewer that cannot reach the engine retries at least this often, in seconds.
 _RENEW_RETRY_MIN_S: Final = 0.01
+#: First pause of a waiter between attempts, in seconds (doubles, jittered).
+_WAIT_FIRST_S: Final = 0.002
+#: The largest attempt number the pause doubles for.
+ATTEMPT_MAX: Final = 20
 
 
 # -- the lock handles ----------------------------------------------------------------------
@@ -38,6 +44,7 @@ class Tenure:
 
     __slots__ = (
         "__weakref__",
+        "_backend",
         "_deadline",
         "_grant",
         "_lost",
@@ -45,11 +52,12 @@ class Tenure:
         "_on_lost",
         "_owner",
         "_released",
-        "_store",
     )
 
-    def __init__(self, store: Store, name: str, owner: str, grant: Grant, deadline: float) -> None:
-        self._store = store
+    def __init__(
+        self, backend: Backend, name: str, owner: str, grant: Grant, deadline: float
+    ) -> None:
+        self._backend = backend
         self._name = name
         self._owner = owner
         self._grant = grant  # the engine's latest grant of this tenure
@@ -93,15 +101,15 @@ class Tenure:
             self._lost = True
             return False
         self._grant = renewed
-        self._deadline = self._store._deadline(started, ttl, renewed)
+        self._deadline = self._backend.deadline(started, ttl, renewed)
         return True
 
     def _count_renew(self, held: bool) -> bool:
         """Count a settled renew (outside any mutex) and call back on a loss; returns held."""
         if held:
-            self._store._renewals.add()
+            self._backend.renewals.add()
         else:
-            self._store._losses.add()
+            self._backend.losses.add()
             self._notify_lost()
         return held
 
@@ -114,9 +122,9 @@ class Tenure:
 
     def _count_release(self, released: bool, newly_lost: bool) -> bool:
         if released:
-            self._store._releases.add()
+            self._backend.releases.add()
         elif newly_lost:
-            self._store._losses.add()
+            self._backend.losses.add()
         return released
 
     def _stop_renewer(self) -> None:
@@ -159,8 +167,10 @@ class Lock(Tenure):
 
     __slots__ = ("_mutex", "_renewer")
 
-    def __init__(self, store: Store, name: str, owner: str, grant: Grant, deadline: float) -> None:
-        super().__init__(store, name, owner, grant, deadline)
+    def __init__(
+        self, backend: Backend, name: str, owner: str, grant: Grant, deadline: float
+    ) -> None:
+        super().__init__(backend, name, owner, grant, deadline)
         self._mutex = threading.Lock()
         self._renewer: _Renewer | None = None
 
@@ -179,7 +189,7 @@ class Lock(Tenure):
                 before the engine is touched); ``UNAVAILABLE`` when the engine cannot
                 be reached; ``CLOSED`` after the store was closed.
 
-        Seed 002: "renew gives a new full window from now; False when lost".
+        Store contract: "renew gives a new full window from now; False when lost".
         """
         ttl = check_store_ttl(ttl)
         return self._renew(ttl)
@@ -189,7 +199,7 @@ class Lock(Tenure):
             if self._released or self._lost:
                 return False
             started = time.monotonic()
-            renewed = self._store._engine.renew(self._name, self._owner, self._grant, ttl)
+            renewed = self._backend.engine.renew(self._name, self._owner, self._grant, ttl)
             held = self._settle_renew(started, ttl, renewed)
         return self._count_renew(held)
 
@@ -204,13 +214,13 @@ class Lock(Tenure):
             StoreError: ``UNAVAILABLE`` when the engine cannot be reached; ``CLOSED``
                 after the store was closed.
 
-        Seed 002: "release removes only the owner's own tenure".
+        Store contract: "release removes only the owner's own tenure".
         """
         self._stop_renewer()
         with self._mutex:
             if self._released:
                 return False
-            released = self._store._engine.release(self._name, self._owner, self._grant)
+            released = self._backend.engine.release(self._name, self._owner, self._grant)
             newly_lost = self._settle_release(released)
         return self._count_release(released, newly_lost)
 
@@ -278,3 +288,57 @@ class _Renewer(threading.Thread):
             if not self._stopped.is_set():
                 self._lock._mark_lost()
             return
+
+
+# -- the sync verbs ------------------------------------------------------------------------
+
+
+def attempt(backend: Backend, name: str, owner: str, ttl: float) -> Lock | Busy:
+    """One engine attempt with validated arguments: the new :class:`Lock`, or the refusal."""
+    started = time.monotonic()
+    return backend.admit(Lock, name, owner, ttl, started, backend.engine.acquire(name, owner, ttl))
+
+
+def wait_for(backend: Backend, name: str, owner: str, ttl: float, timeout: float | None) -> Lock:
+    """Attempt, pause, attempt again until granted.
+
+    Raises:
+        LockTimeout: still held elsewhere after ``timeout`` seconds.
+        StoreError: as the engine raises.
+    """
+    engine = backend.engine
+    started = time.monotonic()
+    tries = 0
+    while True:
+        engine.arm()
+        result = attempt(backend, name, owner, ttl)
+        if not isinstance(result, Busy):
+            return result
+        engine.wait(next_pause(name, result, started, timeout, tries, engine.poll_cap_s))
+        tries = min(tries + 1, ATTEMPT_MAX)
+
+
+def next_pause(
+    name: str, busy: Busy, started: float, timeout: float | None, tries: int, cap_s: float
+) -> float:
+    """How long a waiter pauses after its ``tries``-th refusal, in seconds (no I/O).
+
+    Jittered doubling from :data:`_WAIT_FIRST_S` up to the engine's ``cap_s``, never
+    past the holder's expiry nor the end of the ``timeout`` counted from ``started``
+    (``time.monotonic()``). The blocking and the asyncio waits both pause by it.
+
+    Raises:
+        LockTimeout: the timeout has run out.
+    """
+    left = None if timeout is None else started + timeout - time.monotonic()
+    if left is not None and left <= 0.0:
+        raise LockTimeout(_busy_message(name, busy.holder, timeout), key=name)
+    delay = random.uniform(0.5, 1.0) * min(cap_s, _WAIT_FIRST_S * 2.0**tries)
+    if busy.holder is not None:
+        delay = min(delay, busy.holder.remaining_s + 0.001)
+    return delay if left is None else min(delay, left)
+
+
+def _busy_message(name: str, holder: LockInfo | None, timeout: float | None) -> str:
+    who = "another owner" if holder is None else f"{holder.owner!r}"
+    return f"lock {name!r} still held by {who} after {timeout or 0.0:g} s"

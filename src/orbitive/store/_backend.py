@@ -1,0 +1,176 @@
+"""What one store's lock handles report to: its engines, its counters and its held handles.
+
+A :class:`Backend` is the state a :class:`~._store.Store` and every handle it granted
+share, and nothing else: the engine (a :class:`~._engine.ClosedEngine` once the store
+closed), the engine's asyncio form (made on first use), the counters behind
+:meth:`Store.statistics`, and weak references to the handles still alive. The sync
+handle (:mod:`._lock`) and the asyncio one (:mod:`._lock_async`) both reach the
+store through it, so neither needs the :class:`Store` class, and the import graph
+runs one way: ``_store`` -> ``_lock_async`` -> ``_lock`` -> ``_backend`` -> the engines.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from ._engine import Busy, ClosedEngine, Engine, Grant, StoreStatistics
+from ._engine_async import AsyncEngine
+
+#: Makes the store engine's asyncio form; ``open_store`` pairs each engine with its own.
+AsyncForm = Callable[[], AsyncEngine[Any]]
+
+
+class Handle(Protocol):
+    """What the backend asks of a handle it granted: its state, and how to stop renewing."""
+
+    _released: bool
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is known lost."""
+
+    def _stop_renewer(self) -> None:
+        """Stop background renewal (the store is closing)."""
+
+
+_H = TypeVar("_H", bound=Handle)
+
+
+class Counter:
+    """Counts events from any thread without a lock.
+
+    :attr:`add` is the ``__next__`` of an ``itertools.count``, one atomic step on
+    every CPython build (the idiom ``threading`` and ``asyncio`` use for their own
+    counters). A read takes a number too, so :meth:`read` subtracts the numbers
+    earlier reads took; reads must not overlap one another (the backend serialises them).
+    """
+
+    __slots__ = ("_reads", "add")
+
+    def __init__(self) -> None:
+        self.add: Callable[[], int] = itertools.count().__next__
+        self._reads = 0
+
+    def read(self) -> int:
+        """How many times :attr:`add` was called so far."""
+        taken = self.add() - self._reads
+        self._reads += 1
+        return taken
+
+
+class Backend:
+    """One store's engines, counters and granted handles (see the module docstring).
+
+    Args:
+        engine: the store's engine.
+        url: the store's URL, password removed (for messages).
+        async_form: makes the engine's asyncio form on first asyncio use.
+    """
+
+    __slots__ = (
+        "_async",
+        "_async_form",
+        "_granted",
+        "_mutex",
+        "acquisitions",
+        "engine",
+        "kind",
+        "losses",
+        "monotonic",
+        "refusals",
+        "releases",
+        "renewals",
+        "url",
+    )
+
+    def __init__(self, engine: Engine[Any], url: str, async_form: AsyncForm) -> None:
+        self.engine: Engine[Any] = engine  # a ClosedEngine once closed
+        self.kind = engine.kind
+        self.monotonic = engine.monotonic_clock
+        self.url = url
+        self.acquisitions = Counter()
+        self.refusals = Counter()
+        self.renewals = Counter()
+        self.losses = Counter()
+        self.releases = Counter()
+        self._mutex = threading.Lock()  # serialises the counters' reads and the async form's birth
+        # Every handle granted here and still alive: a handle's death drops its
+        # reference through the callback (set.discard, run in C, no Python frame).
+        self._granted: set[weakref.ref[Handle]] = set()
+        self._async_form = async_form
+        self._async: AsyncEngine[Any] | None = None
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` swapped the engine out."""
+        return isinstance(self.engine, ClosedEngine)
+
+    def deadline(self, started: float, ttl: float, grant: Grant) -> float:
+        """The local ``time.monotonic()`` deadline of a grant requested at ``started``."""
+        deadline = started + ttl
+        if self.monotonic and grant.expires_at < deadline:  # min() costs a call
+            return grant.expires_at
+        return deadline
+
+    def admit(
+        self,
+        handle: Callable[[Backend, str, str, Grant, float], _H],
+        name: str,
+        owner: str,
+        ttl: float,
+        started: float,
+        result: Grant | Busy,
+    ) -> _H | Busy:
+        """The handle of an engine's grant (requested at ``started``), or its refusal, counted."""
+        if type(result) is Busy:
+            self.refusals.add()
+            return result
+        lock = handle(self, name, owner, result, self.deadline(started, ttl, result))
+        self._granted.add(weakref.ref(lock, self._granted.discard))
+        self.acquisitions.add()
+        return lock
+
+    def asyncio(self) -> AsyncEngine[Any]:
+        """The engine's asyncio form, made on first use (a closed store's refuses)."""
+        found = self._async
+        if found is None:
+            with self._mutex:
+                if self._async is None:  # a closed store's form refuses in a worker thread
+                    closed = self.closed
+                    self._async = AsyncEngine(self.engine) if closed else self._async_form()
+                found = self._async
+        return found
+
+    def handles(self) -> list[Handle]:
+        """The handles granted here that are still alive (held or not)."""
+        alive = (ref() for ref in list(self._granted))
+        return [handle for handle in alive if handle is not None]
+
+    def statistics(self) -> StoreStatistics:
+        """The counters, read once each, and the handles held now."""
+        held = sum(1 for handle in self.handles() if not handle._released and not handle.lost)
+        with self._mutex:
+            return StoreStatistics(
+                engine=self.kind,
+                held_count=held,
+                acquired_count=self.acquisitions.read(),
+                busy_count=self.refusals.read(),
+                renewed_count=self.renewals.read(),
+                lost_count=self.losses.read(),
+                released_count=self.releases.read(),
+            )
+
+    def close(self) -> None:
+        """Stop the handles' renewals, swap in a :class:`ClosedEngine`, close both forms."""
+        for handle in self.handles():
+            handle._stop_renewer()
+        engine, self.engine = self.engine, ClosedEngine(self.url)
+        with self._mutex:
+            asynchronous, self._async = self._async, None
+        if asynchronous is not None:
+            asynchronous.close()
+        engine.close()
