@@ -3,10 +3,10 @@ the sync verbs that make one (one attempt; the blocking wait).
 
 :class:`Tenure` holds what both handles share (identity, window, and how an
 engine's answer to a renew or a release changes the handle); :class:`Lock` is the
-thread-safe handle of :meth:`Store.try_lock` and :meth:`Store.lock`, renewed in a
-background thread by :class:`_Renewer`. :func:`attempt` and :func:`wait_for` are
-the verbs; :func:`next_pause` is the pause between attempts, which the asyncio
-twin (:mod:`._lock_async`: ``AsyncLock`` and the same verbs) shares.
+thread-safe handle of :meth:`Store.try_lock` and :meth:`Store.lock`, renewed by
+the process's one renewer thread (:mod:`._renewer`). :func:`attempt` and
+:func:`wait_for` are the verbs; :func:`next_pause` is the pause between attempts,
+which the asyncio twin (:mod:`._lock_async`: ``AsyncLock`` and the same verbs) shares.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from .._core._errors import LockTimeout, StoreError
+from .._core._errors import LockTimeout
 from ._backend import Backend
 from ._engine import Busy, Grant, LockInfo
 from ._guards import check_store_ttl
+from ._renewer import RENEWER, Entry
 
-#: A renewer that cannot reach the engine retries at least this often, in seconds.
-_RENEW_RETRY_MIN_S: Final = 0.01
 #: First pause of a waiter between attempts, in seconds (doubles, jittered).
 _WAIT_FIRST_S: Final = 0.002
 #: The largest attempt number the pause doubles for.
@@ -172,7 +171,7 @@ class Lock(Tenure):
     ) -> None:
         super().__init__(backend, name, owner, grant, deadline)
         self._mutex = threading.Lock()
-        self._renewer: _Renewer | None = None
+        self._renewer: Entry | None = None
 
     def renew(self, ttl: float) -> bool:
         """Set a new full window of ``ttl`` seconds from now (not added to what is left).
@@ -226,13 +225,12 @@ class Lock(Tenure):
 
     def _start_renewer(self, ttl: float, on_lost: Callable[[Lock], None] | None) -> None:
         self._on_lost = on_lost
-        self._renewer = _Renewer(self, ttl)
-        self._renewer.start()
+        self._renewer = RENEWER.add(self, ttl)
 
     def _stop_renewer(self) -> None:
-        renewer = self._renewer
-        if renewer is not None:
-            renewer.stop()
+        entry = self._renewer
+        if entry is not None:
+            RENEWER.cancel(entry)
 
     def _mark_lost(self) -> None:
         with self._mutex:
@@ -245,49 +243,6 @@ class Lock(Tenure):
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def renew_retry_s(ttl: float, left: float) -> float | None:
-    """When a renewer retries after a transient engine error, in seconds (None: too late).
-
-    Well before the window closes: a quarter of what is ``left``, at most a third of
-    the ``ttl``, at least :data:`_RENEW_RETRY_MIN_S`.
-    """
-    if left <= 0.0:
-        return None
-    return max(min(ttl / 3.0, left / 4.0), _RENEW_RETRY_MIN_S)
-
-
-class _Renewer(threading.Thread):
-    """Renews a lock at about a third of its ttl until stopped or the lease is lost."""
-
-    def __init__(self, lock: Lock, ttl: float) -> None:
-        super().__init__(name=f"orbitive-renew-{lock.name[:32]}", daemon=True)
-        self._lock = lock
-        self._ttl = ttl
-        self._stopped = threading.Event()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        if threading.current_thread() is not self:
-            self.join()
-
-    def run(self) -> None:
-        interval = self._ttl / 3.0
-        while not self._stopped.wait(interval):
-            try:
-                if not self._lock._renew(self._ttl):
-                    return  # lost: _renew flagged it and called back
-                interval = self._ttl / 3.0
-                continue
-            except StoreError:
-                retry = renew_retry_s(self._ttl, self._lock.remaining())
-                if retry is not None:
-                    interval = retry
-                    continue
-            if not self._stopped.is_set():
-                self._lock._mark_lost()
-            return
 
 
 # -- the sync verbs ------------------------------------------------------------------------

@@ -37,7 +37,8 @@ from ._backend import Backend
 from ._engine import Busy, Grant
 from ._engine_async import AsyncEngine, run_to_completion
 from ._guards import check_store_ttl
-from ._lock import ATTEMPT_MAX, Tenure, next_pause, renew_retry_s
+from ._lock import ATTEMPT_MAX, Tenure, next_pause
+from ._renewer_async import AsyncEntry, LoopRenewer, renewer_of
 
 _T = TypeVar("_T")
 
@@ -58,7 +59,7 @@ class AsyncLock(Tenure):
     ) -> None:
         super().__init__(backend, name, owner, grant, deadline)
         self._releasing = False  # an engine release is in flight
-        self._renewer: asyncio.Task[None] | None = None
+        self._renewer: AsyncEntry | None = None
 
     async def renew(self, ttl: float) -> bool:
         """Set a new full window of ``ttl`` seconds from now (not added to what is left).
@@ -132,40 +133,24 @@ class AsyncLock(Tenure):
 
     def _start_renewer(self, ttl: float, on_lost: Callable[[AsyncLock], object] | None) -> None:
         self._on_lost = on_lost
-        self._renewer = asyncio.get_running_loop().create_task(
-            self._keep_renewing(ttl), name=f"orbitive-renew-{self._name[:32]}"
-        )
-
-    async def _keep_renewing(self, ttl: float) -> None:
-        """Renew every ``ttl / 3`` until released or lost; retry an unreachable engine."""
-        interval = ttl / 3.0
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                if not await self._renew(ttl):
-                    return  # lost: _renew flagged it and called back
-                interval = ttl / 3.0
-            except StoreError:
-                retry = renew_retry_s(ttl, self.remaining())
-                if retry is None:
-                    self._mark_lost()
-                    return
-                interval = retry
+        self._renewer = renewer_of(asyncio.get_running_loop()).add(self, ttl)
 
     async def _stop_renewal(self) -> None:
-        """Cancel the renewal task and wait until it ended (a renew in flight completes)."""
-        task, self._renewer = self._renewer, None
-        if task is None or task.done():  # done: lost, or its loop ended (asyncio.run cancels)
+        """Renew no more, and wait until a renewal in flight ended (it completes)."""
+        entry, self._renewer = self._renewer, None
+        if entry is None:
             return
-        task.cancel()
-        if task.get_loop() is asyncio.get_running_loop():
-            await asyncio.wait((task,))
+        if not entry.renewer.runs_here():  # released from another loop than it renews in
+            entry.renewer.cancel_soon(entry)
+            return
+        entry.renewer.cancel(entry)
+        await LoopRenewer.settle(entry)
 
     def _stop_renewer(self) -> None:
-        """Cancel the renewal task from any thread (the store is closing); no waiting."""
-        task, self._renewer = self._renewer, None
-        if task is not None and not task.get_loop().is_closed():
-            task.get_loop().call_soon_threadsafe(task.cancel)
+        """Renew no more, from any thread (the store is closing); no waiting."""
+        entry, self._renewer = self._renewer, None
+        if entry is not None:
+            entry.renewer.cancel_soon(entry)
 
     async def __aenter__(self) -> AsyncLock:
         return self
