@@ -21,7 +21,9 @@ Facts this module relies on:
   full queue raises ``EAGAIN``: the socket is readable already. A socket whose
   process died or closed it raises ``ECONNREFUSED`` or ``ENOENT``. Every such
   error is ignored: the bit was taken, so later publishes skip that socket
-  until its owner (a new one on that node) arms a bit again.
+  until its owner (a new one on that node) arms a bit again. A publisher keeps
+  a socket connected to each path it sent to (a send then costs no path
+  lookup), and connects again when its peer is gone.
 * **A socket of a killed process stays a file** until the next process on that
   node binds the same path, which replaces it (the node is exclusively ours,
   so nobody else can be using it). ``close()`` removes its own.
@@ -51,6 +53,7 @@ import socket
 import stat
 import struct
 import threading
+from collections.abc import Callable
 from typing import Final
 
 from . import _fork
@@ -66,27 +69,48 @@ _U32: Final = struct.Struct("<I")
 
 
 class _Registry:
-    """This process's bits and private socket ends, per (channel identity, node)."""
+    """This process's bits and private socket ends, per (channel identity, node), and the
+    sockets its publishes send from, one connected to each path it signalled."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.bits: dict[tuple[object, int], set[int]] = {}
         self.ends: dict[tuple[object, int, int], socket.socket] = {}
-        self.sender: socket.socket | None = None
+        self.senders: dict[str, socket.socket] = {}
+        atexit.register(self.close_senders)
 
-    def send_socket(self) -> socket.socket:
-        """The unbound datagram socket every shared publish of this process sends from."""
-        sender = self.sender
-        if sender is None:
-            with self.lock:
-                if self.sender is None:
-                    self.sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                    atexit.register(self.sender.close)
-                sender = self.sender
-        return sender
+    def sender(self, path: str, stale: object) -> socket.socket:
+        """A socket connected to ``path``: the one kept, unless its ``send`` is ``stale``
+        (its peer is gone: a socket bound there since gets a new connection).
+
+        Raises:
+            OSError: nobody listens at ``path``.
+        """
+        with self.lock:
+            kept = self.senders.get(path)
+            if kept is not None and kept.send != stale:
+                return kept
+        fresh = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            fresh.connect(path)
+        except OSError:
+            fresh.close()
+            raise
+        with self.lock:
+            kept, self.senders[path] = self.senders.get(path), fresh
+        if kept is not None:
+            kept.close()
+        return fresh
+
+    def close_senders(self) -> None:
+        with self.lock:
+            senders, self.senders = self.senders, {}
+        for sender in senders.values():
+            sender.close()
 
     def _after_fork_in_child(self) -> None:
-        # The parent's bits belong to the parent's node; its private ends to its memory.
+        # The parent's bits belong to the parent's node; its private ends to its memory;
+        # its senders are shared with it, harmlessly (each datagram is one signal).
         self.lock = threading.Lock()
         self.bits = {}
         self.ends = {}
@@ -119,9 +143,12 @@ class Channel:
         self.word_offset = word_offset
         self.armed_offset = armed_offset
         self.capacity = capacity
+        self._armed = slice(armed_offset, armed_offset + capacity)
         self._zeros = bytes(capacity)
         # Peers find a shared channel's sockets by name; a private one lives in this process.
         self.identity: object = f"{region.name}.w{word_offset}" if region.shared else region
+        #: By node * SOCKETS_PER_NODE + bit: the ``send`` of a socket connected to it.
+        self._sends: dict[int, Callable[[bytes, int], int]] = {}
 
     # -- publishing ----------------------------------------------------------------------
 
@@ -140,31 +167,49 @@ class Channel:
         Inside the region's critical section (or a C step's stripes, which every
         arming excludes). The C lock steps bump the word themselves and call this.
         """
-        buf, start, end = self.region.buf, self.armed_offset, self.armed_offset + self.capacity
-        armed = buf[start:end]
+        buf, armed_at = self.region.buf, self._armed
+        armed = buf[armed_at]
         if armed == self._zeros:
             return
-        buf[start:end] = self._zeros
-        for node, bits in enumerate(armed):
-            for bit in range(SOCKETS_PER_NODE):
-                if bits >> bit & 1:
-                    self._send(node, bit)
+        buf[armed_at] = self._zeros
+        bits = int.from_bytes(armed, "little")  # bit 8 * node + b: socket b of node
+        sends = self._sends
+        while bits:
+            lowest = bits & -bits
+            bits ^= lowest
+            index = lowest.bit_length() - 1
+            send = sends.get(index)
+            if send is not None:
+                try:
+                    send(b"", socket.MSG_DONTWAIT)
+                    continue
+                except BlockingIOError:  # its queue is full: readable already
+                    continue
+                except OSError:  # its peer is gone (or our sender closed): look again
+                    pass
+            self._send_afresh(index, send)
 
-    def _send(self, node: int, bit: int) -> None:
-        with contextlib.suppress(OSError):  # gone, or its queue full (readable already)
+    def _send_afresh(self, index: int, stale: object) -> None:
+        """Find socket ``index`` again (connect to it), and send it its datagram."""
+        node, bit = divmod(index, SOCKETS_PER_NODE)
+        try:
             if self.region.shared:
-                sender = _REGISTRY.send_socket()
-                sender.sendto(b"", socket.MSG_DONTWAIT, self.path(node, bit))
+                send = _REGISTRY.sender(self.path(node, bit), stale).send
             else:
                 end = _REGISTRY.ends.get((self.identity, node, bit))
-                if end is not None:
-                    end.send(b"", socket.MSG_DONTWAIT)
+                if end is None:
+                    return
+                send = end.send
+            self._sends[index] = send
+            send(b"", socket.MSG_DONTWAIT)
+        except OSError:  # nobody listens there now, or its queue is full
+            self._sends.pop(index, None)
 
     # -- the watching side (used by Readiness) -----------------------------------------
 
     def path(self, node: int, bit: int) -> str:
         """The file a shared channel's socket ``bit`` of ``node`` is bound to."""
-        return str(SHM_DIR / f"{self.identity}.n{node}.b{bit}")
+        return f"{SHM_DIR}/{self.identity}.n{node}.b{bit}"
 
     def open_socket(self, node: int) -> tuple[socket.socket, int]:
         """A new non-blocking socket watching for ``node``, and its bit (not armed yet).

@@ -6,8 +6,8 @@ wakes, with one ``FUTEX_WAKE(word, 1)``, the thread that has slept on the word
 longest (the kernel's queue order, see ``_core._readiness_futex``): a hand-over
 costs one wake-up, woken by the release itself, and the waiters of one key are
 served oldest first. The release does so only while some node's **waiting**
-slot names the bucket (``b + 1``, or any bucket when its threads wait in
-several), and tells its caller how many nodes wait there
+slot holds the key's tag (``_ring.key_tag``; or any key, when the node's threads
+wait for several), and tells its caller how many nodes wait for the key
 (``LockTable.release_waking``). The kernel keeps the queue itself, so a waiter
 killed in its sleep simply leaves it; its node's slot stays until the node's
 next process opens the table (or a polite waiter finds the node dead).
@@ -45,58 +45,63 @@ import threading
 from typing import Final
 
 from .._core import _fork
+from .._core._fleet import Fleet
 from .._core._readiness import wait_word, wake_word
 from .._core._region import store
-from ._ring import ANY_BUCKET, Ring
+from ._ring import ANY_KEY, Ring, key_tag
 
 #: Longest single sleep of a waiter, in seconds: bounds what a wake lost with a waiter
 #: killed between its wake and its attempt costs the others (a sleep also ends at
 #: the holder's expiry). A waiter that sleeps it out goes to the back of the queue.
 WAIT_CAP_S: Final = 2.0
+#: Longest a caller waits behind the key's waiters before its first attempt
+#: (:meth:`KeyWaiter.queue`), in seconds: long enough for a woken waiter to run on a
+#: busy host, short enough to bound what a waiter killed after its wake costs.
+QUEUE_S: Final = 0.05
 _U32: Final = struct.Struct("<I")
 
 
 class _Slots:
-    """This process's waiting threads per (mapping, node), by bucket; it writes the node's slot.
+    """This process's waiting threads per (mapping, node), by key tag; it writes the node's slot.
 
     Only this process writes its node's slot (each live process holds its own node).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._buckets: dict[tuple[int, int], collections.Counter[int]] = {}
+        self._tags: dict[tuple[int, int], collections.Counter[int]] = {}
 
-    def hold(self, buf: mmap.mmap, at: int, bucket: int) -> None:
+    def hold(self, buf: mmap.mmap, at: int, tag: int) -> None:
         with self._lock:
-            buckets = self._buckets.setdefault((id(buf), at), collections.Counter())
-            buckets[bucket] += 1
-            self._write(buf, at, buckets)
+            tags = self._tags.setdefault((id(buf), at), collections.Counter())
+            tags[tag] += 1
+            self._write(buf, at, tags)
 
-    def release(self, buf: mmap.mmap, at: int, bucket: int) -> None:
+    def release(self, buf: mmap.mmap, at: int, tag: int) -> None:
         with self._lock:
-            buckets = self._buckets[(id(buf), at)]
-            buckets[bucket] -= 1
-            if buckets[bucket] <= 0:
-                del buckets[bucket]
-            if not buckets:
-                del self._buckets[(id(buf), at)]
-            self._write(buf, at, buckets)
+            tags = self._tags[(id(buf), at)]
+            tags[tag] -= 1
+            if tags[tag] <= 0:
+                del tags[tag]
+            if not tags:
+                del self._tags[(id(buf), at)]
+            self._write(buf, at, tags)
 
     def reset(self, buf: mmap.mmap, at: int) -> None:
         """Zero a slot a previous process of this node left, unless our own threads wait."""
         with self._lock:
-            if (id(buf), at) not in self._buckets:
+            if (id(buf), at) not in self._tags:
                 store(buf, at, _U32, 0)
 
     @staticmethod
-    def _write(buf: mmap.mmap, at: int, buckets: collections.Counter[int]) -> None:
-        value = 0 if not buckets else next(iter(buckets)) + 1 if len(buckets) == 1 else ANY_BUCKET
+    def _write(buf: mmap.mmap, at: int, tags: collections.Counter[int]) -> None:
+        value = 0 if not tags else next(iter(tags)) if len(tags) == 1 else ANY_KEY
         store(buf, at, _U32, value)
 
     def _after_fork_in_child(self) -> None:
         # The parent's waiting threads do not exist here, and the slots are its nodes'.
         self._lock = threading.Lock()
-        self._buckets = {}
+        self._tags = {}
 
 
 SLOTS: Final = _Slots()
@@ -106,17 +111,31 @@ _fork.register(SLOTS)
 class KeyWaiter:
     """One thread's place in the wait queue of a key's bucket.
 
-    Use: :meth:`enter` once, then before every attempt :meth:`look`, after every
-    refused attempt :meth:`wait`, and :meth:`leave` in a ``finally`` (saying
-    whether the key was granted).
+    Use: :meth:`enter` once (then :meth:`queue`, to wait behind the others), before
+    every attempt :meth:`look`, after every refused attempt :meth:`wait`, and
+    :meth:`leave` in a ``finally`` (saying whether the key was granted).
     """
 
-    __slots__ = ("_bucket", "_buf", "_entered", "_holder", "_previous", "_seen", "_slot", "_word")
+    __slots__ = (
+        "_buf",
+        "_digest",
+        "_entered",
+        "_fleet",
+        "_holder",
+        "_node",
+        "_previous",
+        "_ring",
+        "_seen",
+        "_slot",
+        "_tag",
+        "_word",
+    )
 
-    def __init__(self, ring: Ring, digest: int, node: int) -> None:
+    def __init__(self, ring: Ring, digest: int, fleet: Fleet, node: int) -> None:
         geometry = ring.geometry
+        self._ring, self._digest, self._fleet, self._node = ring, digest, fleet, node
         self._buf = ring.buf
-        self._bucket = digest % geometry.lane_count
+        self._tag = key_tag(digest)
         self._word = geometry.key_word(digest)
         self._slot = geometry.waiting_offset + 4 * node
         self._seen = self._previous = 0
@@ -124,8 +143,8 @@ class KeyWaiter:
         self._entered = False
 
     def enter(self) -> None:
-        """Mark this node's waiting slot with the key's bucket, so its releases wake."""
-        SLOTS.hold(self._buf, self._slot, self._bucket)
+        """Mark this node's waiting slot with the key's tag, so its releases wake."""
+        SLOTS.hold(self._buf, self._slot, self._tag)
         self._entered = True
 
     def look(self) -> None:
@@ -149,12 +168,29 @@ class KeyWaiter:
         bound = WAIT_CAP_S if timeout is None else min(max(timeout, 0.0), WAIT_CAP_S)
         return wait_word(self._buf, self._word, self._seen, bound)
 
+    def others_wait(self) -> bool:
+        """Whether another node's slot says it waits for the key."""
+        return bool(waiting_nodes(self._ring, self._digest, self._node))
+
+    def queue(self, timeout: float | None) -> None:
+        """Before a first attempt: wait for a release of the key, at most :data:`QUEUE_S`
+        or ``timeout`` seconds (a caller that has just woken a waiter takes its turn).
+
+        A wait that runs out found the waiters' slots stale, or their holder slow:
+        the slots of dead nodes are zeroed (their processes were killed waiting).
+        """
+        self.look()
+        if not self.wait(None, QUEUE_S if timeout is None else min(QUEUE_S, timeout)):
+            for node in waiting_nodes(self._ring, self._digest, self._node):
+                if not self._fleet.is_alive(node):
+                    forget(self._ring, node)
+
     def leave(self, granted: bool) -> None:
         """Stop waiting; a waiter leaving without the key passes on a wake it may have had."""
         if not self._entered:
             return
         self._entered = False
-        SLOTS.release(self._buf, self._slot, self._bucket)
+        SLOTS.release(self._buf, self._slot, self._tag)
         if not granted and self._read() != self._seen:
             wake_word(self._buf, self._word, 1)
 
@@ -164,11 +200,11 @@ class KeyWaiter:
 
 
 def waiting_nodes(ring: Ring, digest: int, node: int) -> list[int]:
-    """The nodes other than ``node`` whose slot says they wait in ``digest``'s bucket."""
+    """The nodes other than ``node`` whose slot says they wait for the key of ``digest``."""
     geometry = ring.geometry
-    mark = digest % geometry.lane_count + 1
+    tag = key_tag(digest)
     slots = struct.unpack_from(f"<{geometry.lane_count}I", ring.buf, geometry.waiting_offset)
-    return [n for n, v in enumerate(slots) if n != node and v in (mark, ANY_BUCKET)]
+    return [n for n, v in enumerate(slots) if n != node and v in (tag, ANY_KEY)]
 
 
 def forget(ring: Ring, node: int) -> None:

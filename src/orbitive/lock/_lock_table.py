@@ -53,10 +53,6 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 _A = TypeVar("_A")
 _B = TypeVar("_B")
-#: Longest a ``wait_acquire(queue=True)`` waits behind others before its first attempt,
-#: in seconds: long enough for a woken waiter to run on a busy host, short enough to
-#: bound what a waiter killed after its wake (or a stale waiting slot) costs.
-QUEUE_S: Final = 0.05
 #: The holder's expiry publishes nothing: a waiter looks again this long after it.
 _EXPIRY_SLACK_S: Final = 0.001
 
@@ -261,11 +257,10 @@ class LockTable:
 
         Returns:
             -1 when the tenure was not live (``release`` would return False), else
-            the number of nodes with threads waiting for a key of the key's bucket
-            (keys share a bucket when their digests agree modulo the fleet
-            capacity); the release woke the one that waited longest. A caller
-            that found waiters and asks for the key again at once passes
-            ``queue=True`` to :meth:`wait_acquire`, to take its turn behind them.
+            the number of nodes with threads waiting for the key; the release woke
+            the one that waited longest. A caller that found waiters and asks for
+            the key again at once passes ``queue=True`` to :meth:`wait_acquire`,
+            to take its turn behind them.
 
         Raises:
             As :meth:`release`.
@@ -299,7 +294,7 @@ class LockTable:
             key, owner, ttl: as for :meth:`try_acquire`.
             timeout: seconds to wait (float); None waits forever; 0 makes one attempt.
             queue: wait behind the current waiters first (for at most
-                :data:`QUEUE_S` seconds), for a caller whose
+                ``_key_wait.QUEUE_S`` seconds), for a caller whose
                 :meth:`release_waking` just found some: it then takes its turn
                 instead of taking the key straight back.
 
@@ -318,16 +313,12 @@ class LockTable:
             result = self.try_acquire(key, owner, ttl)
             if type(result) is Acquired or wait_s == 0.0:
                 return result
-        if self._fork_generation != _fork.generation:
-            self._refresh_node()
-        waiter = KeyWaiter(self._ring, key.digest, self._node)
+        waiter = self._key_waiter(key)
         granted = False
         waiter.enter()
         try:
-            if queue and wait_s != 0.0:
-                waiter.look()
-                if not waiter.wait(None, QUEUE_S):  # nobody released meanwhile
-                    self._forget_dead_waiters(key)
+            if queue and wait_s != 0.0 and waiter.others_wait():
+                waiter.queue(None if deadline is None else deadline - time.monotonic())
             while True:
                 waiter.look()
                 result = self.try_acquire(key, owner, ttl)
@@ -344,11 +335,11 @@ class LockTable:
         finally:
             waiter.leave(granted)
 
-    def _forget_dead_waiters(self, key: LockKey) -> None:
-        """Zero the waiting slots of dead nodes in ``key``'s bucket (they were killed waiting)."""
-        for node in _key_wait.waiting_nodes(self._ring, key.digest, self._node):
-            if not self.fleet.is_alive(node):
-                _key_wait.forget(self._ring, node)
+    def _key_waiter(self, key: LockKey) -> KeyWaiter:
+        """A place in the wait queue of ``key`` for this process's node (see ``_key_wait``)."""
+        if self._fork_generation != _fork.generation:
+            self._refresh_node()
+        return KeyWaiter(self._ring, key.digest, self.fleet, self._node)
 
     def release_owned(self, key: LockKey, owner: LockOwner | bytes | str) -> bool:
         """Release whatever live tenure of ``key`` has exactly ``owner``; False if none.

@@ -20,9 +20,9 @@ Layout (little-endian; version :data:`RING_VERSION`)::
        29   35 reserved         zero
     armed, round_up(lane_count, 64) bytes: byte n has a bit per readiness socket of
         node n that the next publish signals (``_core._channel``)
-    waiting, round_up(4 x lane_count, 64) bytes: u32 n is b + 1 while threads of node n
-        wait for a key of bucket b, 0xFFFFFFFF while they wait in several buckets,
-        0 otherwise (``_key_wait``)
+    waiting, round_up(4 x lane_count, 64) bytes: u32 n is the tag of the key threads of
+        node n wait for, 0xFFFFFFFF while they wait for several keys, 0 otherwise
+        (``_key_wait``; a key's tag is its 32-bit digest, made neither 0 nor all ones)
     lane heads, lane_count x 64 bytes: head u64 @0 = frames ever committed in the
         lane; key word u32 @8, +1 at every release of a key of bucket n
         (a key's bucket is its digest modulo lane_count)
@@ -68,8 +68,8 @@ LANE_HEAD_SIZE: Final = 64
 SLOT_HEADER_SIZE: Final = 32
 #: Offset of a lane head's key word (the wait word of the keys of that bucket).
 KEY_WORD_OFFSET: Final = 8
-#: A node's waiting slot while its threads wait in more than one bucket.
-ANY_BUCKET: Final = 0xFFFFFFFF
+#: A node's waiting slot while its threads wait for more than one key.
+ANY_KEY: Final = 0xFFFFFFFF
 
 _HEADER: Final = struct.Struct("<IHHIIII")  # magic .. slot_stride (24 bytes)
 _GENERATION_OFFSET: Final = 24
@@ -83,6 +83,12 @@ _unpack_u64 = _U64.unpack_from
 
 def _round_up(value: int, unit: int) -> int:
     return (value + unit - 1) // unit * unit
+
+
+def key_tag(digest: int) -> int:
+    """What a waiting slot holds for the key of ``digest`` (a 32-bit CRC): never 0 nor ANY_KEY."""
+    tag = digest & ANY_KEY
+    return tag if 0 < tag < ANY_KEY else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,23 +278,19 @@ class Ring:
         """The error for a lane head that shared memory holds out of range."""
         return LayoutMismatch(f"ring kind {self.geometry.kind} lane {node}: corrupt head")
 
-    def wake(self) -> None:
-        """Signal the armed readiness sockets after a frame the C steps published."""
-        self.channel.signal()
-
     def key_released(self, digest: int) -> int:
-        """After a release of a key of ``digest``: its bucket's waiters, one of them woken.
+        """After a release of the key of ``digest``: its waiters, one of its bucket's woken.
 
         Inside the critical section. When the waiting slots show threads waiting
-        for a key of the bucket (``_key_wait``), the bucket's key word + 1 and the
-        thread that has slept on it longest is woken (the C release does the same,
-        once it has let its stripes go). Returns how many nodes wait in the bucket.
+        for the key (``_key_wait``), the key word of its bucket + 1 and the thread
+        that has slept on it longest is woken (the C release does the same, once
+        it has let its stripes go). Returns how many nodes wait for the key.
         """
         buf, start = self.buf, self.geometry.waiting_offset
         if buf[start : start + 4 * self._lanes] == self._nobody_waits:
             return 0
-        mark = digest % self._lanes + 1
-        waiting = sum(v in (mark, ANY_BUCKET) for v in self._waiting.unpack_from(buf, start))
+        tag = key_tag(digest)
+        waiting = sum(v in (tag, ANY_KEY) for v in self._waiting.unpack_from(buf, start))
         if waiting:
             at = self.geometry.key_word(digest)
             store(buf, at, _U32, (_U32.unpack_from(buf, at)[0] + 1) & 0xFFFFFFFF)

@@ -13,7 +13,7 @@ enum { EMPTY = 0, OCCUPIED = 1, TOMBSTONE = 2 };
 enum { STATE_HEADER = 128, SLOT_HEADER = 48, MAX_PROBE_AT = 20, TOKEN_AT = 64, REVISION_AT = 72 };
 enum { RING_HEADER = 64, LANE_HEAD = 64, FRAME_HEADER = 32, EVENT_HEADER = 35 };
 enum { GENERATION_AT = 24, KEY_WORD_AT = 8, ACQUIRED = 1, RENEWED = 2, RELEASED = 3 };
-#define ANY_BUCKET UINT32_C(0xFFFFFFFF) /* _ring.ANY_BUCKET */
+#define ANY_KEY UINT32_C(0xFFFFFFFF) /* _ring.ANY_KEY */
 #define EVENT_MAGIC UINT32_C(0x4F4C434B)
 #define EVENT_VERSION 1
 #define TOKEN_MASK ((UINT64_C(1) << 40) - 1)
@@ -42,7 +42,7 @@ typedef struct {
     PyObject *state; /* the state table's mmap */
     PyObject *ring;  /* the transition ring's mmap */
     Py_buffer block; /* the state object's section block, held for life */
-    PyObject *wake;  /* Ring.wake: called when a readiness socket is armed */
+    PyObject *wake;  /* the ring's Channel.signal: called when a readiness socket is armed */
     PyObject *fork_dict, *generation; /* _fork's globals, and its generation at creation */
     PyObject *table, *table_dict;     /* the LockTable, and _steps's globals (crash_hook) */
     Types types;
@@ -182,7 +182,7 @@ static Py_ssize_t probe(const Steps *t, uint8_t *s, const Entry *e, Py_ssize_t l
 }
 
 /* publish (Ring.publish plus Channel.bump): one lock-event frame in the node's lane.
- * *wake: a readiness socket is armed (Ring.wake signals it). */
+ * *wake: a readiness socket is armed (the ring's Channel.signal signals it). */
 static int publish(const Steps *t, uint8_t *r, const Entry *e, uint8_t kind, uint64_t revision,
                    uint64_t t1, uint64_t t2, int *wake)
 {
@@ -227,22 +227,29 @@ static int publish(const Steps *t, uint8_t *r, const Entry *e, uint8_t kind, uin
     return DONE;
 }
 
-/* Ring.key_released: after a release, the nodes waiting for a key of e's bucket (their
- * waiting slot names it, or any bucket); when there are some, the bucket's key word + 1,
- * and *word set to it for one FUTEX_WAKE once the stripes are let go. The slots are
- * read under the stripes the waiter's own attempt took, which orders them
- * (lock/_key_wait.py). */
+/* _ring.key_tag: what a waiting slot holds for the key of digest. */
+static uint32_t key_tag(uint64_t digest)
+{
+    uint32_t tag = (uint32_t)digest;
+    return tag != 0 && tag != ANY_KEY ? tag : 1;
+}
+
+/* Ring.key_released: after a release, the nodes waiting for e's key (their waiting slot
+ * holds its tag, or any key); when there are some, the key word of its bucket + 1, and
+ * *word set to it for one FUTEX_WAKE once the stripes are let go. The slots are read
+ * under the stripes the waiter's own attempt took, which orders them (lock/_key_wait.py). */
 static long key_released(const Steps *t, uint8_t *r, const Entry *e, uint32_t **word)
 {
-    uint32_t bucket = (uint32_t)(e->digest % (uint64_t)t->lanes);
+    uint32_t tag = key_tag(e->digest);
     const uint8_t *slots = r + t->waiting_at;
     long waiting = 0;
     for (Py_ssize_t n = 0; n < t->lanes; n++) {
         uint32_t v = ld32(slots + 4 * n);
-        waiting += v == bucket + 1 || v == ANY_BUCKET;
+        waiting += v == tag || v == ANY_KEY;
     }
     if (waiting) {
-        *word = (uint32_t *)(r + t->heads_at + (Py_ssize_t)bucket * LANE_HEAD + KEY_WORD_AT);
+        Py_ssize_t bucket = (Py_ssize_t)(e->digest % (uint64_t)t->lanes);
+        *word = (uint32_t *)(r + t->heads_at + bucket * LANE_HEAD + KEY_WORD_AT);
         __atomic_add_fetch(*word, 1, __ATOMIC_SEQ_CST);
     }
     return waiting;
