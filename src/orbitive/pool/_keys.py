@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
+import threading
 from collections.abc import Callable
 from typing import Final
 
@@ -85,6 +86,7 @@ class KeyTable:
         self.incarnation = 0
         self.keys: dict[Key, int] = {}
         self.parked: dict[int, int] = {}
+        self._parked_mutex = threading.Lock()  # the counts and this node's parked bytes
         self.deferred: list[Callable[[], None]] = []
         self.hint = 0
         self.extras: dict[str, object] = {}  # waiting machinery, per process
@@ -123,6 +125,7 @@ class KeyTable:
         self.node = -1
         self.incarnation = 0
         self.parked = {}
+        self._parked_mutex = threading.Lock()
         self.deferred = []
         self.extras = {}
 
@@ -365,31 +368,37 @@ class KeyTable:
     # -- waiting marks ------------------------------------------------------------------
 
     def park(self, index: int, since: int) -> int:
-        """Mark this node as waiting on a key unless it changed; returns its version."""
+        """Mark this node as waiting on a key unless it changed; returns its version.
+
+        Inside the section, so that a change either sees the mark and wakes, or
+        came first and the version read here shows it (``_readiness_futex.bump``).
+        """
         self.enter()
         try:
             current = self.changes(index)
             if current == since:
-                self.parked[index] = self.parked.get(index, 0) + 1
-                self.buf[self.key_offset(index) + KEY_PARKED + self.node] = 1
+                with self._parked_mutex:
+                    self.parked[index] = self.parked.get(index, 0) + 1
+                    self.buf[self.key_offset(index) + KEY_PARKED + self.node] = 1
         finally:
             self.leave()
         return current
 
     def unpark(self, index: int) -> int:
-        """Undo one :meth:`park` of this process; returns the key's version."""
-        self.enter()
-        try:
+        """Undo one :meth:`park` of this process; returns the key's version.
+
+        Outside the section, right after the wake (on the waiter's path): clearing
+        the mark late costs a change only a spurious wake, and the version is one
+        aligned u32 read.
+        """
+        with self._parked_mutex:
             count = self.parked.get(index, 0) - 1
             if count > 0:
                 self.parked[index] = count
             else:
                 self.parked.pop(index, None)
                 self.buf[self.key_offset(index) + KEY_PARKED + self.node] = 0
-            current = self.changes(index)
-        finally:
-            self.leave()
-        return current
+        return self.changes(index)
 
     def arm(self, indexes: list[int]) -> list[int]:
         """Ask for a bell when any of these keys changes (one-shot); their versions."""
