@@ -67,6 +67,8 @@ def check_timeout(timeout: object) -> float | None:
     """
     if timeout is None:
         return None
+    if type(timeout) is float and 0.0 < timeout <= TTL_MAX_S:  # the common case, as is
+        return timeout
     try:
         seconds = as_seconds(timeout, "timeout")
         return 0.0 if seconds == 0.0 else check_ttl(seconds, what="timeout")

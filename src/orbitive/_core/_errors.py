@@ -32,6 +32,7 @@ catch by the usual Python category)::
     |   +-- InvalidLockOwner (ValueError, TypeError)     kind INVALID_INPUT
     |   +-- InvalidLockTtl (InvalidTtl)                  kind DATABASE (duration guard)
     |   +-- InvalidStoreUrl (ValueError)                 kind INVALID_INPUT
+    |   +-- LockNotReentrant (RuntimeError)              kind INVALID_INPUT
     +-- LockTimeout (TimeoutError)               blocking helper gave up
 
 Every error carries ``fleet``, ``node``, ``key`` and ``kind`` attributes (``None``
@@ -67,6 +68,7 @@ __all__ = [
     "KeyFullError",
     "LaneFullError",
     "LayoutMismatch",
+    "LockNotReentrant",
     "LockTimeout",
     "MalformedError",
     "NamespaceEmpty",
@@ -339,6 +341,14 @@ class InvalidLockTtl(StoreError, InvalidTtl):
 
 class InvalidStoreUrl(StoreError, ValueError):
     """``open_store`` got a URL it cannot parse or whose scheme it does not know."""
+
+    default_kind = ErrorKind.INVALID_INPUT
+
+
+class LockNotReentrant(StoreError, RuntimeError):
+    """The blocking helper was asked for a name the calling thread (or asyncio task)
+    holds already in the store: store locks are not re-entrant, and the wait would
+    never end. Raised at once, before any wait."""
 
     default_kind = ErrorKind.INVALID_INPUT
 

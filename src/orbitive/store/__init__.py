@@ -19,6 +19,7 @@ from .._core._errors import (
     InvalidLockOwner,
     InvalidLockTtl,
     InvalidStoreUrl,
+    LockNotReentrant,
     LockTimeout,
     StoreError,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "InvalidStoreUrl",
     "Lock",
     "LockInfo",
+    "LockNotReentrant",
     "LockTimeout",
     "Store",
     "StoreError",

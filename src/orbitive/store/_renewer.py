@@ -1,4 +1,4 @@
-"""One renewer thread per process: every auto-renewed lock of every store, from a deadline heap.
+"""One renewer thread per process: every auto-renewed lock of every store, in due order.
 
 ``store.lock()`` hands its lock to :data:`RENEWER` instead of starting a thread
 of its own, and the lock's release takes it back: taking or releasing a lock
@@ -11,7 +11,7 @@ a third of its ttl after the grant or the last renewal, as before.
   attempted: the lease is reported lost (``lost``, ``on_lost``) as it is, even
   when nobody took the name meanwhile (the store contract: a lapsed lease is lost).
 * **A failing engine.** A renewal the engine cannot complete (``StoreError``) is
-  retried well before the window closes (``renew_retry_s``); past it, the
+  retried well before the window closes (:func:`renew_retry_s`); past it, the
   lease is reported lost.
 * **Callbacks.** ``on_lost`` runs in the renewer thread, shared by every lock of
   the process: keep it short. An exception it raises is reported through
@@ -19,15 +19,21 @@ a third of its ttl after the grant or the last renewal, as before.
 * **Fork.** A forked child has no renewer thread and none of the parent's
   locks to renew: its renewer starts empty, with the child's first lock.
 
-Cancelled entries stay in the heap until they come due or until they
-outnumber the live ones, when the heap is rebuilt, so a release is one flag
-and a lock churned at any rate keeps the heap small.
+The schedule is one FIFO queue per ttl (locks of one ttl come due in the order
+they were queued) plus a small heap of retries, so queueing a lock is an append
+and a release one flag on the lock (``_renew_at = 0``). A released lock leaves
+its queue when it reaches the front as the thread wakes, or when released locks
+outnumber the rest (and number :data:`COMPACT_MIN`). The thread is woken only
+for a lock due before the time it sleeps until, which a lock taken and released
+in a loop at one ttl is not: the thread wakes about once per third of the ttl.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
+import math
 import sys
 import threading
 import time
@@ -38,6 +44,9 @@ from .._core._errors import StoreError
 
 #: A renewer that cannot reach the engine retries at least this often, in seconds.
 _RETRY_MIN_S: Final = 0.01
+#: Released locks the queues keep before they are rebuilt (and at most half of them):
+#: a lock taken and released in a loop then rebuilds them only now and then.
+COMPACT_MIN: Final = 64
 
 
 def renew_retry_s(ttl: float, left: float) -> float | None:
@@ -54,6 +63,9 @@ def renew_retry_s(ttl: float, left: float) -> float | None:
 class Renewable(Protocol):
     """What the renewer asks of a lock (``_lock.Lock``)."""
 
+    #: ``time.monotonic()`` of its next renewal; 0 once it is not to be renewed.
+    _renew_at: float
+
     def remaining(self) -> float:
         """Seconds left in the window, measured locally."""
 
@@ -64,20 +76,6 @@ class Renewable(Protocol):
         """Report the lease lost (``lost``, the loss count, ``on_lost``)."""
 
 
-class Entry:
-    """One lock's place in the heap: renew it every ``ttl / 3`` until cancelled."""
-
-    __slots__ = ("cancelled", "due", "generation", "lock", "queued", "ttl")
-
-    def __init__(self, lock: Renewable, ttl: float, due: float) -> None:
-        self.lock = lock
-        self.ttl = ttl
-        self.due = due
-        self.cancelled = False
-        self.queued = False  # in the heap (not being renewed)
-        self.generation = _fork.generation
-
-
 class Renewer:
     """The process's renewer (see the module docstring); use :data:`RENEWER`."""
 
@@ -86,104 +84,136 @@ class Renewer:
         _fork.register(self)
 
     def _start_fresh(self) -> None:
-        self._wake = threading.Condition(threading.Lock())
-        self._heap: list[tuple[float, int, Entry]] = []
+        self._mutex = threading.Lock()  # the schedule's; the callers' side takes it bare
+        self._wake = threading.Condition(self._mutex)
+        self._queues: dict[float, collections.deque[tuple[Renewable, float]]] = {}
+        self._retries: list[tuple[float, int, Renewable, float]] = []
         self._order = itertools.count()
-        self._cancelled = 0
+        self._queued = self._released = 0
+        #: When the thread wakes by itself (inf: it waits to be notified, or it runs).
+        self._sleeping_until = math.inf
         self._thread: threading.Thread | None = None
 
-    def add(self, lock: Renewable, ttl: float) -> Entry:
+    def add(self, lock: Renewable, ttl: float) -> None:
         """Renew ``lock`` every ``ttl / 3`` seconds from now, until :meth:`cancel`."""
-        entry = Entry(lock, ttl, time.monotonic() + ttl / 3.0)
-        with self._wake:
-            self._push(entry)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="orbitive-renewer", daemon=True
-                )
-                self._thread.start()
-        return entry
+        due = lock._renew_at = time.monotonic() + ttl / 3.0
+        with self._mutex:
+            queue = self._queues.get(ttl)
+            if queue is None:
+                queue = self._queues[ttl] = collections.deque()
+            queue.append((lock, ttl))
+            self._queued += 1
+            if due < self._sleeping_until:
+                self._wake_up()
 
-    def cancel(self, entry: Entry) -> None:
-        """Renew ``entry``'s lock no more (a renewal in flight still completes)."""
-        if entry.generation != _fork.generation:  # the parent's: not in this heap
-            return
-        with self._wake:
-            if entry.cancelled:
-                return
-            entry.cancelled = True
-            if not entry.queued:  # being renewed: it will not go back
-                return
-            self._cancelled += 1
-            if self._cancelled > len(self._heap) // 2:
-                self._heap = [item for item in self._heap if not item[2].cancelled]
-                heapq.heapify(self._heap)
-                self._cancelled = 0
+    def cancel(self, lock: Renewable) -> None:
+        """Renew ``lock`` no more (a renewal in flight still completes)."""
+        lock._renew_at = 0.0
+        self._released += 1  # a hint for the rebuild: races only make it late or early
+        if self._released > max(self._queued // 2, COMPACT_MIN):
+            with self._mutex:
+                self._compact()
 
     def thread(self) -> threading.Thread | None:
         """The renewer thread of this process, once a lock started it."""
         return self._thread
 
-    def _push(self, entry: Entry) -> None:
-        """Into the heap (lock held); wakes the thread when it sleeps past ``entry.due``."""
-        head = self._heap[0][0] if self._heap else None
-        entry.queued = True
-        heapq.heappush(self._heap, (entry.due, next(self._order), entry))
-        if head is None or entry.due < head:
+    def _wake_up(self) -> None:
+        """Wake the thread, or start it (lock held)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="orbitive-renewer", daemon=True)
+            self._thread.start()
+        else:
             self._wake.notify()
 
-    def _next(self) -> Entry:
-        """The next entry that comes due (waits for it), lock held."""
+    def _compact(self) -> None:
+        """Drop every released lock from the queues (lock held)."""
+        for ttl, queue in list(self._queues.items()):
+            kept = [item for item in queue if item[0]._renew_at]
+            if kept:
+                self._queues[ttl] = collections.deque(kept)
+            else:
+                del self._queues[ttl]
+        self._queued = sum(len(queue) for queue in self._queues.values())
+        self._released = 0
+
+    def _next(self) -> tuple[Renewable, float, bool]:
+        """The next lock that comes due, its ttl, and whether it is a retry (lock held).
+
+        Released locks at the fronts are dropped as the thread wakes. With nothing
+        left it sleeps until the latest dropped lock would have been due (a lock
+        queued since at the same ttl comes due after that: no need to wake it),
+        then until notified.
+        """
         while True:
-            while self._heap and self._heap[0][2].cancelled:
-                heapq.heappop(self._heap)
-                self._cancelled -= 1
-            if not self._heap:
-                self._wake.wait()
+            due, queue, dropped = math.inf, None, 0.0
+            for ttl, candidate in list(self._queues.items()):
+                while candidate and not candidate[0][0]._renew_at:
+                    dropped = max(dropped, candidate.popleft()[1] / 3.0)
+                    self._queued -= 1
+                if not candidate:
+                    del self._queues[ttl]
+                elif candidate[0][0]._renew_at < due:
+                    due, queue = candidate[0][0]._renew_at, candidate
+            retry = self._retries[0][0] if self._retries else math.inf
+            soonest = min(due, retry)
+            now = time.monotonic()
+            if soonest <= now:
+                if queue is not None and due <= retry:
+                    lock, ttl = queue.popleft()
+                    self._queued -= 1
+                    return lock, ttl, False
+                _, _, lock, ttl = heapq.heappop(self._retries)
+                if lock._renew_at:
+                    return lock, ttl, True
                 continue
-            delay = self._heap[0][0] - time.monotonic()
-            if delay <= 0.0:
-                entry = heapq.heappop(self._heap)[2]
-                entry.queued = False
-                return entry
-            self._wake.wait(delay)
+            if soonest == math.inf and dropped:
+                soonest = now + dropped  # as late as any lock queued since, at most
+            self._sleeping_until = soonest
+            self._wake.wait(None if soonest == math.inf else soonest - now)
+            self._sleeping_until = math.inf
 
     def _run(self) -> None:
         while True:
             with self._wake:
-                entry = self._next()
-            again = self._renew(entry)
-            if again is not None:
-                with self._wake:
-                    if not entry.cancelled:
-                        entry.due = again
-                        self._push(entry)
+                lock, ttl, _ = self._next()
+            again, retry = self._renew(lock, ttl)
+            if again is None:
+                continue
+            with self._mutex:
+                if not lock._renew_at:  # released meanwhile
+                    continue
+                lock._renew_at = again
+                if retry:
+                    heapq.heappush(self._retries, (again, next(self._order), lock, ttl))
+                else:  # due after everything queued at this ttl: its queue stays in order
+                    self._queues.setdefault(ttl, collections.deque()).append((lock, ttl))
+                    self._queued += 1
 
     @staticmethod
-    def _renew(entry: Entry) -> float | None:
-        """Renew ``entry``'s lock once; when to renew it next (None: no more)."""
-        lock, ttl = entry.lock, entry.ttl
+    def _renew(lock: Renewable, ttl: float) -> tuple[float | None, bool]:
+        """Renew ``lock`` once: when to renew it next (None: no more), and if as a retry."""
         try:
             if lock.remaining() <= 0.0:  # fell behind: the window closed unrenewed
                 lock._mark_lost()
-                return None
+                return None, False
             try:
                 if lock._renew(ttl):
-                    return time.monotonic() + ttl / 3.0
-                return None  # lost (reported by _renew), or released meanwhile
+                    return time.monotonic() + ttl / 3.0, False
+                return None, False  # lost (reported by _renew), or released meanwhile
             except StoreError:
                 retry = renew_retry_s(ttl, lock.remaining())
                 if retry is not None:
-                    return time.monotonic() + retry
+                    return time.monotonic() + retry, True
                 lock._mark_lost()
-                return None
+                return None, False
         except Exception:  # an on_lost that raised: report it, keep renewing the others
             kind, error, trace = sys.exc_info()
             assert kind is not None
             threading.excepthook(
                 threading.ExceptHookArgs((kind, error, trace, threading.current_thread()))
             )
-            return None
+            return None, False
 
     def _after_fork_in_child(self) -> None:
         self._start_fresh()  # the parent's thread and locks are the parent's

@@ -1,11 +1,13 @@
-"""One renewer task per event loop: every auto-renewed ``AsyncLock`` of the loop, from a heap.
+"""One renewer task per event loop: every auto-renewed ``AsyncLock`` of the loop, in due order.
 
-The asyncio twin of :mod:`._renewer`, with the same rules: each renewal is due a
-third of the ttl after the grant or the last renewal; one that comes due after
-the window closed is reported as a loss without being attempted; a failing engine
-is retried well before the window closes (``renew_retry_s``); ``on_lost`` runs
-in the loop. Taking or releasing a lock creates no task of its own: the loop's
-renewer task starts with its first lock and ends when it has none left.
+The asyncio twin of :mod:`._renewer`, with the same rules and the same schedule
+(one FIFO queue per ttl, a heap of retries, a release as one flag on the lock):
+each renewal is due a third of the ttl after the grant or the last renewal; one
+that comes due after the window closed is reported as a loss without being
+attempted; a failing engine is retried well before the window closes
+(``renew_retry_s``); ``on_lost`` runs in the loop. Taking or releasing a lock
+creates no task of its own: the loop's renewer task starts with its first lock
+and ends when it has none left.
 
 Each renewal runs as a short task of its own, so a slow engine call delays no
 other lock's renewal, and a release waits for the renewal of its lock in flight
@@ -16,18 +18,25 @@ the release during that wait leaves the lock held and releasable, renewed no mor
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import itertools
+import math
 import weakref
 from typing import Final, Protocol
 
 from .._core import _fork
 from .._core._errors import StoreError
-from ._renewer import renew_retry_s
+from ._renewer import COMPACT_MIN, renew_retry_s
 
 
 class AsyncRenewable(Protocol):
     """What the loop's renewer asks of a lock (``_lock_async.AsyncLock``)."""
+
+    #: The loop's time of its next renewal; 0 once it is not to be renewed.
+    _renew_at: float
+    #: Its renewal in flight, if any.
+    _renewing: asyncio.Task[None] | None
 
     def remaining(self) -> float:
         """Seconds left in the window, measured locally."""
@@ -39,52 +48,30 @@ class AsyncRenewable(Protocol):
         """Report the lease lost (``lost``, the loss count, ``on_lost``)."""
 
 
-class AsyncEntry:
-    """One lock's place in its loop's heap, and its renewal in flight."""
-
-    __slots__ = ("cancelled", "due", "lock", "queued", "renewer", "renewing", "ttl")
-
-    def __init__(self, renewer: LoopRenewer, lock: AsyncRenewable, ttl: float, due: float) -> None:
-        self.renewer = renewer
-        self.lock = lock
-        self.ttl = ttl
-        self.due = due
-        self.cancelled = False
-        self.queued = False
-        self.renewing: asyncio.Task[None] | None = None
-
-
 class LoopRenewer:
     """The renewer of one event loop; use :func:`renewer_of`. Loop-confined."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._heap: list[tuple[float, int, AsyncEntry]] = []
+        self._queues: dict[float, collections.deque[tuple[AsyncRenewable, float]]] = {}
+        self._retries: list[tuple[float, int, AsyncRenewable, float]] = []
         self._order = itertools.count()
-        self._cancelled = 0
+        self._queued = self._released = 0
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Future[None] | None = None
+        self._sleeping_until = math.inf
 
-    def add(self, lock: AsyncRenewable, ttl: float) -> AsyncEntry:
+    def add(self, lock: AsyncRenewable, ttl: float) -> None:
         """Renew ``lock`` every ``ttl / 3`` seconds from now, until :meth:`cancel`."""
-        entry = AsyncEntry(self, lock, ttl, self._loop.time() + ttl / 3.0)
-        self._push(entry)
-        if self._task is None or self._task.done():
-            self._task = self._loop.create_task(self._run(), name="orbitive-renewer")
-        return entry
+        lock._renew_at = self._loop.time() + ttl / 3.0
+        self._queue(lock, ttl)
 
-    def cancel(self, entry: AsyncEntry) -> None:
-        """Renew ``entry``'s lock no more (a renewal in flight still completes)."""
-        if entry.cancelled:
-            return
-        entry.cancelled = True
-        if not entry.queued:
-            return
-        self._cancelled += 1
-        if self._cancelled > len(self._heap) // 2:
-            self._heap = [item for item in self._heap if not item[2].cancelled]
-            heapq.heapify(self._heap)
-            self._cancelled = 0
+    def cancel(self, lock: AsyncRenewable) -> None:
+        """Renew ``lock`` no more (a renewal in flight still completes)."""
+        lock._renew_at = 0.0
+        self._released += 1
+        if self._released > max(self._queued // 2, COMPACT_MIN):
+            self._compact()
 
     def runs_here(self) -> bool:
         """Whether the running event loop (if any) is this renewer's."""
@@ -93,39 +80,77 @@ class LoopRenewer:
         except RuntimeError:
             return False
 
-    def cancel_soon(self, entry: AsyncEntry) -> None:
+    def cancel_soon(self, lock: AsyncRenewable) -> None:
         """:meth:`cancel` from any thread, in the loop (nothing when the loop is closed)."""
         if not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self.cancel, entry)
+            self._loop.call_soon_threadsafe(self.cancel, lock)
 
     @staticmethod
-    async def settle(entry: AsyncEntry) -> None:
-        """Wait until ``entry``'s renewal in flight (if any) is over; never cancels it.
+    async def settle(lock: AsyncRenewable) -> None:
+        """Wait until ``lock``'s renewal in flight (if any) is over; never cancels it.
 
         Raises:
             asyncio.CancelledError: the waiting task was cancelled (the renewal goes on).
         """
-        task = entry.renewing
+        task = lock._renewing
         if task is not None and not task.done():
             await asyncio.wait((task,))
 
-    def _push(self, entry: AsyncEntry) -> None:
-        head = self._heap[0][0] if self._heap else None
-        entry.queued = True
-        heapq.heappush(self._heap, (entry.due, next(self._order), entry))
-        wake = self._wake
-        if (head is None or entry.due < head) and wake is not None and not wake.done():
-            wake.set_result(None)
+    def _queue(self, lock: AsyncRenewable, ttl: float) -> None:
+        queue = self._queues.get(ttl)
+        if queue is None:
+            queue = self._queues[ttl] = collections.deque()
+        queue.append((lock, ttl))
+        self._queued += 1
+        self._wake_up(lock._renew_at)
+
+    def _wake_up(self, due: float) -> None:
+        """Start the task, or wake it when it sleeps past ``due``."""
+        if self._task is None or self._task.done():
+            self._task = self._loop.create_task(self._run(), name="orbitive-renewer")
+        elif due < self._sleeping_until and self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    def _compact(self) -> None:
+        """Drop every released lock from the queues."""
+        for ttl, queue in list(self._queues.items()):
+            kept = [item for item in queue if item[0]._renew_at]
+            if kept:
+                self._queues[ttl] = collections.deque(kept)
+            else:
+                del self._queues[ttl]
+        self._queued = sum(len(queue) for queue in self._queues.values())
+        self._released = 0
+
+    def _due(
+        self,
+    ) -> tuple[float, collections.deque[tuple[AsyncRenewable, float]] | None, float]:
+        """The earliest due time of the queues' fronts and its queue, dropping released
+        fronts, and the longest third of a ttl among those dropped (see ``_renewer``)."""
+        due, queue, dropped = math.inf, None, 0.0
+        for ttl, candidate in list(self._queues.items()):
+            while candidate and not candidate[0][0]._renew_at:
+                dropped = max(dropped, candidate.popleft()[1] / 3.0)
+                self._queued -= 1
+            if not candidate:
+                del self._queues[ttl]
+            elif candidate[0][0]._renew_at < due:
+                due, queue = candidate[0][0]._renew_at, candidate
+        return due, queue, dropped
 
     async def _run(self) -> None:
+        """Sleep until the next renewal is due, and start it; end when none is left."""
         while True:
-            while self._heap and self._heap[0][2].cancelled:
-                heapq.heappop(self._heap)
-                self._cancelled -= 1
-            if not self._heap:
-                return  # started again by the next lock
-            delay = self._heap[0][0] - self._loop.time()
+            due, queue, dropped = self._due()
+            retry = self._retries[0][0] if self._retries else math.inf
+            soonest = min(due, retry)
+            if soonest == math.inf:
+                if not dropped:
+                    return  # started again by the next lock
+                soonest = self._loop.time() + dropped  # as late as any lock queued since
+            delay = soonest - self._loop.time()
             if delay > 0.0:
+                self._sleeping_until = soonest
                 self._wake = wake = self._loop.create_future()
                 timer = self._loop.call_later(delay, _resolve, wake)
                 try:
@@ -133,42 +158,51 @@ class LoopRenewer:
                 finally:
                     timer.cancel()
                     self._wake = None
+                    self._sleeping_until = math.inf
                 continue
-            entry = heapq.heappop(self._heap)[2]
-            entry.queued = False
-            entry.renewing = self._loop.create_task(self._renew(entry))
+            if queue is not None and due <= retry:
+                lock, ttl = queue.popleft()
+                self._queued -= 1
+            else:
+                _, _, lock, ttl = heapq.heappop(self._retries)
+                if not lock._renew_at:
+                    continue
+            lock._renewing = self._loop.create_task(self._renew(lock, ttl))
 
-    async def _renew(self, entry: AsyncEntry) -> None:
+    async def _renew(self, lock: AsyncRenewable, ttl: float) -> None:
         try:
-            again = await self._renew_once(entry.lock, entry.ttl)
+            again, retry = await self._renew_once(lock, ttl)
         except Exception as error:  # an on_lost that raised: report it, renew the others
             self._loop.call_exception_handler(
                 {"message": "orbitive: a store lock's on_lost raised", "exception": error}
             )
             return
         finally:
-            entry.renewing = None
-        if again is not None and not entry.cancelled:
-            entry.due = again
-            self._push(entry)
-            if self._task is None or self._task.done():
-                self._task = self._loop.create_task(self._run(), name="orbitive-renewer")
+            lock._renewing = None
+        if again is None or not lock._renew_at:  # no more, or released meanwhile
+            return
+        lock._renew_at = again
+        if retry:
+            heapq.heappush(self._retries, (again, next(self._order), lock, ttl))
+            self._wake_up(again)
+        else:  # due after everything queued at this ttl: its queue stays in order
+            self._queue(lock, ttl)
 
-    async def _renew_once(self, lock: AsyncRenewable, ttl: float) -> float | None:
-        """Renew ``lock`` once; when to renew it next on the loop's clock (None: no more)."""
+    async def _renew_once(self, lock: AsyncRenewable, ttl: float) -> tuple[float | None, bool]:
+        """Renew ``lock`` once: when next (loop time; None: no more), and if as a retry."""
         if lock.remaining() <= 0.0:  # fell behind: the window closed unrenewed
             lock._mark_lost()
-            return None
+            return None, False
         try:
             if not await lock._renew(ttl):
-                return None  # lost (reported by _renew), or released meanwhile
-            return self._loop.time() + ttl / 3.0
+                return None, False  # lost (reported by _renew), or released meanwhile
+            return self._loop.time() + ttl / 3.0, False
         except StoreError:
             retry = renew_retry_s(ttl, lock.remaining())
             if retry is None:
                 lock._mark_lost()
-                return None
-            return self._loop.time() + retry
+                return None, False
+            return self._loop.time() + retry, True
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
