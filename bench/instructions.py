@@ -9,8 +9,11 @@ System calls count as the instructions of their user-space side only.
 Workloads: ``flock`` (a bare ``fcntl.flock`` lock + unlock pair from Python, the
 floor), ``lock`` (``LockTable.try_acquire`` + ``release``), ``section``
 (``Region.acquire`` + ``release`` on the robust mutex), ``pool`` (the pool's
-local reuse cycle, ``reserve`` + ``accept`` + ``complete``) and ``clients`` (a
-``ClientPool`` checkout + return of an idle local client).
+local reuse cycle, ``reserve`` + ``accept`` + ``complete``), ``clients`` (a
+``ClientPool`` checkout + return of an idle local client), ``store`` (an
+``shm://`` store's ``try_lock`` + ``release``) and ``store-with`` (``with
+store.lock(name, ttl=30, timeout=10)`` on the same store: the blocking helper,
+renewed by the process's renewer).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 from orbitive import Fleet
 from orbitive.lock import Acquired, LockKey, LockOwner, LockTable
 
-WORKLOADS = ("flock", "lock", "section", "pool", "clients")
+WORKLOADS = ("flock", "lock", "section", "pool", "clients", "store", "store-with", "store-bare")
 _COLLECTED = re.compile(r"Collected : (\d+)")
 
 
@@ -91,6 +94,43 @@ def _clients(fleet: Fleet) -> Callable[[], None]:
     return checkout
 
 
+def _store(fleet: Fleet) -> Callable[[], None]:
+    from orbitive.store import open_store  # noqa: PLC0415 - only these workloads need it
+
+    try_lock = open_store(f"shm://{fleet.name}").try_lock
+
+    def pair() -> None:
+        lock = try_lock("bench/key", "bench-owner", 30.0)
+        assert lock is not None
+        lock.release()
+
+    return pair
+
+
+def _store_with(fleet: Fleet) -> Callable[[], None]:
+    from orbitive.store import open_store  # noqa: PLC0415 - only these workloads need it
+
+    lock = open_store(f"shm://{fleet.name}").lock
+
+    def held() -> None:
+        with lock("bench/key", ttl=30.0, timeout=10.0):
+            pass
+
+    return held
+
+
+def _store_bare(fleet: Fleet) -> Callable[[], None]:
+    from orbitive.store import open_store  # noqa: PLC0415 - only these workloads need it
+
+    lock = open_store(f"shm://{fleet.name}").lock
+
+    def held() -> None:
+        with lock("bench/key", "bench-owner", ttl=30.0, timeout=10.0, auto_renew=False):
+            pass
+
+    return held
+
+
 #: One warmed-up operation of each workload on a fleet.
 PREPARE: dict[str, Callable[[Fleet], Callable[[], None]]] = {
     "flock": _flock,
@@ -98,6 +138,9 @@ PREPARE: dict[str, Callable[[Fleet], Callable[[], None]]] = {
     "section": _section,
     "pool": _pool,
     "clients": _clients,
+    "store": _store,
+    "store-with": _store_with,
+    "store-bare": _store_bare,
 }
 
 
@@ -150,7 +193,9 @@ def main() -> None:
         for workload in args.only or WORKLOADS:
             base = _instructions(workload, 0, fleet_name)
             total = _instructions(workload, args.count, fleet_name)
-            print(f"{workload:<8} {(total - base) / args.count:>10,.0f} instructions per operation")
+            print(
+                f"{workload:<10} {(total - base) / args.count:>10,.0f} instructions per operation"
+            )
     finally:
         for path in Path("/dev/shm").glob(f"orbit-{fleet_name}-*"):
             path.unlink()
