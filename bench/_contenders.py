@@ -23,7 +23,6 @@ from orbitive import Fleet
 from orbitive.lock import Acquired, LockKey, LockOwner, LockTable
 
 from ._measure import Kind, Skip
-from ._servers import postgres_url
 from ._workspace import Prepared, Session, Workspace
 from .readiness_wake import remove_fleet_files
 
@@ -171,7 +170,7 @@ def _shm_url(ws: Workspace) -> tuple[str, Callable[[], None]]:
 def _postgres_url(ws: Workspace) -> tuple[str, Callable[[], None]]:
     """The runner's PostgreSQL server."""
     need("psycopg", hint="pip install -e '.[postgres]'")
-    url = postgres_url(ws.server("postgres"))
+    url = ws.postgres().url
     _pg_connect(url).close()
     return url, _nothing
 
@@ -179,7 +178,7 @@ def _postgres_url(ws: Workspace) -> tuple[str, Callable[[], None]]:
 def _redis_url(ws: Workspace) -> tuple[str, Callable[[], None]]:
     """The runner's redis-server (the one redis-py Lock uses)."""
     need("redis")
-    port = ws.server("redis").port
+    port = ws.redis().port
     return f"redis://127.0.0.1:{port}/0?prefix={ws.unique('bstore')}:", _nothing
 
 
@@ -279,7 +278,7 @@ fasteners = _file_lock("fasteners", lambda package, path: package.InterProcessLo
 def redis_lock(ws: Workspace, keys: int) -> Prepared:
     """redis-py Lock (SET NX PX + a Lua release) against the runner's redis-server."""
     redis: Any = need("redis")
-    port = ws.server("redis").port
+    port = ws.redis().port
     prefix = ws.unique("bench")
 
     def open_session() -> Session:
@@ -313,7 +312,7 @@ def _pg_connect(url: str) -> Any:
 
 def pg_advisory(ws: Workspace, keys: int) -> Prepared:
     """pg_try_advisory_lock + pg_advisory_unlock on one autocommit connection."""
-    url = postgres_url(ws.server("postgres"))
+    url = ws.postgres().url
     _pg_connect(url).close()
 
     def open_session() -> Session:

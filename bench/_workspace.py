@@ -17,8 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from tests._servers import ServerUnavailable, TempPostgres, TempRedis, TempServer
+
 from ._measure import Skip
-from ._servers import Server, start_postgres, start_redis
 
 
 class Session(NamedTuple):
@@ -42,20 +43,31 @@ class Workspace:
         self.root = Path(tempfile.mkdtemp(prefix="orbit-bench-"))
         self.tag = f"{os.getpid()}"
         self._counter = 0
-        self._servers: dict[str, Server | Skip] = {}
+        self._servers: dict[str, TempServer | Skip] = {}
 
     def unique(self, prefix: str) -> str:
         """A name unique to this run (fleet names, semaphore names, files)."""
         self._counter += 1
         return f"{prefix}-{self.tag}-{self._counter}"
 
-    def server(self, name: str) -> Server:
-        """The running "redis" or "postgres" server; raises Skip with the reason."""
+    def postgres(self) -> TempPostgres:
+        """The run's PostgreSQL server, started on first use; raises Skip with the reason."""
+        found = self._server("postgres", TempPostgres.start)
+        assert isinstance(found, TempPostgres)
+        return found
+
+    def redis(self) -> TempRedis:
+        """The run's redis-server, started on first use; raises Skip with the reason."""
+        found = self._server("redis", TempRedis.start)
+        assert isinstance(found, TempRedis)
+        return found
+
+    def _server(self, name: str, start: Callable[[], TempServer]) -> TempServer:
         if name not in self._servers:
             try:
-                self._servers[name] = start_redis() if name == "redis" else start_postgres()
-            except Skip as exc:
-                self._servers[name] = exc
+                self._servers[name] = start()
+            except ServerUnavailable as exc:
+                self._servers[name] = Skip(str(exc))
         found = self._servers[name]
         if isinstance(found, Skip):
             raise Skip(str(found))
@@ -64,7 +76,7 @@ class Workspace:
     def close(self) -> None:
         """Stop the servers and remove the directory."""
         for server in self._servers.values():
-            if isinstance(server, Server):
+            if isinstance(server, TempServer):
                 with contextlib.suppress(OSError):
                     server.stop()
         self._servers.clear()

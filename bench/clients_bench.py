@@ -45,10 +45,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
-import shutil
 import statistics
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -58,12 +55,12 @@ from typing import Any
 import psycopg
 
 from bench._measure import Skip
-from bench._servers import Server, free_port, postgres_url, start_postgres
 from bench.readiness_wake import remove_fleet_files
 from orbitive import Fleet
 from orbitive.clients import ClientPool, PoolOptions
 from orbitive.clients.psycopg import ConnectionPool, await_gone, watch_socket
 from orbitive.lock import LockKey, LockOwner, LockTable
+from tests._servers import ServerUnavailable, TempPgBouncer, TempPostgres
 
 WORKERS = 8
 CAP = 4
@@ -76,64 +73,6 @@ CONTEXT = multiprocessing.get_context("spawn")
 TAG = "orbit-bench-clients"
 #: Server settings that log every backend's start and end (see :class:`ConnectionLog`).
 LOG_SETTINGS = ("log_connections=on", "log_disconnections=on", "log_line_prefix=[%p] ")
-
-
-# -- PgBouncer ------------------------------------------------------------------------
-
-
-def start_pgbouncer(pg_port: int) -> Server:
-    """PgBouncer in transaction mode, pool size CAP, in front of the server on ``pg_port``."""
-    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-    if not Path(binary).exists():
-        raise Skip("pgbouncer not found (apt-get install pgbouncer)")
-    root = Path(tempfile.mkdtemp(prefix="orbit-bench-pgb-"))
-    port = free_port()
-    (root / "users.txt").write_text('"postgres" ""\n')
-    (root / "pgbouncer.ini").write_text(
-        f"[databases]\npostgres = host=127.0.0.1 port={pg_port} dbname=postgres user=postgres\n"
-        "[pgbouncer]\nlisten_addr = 127.0.0.1\n"
-        f"listen_port = {port}\nauth_type = trust\nauth_file = {root}/users.txt\n"
-        f"pool_mode = transaction\ndefault_pool_size = {CAP}\nmin_pool_size = 0\n"
-        "reserve_pool_size = 0\nmax_client_conn = 200\nunix_socket_dir =\n"
-        f"logfile = {root}/pgbouncer.log\nserver_reset_query =\n"
-    )
-    prefix = _drop_root(root)
-    process = subprocess.Popen(
-        [*prefix, binary, str(root / "pgbouncer.ini")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    server = Server("pgbouncer", port, process, root)
-    deadline = time.monotonic() + 20
-    while True:
-        with contextlib.suppress(psycopg.OperationalError):
-            psycopg.connect(_bouncer_url(port), connect_timeout=2).close()
-            return server
-        if process.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise Skip(f"pgbouncer did not start: {server.log_tail()}")
-        time.sleep(0.05)
-
-
-def _drop_root(root: Path) -> list[str]:
-    """PgBouncer refuses to run as root: run it as ``postgres`` (or ``nobody``)."""
-    if os.geteuid() != 0:
-        return []
-    import pwd  # noqa: PLC0415 - only as root
-
-    for name in ("postgres", "nobody"):
-        with contextlib.suppress(KeyError):
-            user = pwd.getpwnam(name)
-            for path in (root, *root.iterdir()):
-                os.chown(path, user.pw_uid, user.pw_gid)
-            return ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
-                    "--clear-groups", "--"]  # fmt: skip
-    raise Skip("running as root and no user to run pgbouncer as")
-
-
-def _bouncer_url(port: int) -> str:
-    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
 
 
 # -- the workers ----------------------------------------------------------------------
@@ -211,7 +150,7 @@ class ConnectionLog:
     cores the contenders share.
     """
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: TempPostgres) -> None:
         self._path = server.root / "server.log"
         self._start = self._path.stat().st_size
 
@@ -232,7 +171,9 @@ class ConnectionLog:
         return highest
 
 
-def run_contender(kind: str, url: str, pg: Server, query: str, seconds: float) -> dict[str, Any]:
+def run_contender(
+    kind: str, url: str, pg: TempPostgres, query: str, seconds: float
+) -> dict[str, Any]:
     """8 workers of one contender on one query; throughput, p50, p99, peak connections."""
     fleet_name = f"bench-clients-{os.getpid()}"
     pipes, procs = [], []
@@ -328,19 +269,18 @@ def drained(url: str, timeout: float = 20.0) -> None:
     await_gone(gone)  # the server logs the end of a session before it closes its socket
 
 
-def run_row(kind: str, pg: Server, query: str, seconds: float) -> dict[str, Any] | None:
+def run_row(kind: str, pg: TempPostgres, query: str, seconds: float) -> dict[str, Any] | None:
     """One contender on one query, PgBouncer started for its row only (None: skipped)."""
-    url = postgres_url(pg)
-    drained(url)
+    drained(pg.url)
     if kind != "pgbouncer":
-        return run_contender(kind, url, pg, query, seconds)
+        return run_contender(kind, pg.url, pg, query, seconds)
     try:
-        bouncer = start_pgbouncer(pg.port)
-    except Skip as why:
+        bouncer = TempPgBouncer.start(pg, CAP)  # transaction mode, CAP server connections
+    except ServerUnavailable as why:
         print(f"PgBouncer skipped: {why}")
         return None
     try:
-        return run_contender(kind, _bouncer_url(bouncer.port), pg, query, seconds)
+        return run_contender(kind, bouncer.url, pg, query, seconds)
     finally:
         bouncer.stop()
 
@@ -359,7 +299,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = []
-    pg = start_postgres(*LOG_SETTINGS)
+    try:
+        pg = TempPostgres.start(*LOG_SETTINGS)
+    except ServerUnavailable as error:
+        raise Skip(str(error)) from None
     kinds = ("pgbouncer", "psycopg_pool", "orbitive", f"orbitive/{args.handoff_after:g}s")
     try:
         for label in args.query or QUERIES:

@@ -3,8 +3,8 @@
 Run: ``.venv/bin/python bench/store_bench.py [--pairs N]
 [--engines sqlite,postgres,shm,redis] [--postgres URL]``. Times every pair on its
 own and prints the median, p10 and p90 in microseconds. Without ``--postgres`` a
-throw-away server is started as the tests do (``tests/store/_postgres.py``); the
-redis-server is always a throw-away one (``tests/store/_redis.py``); the SQLite
+throw-away server is started as the tests do (``tests/_servers.py``); the
+redis-server is always a throw-away one (``tests/_servers.py``); the SQLite
 file and the SHM fleet are temporary too. Targets (issue 3): SQLite <= 60 us,
 PostgreSQL <= 1000 us on loopback, SHM <= 12 us; Redis (issue 12): at most 1.3x
 redis-py's ``Lock`` per pair, on the same server.
@@ -40,8 +40,7 @@ from orbitive.store import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests._fleets import remove_fleet_files
-from tests.store._postgres import PostgresUnavailable, TempPostgres
-from tests.store._redis import RedisUnavailable, TempRedis
+from tests._servers import ServerUnavailable, TempPostgres, TempRedis
 
 TARGETS_US = {"sqlite": 60.0, "postgres": 1000.0, "shm": 12.0}
 #: Largest ratio of an asyncio SHM pair's median to a sync pair's (issue 12).
@@ -210,7 +209,7 @@ def main() -> None:
                 overhead = shm_overhead_us(url, pairs) if engine == "shm" else None
                 asyncio_us = shm_async_us(url, pairs) if engine == "shm" else None
                 versus = redis_ratio(url, pairs) if engine == "redis" else None
-        except (PostgresUnavailable, RedisUnavailable) as error:
+        except ServerUnavailable as error:
             print(f"{engine:<9} skipped: {error}")
             continue
         report(engine, pairs, samples)

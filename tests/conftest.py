@@ -1,12 +1,17 @@
-"""Fixtures shared by every test directory: fleet names, fleets, tables and child processes.
+"""Fixtures shared by every test directory: fleet names, fleets, tables, child processes,
+and the session's PostgreSQL and Redis servers.
 
 Every fleet a test makes gets a fresh name, and every SHM object and lock file
-of that name is unlinked afterwards, whether the test passed or not.
+of that name is unlinked afterwards, whether the test passed or not. The servers
+(``_servers.py``) start once per session, at the first test that asks; without a
+server binary their tests skip, except under ``CI=true``, where they fail.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 
@@ -15,6 +20,9 @@ from orbitive.lock import LockTable
 
 from ._fleets import new_fleet_name, remove_fleet_files
 from ._processes import START_METHODS, Processes
+from ._servers import ServerUnavailable, TempPostgres, TempRedis, TempServer
+
+_Server = TypeVar("_Server", bound=TempServer)
 
 MakeFleet = Callable[..., Fleet]
 
@@ -80,3 +88,30 @@ def processes(request: pytest.FixtureRequest, fleet_name: str) -> Iterator[Proce
     del fleet_name
     with Processes(request.param) as started:
         yield started
+
+
+def _session_server(start: Callable[[], _Server]) -> Iterator[_Server]:
+    """A server for the session, stopped at its end; one that will not start (no binary,
+    say) skips its tests, but fails them under ``CI=true``."""
+    try:
+        server = start()
+    except ServerUnavailable as error:
+        if os.environ.get("CI"):
+            pytest.fail(f"server unavailable under CI: {error}")
+        pytest.skip(f"server unavailable: {error}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[TempPostgres]:
+    """The session's PostgreSQL server (one cluster for every test that needs one)."""
+    yield from _session_server(TempPostgres.start)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[TempRedis]:
+    """The session's redis-server."""
+    yield from _session_server(TempRedis.start)

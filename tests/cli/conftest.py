@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 
 from ..store.conftest import (
-    postgres_server,
     postgres_url,
-    redis_server,
     redis_url,
     shm_url,
     sqlite_url,
@@ -21,9 +19,7 @@ from ..store.conftest import (
 )
 
 __all__ = [
-    "postgres_server",
     "postgres_url",
-    "redis_server",
     "redis_url",
     "shm_url",
     "sqlite_url",

@@ -7,6 +7,9 @@ import time
 from types import TracebackType
 
 import psycopg
+from psycopg import sql
+
+from orbitive.clients import ClientPoolStatistics
 
 #: Seconds between two samples of pg_stat_activity.
 SAMPLE_EVERY_S = 0.005
@@ -16,11 +19,16 @@ class ServerConnections:
     """A thread counting the server's connections tagged ``tag`` until stopped.
 
     ``highest`` is the largest count seen and ``samples`` how many were taken;
-    the sampler's own connection carries no tag.
+    the sampler's own connection carries no tag. ``column`` is the
+    ``pg_stat_activity`` column the tag is in (``usename``: the connections of
+    one role).
     """
 
-    def __init__(self, url: str, tag: str) -> None:
+    def __init__(self, url: str, tag: str, column: str = "application_name") -> None:
         self.tag = tag
+        self._query = sql.SQL("SELECT count(*) FROM pg_stat_activity WHERE {} = %s").format(
+            sql.Identifier(column)
+        )
         self.highest = 0
         self.samples = 0
         self._conn = psycopg.connect(url, autocommit=True)
@@ -31,9 +39,7 @@ class ServerConnections:
     def count(self) -> int:
         """Connections tagged ``tag`` now (one query; callable while sampling)."""
         with self._lock:
-            row = self._conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (self.tag,)
-            ).fetchone()
+            row = self._conn.execute(self._query, (self.tag,)).fetchone()
         assert row is not None
         return int(row[0])
 
@@ -65,3 +71,9 @@ class ServerConnections:
         self._stop.set()
         self._thread.join()
         self._conn.close()
+
+
+def busy(stats: ClientPoolStatistics) -> bool:
+    """Clients of the key in use or being created (a create whose caller was cancelled
+    goes on, and its client joins the idle ones or is closed when it is done)."""
+    return bool(stats.in_use or stats.creating)

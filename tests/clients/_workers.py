@@ -424,3 +424,26 @@ def queued_checkout(channel: Channel, fleet_name: str, capacity: int) -> None:
             channel.send("got")
             channel.recv(None)
             pool.discard(client)
+
+
+def sqlalchemy_holder(
+    channel: Channel, fleet_name: str, capacity: int, url: str, max_live: int, hold: int
+) -> None:
+    """A sync engine (FleetPool, key from the URL) that holds ``hold`` connections until told."""
+    from sqlalchemy import create_engine, text  # noqa: PLC0415 - only this worker needs it
+
+    from orbitive.clients.sqlalchemy import FleetPool  # noqa: PLC0415
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        engine = create_engine(
+            url, poolclass=FleetPool, fleet=fleet, fleet_options=PoolOptions(max_live=max_live)
+        )
+        held = [engine.connect() for _ in range(hold)]
+        for conn in held:
+            conn.execute(text("SELECT 1"))
+        channel.send("holding")
+        channel.recv()
+        for conn in held:
+            conn.close()
+        engine.dispose()
+        channel.send("done")

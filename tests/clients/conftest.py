@@ -1,4 +1,4 @@
-"""Client-pool fixtures: a fleet per test, a PostgreSQL server per session, a tag per test.
+"""Client-pool fixtures: a fleet per test, the session's PostgreSQL server, a tag per test.
 
 Connections are tagged with an ``application_name`` unique to the test, so
 ``pg_stat_activity`` counts exactly the connections the test's pools opened.
@@ -14,7 +14,7 @@ import pytest
 from orbitive import Fleet
 
 from .._processes import Processes
-from ..store._postgres import PostgresUnavailable, TempPostgres
+from .._servers import TempPostgres
 
 #: Nodes of a test fleet: up to 8 workers, the test process and a few spares.
 CAPACITY = 16
@@ -27,23 +27,10 @@ def fleet(fleet_name: str) -> Iterator[Fleet]:
         yield joined
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[TempPostgres]:
-    """A PostgreSQL server for the session's client-pool tests (skips if none)."""
-    try:
-        server = TempPostgres.start()
-    except PostgresUnavailable as error:
-        pytest.skip(f"PostgreSQL unavailable: {error}")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def pg_url(pg_server: TempPostgres) -> str:
+def pg_url(postgres_server: TempPostgres) -> str:
     """The session server's URL."""
-    return pg_server.url
+    return postgres_server.url
 
 
 @pytest.fixture

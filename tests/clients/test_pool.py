@@ -411,6 +411,40 @@ def test_check_and_reset_failures_discard_the_client(fleet: Fleet) -> None:
         assert second.closed
 
 
+class _InterruptOnce:
+    """A check or reset that raises KeyboardInterrupt on its first call, as Ctrl-C would."""
+
+    def __init__(self) -> None:
+        self.armed = True
+
+    def __call__(self, client: FakeClient) -> None:
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("callback", ["check", "reset"])
+def test_an_interrupted_check_or_reset_closes_the_client_and_returns_its_budget(
+    fleet: Fleet, callback: str
+) -> None:
+    interrupt = _InterruptOnce()
+    with ClientPool(
+        fleet, "fake", create=FakeClient, close=close, options=PoolOptions(max_live=1),
+        check=interrupt if callback == "check" else None,
+        reset=interrupt if callback == "reset" else None,
+    ) as pool:  # fmt: skip
+        first = pool.getconn()
+        with pytest.raises(KeyboardInterrupt):
+            pool.putconn(first)  # the reset is interrupted here,
+            pool.getconn()  # the check here, on the idle client
+        assert first.closed
+        stats = pool.statistics()
+        assert (stats.live, stats.in_use, stats.idle) == (0, 0, 0)
+        assert stats.check_failures_count + stats.reset_failures_count == 1
+        with pool.client(timeout=5.0) as second:  # max_live is free again
+            assert second is not first
+
+
 def test_unknown_and_twice_returned_clients_are_refused(fleet: Fleet) -> None:
     with _pool(fleet, max_live=1) as pool:
         with pytest.raises(UnknownClient):

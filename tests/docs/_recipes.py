@@ -36,11 +36,14 @@ STOP_S: Final = 20.0
 CAPACITY: Final = 16
 
 
-def write_recipes(directory: Path) -> dict[str, str]:
-    """Write each marked code block of the recipes into ``directory``; name -> text."""
-    files = dict(_BLOCK.findall(RECIPES.read_text()))
+def write_recipes(directory: Path, document: Path = RECIPES) -> dict[str, str]:
+    """Write each marked code block of ``document`` (the recipes by default) into
+    ``directory``, making the folders a name has; name -> text."""
+    files = dict(_BLOCK.findall(document.read_text()))
     for name, text in files.items():
-        (directory / name).write_text(text)
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
     return files
 
 

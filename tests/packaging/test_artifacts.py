@@ -76,7 +76,9 @@ def test_each_artifact_carries_the_licence_and_the_metadata(
     assert metadata["License-Expression"] == PYPROJECT["project"]["license"] == "MIT"
     assert metadata.get_all("License-File") == ["LICENSE"]
     assert metadata["Requires-Python"] == f">={SUPPORTED_PYTHONS[0]}"
-    assert metadata.get_all("Project-URL") == [f"Repository, {REPOSITORY}"]
+    urls = PYPROJECT["project"]["urls"]
+    assert urls["Repository"] == REPOSITORY
+    assert metadata.get_all("Project-URL") == [f"{name}, {url}" for name, url in urls.items()]
     classifiers = metadata.get_all("Classifier") or []
     assert sorted(set(classifiers) - trove_classifiers.classifiers) == []
     versions = [

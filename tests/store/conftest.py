@@ -1,19 +1,16 @@
 """Engine fixtures: every store test runs on SQLite, PostgreSQL, SHM and Redis (ids as named).
 
-The PostgreSQL engine runs against a real server started for the session (see
-``_postgres.py``); each test gets its own schema through the URL's
-``search_path``, dropped afterwards. The Redis engine likewise runs against a
-redis-server of the session (``_redis.py``); each test gets its own key prefix,
-whose keys are deleted afterwards. Without the server binary these tests skip,
-except under ``CI=true``, where they fail. Each SHM test gets its own fleet, whose
-objects and lock files are removed afterwards.
+The PostgreSQL engine runs against the session's server (``tests/conftest.py``);
+each test gets its own schema through the URL's ``search_path``, dropped
+afterwards. The Redis engine likewise runs against the session's redis-server;
+each test gets its own key prefix, whose keys are deleted afterwards. Without the
+server binary these tests skip, except under ``CI=true``, where they fail. Each
+SHM test gets its own fleet, whose objects and lock files are removed afterwards.
 """
 
 from __future__ import annotations
 
-import os
 import secrets
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,26 +21,11 @@ import redis
 from orbitive.store import Store, open_store
 
 from .._fleets import new_fleet_name, remove_fleet_files
-from ._postgres import PostgresUnavailable, TempPostgres
-from ._redis import RedisUnavailable, TempRedis
+from .._servers import TempPostgres, TempRedis
 
 ENGINES = ("sqlite", "postgres", "shm", "redis")
 #: Fleet capacity of test SHM stores: one node per process that opens one.
 SHM_CAPACITY = 24
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[TempPostgres]:
-    """A PostgreSQL server for the whole session (skips with the reason if none)."""
-    try:
-        server = TempPostgres.start()
-    except PostgresUnavailable as error:
-        print(f"\nPostgreSQL tests skipped: {error}")
-        pytest.skip(f"PostgreSQL unavailable: {error}")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -55,26 +37,6 @@ def postgres_url(postgres_server: TempPostgres) -> Iterator[str]:
     yield f"{postgres_server.url}?options=-csearch_path%3D{schema}"
     with psycopg.connect(postgres_server.url, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA {schema} CASCADE")
-
-
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[TempRedis]:
-    """A redis-server for the whole session.
-
-    Skips only when the binary is absent outside CI; a server that will not start,
-    or a missing binary under ``CI=true``, fails the tests.
-    """
-    if shutil.which("redis-server") is None and not os.environ.get("CI"):
-        print("\nRedis tests skipped: no redis-server binary (install redis-server)")
-        pytest.skip("no redis-server binary (install redis-server)")
-    try:
-        server = TempRedis.start()
-    except RedisUnavailable as error:
-        pytest.fail(f"Redis unavailable: {error}")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

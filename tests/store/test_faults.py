@@ -20,9 +20,8 @@ import pytest
 from orbitive.store import ErrorKind, Lock, Store, StoreError, open_store
 from orbitive.store._network import TIMEOUT_DEFAULT_S
 
+from .._servers import TempPostgres, TempRedis
 from ._faultproxy import FaultProxy
-from ._postgres import TempPostgres
-from ._redis import TempRedis
 
 NETWORK_ENGINES = ("postgres", "redis")
 #: The ``?timeout=`` of the proxied stores in the black-hole tests, in seconds.

@@ -10,7 +10,7 @@ import pytest
 from orbitive.store import ErrorKind, StoreError, open_store
 
 from .._processes import Processes
-from ._postgres import TempPostgres
+from .._servers import TempPostgres
 from ._workers import PATIENCE_S, open_and_lock
 
 

@@ -10,7 +10,7 @@ import pytest
 from orbitive.store import ErrorKind, StoreError, open_store
 from orbitive.store._postgres_async import PostgresAsyncEngine
 
-from ._postgres import TempPostgres
+from .._servers import TempPostgres
 from .test_postgres import kill_other_sessions
 
 

@@ -14,7 +14,7 @@ from orbitive._core._errors import InvalidStoreUrl
 from orbitive.store import ErrorKind, StoreError, _url, open_store
 from orbitive.store._network import TIMEOUT_DEFAULT_S, split_timeout
 
-from ._redis import TempRedis
+from .._servers import TempRedis
 
 LONG = 60.0
 

@@ -15,8 +15,8 @@ import pytest
 
 from orbitive.store import ErrorKind, Store, StoreError, open_store
 
+from .._servers import ServerUnavailable, TempRedis
 from ._faultproxy import FaultProxy
-from ._redis import RedisUnavailable, TempRedis
 
 #: The proxied store's ``?timeout=``, in seconds.
 BOUND_S = 1.0
@@ -36,7 +36,7 @@ def own_server(redis_server: TempRedis) -> Iterator[TempRedis]:
     del redis_server
     try:
         server = TempRedis.start()
-    except RedisUnavailable as error:
+    except ServerUnavailable as error:
         pytest.fail(f"Redis unavailable: {error}")
     try:
         yield server

@@ -194,7 +194,8 @@ class ClientPool(Generic[C]):
             InvalidPoolOptions: no handler was given, or a bad payload or timeout.
             RemoteRequestError: the owner's handler raised (a local handler's
                 error propagates as it is).
-            As :meth:`getconn`.
+            PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError, InvalidPoolOptions:
+                as :meth:`getconn`.
         """
         self.serving  # noqa: B018 - raises without a handler
         return request(self, payload, timeout)
@@ -203,7 +204,8 @@ class ClientPool(Generic[C]):
         """Asyncio twin of :meth:`request`.
 
         Raises:
-            As :meth:`request`.
+            RemoteRequestError, PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError:
+                as :meth:`request`.
         """
         self.serving  # noqa: B018 - raises without a handler
         return await request_async(self, payload, timeout)
@@ -352,6 +354,10 @@ class ClientPool(Generic[C]):
             healthy = call_sync("check", self._check, entry.client) is not False
         except Exception:
             healthy = False
+        except BaseException:  # KeyboardInterrupt mid-check: the client's state is unknown
+            self.counters.check_failures += 1
+            self.discard(entry.client)
+            raise
         if not healthy:
             self.counters.check_failures += 1
             self.discard(entry.client)
@@ -372,10 +378,12 @@ class ClientPool(Generic[C]):
         if self._reset is not None:
             try:
                 call_sync("reset", self._reset, client)
-            except Exception:
+            except BaseException as error:  # KeyboardInterrupt too: retired, then raised
                 self.counters.reset_failures += 1
                 self._retire(entry)
-                return
+                if isinstance(error, Exception):
+                    return
+                raise
         if not self._give_back(entry):
             self._hand_over(entry)
 
@@ -472,7 +480,8 @@ class ClientPool(Generic[C]):
         """``with pool.client() as c:`` check out, use, hand back (even if the block raised).
 
         Raises:
-            As :meth:`getconn`.
+            PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError, InvalidPoolOptions:
+                as :meth:`getconn`.
         """
         client = self.getconn(timeout)
         try:
@@ -490,7 +499,8 @@ class ClientPool(Generic[C]):
         readiness descriptor.
 
         Raises:
-            As :meth:`getconn`.
+            PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError, InvalidPoolOptions:
+                as :meth:`getconn`.
         """
         self.counters.requests += 1
         if timeout is not None:
@@ -535,7 +545,8 @@ class ClientPool(Generic[C]):
         """``async with pool.client_async() as c:`` the asyncio checkout.
 
         Raises:
-            As :meth:`getconn`.
+            PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError, InvalidPoolOptions:
+                as :meth:`getconn`.
         """
         client = await self.getconn_async(timeout)
         try:

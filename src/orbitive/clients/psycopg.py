@@ -217,7 +217,7 @@ class ConnectionPool(_Base):
         kind: the pool table's SHM kind number.
 
     Raises:
-        InvalidPoolOptions, and as :class:`~orbitive.clients.ClientPool`.
+        InvalidPoolOptions: bad options, and as :class:`~orbitive.clients.ClientPool`.
     """
 
     def __init__(
@@ -270,8 +270,9 @@ class ConnectionPool(_Base):
             timeout: seconds to wait for a connection; None: ``acquire_timeout``.
 
         Raises:
-            PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError (the
-            connect error is its ``__cause__``), InvalidPoolOptions.
+            PoolTimeout, PoolClosed, TooManyRequests, InvalidPoolOptions: as
+                :meth:`~orbitive.clients.ClientPool.getconn`.
+            ClientCreateError: the connect failed (its error is the ``__cause__``).
         """
         conn = self.getconn(timeout)
         try:
@@ -312,7 +313,7 @@ class AsyncConnectionPool(_Base):
     wait happens on the event loop; nothing blocks it.
 
     Raises:
-        As :class:`ConnectionPool`.
+        InvalidPoolOptions: as :class:`ConnectionPool`.
     """
 
     def __init__(

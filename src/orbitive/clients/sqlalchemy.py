@@ -1,13 +1,19 @@
-"""SQLAlchemy over :class:`~orbitive.clients.ClientPool`: an engine capped host-wide.
+"""SQLAlchemy over :class:`~orbitive.clients.ClientPool`: engines capped host-wide.
 
-An existing application changes one line, the ``create_engine`` call::
+An existing application changes one line, the ``create_engine`` or
+``create_async_engine`` call::
 
     from orbitive.clients import PoolOptions
-    from orbitive.clients.sqlalchemy import FleetPool
+    from orbitive.clients.sqlalchemy import AsyncFleetPool, FleetPool
 
     engine = create_engine(
         "postgresql+psycopg://app@db/main",
-        poolclass=FleetPool, fleet=fleet, fleet_key="main-db",
+        poolclass=FleetPool, fleet=fleet,
+        fleet_options=PoolOptions(max_live=10, max_idle=4),
+    )
+    async_engine = create_async_engine(
+        "postgresql+asyncpg://app@db/main",
+        poolclass=AsyncFleetPool, fleet=fleet,
         fleet_options=PoolOptions(max_live=10, max_idle=4),
     )
 
@@ -19,35 +25,67 @@ machinery (pre-ping, reset on return, invalidation); the fleet decides how many
 connections exist: each is one client of the ClientPool, and a connection
 SQLAlchemy invalidates reconnects in the same slot, so the count never grows.
 
+Without ``fleet_key``, a PostgreSQL engine's key is its database's (server,
+database and role, :mod:`orbitive.clients._database`): the sync and the
+asyncio engine of one database, on psycopg or asyncpg, share one budget, and so
+do an engine and an :mod:`orbitive.clients.asyncpg` pool of it. Each pool only
+ever checks out connections it made itself.
+
+:class:`AsyncFleetPool` is the asyncio twin, for ``create_async_engine`` with the
+``postgresql+asyncpg`` or ``postgresql+psycopg`` dialect: a checkout that waits
+for the cap waits on the event loop (through SQLAlchemy's greenlet bridge), never
+blocking it, and a connection is opened and closed on the loop that first used
+the pool, whichever thread retires it. As with SQLAlchemy's own asyncio pool,
+an engine serves one event loop (``await engine.dispose()`` before another).
+
 Errors keep SQLAlchemy's types, so existing handlers still catch them: a failed
 connect raises the DB-API error, which the engine wraps as usual
 (``sqlalchemy.exc.OperationalError``), and no connection within the timeout
 raises ``sqlalchemy.exc.TimeoutError``, as ``QueuePool`` does (its cause is
 the pool's :class:`~orbitive.clients.PoolTimeout`).
 
-Needs SQLAlchemy (2.0 or later); imported only when this module is.
+Needs SQLAlchemy (2.0 or later; the asyncio pool also its ``asyncio`` extra,
+greenlet); imported only when this module is.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import sys
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Final, cast
 
 from sqlalchemy import exc
 from sqlalchemy.pool import ConnectionPoolEntry, Pool
+from sqlalchemy.util.concurrency import await_only, greenlet_spawn, in_greenlet
 
 from .._core._bytes import exact_bytes
-from .._core._errors import ClientCreateError, InvalidPoolOptions, PoolTimeout, shown
+from .._core._errors import ClientCreateError, InvalidPoolOptions, PoolClosed, PoolTimeout, shown
 from .._core._fleet import Fleet
 from ..pool import POOL_KIND, Key
 from ._client_pool import ClientPool
+from ._database import database_key
+from ._gate import Gate
+from ._home_loop import HomeLoop, LoopGone
 from ._options import PoolOptions, pool_key
 
-__all__ = ["FleetPool"]
+__all__ = ["AsyncFleetPool", "FleetPool"]
+
+#: Seconds the home loop may take to close a connection for another thread.
+CLOSE_WAIT_S: Final = 4.0
 
 
-def _engine_key(key: object) -> Key:
-    """Keys given as text or bytes are digested apart from the psycopg adapter's."""
+def _engine_key(key: object, creator: object, dialect: object) -> Key:
+    """``fleet_key`` as a Key (text or bytes digested apart from other adapters' keys), or
+    when None the key of the PostgreSQL database ``create_engine`` connects to.
+
+    Raises:
+        InvalidPoolOptions: a bad ``fleet_key``, or None where no PostgreSQL target can
+            be read (another database, or a ``creator=`` of your own).
+    """
+    if key is None:
+        return _target_key(creator, dialect)
     if issubclass(type(key), str):  # type(), not isinstance: __class__ may lie
         key = str.__str__(cast(str, key)).encode("utf-8", "surrogatepass")
     raw = exact_bytes(key)
@@ -56,19 +94,70 @@ def _engine_key(key: object) -> Key:
     return pool_key(key)
 
 
-def _close_record(record: ConnectionPoolEntry) -> None:
-    """Close a pooled connection; a psycopg one waits until the server ended it."""
-    dbapi = record.dbapi_connection
-    if dbapi is None or "psycopg" not in sys.modules or not hasattr(dbapi, "pgconn"):
-        record.close()
-        return
+def _target_key(creator: object, dialect: object) -> Key:
+    """The database key of ``create_engine``'s connect function: the arguments its dialect
+    made from the URL (``cparams``), which the function holds.
+
+    Raises:
+        InvalidPoolOptions: not a PostgreSQL dialect, or a creator of your own.
+    """
+    try:
+        held = inspect.getclosurevars(cast(Callable[..., Any], creator)).nonlocals
+    except TypeError:  # not a function: a creator of the user's own
+        held = {}
+    params = held.get("cparams")
+    if getattr(dialect, "name", None) != "postgresql" or not isinstance(params, Mapping):
+        raise InvalidPoolOptions(
+            "the pool reads its key from the PostgreSQL URL given to create_engine; with "
+            "another database or a creator= of your own, pass fleet_key=",
+            key="fleet_key",
+        )
+    return database_key(
+        host=params.get("host"),
+        port=params.get("port"),
+        database=params.get("dbname", params.get("database")),
+        user=params.get("user"),
+        service=params.get("service"),
+    )
+
+
+def _psycopg_socket(record: ConnectionPoolEntry) -> int:
+    """A duplicate of a psycopg connection's socket, to see the server end it; else -1."""
+    driver = record.driver_connection
+    if driver is None or "psycopg" not in sys.modules or not hasattr(driver, "pgconn"):
+        return -1
     from . import psycopg as adapter  # noqa: PLC0415 - only for psycopg connections
 
-    fd = adapter.watch_socket(dbapi)  # type: ignore[arg-type]  # a psycopg Connection
+    return adapter.watch_socket(driver)
+
+
+def _await_gone(fd: int) -> None:
+    if fd >= 0:
+        from . import psycopg as adapter  # noqa: PLC0415 - only for psycopg connections
+
+        adapter.await_gone(fd)
+
+
+def _close_record(record: ConnectionPoolEntry) -> None:
+    """Close a pooled connection; a psycopg one waits until the server ended it."""
+    fd = _psycopg_socket(record)
     try:
         record.close()
     finally:
-        adapter.await_gone(fd)
+        _await_gone(fd)
+
+
+def _checked_out(get: Callable[[], ConnectionPoolEntry]) -> ConnectionPoolEntry:
+    """``get()``, its errors in SQLAlchemy's types (see the module)."""
+    try:
+        return get()
+    except ClientCreateError as error:
+        cause = error.__cause__
+        if isinstance(cause, Exception):  # the DB-API error: the engine wraps it
+            raise cause from None  # (error's own cause: chaining both ways would loop)
+        raise
+    except PoolTimeout as error:
+        raise exc.TimeoutError(str(error)) from error
 
 
 class FleetPool(Pool):
@@ -77,16 +166,22 @@ class FleetPool(Pool):
     Args:
         creator: the DB-API connect function (``create_engine`` supplies it).
         fleet: this process's joined fleet.
-        fleet_key: what makes connections interchangeable: a Key, or text or
-            bytes (the URL, say) that is digested.
+        fleet_key: what shares the budget: a Key, or text or bytes that is
+            digested; None: the key of the PostgreSQL database in the engine's URL
+            (server, database, role), the one every API of this package derives.
         fleet_options: host-wide sizes and timeouts (:class:`PoolOptions`).
         fleet_kind: the pool table's SHM kind number.
         **kw: :class:`sqlalchemy.pool.Pool`'s own arguments.
 
     Raises:
-        InvalidPoolOptions, and as :class:`~orbitive.clients.ClientPool`; a checkout
-        raises SQLAlchemy's errors (see the module).
+        InvalidPoolOptions: no fleet, a bad key or options, no key to read from the
+            URL (see ``fleet_key``), or an asyncio engine (it takes
+            :class:`AsyncFleetPool`); as :class:`~orbitive.clients.ClientPool`. A
+            checkout raises SQLAlchemy's errors (see the module).
     """
+
+    #: Whether the pool serves asyncio engines (``create_async_engine``).
+    for_asyncio: ClassVar[bool] = False
 
     def __init__(  # create_engine passes only arguments it finds named positionally here
         self,
@@ -97,9 +192,17 @@ class FleetPool(Pool):
         fleet_kind: int = POOL_KIND,
         **kw: Any,
     ) -> None:
+        name = type(self).__name__
         if not isinstance(fleet, Fleet):
             raise InvalidPoolOptions(
-                f"FleetPool needs fleet=<a joined Fleet>, got {shown(fleet)}", key="fleet"
+                f"{name} needs fleet=<a joined Fleet>, got {shown(fleet)}", key="fleet"
+            )
+        dialect = kw.get("dialect")
+        if dialect is not None and bool(dialect.is_async) is not self.for_asyncio:
+            twin = "FleetPool" if self.for_asyncio else "AsyncFleetPool"
+            engine = "create_async_engine" if dialect.is_async else "create_engine"
+            raise InvalidPoolOptions(
+                f"{name} cannot serve {engine}; use poolclass={twin}", key="poolclass"
             )
         super().__init__(creator, **kw)
         self._fleet_args: dict[str, Any] = {
@@ -108,33 +211,70 @@ class FleetPool(Pool):
             "fleet_options": fleet_options,
             "fleet_kind": fleet_kind,
         }
-        self.clients: ClientPool[ConnectionPoolEntry] = ClientPool(
-            fleet,
-            _engine_key(fleet_key),
-            create=self._create_connection,
-            close=_close_record,
-            options=fleet_options,
-            kind=fleet_kind,
-        )
+        self._key = _engine_key(fleet_key, creator, dialect)
+        self._mine: set[int] = set()  # ids of the records this pool made and did not close
+        self._clients: ClientPool[ConnectionPoolEntry] | None = None
+        self._disposed = False
+        self._home = HomeLoop()  # the asyncio pool's: the loop its connections live on
+        self._gate: Gate | None = None  # the asyncio pool's: its queue in this process
+        if not self.for_asyncio:
+            self._open(self._new_record, self._close, self._ours)
+
+    def _open(
+        self,
+        create: Callable[[], Any],
+        close: Callable[[ConnectionPoolEntry], Any],
+        check: Callable[[ConnectionPoolEntry], Any],
+    ) -> ClientPool[ConnectionPoolEntry]:
+        if self._clients is None:
+            args = self._fleet_args
+            self._clients = ClientPool(
+                args["fleet"],
+                self._key,
+                create,
+                close,
+                check=check,
+                options=args["fleet_options"],
+                kind=args["fleet_kind"],
+            )
+        return self._clients
+
+    @property
+    def clients(self) -> ClientPool[ConnectionPoolEntry]:
+        """The underlying :class:`~orbitive.clients.ClientPool`.
+
+        Raises:
+            PoolClosed: an :class:`AsyncFleetPool` that no checkout opened yet.
+        """
+        if self._clients is None:
+            raise PoolClosed(f"{type(self).__name__} opens at its first checkout", key=self._key)
+        return self._clients
+
+    def _new_record(self) -> ConnectionPoolEntry:
+        record = self._create_connection()
+        self._mine.add(id(record))
+        return record
+
+    def _ours(self, record: ConnectionPoolEntry) -> bool:
+        """The checkout's check: a record this pool made (a pool of the same key elsewhere
+        in the process may have made it; SQLAlchemy's records belong to one pool)."""
+        return id(record) in self._mine
+
+    def _close(self, record: ConnectionPoolEntry) -> None:
+        self._mine.discard(id(record))
+        _close_record(record)
 
     def _do_get(self) -> ConnectionPoolEntry:
-        try:
-            record: ConnectionPoolEntry = self.clients.getconn()
-        except ClientCreateError as error:
-            cause = error.__cause__
-            if isinstance(cause, Exception):  # the DB-API error: the engine wraps it
-                raise cause from None  # (error's own cause: chaining both ways would loop)
-            raise
-        except PoolTimeout as error:
-            raise exc.TimeoutError(str(error)) from error
-        return record
+        return _checked_out(self.clients.getconn)
 
     def _do_return_conn(self, record: ConnectionPoolEntry) -> None:
         self.clients.putconn(record)
 
     def dispose(self) -> None:
         """Close this process's idle connections; checked-out ones close when returned."""
-        self.clients.close()
+        self._disposed = True
+        if self._clients is not None:
+            self._clients.close()
 
     def recreate(self) -> FleetPool:
         """A new pool with the same arguments (``engine.dispose()`` uses it)."""
@@ -152,9 +292,98 @@ class FleetPool(Pool):
 
     def status(self) -> str:
         """One line of the key's fleet-wide and local counts."""
-        stats = self.clients.statistics()
+        name = type(self).__name__
+        if self._clients is None:
+            return f"{name}: not used yet"
+        stats = self._clients.statistics()
         return (
-            f"FleetPool max_live {stats.max_live}: {stats.live} live, {stats.idle} idle, "
+            f"{name} max_live {stats.max_live}: {stats.live} live, {stats.idle} idle, "
             f"{stats.in_use} in use, {stats.waiting} waiting fleet-wide; here "
             f"{stats.local_idle} idle, {stats.local_in_use} checked out"
         )
+
+
+class AsyncFleetPool(FleetPool):
+    """The asyncio twin of :class:`FleetPool`, for ``create_async_engine``.
+
+    Takes :class:`FleetPool`'s arguments. A checkout waits for the cap on the
+    event loop (never blocking it); connections open and close on the loop of
+    the first checkout (the pool opens there), whichever thread retires them.
+
+    Raises:
+        As :class:`FleetPool` (a sync engine takes :class:`FleetPool`).
+    """
+
+    for_asyncio: ClassVar[bool] = True
+
+    def _do_get(self) -> ConnectionPoolEntry:  # in SQLAlchemy's greenlet, on the loop
+        self._home.bind()
+        clients = self._open(self._new_record_async, self._close_async, self._ours_async)
+        if self._gate is None:
+            self._gate = Gate(clients.options.max_live, clients.options.max_waiting, clients.key)
+        gate = self._gate
+
+        def get() -> ConnectionPoolEntry:
+            left = await_only(gate.enter(clients.options.acquire_timeout))
+            try:
+                record: ConnectionPoolEntry = await_only(clients.getconn_async(left))
+            except BaseException:
+                gate.leave()
+                raise
+            return record
+
+        return _checked_out(get)
+
+    def _do_return_conn(self, record: ConnectionPoolEntry) -> None:
+        clients = self.clients
+        try:
+            if self._disposed and in_greenlet():  # its close runs on this loop, awaited
+                await_only(clients.putconn_async(record))
+            else:  # no I/O here: a record handed over closes in a closing thread
+                clients.putconn(record)
+        finally:
+            self._leave()
+
+    def _leave(self) -> None:
+        """Give the checkout's place in the gate back, on the loop (a record the garbage
+        collector returns may come from another thread)."""
+        gate, loop = self._gate, self._home.loop
+        if gate is None or loop is None:
+            return
+        if self._home.here():
+            gate.leave()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(gate.leave)
+
+    async def _new_record_async(self) -> ConnectionPoolEntry:
+        record: ConnectionPoolEntry = await self._home.run(
+            lambda: greenlet_spawn(self._create_connection)
+        )
+        self._mine.add(id(record))
+        return record
+
+    async def _ours_async(self, record: ConnectionPoolEntry) -> bool:
+        return id(record) in self._mine
+
+    async def _close_async(self, record: ConnectionPoolEntry) -> None:
+        """Close on the home loop (asyncpg's connections are that loop's); when it is gone,
+        here (psycopg's are not bound to a loop). A psycopg one waits for the server."""
+        self._mine.discard(id(record))
+        fd = _psycopg_socket(record)
+        try:
+            try:
+                await self._home.run(lambda: greenlet_spawn(record.close), CLOSE_WAIT_S)
+            except LoopGone:
+                await greenlet_spawn(record.close)
+        finally:
+            if fd >= 0:
+                await asyncio.to_thread(_await_gone, fd)
+
+    def dispose(self) -> None:
+        """Close this process's idle connections (awaited on the loop inside
+        ``await engine.dispose()``); checked-out ones close when returned."""
+        self._disposed = True
+        if self._clients is not None and in_greenlet():
+            await_only(self._clients.close_async())
+        elif self._clients is not None:
+            self._clients.close()

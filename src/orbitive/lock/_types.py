@@ -116,7 +116,7 @@ class LockKey:
         Raises:
             InvalidArgumentType: ``typ`` has no readable ``NAMESPACE`` (the error
                 reading it is the ``__cause__``), or a part is neither str nor bytes.
-            As the constructor otherwise.
+            KeyEmpty, NamespaceEmpty, InvalidEncoding, EntryTooLarge: as the constructor.
         """
         try:
             namespace = typ.NAMESPACE

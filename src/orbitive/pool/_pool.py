@@ -230,8 +230,9 @@ class Pool:
         Execution gives the unit back.
 
         Raises:
-            MalformedError, StaleError, NotOwnerError (another holder),
-            NotReservedError (accepted, aged out or cancelled already).
+            MalformedError, StaleError: a malformed or stale lease.
+            NotOwnerError: another holder's lease.
+            NotReservedError: accepted, aged out or cancelled already.
         """
         check_lease(lease)
         self._t().cancel(lease.id, lease.fence, (lease.holder_node, lease.holder_incarnation))
@@ -313,7 +314,7 @@ class Pool:
         the returned Execution (fence 0).
 
         Raises:
-            As :meth:`register`.
+            MalformedError, KeyFullError, LaneFullError, LayoutMismatch: as :meth:`register`.
         """
         check_key(key)
         table = self._t()
@@ -324,7 +325,7 @@ class Pool:
         """Owner closes the resource; outstanding leases become stale.
 
         Raises:
-            MalformedError, StaleError, NotOwnerError.
+            MalformedError, StaleError, NotOwnerError: a malformed, stale or foreign id.
         """
         self._t().close(check_rid(rid))
 
@@ -332,7 +333,7 @@ class Pool:
         """Owner stops new reservations and accepts; running Executions finish normally.
 
         Raises:
-            MalformedError, StaleError, NotOwnerError.
+            MalformedError, StaleError, NotOwnerError: a malformed, stale or foreign id.
         """
         self._t().drain(check_rid(rid))
 
@@ -356,7 +357,7 @@ class Pool:
                 ``active`` plus the reservations
                 still pending after aging would exceed the capacity (reserve's
                 rule, reserved + active <= capacity; nothing changes).
-            StaleError, NotOwnerError.
+            StaleError, NotOwnerError: a stale or foreign id.
         """
         check_rid(rid)
         active = check_units(active, "active", 0)
@@ -378,7 +379,7 @@ class Pool:
             block, or drop it) to return the claim.
 
         Raises:
-            MalformedError, KeyFullError.
+            MalformedError, KeyFullError: a bad key, or no room to install it.
             CreationBudgetError: live + creating already reached ``max_live``.
         """
         check_key(key)
@@ -458,7 +459,7 @@ class Pool:
             The new version, or None when ``timeout`` passed first.
 
         Raises:
-            As :meth:`wait_capacity`.
+            MalformedError, KeyFullError: as :meth:`wait_capacity`.
         """
         since, seconds = check_wait(since, timeout)
         return await self._waiting.poll(self._index(key), since, seconds)

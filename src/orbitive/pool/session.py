@@ -187,7 +187,8 @@ async def accept_session_async(pool: Pool, reader: asyncio.StreamReader) -> Exec
     """Asyncio twin of :func:`accept_session` over a stream reader.
 
     Raises:
-        As :func:`accept_session`.
+        SessionClosed, MalformedError, StaleError, NotOwnerError, DrainingError, NotReservedError:
+            as :func:`accept_session`.
     """
     try:
         data = await reader.readexactly(FRAME_SIZE)

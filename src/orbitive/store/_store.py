@@ -193,8 +193,10 @@ class Store:
         never past the holder's expiry.
 
         Args:
-            name, owner, ttl, timeout: as for :meth:`lock` (seconds as float;
-                ``timeout=None`` waits forever, 0 makes exactly one attempt).
+            name: the lock name (see :meth:`try_lock`).
+            owner: the owner; None makes a fresh ``"host:pid:random"`` one.
+            ttl: lease length in seconds (float), as for :meth:`lock`.
+            timeout: seconds to wait; None waits forever; 0 makes exactly one attempt.
             auto_renew: renew every ``ttl / 3`` until released or lost, by the event
                 loop's one renewer task (which every auto-renewed lock of the loop shares).
             on_lost: called in the event loop with the lock when a renew finds the

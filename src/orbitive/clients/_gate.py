@@ -1,0 +1,92 @@
+"""A per-process queue in front of an asyncio pool's checkout.
+
+A process can hold at most ``max_live`` of a key's clients, so no more than
+``max_live`` of its tasks have a reason to wait in the
+:class:`~orbitive.clients.ClientPool` checkout at once. Every waiter there
+sleeps on the key's version word, and every change of the key (a return, a
+waiter counted in or out) wakes them all: with hundreds of requests waiting in
+a worker, each change would cost hundreds of wake-ups and table steps. The gate
+lets ``max_live`` tasks in, holding their place until they hand their client
+back, and queues the others in FIFO order on an ``asyncio.Semaphore``, where a
+leave wakes exactly one.
+
+A task holds a place from :meth:`Gate.enter` to :meth:`Gate.leave`, exactly
+once whatever happens in between (the adapters leave in a ``finally``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from typing import final
+
+from .._core._errors import PoolTimeout, TooManyRequests
+from ..pool import Key
+
+
+@final
+class Gate:
+    """The places of one asyncio pool in this process (see the module).
+
+    Used from the pool's event loop only.
+    """
+
+    __slots__ = ("_free", "_key", "_max_waiting", "_queue")
+
+    def __init__(self, places: int, max_waiting: int, key: Key) -> None:
+        self._free = places
+        self._queue: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._max_waiting, self._key = max_waiting, key
+
+    async def enter(self, timeout: float) -> float:
+        """Take a place, waiting in turn (FIFO) for at most ``timeout`` seconds.
+
+        Returns:
+            The seconds of ``timeout`` left for the checkout itself.
+
+        Raises:
+            PoolTimeout: no place within ``timeout``.
+            TooManyRequests: ``max_waiting`` tasks of this process already queue.
+        """
+        if self._free and not self._queue:
+            self._free -= 1
+            return timeout
+        if len(self._queue) >= self._max_waiting:
+            raise TooManyRequests(
+                f"{len(self._queue)} tasks of this process already wait for key {self._key} "
+                f"(max_waiting {self._max_waiting})",
+                key=self._key,
+            )
+        loop = asyncio.get_running_loop()
+        start = time.monotonic()
+        turn: asyncio.Future[None] = loop.create_future()
+        self._queue.append(turn)
+        expiry = loop.call_later(timeout, self._expire, turn, timeout)
+        try:
+            await turn
+        except BaseException:
+            if turn.done() and not turn.cancelled() and turn.exception() is None:
+                self.leave()  # given a place, then cancelled: it goes to the next in turn
+            elif turn in self._queue:
+                self._queue.remove(turn)
+            raise
+        finally:
+            expiry.cancel()
+        return max(timeout - (time.monotonic() - start), 1e-3)
+
+    def _expire(self, turn: asyncio.Future[None], timeout: float) -> None:
+        if not turn.done():
+            self._queue.remove(turn)
+            turn.set_exception(
+                PoolTimeout(f"no client for key {self._key} within {timeout:g} s", key=self._key)
+            )
+
+    def leave(self) -> None:
+        """Give a place back: to the oldest task still waiting, else free."""
+        while self._queue:
+            turn = self._queue.popleft()
+            if not turn.done():  # not timed out nor cancelled
+                turn.set_result(None)
+                return
+        self._free += 1
