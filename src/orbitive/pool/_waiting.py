@@ -154,6 +154,8 @@ class Waiting:
                     wait_word(table.buf, word, since, step.timeout)
             finally:
                 current = table.unpark(index)
+            if current != since:  # woken by the change: decide's first rule, on the hot path
+                return current
             step = decide(current, since, deadline, time.monotonic())
             if isinstance(step, Changed):
                 return step.version
