@@ -447,3 +447,42 @@ def sqlalchemy_holder(
             conn.close()
         engine.dispose()
         channel.send("done")
+
+
+def budget_prober(channel: Channel, capacity: int) -> None:
+    """Answer the test's probes until told to stop; one process for many tests' fleets.
+
+    ``("probe", fleet, key, max_live, timeout)``: check ``max_live`` fake clients of
+    ``key`` out at once (each within ``timeout``), give them back and close the pool;
+    answers None, or the error's repr. ``("leave", fleet)``: leave that fleet (before
+    the test removes its files). ``"stop"``: leave every fleet and return.
+    """
+    from ._fakes import FakeClient, close  # noqa: PLC0415 - spawn imports this module lean
+
+    fleets: dict[str, Fleet] = {}
+    while (message := channel.recv(None)) != "stop":
+        verb, fleet_name, *rest = message
+        if verb == "leave":
+            left = fleets.pop(fleet_name, None)
+            if left is not None:
+                left.close()
+            channel.send("left")
+            continue
+        if fleet_name not in fleets:
+            fleets[fleet_name] = Fleet.join(fleet_name, capacity)
+        key, max_live, timeout = rest
+        options = PoolOptions(max_live=max_live, acquire_timeout=timeout)
+        pool = ClientPool(fleets[fleet_name], key, create=FakeClient, close=close, options=options)
+        held: list[FakeClient] = []
+        try:
+            held.extend(pool.getconn() for _ in range(max_live))
+        except OrbitError as error:
+            channel.send(f"{len(held)} of {max_live} at once, then {error!r}")
+        else:
+            channel.send(None)
+        finally:
+            for client in held:
+                pool.putconn(client)
+            pool.close()
+    for fleet in fleets.values():
+        fleet.close()

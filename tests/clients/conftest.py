@@ -13,8 +13,9 @@ import pytest
 
 from orbitive import Fleet
 
-from .._processes import Processes
+from .._processes import REPLY_TIMEOUT, Child, Processes
 from .._servers import TempPostgres
+from ._workers import budget_prober
 
 #: Nodes of a test fleet: up to 8 workers, the test process and a few spares.
 CAPACITY = 16
@@ -45,3 +46,40 @@ def spawned(fleet_name: str) -> Iterator[Processes]:
     del fleet_name  # every child is dead before the fleet's files are removed
     with Processes("spawn") as started:
         yield started
+
+
+class Prober:
+    """Another process of the test's fleet, asked whether ``max_live`` clients of a key
+    can be checked out there at once (:func:`._workers.budget_prober`)."""
+
+    def __init__(self, child: Child, fleet_name: str) -> None:
+        self._child = child
+        self.fleet_name = fleet_name
+
+    def probe(self, key: object, max_live: int, timeout: float) -> str | None:
+        """None if ``max_live`` clients of ``key`` were checked out at once, else why not."""
+        self._child.send(("probe", self.fleet_name, key, max_live, timeout))
+        answer: str | None = self._child.recv(timeout * max_live + REPLY_TIMEOUT)
+        return answer
+
+    def leave(self) -> None:
+        self._child.send(("leave", self.fleet_name))
+        assert self._child.recv() == "left"
+
+
+@pytest.fixture(scope="session")
+def prober_process() -> Iterator[Child]:
+    """One spawned process that probes budgets for every test that asks (see Prober)."""
+    with Processes("spawn") as started:
+        child = started.start(budget_prober, CAPACITY)
+        yield child
+        child.send("stop")
+        child.wait()
+
+
+@pytest.fixture
+def prober(prober_process: Child, fleet_name: str) -> Iterator[Prober]:
+    """The prober process, in this test's fleet until the test ends."""
+    probing = Prober(prober_process, fleet_name)
+    yield probing
+    probing.leave()

@@ -82,7 +82,7 @@ def _listening(path: str) -> bool:
 def test_a_forked_child_closing_the_pool_keeps_the_parents_remote_socket(fleet: Fleet) -> None:
     with _pool(fleet, handler=echo_handler) as pool:
         assert pool.request(b"warm") == b"warm"
-        server = pool._server
+        server = pool._remote_mode().server
         assert server is not None and _listening(server.path)
 
         def close_it() -> int:
@@ -97,20 +97,20 @@ def test_a_forked_child_closing_the_pool_keeps_the_parents_remote_socket(fleet: 
 def test_a_forked_childs_checkouts_run_on_its_own_table_steps_and_lane(fleet: Fleet) -> None:
     with _pool(fleet) as pool:
         pool.putconn(pool.getconn())  # the parent's C steps bound, one idle client
-        (parents,) = pool._idle
+        (parents,) = pool._family.idle
         table = pool.table
         slot = slice(table.locate(parents.rid), table.locate(parents.rid) + 64)
         before = bytes(table.buf[slot])
-        parent_steps = pool._take_unit
+        parent_steps = pool._ledger._take_unit
 
         def use() -> int:
             for _ in range(3):
                 client = pool.getconn()
-                (entry,) = pool._out.values()
+                (entry,) = pool._family.out.values()
                 if client is parents.client or entry.rid.node != fleet.node:
                     return 1
                 pool.putconn(client)
-            return 2 if pool._take_unit == parent_steps else 0
+            return 2 if pool._ledger._take_unit == parent_steps else 0
 
         assert in_child(use) == 0
         assert bytes(table.buf[slot]) == before  # the parent's unit was never taken

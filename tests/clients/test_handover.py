@@ -82,7 +82,7 @@ def test_a_client_serves_its_process_for_its_turn_then_goes_to_the_waiter(
     with ClientPool(fleet, "fake", create=FakeClient, close=close, options=options) as pool:
         first = pool.getconn()
         pool.putconn(first)
-        while time.monotonic() - pool._idle[0].created_at < 0.8 * turn:  # within its turn
+        while time.monotonic() - pool._family.idle[0].created_at < 0.8 * turn:  # within its turn
             with pool.client() as client:
                 assert client is first  # kept, though another process waits
         assert pool.counters.retired == 0

@@ -125,7 +125,7 @@ def test_closes_beyond_the_closing_threads_queue_and_close_waits_for_all(fleet: 
     for client in held:
         pool.putconn(client)
     time.sleep(0.2)
-    assert len(pool._retirer._threads) == MOST_THREADS  # four closes wait for a thread
+    assert len(pool._retiring._threads) == MOST_THREADS  # four closes wait for a thread
     assert pool.statistics().live == MOST_THREADS + 4  # every budget held until closed
     threading.Timer(0.3, let_go.set).start()
     pool.close()
@@ -145,7 +145,7 @@ def test_the_closing_threads_of_a_pool_dropped_unclosed_end(fleet: Fleet) -> Non
     pool = ClientPool(fleet, "fake", create=FakeClient, close=slow_close, options=options)
     for client in [pool.getconn() for _ in range(MOST_THREADS)]:
         pool.putconn(client)  # each close blocks in a closing thread of its own
-    threads = list(pool._retirer._threads)
+    threads = list(pool._retiring._threads)
     assert len(threads) == MOST_THREADS
     del pool
     let_go.set()
@@ -553,7 +553,7 @@ def test_an_idle_client_drained_in_the_table_is_closed_and_gives_its_budget_back
     with _pool(fleet, max_live=1) as pool:
         first = pool.getconn()
         pool.putconn(first)
-        (entry,) = pool._idle
+        (entry,) = pool._family.idle
         pool.pool.drain(entry.rid)  # through the Pool handle: no new reservation or take
         again = pool.getconn(timeout=2.0)  # the drained one is closed, its unit returned
         assert again is not first and first.closed
@@ -566,7 +566,7 @@ def test_the_upkeep_retires_a_drained_idle_client_and_the_ones_behind_it(fleet: 
         first, second = pool.getconn(), pool.getconn()
         pool.putconn(first)
         pool.putconn(second)
-        pool.pool.drain(pool._idle[0].rid)  # the oldest idle client: retired first
+        pool.pool.drain(pool._family.idle[0].rid)  # the oldest idle client: retired first
         deadline = time.monotonic() + 5.0
         while not (first.closed and second.closed):
             assert time.monotonic() < deadline, (first.closed, second.closed)

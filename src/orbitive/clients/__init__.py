@@ -27,7 +27,7 @@ from .._core._errors import (
 )
 from ._client_pool import ClientPool
 from ._options import PoolOptions
-from ._stats import ClientPoolStatistics
+from ._statistics import ClientPoolStatistics
 
 __all__ = [
     "ClientCreateError",

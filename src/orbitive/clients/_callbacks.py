@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import threading
 from collections.abc import Callable
@@ -49,10 +51,40 @@ async def call_async(function: Callable[..., Any], *args: object) -> Any:
     """
     if inspect.iscoroutinefunction(function):
         return await function(*args)
-    result = await asyncio.to_thread(function, *args)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
+    return await started(function, *args)
+
+
+def started(function: Callable[..., Any], *args: object) -> asyncio.Future[Any]:
+    """Start ``function`` as :func:`call_async` runs it; a future of its outcome.
+
+    The future ends when the callable has ended, whatever befalls the task that
+    awaits it: a coroutine function runs as a task of its own, anything else in
+    a worker thread, whose outcome lands in a plain future (nothing can be
+    thrown into it), after the awaitable it returns, if any, has run on the loop.
+    """
+    if inspect.iscoroutinefunction(function):
+        task: asyncio.Future[Any] = asyncio.ensure_future(function(*args))
+        return task
+    loop = asyncio.get_running_loop()
+    outcome: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+    running = loop.run_in_executor(None, functools.partial(context.run, function, *args))
+    running.add_done_callback(lambda ran: _finish(ran, outcome))
+    return outcome
+
+
+def _finish(ran: asyncio.Future[Any], outcome: asyncio.Future[Any]) -> None:
+    """Hand ``ran``'s outcome to ``outcome``; an awaitable result runs on the loop first."""
+    if outcome.done():  # cancelled by the task that awaited it: the result goes nowhere
+        return
+    if ran.cancelled():
+        outcome.cancel()
+    elif (error := ran.exception()) is not None:
+        outcome.set_exception(error)
+    elif inspect.isawaitable(result := ran.result()):
+        asyncio.ensure_future(result).add_done_callback(lambda done: _finish(done, outcome))
+    else:
+        outcome.set_result(result)
 
 
 def run_anywhere(function: Callable[..., Any], *args: object) -> Any:

@@ -1,46 +1,73 @@
-"""The checkout past the idle fast path: take, create or wait at ``max_live``, until a deadline.
+"""The checkout and the return: an I/O-free plan under thin sync and asyncio drivers.
 
-A caller that finds no idle client of its process claims creation under
-``max_live`` fleet-wide, or counts itself as a waiter in the pool table (so
-owners holding idle clients elsewhere retire one for it) and sleeps on the key's
-version word, in slices of at most :data:`WAIT_SLICE_S`, until the deadline.
+A checkout takes one of this process's idle clients of the key (the ledger's),
+or claims creation under ``max_live`` fleet-wide, or counts itself as a waiter
+in the pool table (so owners holding idle clients elsewhere retire one for it)
+and sleeps on the key's version word, in slices of at most
+:data:`WAIT_SLICE_S`, until its deadline. In remote mode a request may also
+run on another process's idle client (a borrow), tried after ours and before
+a claim.
 
-A checkout right after this process closed its client for another process's
-waiter is *polite* (:func:`polite`): it lets that waiter create first.
+:meth:`Checkout.plan` holds the decisions and does none of the user's I/O: it
+yields what to do (:class:`Use` a client, :class:`Create` one, :class:`Borrow`,
+:class:`Wait`) and takes the answer back. :meth:`Checkout.run` and
+:meth:`Checkout.run_async` do each action their way, with the sync and asyncio
+create and check steps beside each other below; the return (reset, then keep
+idle or retire) follows them.
 
-:func:`plan` holds the decisions and does none of the user's I/O; the sync and
-asyncio drivers run its actions (check a client, create one, wait) their way.
+A checkout right after this process closed a client for another process's
+waiter is *polite* (:meth:`~._ledger.Ledger.polite`): it waits one change of
+the key, at most :data:`~._options.HANDOFF_GRACE_S`, before it claims. A
+checkout at ``max_live`` that finds only another family's client idle in its
+process retires that client (:meth:`~._ledger.Ledger.take_foreign`) and
+creates in its unit.
+
+**Every exit path returns or retires the client exactly once**, a
+``BaseException`` included:
+
+* an interrupted sync create returns its claim; an asyncio caller cancelled or
+  interrupted while ``create`` runs leaves it running, and its client joins
+  the idle ones when it comes (or its claim returns, if it fails);
+* a ``BaseException`` (``KeyboardInterrupt``) from a sync ``check`` or
+  ``reset`` leaves the client in an unknown state: it is handed over to be
+  closed before the exception goes on;
+* an asyncio caller cancelled or interrupted while its ``check`` or ``reset``
+  runs (``wait_for``, a client that went away) leaves the callable running;
+  once it ends, the client is kept idle if it passed (and the table keeps it),
+  else closed (:meth:`Checkout.outlasting`): never closed under the callable;
+* a waiter is counted out as soon as it is served, or when the plan closes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Generic, TypeVar, final, overload
 
 from .._core._errors import (
-    BusyError,
-    DrainingError,
+    ClientCreateError,
     FleetError,
-    NotOwnerError,
+    OrbitError,
+    PoolClosed,
     PoolTimeout,
-    StaleError,
     TooManyRequests,
 )
-from ..pool import CreationPermit
-from ..pool._availability import add_waiter, key_census
-from ._async import made, usable
-from ._entry import Entry
-from ._options import HANDOFF_GRACE_S, seconds
+from ..pool import CreationPermit, Key, Pool
+from ._callbacks import call_sync, started
+from ._ledger import Entry, Family, Ledger
+from ._options import HANDOFF_GRACE_S, PoolOptions, seconds
+from ._retiring import Retiring
+from ._statistics import Counters
 
-if TYPE_CHECKING:
-    from ._client_pool import ClientPool
+C = TypeVar("C")
 
 #: Longest single sleep of a waiter: it re-checks at least this often.
 WAIT_SLICE_S: Final = 1.0
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Use:
     """Check an idle client taken for checkout (answer: whether it is usable)."""
@@ -48,6 +75,7 @@ class Use:
     entry: Entry[Any]
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Create:
     """Run ``create`` under this claim (answer: the new client)."""
@@ -55,6 +83,13 @@ class Create:
     permit: CreationPermit
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class Borrow:
+    """Run the request on another process's idle client (answer: the reply, or None)."""
+
+
+@final
 @dataclass(frozen=True, slots=True)
 class Wait:
     """Sleep until the key's version differs from ``version``, at most ``seconds``
@@ -64,191 +99,446 @@ class Wait:
     seconds: float
 
 
-Action = Use | Create | Wait
+Action = Use | Create | Borrow | Wait
+_BORROW: Final = Borrow()
 
 
-def plan(pool: ClientPool[Any], timeout: float | None) -> Generator[Action, Any, Any]:
-    """The checkout's decisions, without the I/O: yields what to do, returns the client.
+@final
+class Checkout(Generic[C]):
+    """The checkout and return of one ClientPool in this process (see the module).
 
-    The sync and asyncio drivers (:func:`checkout`, :func:`checkout_async`) do
-    each action their way and send the answer back. A waiter is counted out
-    as soon as it is served (before its client is checked or created), or when
-    the generator closes.
+    Args:
+        key: the pool's key.
+        options: the pool's options.
+        handle: the pool's table handle (its waits; closing it ends them).
+        ledger: the key's clients in this process.
+        family: the pool's family in the ledger.
+        retiring: the pool's closing.
+        counters: the pool's counters.
+        create, close, check, reset: the pool's callables.
     """
-    end, is_polite = deadline(pool, timeout), polite(pool)
-    version: int | None = None
-    try:
-        while True:
-            pool._local()
-            step = pool._step(is_polite)
-            if step is not None and version is not None:  # served: no longer a waiter
-                version = None
-                stop_waiting(pool)
-            if isinstance(step, Entry):
-                if (yield Use(step)):
-                    return step.client
-            elif step is not None:
-                return pool._registered(step, (yield Create(step))).client
-            elif version is None:
-                version = start_waiting(pool)
-            else:
-                changed = yield Wait(version, wait_slice(pool, end, is_polite))
-                version = pool.pool.version(pool.key) if changed is None else changed
-                is_polite = False
-    finally:
-        if version is not None:
-            stop_waiting(pool)
 
+    def __init__(
+        self,
+        key: Key,
+        options: PoolOptions,
+        handle: Pool,
+        ledger: Ledger[C],
+        family: Family[C],
+        retiring: Retiring,
+        counters: Counters,
+        create: Callable[[], Any],
+        close: Callable[[C], Any],
+        check: Callable[[C], Any] | None,
+        reset: Callable[[C], Any] | None,
+    ) -> None:
+        self.key, self.options = key, options
+        self._handle, self._ledger, self._family, self._retiring = handle, ledger, family, retiring
+        self._counters = counters
+        self._create, self._close, self._check, self._reset = create, close, check, reset
+        # The options the return reads, as plain attributes.
+        self._max_live, self._idle_limit = options.max_live, options.idle_limit
+        self._max_lifetime, self._turn = options.max_lifetime, options.handoff_after
+        self._turn_uses = options.handoff_uses or 1 << 64  # None: no bound by count
+        self.closed = False
 
-def checkout(pool: ClientPool[Any], timeout: float | None) -> Any:
-    """:meth:`ClientPool.getconn` past its fast path (raises as it documents)."""
-    steps = plan(pool, timeout)
-    try:
-        action = next(steps)
-        while True:
-            if isinstance(action, Use):
-                action = steps.send(pool._usable(action.entry))
-            elif isinstance(action, Create):
-                action = steps.send(pool._made(action.permit))
-            else:
-                changed = pool.pool.wait_capacity(pool.key, action.version, action.seconds)
-                action = steps.send(changed)
-    except StopIteration as done:
-        return done.value
-    except FleetError:
-        pool._local()  # closed meanwhile: PoolClosed
-        raise
-    finally:
-        steps.close()
+    def _check_open(self) -> None:
+        """Raise PoolClosed once the pool is closed."""
+        if self.closed:
+            raise PoolClosed(f"client pool of key {self.key} is closed", key=self.key)
 
+    # -- the plan -----------------------------------------------------------------------
 
-async def checkout_async(pool: ClientPool[Any], timeout: float | None) -> Any:
-    """Asyncio twin of :func:`checkout`: waits on the pool's readiness descriptor."""
-    steps = plan(pool, timeout)
-    try:
-        action = next(steps)
-        while True:
-            if isinstance(action, Use):
-                action = steps.send(await usable(pool, action.entry))
-            elif isinstance(action, Create):
-                action = steps.send(await made(pool, action.permit))
-            else:
-                changed = await pool.pool.poll_capacity(pool.key, action.version, action.seconds)
-                action = steps.send(changed)
-    except StopIteration as done:
-        return done.value
-    except FleetError:
-        pool._local()  # closed meanwhile: PoolClosed
-        raise
-    finally:
-        steps.close()
+    def plan(
+        self, timeout: float | None, borrowing: bool
+    ) -> Generator[Action, Any, Entry[C] | bytes]:
+        """The checkout's decisions, without the I/O: yields what to do, returns the entry
+        checked out (or, ``borrowing``, the reply another process's client gave).
 
+        A waiter is counted out as soon as it is served (before its client is
+        checked or created), or when the generator closes.
+        """
+        end, is_polite = self._deadline(timeout), self._ledger.polite()
+        version: int | None = None
+        try:
+            while True:
+                self._check_open()
+                step: Entry[C] | CreationPermit | None = self._take()
+                if step is None and borrowing:
+                    reply = yield _BORROW
+                    if reply is not None:
+                        return reply  # type: ignore[no-any-return]
+                if step is None and not is_polite:
+                    step = self._ledger.claim(self._max_live)
+                    if step is None:
+                        self._retire_foreign()
+                if step is not None and version is not None:  # served: no longer a waiter
+                    version = None
+                    self._ledger.stop_waiting()
+                if isinstance(step, Entry):
+                    if (yield Use(step)):
+                        return step
+                elif step is not None:
+                    return self.registered(step, (yield Create(step)))
+                elif version is None:
+                    version = self._start_waiting()
+                else:
+                    changed = yield Wait(version, self._wait_slice(end, is_polite))
+                    version = self._handle.version(self.key) if changed is None else changed
+                    is_polite = False
+        finally:
+            if version is not None:
+                self._ledger.stop_waiting()
 
-def take_idle_sorting(pool: ClientPool[Any]) -> Entry[Any] | None:
-    """``ClientPool._take_idle`` past idle clients a borrower reserved or the table closed.
+    @overload
+    def run(self, timeout: float | None, borrow: None = None) -> Entry[C]: ...
 
-    A reserved one stays idle (the borrower's request runs on it); a closed or
-    drained one is retired (closed, and its slot unregistered).
-    """
-    doomed, busy = [], []
-    try:
-        with pool._lock:
-            while pool._idle:
-                entry = pool._idle.pop()
-                try:
-                    pool._take_unit(entry.rid)
-                except BusyError:  # a borrower reserved it (remote mode): theirs now
-                    busy.append(entry)
-                    continue
-                except (StaleError, NotOwnerError, DrainingError):
-                    doomed.append(entry)  # reset, or drained: close it (and its slot)
-                    continue
-                pool._out[id(entry.client)] = entry
-                entry.uses += 1
-                return entry
-        return None
-    finally:
-        with pool._lock:
-            pool._idle[:0] = busy
-        for entry in doomed:
-            pool._retire(entry)
+    @overload
+    def run(
+        self, timeout: float | None, borrow: Callable[[], bytes | None]
+    ) -> Entry[C] | bytes: ...
 
+    def run(
+        self, timeout: float | None, borrow: Callable[[], bytes | None] | None = None
+    ) -> Entry[C] | bytes:
+        """The sync driver of :meth:`plan` (raises as ``ClientPool.getconn`` documents)."""
+        steps = self.plan(timeout, borrow is not None)
+        try:
+            action = next(steps)
+            while True:
+                if isinstance(action, Use):
+                    action = steps.send(self.usable(action.entry))
+                elif isinstance(action, Create):
+                    action = steps.send(self.made(action.permit))
+                elif isinstance(action, Wait):
+                    changed = self._handle.wait_capacity(self.key, action.version, action.seconds)
+                    action = steps.send(changed)
+                else:
+                    action = steps.send(None if borrow is None else borrow())
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        except FleetError:
+            self._check_open()  # closed meanwhile: PoolClosed
+            raise
+        finally:
+            steps.close()
 
-def polite(pool: ClientPool[Any]) -> bool:
-    """Whether this checkout lets another process's waiter create first.
+    @overload
+    async def run_async(self, timeout: float | None, borrow: None = None) -> Entry[C]: ...
 
-    True when this process's last return closed its client while another
-    process waited, and one still waits: the capacity was freed for that
-    waiter, and a checkout of ours that claimed it at once (it is already
-    running, the waiter still waking) would strand the waiter again and waste
-    a connection. A polite checkout waits one change of the key (at most
-    :data:`HANDOFF_GRACE_S`) before it claims.
-    """
-    if not pool._handed_over:
-        return False
-    pool._handed_over = False
-    table = pool.table
-    return key_census(table, pool.key).others_waiting(table.node) > 0
+    @overload
+    async def run_async(
+        self, timeout: float | None, borrow: Callable[[], Awaitable[bytes | None]]
+    ) -> Entry[C] | bytes: ...
 
+    async def run_async(
+        self, timeout: float | None, borrow: Callable[[], Awaitable[bytes | None]] | None = None
+    ) -> Entry[C] | bytes:
+        """Asyncio twin of :meth:`run`: waits on the pool's readiness descriptor."""
+        steps = self.plan(timeout, borrow is not None)
+        try:
+            action = next(steps)
+            while True:
+                if isinstance(action, Use):
+                    action = steps.send(await self.usable_async(action.entry))
+                elif isinstance(action, Create):
+                    action = steps.send(await self.made_async(action.permit))
+                elif isinstance(action, Wait):
+                    changed = await self._handle.poll_capacity(
+                        self.key, action.version, action.seconds
+                    )
+                    action = steps.send(changed)
+                else:
+                    action = steps.send(None if borrow is None else await borrow())
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        except FleetError:
+            self._check_open()  # closed meanwhile: PoolClosed
+            raise
+        finally:
+            steps.close()
 
-def deadline(pool: ClientPool[Any], timeout: float | None) -> float:
-    """``time.monotonic()`` seconds a checkout gives up at (None: ``acquire_timeout``).
+    # -- the plan's table steps ---------------------------------------------------------
 
-    Raises:
-        InvalidPoolOptions: a bad timeout.
-    """
-    wait = pool.options.acquire_timeout if timeout is None else seconds("timeout", timeout)
-    return time.monotonic() + wait
+    def _take(self) -> Entry[C] | None:
+        """One of this process's idle clients of the key, now checked out (newest first),
+        or None; those whose resource was closed, reset or drained are retired."""
+        entry = self._ledger.take(self._family)
+        if entry is not None or not self._family.idle:
+            return entry
+        entry, doomed = self._ledger.take_sorting(self._family)
+        for each in doomed:
+            self._retiring.hand_over(each)
+        return entry
 
+    def _retire_foreign(self) -> None:
+        """At ``max_live`` with another family's client idle here: retire it, so that
+        this waiter creates in its unit instead of waiting for ever (see the ledger)."""
+        foreign = self._ledger.take_foreign(self._family)
+        if foreign is not None:
+            self._retiring.hand_over(foreign)
 
-def time_left(pool: ClientPool[Any], end: float) -> float:
-    """Seconds the next wait may last, at most :data:`WAIT_SLICE_S`.
+    def _start_waiting(self) -> int:
+        """Count this caller in as a waiter; the key's version.
 
-    Raises:
-        PoolTimeout: ``end`` has passed.
-    """
-    remaining = end - time.monotonic()
-    if remaining <= 0:
-        pool.counters.timeouts += 1
-        raise PoolTimeout(
-            f"no client for key {pool.key} within the timeout "
-            f"(max_live {pool.options.max_live} reached fleet-wide)",
-            key=pool.key,
-        )
-    return min(remaining, WAIT_SLICE_S)
-
-
-def wait_slice(pool: ClientPool[Any], end: float, is_polite: bool) -> float:
-    """:func:`time_left`, at most :data:`HANDOFF_GRACE_S` for a polite checkout."""
-    remaining = time_left(pool, end)
-    return min(remaining, HANDOFF_GRACE_S) if is_polite else remaining
-
-
-def start_waiting(pool: ClientPool[Any]) -> int:
-    """Count one waiter of this process in (the table's and ``max_waiting``); the key's version.
-
-    Raises:
-        TooManyRequests: ``max_waiting`` callers of this process already wait.
-    """
-    with pool._lock:
-        if pool._waiters >= pool.options.max_waiting:
-            pool.counters.refused += 1
+        Raises:
+            TooManyRequests: ``max_waiting`` callers of this process already wait.
+        """
+        version = self._ledger.start_waiting(self.options.max_waiting)
+        if version is None:
+            self._counters.refused += 1
             raise TooManyRequests(
-                f"{pool._waiters} callers of this process already wait for key "
-                f"{pool.key} (max_waiting {pool.options.max_waiting})",
-                key=pool.key,
+                f"{self._ledger.waiters} callers of this process already wait for key "
+                f"{self.key} (max_waiting {self.options.max_waiting})",
+                key=self.key,
             )
-        pool._waiters += 1
-    try:
-        return add_waiter(pool.table, pool.key, 1)
-    except BaseException:
-        with pool._lock:
-            pool._waiters -= 1
-        raise
+        return version
+
+    def _deadline(self, timeout: float | None) -> float:
+        """``time.monotonic()`` seconds a checkout gives up at (None: ``acquire_timeout``).
+
+        Raises:
+            InvalidPoolOptions: a bad timeout.
+        """
+        wait = self.options.acquire_timeout if timeout is None else seconds("timeout", timeout)
+        return time.monotonic() + wait
+
+    def _wait_slice(self, end: float, is_polite: bool) -> float:
+        """Seconds the next wait may last: at most :data:`WAIT_SLICE_S`, and at most
+        :data:`HANDOFF_GRACE_S` for a polite checkout.
+
+        Raises:
+            PoolTimeout: ``end`` has passed.
+        """
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            self._counters.timeouts += 1
+            raise PoolTimeout(
+                f"no client for key {self.key} within the timeout "
+                f"(max_live {self._max_live} reached fleet-wide)",
+                key=self.key,
+            )
+        return min(remaining, HANDOFF_GRACE_S if is_polite else WAIT_SLICE_S)
+
+    # -- create -------------------------------------------------------------------------
+
+    def made(self, permit: CreationPermit) -> C:
+        """Run ``create`` under ``permit``.
+
+        Raises:
+            ClientCreateError: ``create`` raised (the claim is returned).
+            InvalidPoolOptions: ``create`` returned an awaitable.
+        """
+        try:
+            return call_sync("create", self._create)  # type: ignore[no-any-return]
+        except BaseException as error:
+            failure = self._failed_create(permit, error)
+            if failure is error:
+                raise
+            raise failure from error
+
+    async def made_async(self, permit: CreationPermit) -> C:
+        """Asyncio twin of :meth:`made`. A caller cancelled or interrupted meanwhile
+        leaves the create running, and its client joins the idle ones (:meth:`_adopt`)."""
+        creating = started(self._create)
+        try:
+            return await asyncio.shield(creating)
+        except BaseException as error:
+            if not _raised_by(creating, error):  # the caller's interruption: it runs on
+                _when_done(creating, lambda done: self._adopt(permit, done))
+                raise
+            failure = self._failed_create(permit, error)
+            if failure is error:
+                raise
+            raise failure from error
+
+    def _failed_create(self, permit: CreationPermit, error: BaseException) -> BaseException:
+        """Return the claim; the error to raise (ours and a BaseException as they are, the
+        user's wrapped)."""
+        permit.finish()
+        if isinstance(error, OrbitError) or not isinstance(error, Exception):
+            return error
+        self._counters.create_errors += 1
+        return ClientCreateError(
+            f"create() failed for key {self.key}: {error!r:.200}", key=self.key
+        )
+
+    def registered(self, permit: CreationPermit, client: C, *, active: bool = True) -> Entry[C]:
+        """Register a created client, checked out (``active``) or idle; the permit ends
+        after. A client the table refuses is closed.
+
+        Raises:
+            PoolClosed, and the table's errors: as :meth:`~._ledger.Ledger.register`.
+        """
+        try:
+            entry = self._ledger.register(permit, client, self._family, self._close, active=active)
+        except BaseException:
+            self._retiring.close_quietly(client, self._close)
+            raise
+        self._counters.created += 1
+        return entry
+
+    def _adopt(self, permit: CreationPermit, done: asyncio.Future[Any]) -> None:
+        """A create whose caller gave up ended: keep its client idle, or close it."""
+        if done.cancelled() or done.exception() is not None:
+            permit.finish()
+        elif self.closed:
+            permit.finish()
+            self._retiring.close_later(done.result(), self._close)
+        else:
+            entry = self.registered(permit, done.result())
+            self.give_back(self._ledger.recall(entry))
+
+    # -- check --------------------------------------------------------------------------
+
+    def usable(self, entry: Entry[C]) -> bool:
+        """Whether an idle client taken for checkout may be used; else it was retired.
+
+        Raises:
+            A BaseException from ``check``, once the client is handed over to be closed.
+        """
+        if time.monotonic() - entry.created_at >= self._max_lifetime:
+            self._retiring.retire(self._ledger.recall(entry))
+            return False
+        if self._check is None:
+            return True
+        try:
+            healthy = call_sync("check", self._check, entry.client) is not False
+        except Exception:
+            healthy = False
+        except BaseException:  # interrupted: the client's state is unknown
+            self._retiring.hand_over(self._ledger.recall(entry))
+            raise
+        if not healthy:
+            self._counters.check_failures += 1
+            self._retiring.retire(self._ledger.recall(entry))
+        return healthy
+
+    async def usable_async(self, entry: Entry[C]) -> bool:
+        """Asyncio twin of :meth:`usable`; a caller cancelled or interrupted during the
+        check leaves it running (:meth:`outlasting`)."""
+        if time.monotonic() - entry.created_at >= self._max_lifetime:
+            await self._retiring.retire_async(self._ledger.recall(entry))
+            return False
+        if self._check is None:
+            return True
+        try:
+            outcome = await self.outlasting(entry, started(self._check, entry.client), _passed)
+            healthy = outcome is not False
+        except Exception:
+            healthy = False
+        if not healthy:
+            self._counters.check_failures += 1
+            await self._retiring.retire_async(self._ledger.recall(entry))
+        return healthy
+
+    async def outlasting(
+        self, entry: Entry[C], running: asyncio.Future[Any], passed: Callable[[Any], bool]
+    ) -> Any:
+        """Await ``running``, a user callable on ``entry``'s checked-out client, as
+        :func:`~._callbacks.started` started it.
+
+        A caller cancelled or interrupted meanwhile leaves it running (a
+        coroutine in a task of its own, a sync callable in its worker thread,
+        which cannot be stopped), so the client is never closed under it. Once
+        it ends, the client is kept idle if ``passed(result)`` (and the table
+        keeps it), else retired: exactly once either way.
+
+        Raises:
+            Exception: the callable's own; ``entry`` stays the caller's.
+            BaseException: the callable's own (KeyboardInterrupt, say: the
+                client is handed over to be closed), or the caller's
+                cancellation or interruption; ``entry`` is no longer the caller's.
+        """
+        try:
+            return await asyncio.shield(running)
+        except BaseException as error:
+            if not _raised_by(running, error):  # the caller's interruption: it runs on
+                self._ledger.recall(entry)
+                _when_done(running, lambda done: self._settle(entry, done, passed))
+            elif not isinstance(error, Exception):  # its own interrupt: state unknown
+                self._retiring.hand_over(self._ledger.recall(entry))
+            raise
+
+    def _settle(
+        self, entry: Entry[C], done: asyncio.Future[Any], passed: Callable[[Any], bool]
+    ) -> None:
+        """Where a client goes once the callable its caller gave up on has ended."""
+        failed = done.cancelled() or done.exception() is not None or not passed(done.result())
+        if failed or self.closed:
+            self._retiring.hand_over(entry)
+        else:
+            self.give_back(entry)
+
+    # -- the return ---------------------------------------------------------------------
+
+    def put(self, entry: Entry[C]) -> None:
+        """Take back a client handed back (out of the ledger): reset it, then keep it idle
+        or retire it.
+
+        Raises:
+            A BaseException from ``reset``, once the client is handed over to be closed.
+        """
+        if self.closed:
+            self._retiring.retire(entry)
+            return
+        if self._reset is not None:
+            try:
+                call_sync("reset", self._reset, entry.client)
+            except Exception:
+                self._counters.reset_failures += 1
+                self._retiring.retire(entry)
+                return
+            except BaseException:  # interrupted: the client's state is unknown
+                self._retiring.hand_over(entry)
+                raise
+        self.give_back(entry)
+
+    async def put_async(self, entry: Entry[C]) -> None:
+        """Asyncio twin of :meth:`put`; a caller cancelled or interrupted during the reset
+        leaves it running (:meth:`outlasting`)."""
+        if self.closed:  # closed on this loop, as the rest of close_async's
+            await self._retiring.retire_async(entry)
+            return
+        if self._reset is not None:
+            try:
+                await self.outlasting(entry, started(self._reset, entry.client), _ran)
+            except Exception:
+                self._counters.reset_failures += 1
+                await self._retiring.retire_async(entry)
+                return
+        self.give_back(entry)
+
+    def give_back(self, entry: Entry[C]) -> None:
+        """Keep a returned client idle, or hand it over to be closed (one table step)."""
+        now = time.monotonic()
+        in_turn = entry.in_turn(now, self._turn, self._turn_uses)
+        if now - entry.created_at >= self._max_lifetime or not self._ledger.give_back(
+            entry, now, in_turn, self._idle_limit, self._max_live
+        ):
+            self._retiring.hand_over(entry)
 
 
-def stop_waiting(pool: ClientPool[Any]) -> None:
-    """Count this waiter out again."""
-    with pool._lock:
-        pool._waiters -= 1
-    pool._settle(lambda handle: add_waiter(handle._t(), pool.key, -1))
+def _raised_by(running: asyncio.Future[Any], error: BaseException) -> bool:
+    """Whether ``error`` is what ``running`` itself raised; else it interrupted the caller
+    while ``running`` went on (or ``running`` ended cancelled)."""
+    return running.done() and not running.cancelled() and running.exception() is error
+
+
+def _when_done(running: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None]) -> None:
+    """``then(running)`` now if it is done, else once it is."""
+    if running.done():
+        then(running)
+    else:
+        running.add_done_callback(then)
+
+
+def _passed(outcome: Any) -> bool:
+    """A check passed unless it returned False."""
+    return outcome is not False
+
+
+def _ran(outcome: Any) -> bool:
+    """A reset or a handler passed when it returned at all."""
+    del outcome
+    return True

@@ -5,57 +5,63 @@ that created it, so session state, prepared statements, ``LISTEN`` and advisory
 locks keep working) and the fleet's pool table counts them all under one key:
 
 * a created client is registered with one unit active (never visible as idle);
-* checkout takes one of this process's idle clients (:func:`take`), or claims
+* checkout takes one of this process's idle clients of the key, or claims
   creation under ``max_live`` host-wide, or waits, counted as a waiter in the
   table;
 * return decides in one table step whether the client stays idle (fleet-wide
   idle below ``max_idle``, nobody elsewhere stranded at ``max_live``) or is
-  retired (:func:`give_back`);
-* an upkeep thread per pool (:mod:`._upkeep`) retires idle clients that a
-  waiter elsewhere needs, enforces ``idle_timeout`` and ``max_lifetime``,
-  refills the ``min_idle`` floor and reports dead members, so their clients
-  and claims come back without a supervisor.
+  retired;
+* an upkeep thread per pool retires idle clients that a waiter elsewhere
+  needs, enforces ``idle_timeout`` and ``max_lifetime``, refills the
+  ``min_idle`` floor and reports dead members, so their clients and claims
+  come back without a supervisor.
 
-The decisions (:meth:`ClientPool._step`) do no I/O of the user's; the sync and
-asyncio checkouts are thin drivers that call ``create``/``check``/``reset`` and
-wait on the key's version word.
+ClientPool is the public face. Each part is a class of its own, given the
+parts it uses, and none imports this module:
+
+=============  ================  ==================================================
+part           module            owns
+=============  ================  ==================================================
+``Ledger``     ``_ledger``       this process's clients of the key and their table
+                                 units, shared by the key's pools in the process
+``Checkout``   ``_checkout``     the I/O-free checkout plan, its sync and asyncio
+                                 drivers, create and check, and the return
+``Retiring``   ``_retiring``     every close, sync and asyncio; the closing threads
+``Upkeep``     ``_upkeep``       the upkeep thread
+``Remote``     ``_remote``       remote mode: requests, borrowing, the owner's server
+``collect``    ``_statistics``   :meth:`ClientPool.statistics`
+=============  ================  ==================================================
+
+The idle checkout and the plain return (:meth:`ClientPool.getconn`,
+:meth:`ClientPool.putconn`) inline their small steps, where a call would cost
+more than its body; the comments there say which.
+
+A pool dropped without ``close()`` is collected (no part holds it); its
+finalizer stops its upkeep thread and server, and leaves its idle clients to
+the pools that share them or, the last of them, retires them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Final, Generic, TypeVar, final
 
 from .._core import _fork
-from .._core._errors import (
-    BusyError,
-    ClientCreateError,
-    CreationBudgetError,
-    DrainingError,
-    FleetError,
-    InvalidPoolOptions,
-    NotOwnerError,
-    OrbitError,
-    PoolClosed,
-    StaleError,
-    UnknownClient,
-)
+from .._core._errors import InvalidPoolOptions, OrbitError, PoolClosed
 from .._core._fleet import Fleet
-from ..pool import POOL_KIND, CreationPermit, Pool
-from ..pool._availability import claim_in_turn
+from ..pool import POOL_KIND, Pool
 from ..pool._table import Table
-from ._async import hand_over, retire
-from ._callbacks import call_async, call_sync, check_callable, run_anywhere
-from ._checkout import checkout, checkout_async, take_idle_sorting
-from ._entry import Entry
+from ._callbacks import check_callable
+from ._checkout import Checkout
+from ._ledger import Entry, Family, Ledger
 from ._options import PoolOptions, pool_key, seconds
-from ._remote import AsyncServer, Server, request, request_async, serve_async, start_server
-from ._retiring import Retirer
-from ._stats import ClientPoolStatistics, Counters, collect
+from ._remote import Remote, check_payload
+from ._retiring import Retiring
+from ._statistics import ClientPoolStatistics, Counters, collect
 from ._upkeep import Upkeep
 
 C = TypeVar("C")
@@ -70,9 +76,13 @@ class ClientPool(Generic[C]):
 
     Args:
         fleet: the joined fleet (each worker process joins its own node).
-        key: what makes clients interchangeable: a :class:`~orbitive.pool.Key`,
-            or bytes or a str that is digested (a connection URL plus anything
-            that forbids reuse across contexts).
+        key: what one budget counts: a :class:`~orbitive.pool.Key`, or bytes
+            or a str that is digested (a connection URL, say). Every pool of the
+            key, in any process, counts against one ``max_live``. In one
+            process, the pools of a key that create clients with one callable
+            (equal ``create``) check out each other's idle clients; a waiter of
+            any pool of the key never waits while another pool's client sits
+            idle in its process (that client is closed, and the waiter creates).
         create: makes a new client; a coroutine function (or a callable that
             returns an awaitable) only for :meth:`client_async`.
         close: closes a client (its errors are swallowed and counted).
@@ -114,7 +124,6 @@ class ClientPool(Generic[C]):
         kind: int = POOL_KIND,
     ) -> None:
         self._closed = True  # until fully built
-        self._server: Server | AsyncServer | None = None
         check_callable("create", create, optional=False)
         check_callable("close", close, optional=False)
         check_callable("check", check, optional=True)
@@ -132,46 +141,60 @@ class ClientPool(Generic[C]):
         self._turn_uses = options.handoff_uses or 1 << 64  # None: no bound by count
         self._create, self._close, self._check, self._reset = create, close, check, reset
         self._handler = handler
-        self._borrowers = handler is not None  # remote mode: borrowers may reserve idle units
         self._fleet = fleet
         self._pool = Pool(fleet, kind=kind)
         self.counters = Counters()
-        self._closed = False
+        self._release: weakref.finalize[Any, Any] | None = None
         self._start_local()
+        self._closed = False
 
     def _start_local(self) -> None:
-        """This process's state: empty lists, a fresh lock, the table steps, the upkeep thread."""
-        self._bind_steps()
-        self._lock = threading.Lock()
-        self._idle: list[Entry[C]] = []  # most recently returned last
-        self._out: dict[int, Entry[C]] = {}  # by id(client)
-        self._waiters = 0
-        self._handed_over = False  # the last return closed its client (_checkout.polite)
-        self._tasks: set[asyncio.Task[None]] = set()
+        """This process life's parts: the key's ledger, the closing, the checkout, the
+        upkeep thread and the remote-mode server (a forked child makes its own)."""
+        if self._release is not None:
+            self._release.detach()  # a forked child: the parent's parts stay the parent's
+        ledger: Ledger[C]
+        family: Family[C]
+        ledger, family = Ledger.attach(
+            self._fleet,
+            self._pool.kind,
+            self.key,
+            self._create,
+            borrowers=self._handler is not None,
+        )
+        retiring = Retiring(ledger, self.counters)
+        checkout: Checkout[C] = Checkout(
+            self.key, self.options, self._pool, ledger, family, retiring, self.counters,
+            self._create, self._close, self._check, self._reset,
+        )  # fmt: skip
+        remote: Remote[C] | None = None
+        if self._handler is not None:
+            try:
+                remote = Remote(
+                    self._fleet.name, self._pool, self.key, self._handler, checkout, ledger,
+                    family, retiring, self.counters,
+                )  # fmt: skip
+            except BaseException:
+                retiring.release(ledger.detach(family))
+                raise
+        upkeep = Upkeep(
+            self.key, self.options, self._pool, ledger, checkout, retiring, self.counters,
+            self._create, UPKEEP_INTERVAL_S,
+        )  # fmt: skip
+        self._ledger, self._family, self._retiring = ledger, family, retiring
+        self._checkout = checkout
+        self._upkeep, self._remote = upkeep, remote
         self._fork = _fork.generation
-        self._upkeep = Upkeep(self, UPKEEP_INTERVAL_S)
-        self._retirer = Retirer(self)
-        self._server = start_server(self)
-
-    def _bind_steps(self) -> None:
-        """The owner's take and give-back steps: one C call each where built, else Python.
-
-        Bound per process life (``_start_local``): the C operations belong to the
-        Pool's table in this process, and decline to the Python ones in a child.
-        """
-        pool = self._pool
-        pool._t()  # a forked child's Pool revives here and builds its own operations
-        operations = pool._operations
-        self._take_unit = pool._take if operations is None else operations.take
-        self._give_back_unit = pool._give_back if operations is None else operations.give_back
+        self._release = weakref.finalize(
+            self, _let_go, ledger, family, retiring, upkeep, remote, _fork.generation
+        )
+        self._release.atexit = False  # at exit the closing threads' wait is enough
 
     def _local(self) -> None:
         """Raise PoolClosed when closed; in a forked child, forget the parent's clients."""
         if self._closed:
             raise PoolClosed(f"client pool of key {self.key} is closed", key=self.key)
         if self._fork != _fork.generation:
-            # The parent's clients (and its socket) are the parent's: never touch them here.
-            self._server = None
             self._start_local()
 
     # -- remote mode ------------------------------------------------------------------
@@ -197,8 +220,10 @@ class ClientPool(Generic[C]):
             PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError, InvalidPoolOptions:
                 as :meth:`getconn`.
         """
-        self.serving  # noqa: B018 - raises without a handler
-        return request(self, payload, timeout)
+        self._remote_mode()
+        data = check_payload(payload)
+        self._local()
+        return self._remote_mode().request(data, timeout)
 
     async def request_async(self, payload: bytes, timeout: float | None = None) -> bytes:
         """Asyncio twin of :meth:`request`.
@@ -207,8 +232,10 @@ class ClientPool(Generic[C]):
             RemoteRequestError, PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError:
                 as :meth:`request`.
         """
-        self.serving  # noqa: B018 - raises without a handler
-        return await request_async(self, payload, timeout)
+        self._remote_mode()
+        data = check_payload(payload)
+        self._local()
+        return await self._remote_mode().request_async(data, timeout)
 
     @property
     def serving(self) -> Callable[[C, bytes], Any]:
@@ -217,83 +244,26 @@ class ClientPool(Generic[C]):
         Raises:
             InvalidPoolOptions: the pool was built without ``handler=``.
         """
-        if self._handler is None:
+        self._remote_mode()
+        return self._handler  # type: ignore[return-value]  # set: remote mode has one
+
+    def _remote_mode(self) -> Remote[C]:
+        remote = self._remote
+        if remote is None:
             raise InvalidPoolOptions(
                 "request() needs a ClientPool built with handler=", key="handler"
             )
-        return self._handler
+        return remote
 
     @property
     def table(self) -> Table:
-        """The pool table this process uses (for the upkeep thread and statistics)."""
+        """The pool table this process uses."""
         return self._pool._t()
 
     @property
     def pool(self) -> Pool:
         """The underlying :class:`~orbitive.pool.Pool` handle."""
         return self._pool
-
-    # -- the decision -----------------------------------------------------------------
-
-    def _step(self, polite: bool = False) -> Entry[C] | CreationPermit | None:
-        """Take an idle client of ours, or claim creation, or None: at ``max_live``.
-
-        ``polite``: no claim this time (see :func:`._checkout.polite`).
-        """
-        entry = self._take_idle()
-        if entry is not None or polite:
-            return entry
-        return self._claim()
-
-    def _take_idle(self) -> Entry[C] | None:
-        """One of this process's idle clients, now in use (newest first), or None."""
-        with self._lock:
-            if not self._idle:
-                return None
-            entry = self._idle.pop()
-            try:
-                self._take_unit(entry.rid)
-            except (BusyError, StaleError, NotOwnerError, DrainingError):
-                self._idle.append(entry)  # the careful loop sorts it out
-            else:
-                self._out[id(entry.client)] = entry
-                entry.uses += 1
-                return entry
-        return take_idle_sorting(self)
-
-    def _claim(self) -> CreationPermit | None:
-        """A creation claim under ``max_live``, fleet-wide, oldest waiting process first.
-
-        None when at the bound or another process waited longer
-        (:func:`~orbitive.pool._availability.claim_in_turn`).
-        """
-        table = self.table
-        try:
-            return CreationPermit(table, self.key, claim_in_turn(table, self.key, self._max_live))
-        except CreationBudgetError:
-            return None
-
-    def _registered(self, permit: CreationPermit, client: C) -> Entry[C]:
-        """Register a created client as in use (one active unit); the permit ends after."""
-        with permit:
-            try:
-                rid = self.table.register(self.key, 1, 1)
-            except BaseException:
-                self._close_quietly(client)
-                raise
-        entry = Entry(client, rid, time.monotonic(), uses=1)
-        with self._lock:
-            self._out[id(client)] = entry
-        self.counters.created += 1
-        return entry
-
-    def _in_turn(self, entry: Entry[C], now: float) -> bool:
-        """Whether ``entry`` may still serve this process while another waits (its turn:
-        ``handoff_after``, and ``handoff_uses`` when set)."""
-        return now - entry.created_at < self._turn and entry.uses % self._turn_uses != 0
-
-    def _expired(self, entry: Entry[C], now: float) -> bool:
-        return now - entry.created_at >= self._max_lifetime
 
     # -- sync checkout ----------------------------------------------------------------
 
@@ -304,8 +274,8 @@ class ClientPool(Generic[C]):
             timeout: seconds to wait at most (float > 0); None: ``acquire_timeout``.
 
         Returns:
-            One of this process's idle clients (checked with ``check``), or a
-            new one from ``create()``.
+            One of this process's idle clients of the key (checked with
+            ``check``), or a new one from ``create()``.
 
         Raises:
             PoolTimeout: none within the timeout.
@@ -313,119 +283,50 @@ class ClientPool(Generic[C]):
             TooManyRequests: ``max_waiting`` callers of this process already wait.
             ClientCreateError: ``create()`` raised (the claim is returned).
             InvalidPoolOptions: a bad timeout, or ``create`` returned an awaitable.
+            A BaseException from ``create`` or ``check`` (KeyboardInterrupt, say),
+                once what it took is returned or retired.
         """
         self.counters.requests += 1
         if timeout is not None:
             seconds("timeout", timeout)
         if self._fork == _fork.generation and not self._closed:  # the idle fast path
-            entry = self._take_idle()
+            entry = self._ledger.take(self._family)
             if entry is not None:
                 # The hottest path inlines its small steps (a call costs more than its
-                # body here): _usable without a check is _expired's test.
+                # body here): without a check, Checkout.usable is the lifetime test.
                 if self._check is None and time.monotonic() - entry.created_at < self._max_lifetime:
                     return entry.client
-                if self._usable(entry):
+                if self._checkout.usable(entry):
                     return entry.client
-        return checkout(self, timeout)  # type: ignore[no-any-return]
-
-    def _made(self, permit: CreationPermit) -> C:
-        try:
-            return call_sync("create", self._create)  # type: ignore[no-any-return]
-        except BaseException as error:
-            raise self._create_failed(permit, error) from error
-
-    def _create_failed(self, permit: CreationPermit, error: BaseException) -> BaseException:
-        """Return the claim; the error to raise (ours as is, the user's wrapped)."""
-        permit.finish()
-        if isinstance(error, OrbitError) or not isinstance(error, Exception):
-            return error
-        self.counters.create_errors += 1
-        return ClientCreateError(
-            f"create() failed for key {self.key}: {error!r:.200}", key=self.key
-        )
-
-    def _usable(self, entry: Entry[C]) -> bool:
-        if time.monotonic() - entry.created_at >= self._max_lifetime:
-            self.discard(entry.client)
-            return False
-        if self._check is None:
-            return True
-        try:
-            healthy = call_sync("check", self._check, entry.client) is not False
-        except Exception:
-            healthy = False
-        except BaseException:  # KeyboardInterrupt mid-check: the client's state is unknown
-            self.counters.check_failures += 1
-            self.discard(entry.client)
-            raise
-        if not healthy:
-            self.counters.check_failures += 1
-            self.discard(entry.client)
-        return healthy
+        self._local()
+        return self._checkout.run(timeout).client
 
     def putconn(self, client: C) -> None:
         """Hand a client back: reset it, then keep it idle or close it (one table step).
 
-        Raises:
-            UnknownClient: this pool did not check ``client`` out (or took it back).
-        """
-        entry = self._checked_in(client)
-        if entry is None:
-            return
-        if self._closed:
-            self._retire(entry)
-            return
-        if self._reset is not None:
-            try:
-                call_sync("reset", self._reset, client)
-            except BaseException as error:  # KeyboardInterrupt too: retired, then raised
-                self.counters.reset_failures += 1
-                self._retire(entry)
-                if isinstance(error, Exception):
-                    return
-                raise
-        if not self._give_back(entry):
-            self._hand_over(entry)
-
-    def _hand_over(self, entry: Entry[C]) -> None:
-        """Retire ``entry`` in a closing thread, off the caller's path (once closed: here)."""
-        if not self._retirer.put(entry):
-            self._retire(entry)  # the pool closed meanwhile: closed before this returns
-
-    def _checked_in(self, client: C) -> Entry[C] | None:
-        """The entry of a returned client, no longer checked out; None in a forked child.
+        A client checked out of another pool of the key in this process with
+        the same ``create`` may be handed back here (they share their clients).
 
         Raises:
-            UnknownClient: this pool did not check ``client`` out (or took it back).
+            UnknownClient: no pool of the key and ``create`` in this process
+                checked ``client`` out, or it was handed back already.
+            A BaseException from ``reset``, once the client is handed over to be
+                closed.
         """
         if self._fork != _fork.generation:
-            return None  # the parent's client: never touched here
-        entry = self._out.pop(id(client), None)  # one dict step: atomic, no lock needed
-        if entry is None or entry.client is not client:
-            raise UnknownClient(
-                f"{type(client).__name__} object was not checked out of this pool", key=self.key
-            )
-        return entry
-
-    def _give_back(self, entry: Entry[C]) -> bool:
-        """The table step of a return: True if kept idle, else the caller closes the client."""
+            return  # the parent's client: never touched here
+        entry = self._ledger.checked_in(client, self._family)
+        if self._reset is not None or self._closed:
+            self._checkout.put(entry)
+            return
+        # The hottest path inlines Checkout.give_back (a call costs more than its body).
         now = time.monotonic()
         age = now - entry.created_at
-        if age >= self._max_lifetime:
-            return False
-        in_turn = age < self._turn and entry.uses % self._turn_uses != 0  # _in_turn, inlined
-        with self._lock:
-            if self._closed:  # close() has taken the idle list: this one closes too
-                return False
-            kept = self._give_back_unit(
-                entry.rid, self._idle_limit, self._max_live, in_turn, self._borrowers
-            )
-            if kept:
-                entry.idle_since = now
-                self._idle.append(entry)
-            else:
-                self._handed_over = True
-        return kept
+        in_turn = age < self._turn and entry.uses % self._turn_uses != 0
+        if age >= self._max_lifetime or not self._ledger.give_back(
+            entry, now, in_turn, self._idle_limit, self._max_live
+        ):
+            self._retiring.hand_over(entry)
 
     def discard(self, client: C) -> None:
         """Close a checked-out client instead of returning it (it is broken, say).
@@ -433,47 +334,11 @@ class ClientPool(Generic[C]):
         In a forked child a client of the parent is left alone, as :meth:`putconn` does.
 
         Raises:
-            UnknownClient: this pool did not check ``client`` out.
+            UnknownClient: as :meth:`putconn`.
+            A BaseException from ``close``, once the client's budget is returned.
         """
-        entry = self._checked_in(client)
-        if entry is not None:
-            self._retire(entry)
-
-    def _unregister(self, entry: Entry[C]) -> None:
-        """Close ``entry``'s resource in the table, once its client is closed."""
-        self.counters.retired += 1
         if self._fork == _fork.generation:
-            self._settle(lambda pool: pool.unregister(entry.rid))
-
-    def _settle(self, step: Callable[[Pool], object]) -> None:
-        """A table step that must outlive :meth:`close`; OrbitError is ignored.
-
-        After ``close()`` (a client handed back late, a waiter counting itself
-        out) it runs on a handle of its own, since the pool's is closed: else
-        the resource would hold its unit of ``max_live``, or the waiter stay
-        counted for other processes, for the rest of this process's life.
-        """
-        with contextlib.suppress(OrbitError):
-            try:
-                step(self._pool)
-            except FleetError:  # the handle is closed
-                with Pool(self._fleet, kind=self._pool.kind) as own:
-                    step(own)
-
-    def _retire(self, entry: Entry[C]) -> None:
-        """Close the client, then its resource in the table (the budget returns last, also
-        after a close that raised a BaseException, which propagates)."""
-        try:
-            self._close_quietly(entry.client)
-        finally:
-            self._unregister(entry)
-
-    def _close_quietly(self, client: C) -> None:
-        try:
-            run_anywhere(self._close, client)
-        except Exception:
-            self.counters.close_errors += 1
-        self.counters.closed += 1
+            self._retiring.retire(self._ledger.checked_in(client, self._family))
 
     @contextlib.contextmanager
     def client(self, timeout: float | None = None) -> Iterator[C]:
@@ -496,7 +361,9 @@ class ClientPool(Generic[C]):
 
         ``create``, ``check`` and ``reset`` run on the loop when they are
         coroutine functions, else in a worker thread; waiting uses the pool's
-        readiness descriptor.
+        readiness descriptor. A caller cancelled while ``create`` or ``check``
+        runs leaves it running; its client then joins the idle ones, or is
+        closed.
 
         Raises:
             PoolTimeout, PoolClosed, TooManyRequests, ClientCreateError, InvalidPoolOptions:
@@ -505,40 +372,29 @@ class ClientPool(Generic[C]):
         self.counters.requests += 1
         if timeout is not None:
             seconds("timeout", timeout)
-        await serve_async(self)
-        return await checkout_async(self, timeout)  # type: ignore[no-any-return]
+        self._local()
+        if self._remote is not None:
+            await self._remote.serve_async()
+        return (await self._checkout.run_async(timeout)).client
 
     async def putconn_async(self, client: C) -> None:
-        """Asyncio twin of :meth:`putconn`.
+        """Asyncio twin of :meth:`putconn`. A caller cancelled while ``reset`` runs
+        leaves it running; the client is then kept idle, or closed.
 
         Raises:
-            UnknownClient: this pool did not check ``client`` out.
+            As :meth:`putconn`.
         """
-        entry = self._checked_in(client)
-        if entry is None:
-            return
-        if self._closed:  # closed on this loop, as the rest of close_async's
-            await retire(self, entry)
-            return
-        if self._reset is not None:
-            try:
-                await call_async(self._reset, client)
-            except Exception:
-                self.counters.reset_failures += 1
-                await retire(self, entry)
-                return
-        if not self._give_back(entry):
-            hand_over(self, entry)  # closed off this caller's path
+        if self._fork == _fork.generation:
+            await self._checkout.put_async(self._ledger.checked_in(client, self._family))
 
     async def discard_async(self, client: C) -> None:
         """Asyncio twin of :meth:`discard`.
 
         Raises:
-            UnknownClient: this pool did not check ``client`` out.
+            As :meth:`discard`.
         """
-        entry = self._checked_in(client)
-        if entry is not None:
-            await retire(self, entry)
+        if self._fork == _fork.generation:
+            await self._retiring.retire_async(self._ledger.checked_in(client, self._family))
 
     @contextlib.asynccontextmanager
     async def client_async(self, timeout: float | None = None) -> AsyncIterator[C]:
@@ -558,57 +414,70 @@ class ClientPool(Generic[C]):
 
     def statistics(self) -> ClientPoolStatistics:
         """Fleet-wide live, idle, in use, waiting, creating and dead-owner counts of the key,
-        plus this process's own counters (see :class:`ClientPoolStatistics`).
+        plus this process's own counts and this pool's counters (see
+        :class:`ClientPoolStatistics`).
 
         Raises:
             PoolClosed: the pool is closed.
         """
         self._local()
-        with self._lock:
-            local = (len(self._idle), len(self._out), self._waiters)
-        return collect(self, local)
+        local = self._ledger.counts()
+        return collect(
+            self._pool, self._fleet, self.key, self._ledger.census(), self.options.max_live,
+            local, self.counters,
+        )  # fmt: skip
 
     def close(self) -> None:
-        """Stop the upkeep thread and close every idle client of this process. Idempotent.
+        """Stop the upkeep thread and close this pool's clients in this process. Idempotent.
 
-        Returns once the clients that returns handed over are closed too. Clients
-        still checked out are closed when they are handed back. An
-        asyncio ``close`` callable is run to completion on a helper loop; inside
-        asyncio code prefer :meth:`close_async`.
+        Idle clients stay with this process's other pools of the key that
+        share them (the same ``create``); the last of them closes them. Returns
+        once the clients that returns handed over are closed too. Clients still
+        checked out are closed when they are handed back. An asyncio ``close``
+        callable is run to completion on a helper loop; inside asyncio code
+        prefer :meth:`close_async`.
+
+        Raises:
+            A BaseException from ``close`` (KeyboardInterrupt, say), once the
+                clients not closed yet are left to a closing thread.
         """
-        for entry in self._shut():
-            self._retire(entry)
+        idle = self._shut()
+        if self._fork == _fork.generation:
+            self._retiring.retire_all(idle)
+            self._upkeep.close()
+            self._retiring.shut()
         self._pool.close()
 
     async def close_async(self) -> None:
         """Asyncio twin of :meth:`close`: the idle clients are closed on this loop, and so
         are the ones returns handed over (their closes are awaited)."""
-        idle = await asyncio.to_thread(self._shut)  # it joins the pool's threads: off the loop
-        for entry in idle:
-            await retire(self, entry)
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        idle = self._shut()
+        if self._fork == _fork.generation:
+            await self._retiring.retire_all_async(idle)
+            await asyncio.to_thread(self._join)  # it joins the pool's threads: off the loop
+            await self._retiring.wait_closing()
         self._pool.close()
 
     def _shut(self) -> list[Entry[C]]:
-        """Mark closed, stop the upkeep thread; the idle entries to retire (none twice).
-
-        A second caller gets none, once the closes that returns queued are done.
-        """
+        """Mark closed and let go of this process's parts, waiting for nothing; the idle
+        entries to retire, for the last pool of its family (none twice)."""
         if self._closed:
-            if self._fork == _fork.generation:
-                self._retirer.close()  # waits as the first caller's does
             return []
         self._closed = True
         if self._fork != _fork.generation:
             return []  # the parent's clients, upkeep thread and socket
+        self._checkout.closed = True
+        if self._release is not None:
+            self._release.detach()  # closed: nothing left for the finalizer
+        self._upkeep.stop()
+        if self._remote is not None:
+            self._remote.close()
+        return self._ledger.detach(self._family)
+
+    def _join(self) -> None:
+        """Wait for the upkeep thread and every queued close."""
         self._upkeep.close()
-        self._retirer.close()
-        if self._server is not None:
-            self._server.close()
-        with self._lock:
-            idle, self._idle = self._idle, []
-        return idle
+        self._retiring.shut()
 
     def __enter__(self) -> ClientPool[C]:
         return self
@@ -624,10 +493,31 @@ class ClientPool(Generic[C]):
 
     def __repr__(self) -> str:
         try:
-            state = "closed" if self._closed else f"idle={len(self._idle)} out={len(self._out)}"
+            idle, out, _ = self._ledger.counts()
+            state = "closed" if self._closed else f"idle={idle} out={out}"
             return f"<ClientPool key={self.key} max_live={self.options.max_live} {state}>"
         except Exception:  # a repr never raises
             return "<ClientPool (unavailable)>"
+
+
+def _let_go(
+    ledger: Ledger[Any],
+    family: Family[Any],
+    retiring: Retiring,
+    upkeep: Upkeep[Any],
+    remote: Remote[Any] | None,
+    generation: int,
+) -> None:
+    """A pool dropped unclosed, now collected: its upkeep thread and server stop, its
+    idle clients stay with the pools that share them or, the last of its family, are
+    retired in a closing thread, and its closing threads end once done."""
+    if generation != _fork.generation:
+        return  # a forked child's copy: the parent's parts
+    upkeep.stop()
+    if remote is not None:
+        remote.close()
+    retiring.release(ledger.detach(family))
+    retiring.end()
 
 
 def _bad_options(options: object) -> OrbitError:

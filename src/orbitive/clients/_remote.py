@@ -5,17 +5,28 @@ request need not run on a client of its own process. ``pool.request(payload)``
 runs ``handler(client, payload) -> bytes`` on, in this order: an idle client
 of this process; another process's idle client, by reserving its unit and
 carrying the lease and the payload to the owner over a Unix socket; a new
-client within ``max_live``; or it waits. The owner accepts the lease
-(:func:`~orbitive.pool.session.accept_session`), runs the handler on its own
-client, replies and completes the unit: the client stays where it is, the
-user writes no framing, socket paths or lease handling.
+client within ``max_live``; or it waits. That order is the checkout's plan
+with a borrow in it (:meth:`~._checkout.Checkout.run` with ``borrow``). The
+owner accepts the lease (:func:`~orbitive.pool.session.accept_session`), runs
+the handler on its own client, replies and completes the unit: the client
+stays where it is, and the user writes no framing, socket paths or lease
+handling.
 
 After the 48-byte lease frame the borrower sends ``u32 length, payload``; the
 owner answers ``u8 status, u32 length, body``: status 0 is the reply, 1 the
 handler's error text (:class:`~orbitive.clients.RemoteRequestError`), 2 the
 lease refused (the borrower tries another way). Each owner listens on
-``{lock dir}/orbit-{fleet}-{kind}-clients-{node}-{key prefix}.sock`` (the
-lock directory is mode 0700).
+``/dev/shm/orbit-{fleet}-{kind}-clients-{node}-{key prefix}-{uid}.sock``.
+
+Every exit returns what it took exactly once: a reservation the borrower could
+not deliver (a dead socket, a cancelled or interrupted borrower) is withdrawn,
+which the table refuses harmlessly once the owner accepted it; a handler
+interrupted by a ``BaseException`` leaves its client in an unknown state, so
+the client is closed, on either side.
+
+:class:`Remote` reaches the pool only through the parts it is given: the
+checkout (plan, return), the key's ledger (lend, lent back), the closing, the
+table handle and the counters.
 """
 
 from __future__ import annotations
@@ -28,8 +39,8 @@ import socket
 import stat
 import struct
 import threading
-import time
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable
+from typing import Any, Final, Generic, TypeVar, final
 
 from .._core._access import euid
 from .._core._bytes import exact_bytes
@@ -37,6 +48,7 @@ from .._core._errors import (
     AccessDenied,
     BusyError,
     DrainingError,
+    FleetError,
     InvalidPoolOptions,
     MalformedError,
     OrbitError,
@@ -46,15 +58,15 @@ from .._core._errors import (
     shown,
 )
 from .._core._region import SHM_DIR, client_socket_name
-from ..pool import Lease, ResourceId
+from ..pool import Key, Lease, Pool, ResourceId
 from ..pool.session import accept_session, accept_session_async, open_session, open_session_async
-from ._async import made, retire, usable
-from ._callbacks import call_async, call_sync
-from ._checkout import deadline, start_waiting, stop_waiting, time_left
-from ._entry import Entry
+from ._callbacks import call_async, call_sync, started
+from ._checkout import Checkout
+from ._ledger import Entry, Family, Ledger
+from ._retiring import Retiring
+from ._statistics import Counters
 
-if TYPE_CHECKING:
-    from ._client_pool import ClientPool
+C = TypeVar("C")
 
 LENGTH: Final = struct.Struct("<I")
 REPLY: Final = struct.Struct("<BI")
@@ -67,16 +79,14 @@ MESSAGE_MAX: Final = 64 << 20
 REPLY_TIMEOUT_S: Final = 30.0
 
 
-def socket_path(pool: ClientPool[Any], node: int) -> str:
-    """Where the owner on ``node`` serves remote requests for ``pool``'s key.
+def socket_path(fleet: str, kind: int, key: Key, node: int) -> str:
+    """Where the owner on ``node`` serves remote requests for ``key``.
 
     In ``/dev/shm`` beside the fleet's objects, named by user id, so every member
     finds it whatever its environment; the sticky folder keeps other users from
     removing it, and :func:`ours` refuses one another user planted.
     """
-    table = pool.pool
-    key = str(pool.key)[:12]
-    return str(SHM_DIR / client_socket_name(table._fleet.name, table.kind, node, key))
+    return str(SHM_DIR / client_socket_name(fleet, kind, node, str(key)[:12]))
 
 
 def ours(path: str) -> bool:
@@ -119,6 +129,10 @@ def _answer(status: int, body: bytes) -> bytes:
     return REPLY.pack(status, len(body)) + body
 
 
+def _failed(error: Exception) -> bytes:
+    return _answer(FAILED, repr(error).encode()[:4096])
+
+
 def _reply(status: int, body: bytes) -> bytes | None:
     """The borrower's reading of an answer: the reply, None (refused), or the error."""
     if status == OK:
@@ -128,22 +142,204 @@ def _reply(status: int, body: bytes) -> bytes | None:
     raise RemoteRequestError(f"the owner's handler failed: {body.decode(errors='replace')}")
 
 
-# -- the owner --------------------------------------------------------------------------
+@final
+class Remote(Generic[C]):
+    """Remote mode of one ClientPool in this process: its requests, and the owner's
+    server for other processes' requests on its idle clients.
+
+    Args:
+        fleet: the fleet's name (the socket paths' part).
+        handle: the pool's table handle (reservations, candidates, sessions).
+        key: the pool's key.
+        handler: ``handler(client, request: bytes) -> bytes``, or a coroutine function.
+        checkout: the pool's checkout and return.
+        ledger: the key's clients in this process.
+        family: the pool's family in the ledger (the clients it serves others on).
+        retiring: the pool's closing.
+        counters: the pool's counters.
+
+    Raises:
+        AccessDenied: the socket path is taken by something that is not ours.
+        OSError: the socket cannot be bound.
+    """
+
+    def __init__(
+        self,
+        fleet: str,
+        handle: Pool,
+        key: Key,
+        handler: Callable[[C, bytes], Any],
+        checkout: Checkout[C],
+        ledger: Ledger[C],
+        family: Family[C],
+        retiring: Retiring,
+        counters: Counters,
+    ) -> None:
+        self._fleet, self._handle, self._key, self._handler = fleet, handle, key, handler
+        self._checkout, self._ledger, self._retiring = checkout, ledger, retiring
+        self._counters = counters
+        path = socket_path(fleet, handle.kind, key, handle.node)
+        self.server: Server | AsyncServer = (
+            AsyncServer if inspect.iscoroutinefunction(handler) else Server
+        )(path, handle, ledger, family, retiring, handler)
+
+    def close(self) -> None:
+        """Stop serving other processes and remove the socket."""
+        self.server.close()
+
+    # -- a request, end to end ----------------------------------------------------------
+
+    def request(self, data: bytes, timeout: float | None) -> bytes:
+        """``ClientPool.request``: ours, theirs, a new one, or wait (see the module)."""
+        got = self._checkout.run(timeout, lambda: self.borrow(data))
+        return got if isinstance(got, bytes) else self._here(got, data)
+
+    async def request_async(self, data: bytes, timeout: float | None) -> bytes:
+        """Asyncio twin of :meth:`request`."""
+        await self.serve_async()
+        got = await self._checkout.run_async(timeout, lambda: self.borrow_async(data))
+        return got if isinstance(got, bytes) else await self._here_async(got, data)
+
+    def _here(self, entry: Entry[C], data: bytes) -> bytes:
+        """Run the handler on a client of ours, then take the client back."""
+        try:
+            reply = bytes(call_sync("handler", self._handler, entry.client, data))
+        except Exception:
+            self._checkout.put(self._ledger.recall(entry))
+            raise
+        except BaseException:  # interrupted mid-request: the client's state is unknown
+            self._retiring.hand_over(self._ledger.recall(entry))
+            raise
+        self._checkout.put(self._ledger.recall(entry))
+        return reply
+
+    async def _here_async(self, entry: Entry[C], data: bytes) -> bytes:
+        """Asyncio twin of :meth:`_here`; a caller cancelled or interrupted meanwhile
+        leaves the handler running, and its client is closed once it ends (never reused
+        mid-protocol)."""
+        running = started(self._handler, entry.client, data)
+        try:
+            reply = bytes(await self._checkout.outlasting(entry, running, _never))
+        except Exception:
+            await self._checkout.put_async(self._ledger.recall(entry))
+            raise
+        await self._checkout.put_async(self._ledger.recall(entry))
+        return reply
+
+    async def serve_async(self) -> None:
+        """Start the owner's asyncio server on this loop (a coroutine handler; once)."""
+        if isinstance(self.server, AsyncServer):
+            await self.server.start()
+
+    # -- the borrower --------------------------------------------------------------------
+
+    def _reserve(self) -> Lease | None:
+        """Reserve one unit of another process's idle client, or None."""
+        for candidate in self._handle.candidates(self._key):
+            if candidate.local or candidate.state != "live" or candidate.free <= 0:
+                continue
+            try:
+                return self._handle.reserve(candidate.id)
+            except (BusyError, StaleError, DrainingError):
+                continue
+        return None
+
+    def _withdraw(self, lease: Lease) -> None:
+        """Take back a reservation that may not have reached its owner; the table refuses
+        it harmlessly once the owner accepted it (the owner then completes the unit)."""
+        with contextlib.suppress(OrbitError):
+            self._handle.cancel_reservation(lease)
+
+    def borrow(self, data: bytes) -> bytes | None:
+        """Run ``data`` on another process's idle client; None when none could serve it.
+
+        Raises:
+            RemoteRequestError: the owner's handler raised.
+        """
+        lease = self._reserve()
+        if lease is None:
+            return None
+        path = socket_path(self._fleet, self._handle.kind, self._key, lease.id.node)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(REPLY_TIMEOUT_S)
+                if not ours(path):
+                    raise ConnectionRefusedError(path)
+                sock.connect(path)
+                open_session(lease, sock, LENGTH.pack(len(data)) + data)
+                status, size = REPLY.unpack(_recv_exactly(sock, REPLY.size))
+                body = _recv_exactly(sock, size)
+        except BaseException as error:
+            self._withdraw(lease)
+            if isinstance(error, (OSError, SessionClosed)):
+                return None  # the owner died or went away: another way
+            raise
+        self._counters.borrowed += 1
+        return _reply(status, body)
+
+    async def borrow_async(self, data: bytes) -> bytes | None:
+        """Asyncio twin of :meth:`borrow`.
+
+        Raises:
+            RemoteRequestError: the owner's handler raised.
+        """
+        lease = self._reserve()
+        if lease is None:
+            return None
+        path = socket_path(self._fleet, self._handle.kind, self._key, lease.id.node)
+        try:
+            if not ours(path):
+                raise ConnectionRefusedError(path)
+            reader, writer = await asyncio.open_unix_connection(path)
+            try:
+                await open_session_async(lease, writer, LENGTH.pack(len(data)) + data)
+                status, body = await asyncio.wait_for(_read_answer(reader), REPLY_TIMEOUT_S)
+            finally:
+                writer.close()
+        except BaseException as error:
+            self._withdraw(lease)
+            if isinstance(error, (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError)):
+                return None
+            raise
+        self._counters.borrowed += 1
+        return _reply(status, body)
+
+
+async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    status, size = REPLY.unpack(await reader.readexactly(REPLY.size))
+    return status, await reader.readexactly(size)
+
+
+def _never(outcome: Any) -> bool:
+    """A request whose caller gave up never hands its client back for reuse."""
+    del outcome
+    return False
+
+
+# -- the owner ---------------------------------------------------------------------------
 
 
 class Server:
     """The owner's side: a Unix socket, one thread per borrower connection."""
 
-    def __init__(self, pool: ClientPool[Any]) -> None:
-        self.pool = pool
-        self.path = socket_path(pool, pool.pool.node)
-        if os.path.lexists(self.path):
-            if not ours(self.path):
-                raise AccessDenied(f"{self.path!r} is not a socket of ours; refusing it")
-            os.unlink(self.path)  # a dead predecessor's socket: this node is ours now
+    def __init__(
+        self,
+        path: str,
+        handle: Pool,
+        ledger: Ledger[Any],
+        family: Family[Any],
+        retiring: Retiring,
+        handler: Callable[[Any, bytes], Any],
+    ) -> None:
+        self.path, self._handle, self._ledger, self._family = path, handle, ledger, family
+        self._retiring, self._handler = retiring, handler
+        if os.path.lexists(path):
+            if not ours(path):
+                raise AccessDenied(f"{path!r} is not a socket of ours; refusing it")
+            os.unlink(path)  # a dead predecessor's socket: this node is ours now
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.path)
-        os.chmod(self.path, 0o600)
+        self.listener.bind(path)
+        os.chmod(path, 0o600)
         self.listener.listen(64)
         threading.Thread(target=self._accept_loop, name="orbit-clients-serve", daemon=True).start()
 
@@ -156,9 +352,11 @@ class Server:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        with conn, contextlib.suppress(OSError, SessionClosed, MalformedError):
+        # FleetError: the fleet was closed while the request ran (close() does not wait
+        # for one): its table, and so the unit to complete, are gone with it.
+        with conn, contextlib.suppress(OSError, SessionClosed, MalformedError, FleetError):
             try:
-                execution = accept_session(self.pool.pool, conn)
+                execution = accept_session(self._handle, conn)
             except OrbitError:  # stale, draining, replayed: nothing was accepted
                 conn.sendall(_answer(REFUSED, b""))
                 return
@@ -170,18 +368,19 @@ class Server:
                 conn.sendall(self._run(execution.id, request))
 
     def _run(self, rid: ResourceId, request: bytes) -> bytes:
-        entry = lend(self.pool, rid)
+        entry = self._ledger.lend(rid, self._family)
         if entry is None:
             return _answer(REFUSED, b"")
         try:
-            return _answer(
-                OK, bytes(call_sync("handler", self.pool.serving, entry.client, request))
-            )
+            answer = _answer(OK, bytes(call_sync("handler", self._handler, entry.client, request)))
         except Exception as error:  # the borrower gets the error's text
-            return _answer(FAILED, repr(error).encode()[:4096])
-        finally:
-            if not lent_back(self.pool, entry):
-                self.pool._retire(entry)
+            answer = _failed(error)
+        except BaseException:  # interrupted mid-request: the client's state is unknown
+            self._retiring.hand_over(entry)
+            raise
+        if not self._ledger.lent_back(entry):
+            self._retiring.retire(entry)
+        return answer
 
     def close(self) -> None:
         """Stop listening and remove the socket."""
@@ -193,21 +392,36 @@ class Server:
 class AsyncServer:
     """The owner's side for a coroutine handler: an asyncio Unix server on the pool's loop."""
 
-    def __init__(self, pool: ClientPool[Any]) -> None:
-        self.pool = pool
-        self.path = socket_path(pool, pool.pool.node)
+    def __init__(
+        self,
+        path: str,
+        handle: Pool,
+        ledger: Ledger[Any],
+        family: Family[Any],
+        retiring: Retiring,
+        handler: Callable[[Any, bytes], Any],
+    ) -> None:
+        self.path, self._handle, self._ledger, self._family = path, handle, ledger, family
+        self._retiring, self._handler = retiring, handler
         self.server: asyncio.AbstractServer | None = None
+        self._starting = False
 
     async def start(self) -> None:
-        """Listen on this loop (once)."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-        self.server = await asyncio.start_unix_server(self._serve, self.path)
+        """Listen on this loop, once (a start interrupted part way is tried again)."""
+        if self.server is not None or self._starting:
+            return
+        self._starting = True
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            self.server = await asyncio.start_unix_server(self._serve, self.path)
+        finally:
+            self._starting = False
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             try:
-                execution = await accept_session_async(self.pool.pool, reader)
+                execution = await accept_session_async(self._handle, reader)
             except (SessionClosed, MalformedError):
                 return
             except OrbitError:
@@ -221,22 +435,25 @@ class AsyncServer:
                 request = await reader.readexactly(size)
                 writer.write(await self._run(execution.id, request))
                 await writer.drain()
-        except (OSError, asyncio.IncompleteReadError):
+        except (OSError, asyncio.IncompleteReadError, FleetError):  # FleetError: as Server's
             return
         finally:
             writer.close()
 
     async def _run(self, rid: ResourceId, request: bytes) -> bytes:
-        entry = lend(self.pool, rid)
+        entry = self._ledger.lend(rid, self._family)
         if entry is None:
             return _answer(REFUSED, b"")
         try:
-            return _answer(OK, bytes(await call_async(self.pool.serving, entry.client, request)))
+            answer = _answer(OK, bytes(await call_async(self._handler, entry.client, request)))
         except Exception as error:
-            return _answer(FAILED, repr(error).encode()[:4096])
-        finally:
-            if not lent_back(self.pool, entry):
-                await retire(self.pool, entry)
+            answer = _failed(error)
+        except BaseException:  # interrupted (the loop ending): the client's state is unknown
+            self._retiring.hand_over(entry)
+            raise
+        if not self._ledger.lent_back(entry):
+            await self._retiring.retire_async(entry)
+        return answer
 
     def close(self) -> None:
         """Stop listening and remove the socket."""
@@ -244,193 +461,3 @@ class AsyncServer:
             self.server.close()
         with contextlib.suppress(OSError):
             os.unlink(self.path)
-
-
-def lend(pool: ClientPool[Any], rid: ResourceId) -> Entry[Any] | None:
-    """The idle entry a borrower's accepted lease names, out of the idle list while its
-    request runs (so close() does not close it under the handler)."""
-    with pool._lock:
-        for entry in pool._idle:
-            if entry.rid == rid:
-                pool._idle.remove(entry)
-                return entry
-    return None
-
-
-def lent_back(pool: ClientPool[Any], entry: Entry[Any]) -> bool:
-    """A :func:`lend` entry idle again (oldest first: its unit completes just after);
-    False once the pool is closed, and the caller retires it."""
-    with pool._lock:
-        if pool._closed:
-            return False
-        entry.idle_since = time.monotonic()
-        pool._idle.insert(0, entry)
-    return True
-
-
-async def serve_async(pool: ClientPool[Any]) -> None:
-    """Start the owner's asyncio server on this loop (coroutine handlers, once)."""
-    server = pool._server
-    if isinstance(server, AsyncServer) and server.server is None:
-        await server.start()
-
-
-def start_server(pool: ClientPool[Any]) -> Server | AsyncServer | None:
-    """The owner's server for ``pool``'s handler (an AsyncServer starts on first async use)."""
-    handler = pool._handler
-    if handler is None:
-        return None
-    if inspect.iscoroutinefunction(handler):
-        return AsyncServer(pool)
-    return Server(pool)
-
-
-# -- the borrower -----------------------------------------------------------------------
-
-
-def _leases(pool: ClientPool[Any]) -> list[Lease]:
-    """Reserve one unit of another process's idle client (at most one lease)."""
-    for candidate in pool.pool.candidates(pool.key):
-        if candidate.local or candidate.state != "live" or candidate.free <= 0:
-            continue
-        try:
-            return [pool.pool.reserve(candidate.id)]
-        except (BusyError, StaleError, DrainingError):
-            continue
-    return []
-
-
-def borrow(pool: ClientPool[Any], request: bytes) -> bytes | None:
-    """Run ``request`` on another process's idle client; None when none could serve it.
-
-    Raises:
-        RemoteRequestError: the owner's handler raised.
-    """
-    for lease in _leases(pool):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(REPLY_TIMEOUT_S)
-        with sock:
-            path = socket_path(pool, lease.id.node)
-            try:
-                if not ours(path):
-                    raise ConnectionRefusedError(path)
-                sock.connect(path)
-            except OSError:
-                with contextlib.suppress(OrbitError):
-                    pool.pool.cancel_reservation(lease)  # never delivered: take it back
-                return None
-            try:
-                open_session(lease, sock, LENGTH.pack(len(request)) + request)
-                status, size = REPLY.unpack(_recv_exactly(sock, REPLY.size))
-                body = _recv_exactly(sock, size)
-            except (OSError, SessionClosed):
-                return None  # the owner completes (or died): its unit is its own
-            pool.counters.borrowed += 1
-            return _reply(status, body)
-    return None
-
-
-async def borrow_async(pool: ClientPool[Any], request: bytes) -> bytes | None:
-    """Asyncio twin of :func:`borrow`.
-
-    Raises:
-        RemoteRequestError: the owner's handler raised.
-    """
-    for lease in _leases(pool):
-        path = socket_path(pool, lease.id.node)
-        try:
-            if not ours(path):
-                raise ConnectionRefusedError(path)
-            reader, writer = await asyncio.open_unix_connection(path)
-        except OSError:
-            with contextlib.suppress(OrbitError):
-                pool.pool.cancel_reservation(lease)
-            return None
-        try:
-            await open_session_async(lease, writer, LENGTH.pack(len(request)) + request)
-            status, size = REPLY.unpack(await reader.readexactly(REPLY.size))
-            body = await asyncio.wait_for(reader.readexactly(size), REPLY_TIMEOUT_S)
-        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
-            return None
-        finally:
-            writer.close()
-        pool.counters.borrowed += 1
-        return _reply(status, body)
-    return None
-
-
-# -- a request, end to end --------------------------------------------------------------
-
-
-def request(pool: ClientPool[Any], payload: object, timeout: float | None) -> bytes:
-    """:meth:`ClientPool.request`: ours, theirs, a new one, or wait (see the module)."""
-    data = check_payload(payload)
-    end = deadline(pool, timeout)
-    version: int | None = None
-    try:
-        while True:
-            pool._local()
-            entry = pool._take_idle()
-            if entry is not None:
-                if pool._usable(entry):
-                    return _here(pool, entry.client, data)
-                continue
-            reply = borrow(pool, data)
-            if reply is not None:
-                return reply
-            permit = pool._claim()
-            if permit is not None:
-                return _here(pool, pool._registered(permit, pool._made(permit)).client, data)
-            if version is None:
-                version = start_waiting(pool)
-                continue
-            changed = pool.pool.wait_capacity(pool.key, version, time_left(pool, end))
-            version = pool.pool.version(pool.key) if changed is None else changed
-    finally:
-        if version is not None:
-            stop_waiting(pool)
-
-
-def _here(pool: ClientPool[Any], client: object, data: bytes) -> bytes:
-    try:
-        return bytes(call_sync("handler", pool.serving, client, data))
-    finally:
-        pool.putconn(client)
-
-
-async def request_async(pool: ClientPool[Any], payload: object, timeout: float | None) -> bytes:
-    """Asyncio twin of :func:`request`."""
-    data = check_payload(payload)
-    await serve_async(pool)
-    end = deadline(pool, timeout)
-    version: int | None = None
-    try:
-        while True:
-            pool._local()
-            entry = pool._take_idle()
-            if entry is not None:
-                if await usable(pool, entry):
-                    return await _here_async(pool, entry.client, data)
-                continue
-            reply = await borrow_async(pool, data)
-            if reply is not None:
-                return reply
-            permit = pool._claim()
-            if permit is not None:
-                client = pool._registered(permit, await made(pool, permit)).client
-                return await _here_async(pool, client, data)
-            if version is None:
-                version = start_waiting(pool)
-                continue
-            changed = await pool.pool.poll_capacity(pool.key, version, time_left(pool, end))
-            version = pool.pool.version(pool.key) if changed is None else changed
-    finally:
-        if version is not None:
-            stop_waiting(pool)
-
-
-async def _here_async(pool: ClientPool[Any], client: object, data: bytes) -> bytes:
-    try:
-        return bytes(await call_async(pool.serving, client, data))
-    finally:
-        await pool.putconn_async(client)

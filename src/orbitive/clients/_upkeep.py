@@ -4,10 +4,10 @@ One daemon thread per ClientPool per process. Each round:
 
 1. reports members that died (``Pool.reap_dead``), so their clients and
    creation claims return without a supervisor (at most every interval);
-2. retires this process's idle clients while another process waits at
-   ``max_live`` (``retire_idle(FOR_WAITER)``): the waiter can then create.
-   A client whose turn is over (``handoff_after``, ``handoff_uses``) goes at once, any other
-   after :data:`HANDOFF_GRACE_S` of idleness;
+2. retires the key's idle clients of this process while another process
+   waits at ``max_live`` (``retire_idle(FOR_WAITER)``): the waiter can then
+   create. A client whose turn is over (``handoff_after``, ``handoff_uses``)
+   goes at once, any other after :data:`HANDOFF_GRACE_S` of idleness;
 3. retires clients idle longer than ``idle_timeout`` (above the ``min_idle``
    floor) or older than ``max_lifetime``;
 4. refills the ``min_idle`` floor, claiming only this process's share of the
@@ -17,6 +17,9 @@ While the process holds idle clients the thread sleeps on the key's version
 word, so a waiter elsewhere (which bumps the key when it starts waiting) is
 noticed at once; otherwise it sleeps for the interval. Rounds are at least
 :data:`MIN_ROUND_S` apart, so a busy key does not keep it spinning.
+
+The thread holds the pool's parts, never the pool: a pool dropped unclosed is
+collected, and its finalizer stops the thread (:meth:`Upkeep.stop`).
 """
 
 from __future__ import annotations
@@ -25,36 +28,57 @@ import contextlib
 import sys
 import threading
 import time
-import weakref
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable
+from typing import Any, Final, Generic, TypeVar, final
 
-from .._core._errors import CreationBudgetError, OrbitError
-from ..pool import CreationPermit
-from ..pool._availability import (
-    FOR_IDLE_TIMEOUT,
-    FOR_LIFETIME,
-    FOR_WAITER,
-    claim_warm,
-    retire_idle,
-)
+from .._core._errors import OrbitError
+from ..pool import Key, Pool
+from ..pool._availability import FOR_IDLE_TIMEOUT, FOR_LIFETIME, FOR_WAITER
 from ._callbacks import run_anywhere
-from ._entry import Entry
-from ._options import HANDOFF_GRACE_S
+from ._checkout import Checkout
+from ._ledger import Entry, Ledger
+from ._options import HANDOFF_GRACE_S, PoolOptions
+from ._retiring import Retiring
+from ._statistics import Counters
 
-if TYPE_CHECKING:
-    from ._client_pool import ClientPool
+C = TypeVar("C")
 
 #: Shortest time between two rounds (a woken thread with nothing to do rests).
 MIN_ROUND_S: Final = 0.01
 
 
-class Upkeep:
-    """The upkeep thread of one ClientPool in this process."""
+@final
+class Upkeep(Generic[C]):
+    """The upkeep thread of one ClientPool in this process (see the module).
 
-    def __init__(self, pool: ClientPool[Any], interval: float) -> None:
+    Args:
+        key, options: the pool's.
+        handle: the pool's table handle (death reports, the key's version).
+        ledger: the key's clients in this process.
+        checkout: registers what the refill creates.
+        retiring: the pool's closing.
+        counters: the pool's counters.
+        create: the pool's ``create`` (an awaitable result runs on a loop of its own).
+        interval: seconds between rounds when nothing wakes the thread.
+    """
+
+    def __init__(
+        self,
+        key: Key,
+        options: PoolOptions,
+        handle: Pool,
+        ledger: Ledger[C],
+        checkout: Checkout[C],
+        retiring: Retiring,
+        counters: Counters,
+        create: Callable[[], Any],
+        interval: float,
+    ) -> None:
         self.interval = interval
         self.failures = 0
-        self._pool = weakref.ref(pool)
+        self._key, self._options, self._handle, self._ledger = key, options, handle, ledger
+        self._checkout, self._retiring, self._counters = checkout, retiring, counters
+        self._create = create
         self._stop = threading.Event()
         self._last_reap = 0.0
         self._thread = threading.Thread(target=self._run, name="orbit-clients-upkeep", daemon=True)
@@ -62,95 +86,63 @@ class Upkeep:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            pool = self._pool()
-            if pool is None or pool._closed:
-                return
             try:
-                self._round(pool)
-                self._sleep(pool)
+                self._round()
+                self._sleep()
             except (OrbitError, OSError):
                 self._stop.wait(self.interval)  # a table or fleet that cannot be read now
             except Exception:  # reported; the upkeep must go on
                 self._report()
                 self._stop.wait(self.interval)
-            del pool
 
-    def _sleep(self, pool: ClientPool[Any]) -> None:
+    def _sleep(self) -> None:
         self._stop.wait(MIN_ROUND_S)
-        if pool._idle and not self._stop.is_set():
-            version = pool.pool.version(pool.key)
-            pool.pool.wait_capacity(pool.key, version, self.interval)
+        if self._ledger.holds_idle() and not self._stop.is_set():
+            version = self._handle.version(self._key)
+            self._handle.wait_capacity(self._key, version, self.interval)
         else:
             self._stop.wait(self.interval)
 
-    def _round(self, pool: ClientPool[Any]) -> None:
+    def _round(self) -> None:
         now = time.monotonic()
         if now - self._last_reap >= self.interval:
             self._last_reap = now
-            pool.pool.reap_dead()
-        options = pool.options
-        if pool._idle:
-            self._retire_all(
-                pool,
+            self._handle.reap_dead()
+        options = self._options
+        if self._ledger.holds_idle():
+            turn, uses = options.handoff_after, options.handoff_uses or 1 << 64
+            self._retire_idle(
                 FOR_WAITER,
-                lambda e: not pool._in_turn(e, now) or now - e.idle_since >= HANDOFF_GRACE_S,
+                lambda e: not e.in_turn(now, turn, uses) or now - e.idle_since >= HANDOFF_GRACE_S,
             )
-            self._retire_all(
-                pool, FOR_IDLE_TIMEOUT, lambda e: now - e.idle_since >= options.idle_timeout
-            )
-            self._retire_all(
-                pool, FOR_LIFETIME, lambda e: now - e.created_at >= options.max_lifetime
-            )
+            idle_timeout, max_lifetime = options.idle_timeout, options.max_lifetime
+            self._retire_idle(FOR_IDLE_TIMEOUT, lambda e: now - e.idle_since >= idle_timeout)
+            self._retire_idle(FOR_LIFETIME, lambda e: now - e.created_at >= max_lifetime)
         if options.min_idle:
-            self._refill(pool)
+            self._refill()
 
-    def _retire_all(self, pool: ClientPool[Any], reason: int, due: Any) -> None:
-        """Retire idle entries, oldest first, while ``due(entry)`` and the table agrees."""
-        options = pool.options
-        for entry in list(pool._idle):
-            if not due(entry):
-                continue
-            with pool._lock:
-                if entry not in pool._idle:
-                    continue
-                retired = retire_idle(
-                    pool.table, entry.rid, reason, options.max_live, options.min_idle
-                )
-                if retired:
-                    pool._idle.remove(entry)
-            if not retired:
-                return
-            pool._retire(entry)
+    def _retire_idle(self, reason: int, due: Callable[[Entry[C]], bool]) -> None:
+        """Retire idle clients, oldest first, while ``due(entry)`` and the table agrees."""
+        options = self._options
+        taken = self._ledger.idle_to_retire(due, reason, options.max_live, options.min_idle)
+        self._retiring.retire_all(taken)
 
-    def _refill(self, pool: ClientPool[Any]) -> None:
+    def _refill(self) -> None:
         """Create idle clients while this process may claim part of the warm deficit."""
-        options, table = pool.options, pool.table
-        while not self._stop.is_set() and not pool._closed:
-            try:
-                claimed = claim_warm(table, pool.key, options.max_live, options.min_idle)
-            except CreationBudgetError:
+        options = self._options
+        while not self._stop.is_set():
+            permit = self._ledger.claim_warm(options.max_live, options.min_idle)
+            if permit is None:
                 return
-            permit = CreationPermit(table, pool.key, claimed)
             try:
-                client = run_anywhere(pool._create)
-            except Exception:
+                client = run_anywhere(self._create)
+            except BaseException as error:
                 permit.finish()
-                pool.counters.create_errors += 1
+                if not isinstance(error, Exception):
+                    raise
+                self._counters.create_errors += 1
                 return
-            self._add_idle(pool, permit, client)
-
-    def _add_idle(self, pool: ClientPool[Any], permit: CreationPermit, client: object) -> None:
-        with permit:
-            try:
-                rid = pool.table.register(pool.key, 1, 0)
-            except BaseException:
-                pool._close_quietly(client)
-                raise
-        now = time.monotonic()
-        entry: Entry[Any] = Entry(client, rid, now, now)
-        with pool._lock:
-            pool._idle.insert(0, entry)
-        pool.counters.created += 1
+            self._checkout.registered(permit, client, active=False)
 
     def _report(self) -> None:
         self.failures += 1
@@ -158,8 +150,12 @@ class Upkeep:
         with contextlib.suppress(Exception):
             threading.excepthook(threading.ExceptHookArgs([kind, error, trace, self._thread]))
 
+    def stop(self) -> None:
+        """Let the thread end after its round (it does not wait). Idempotent."""
+        self._stop.set()
+
     def close(self) -> None:
-        """Stop the thread and wait for it (at most one sleep). Idempotent."""
+        """Stop the thread and wait for it (at most one round). Idempotent."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()

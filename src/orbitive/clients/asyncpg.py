@@ -69,7 +69,7 @@ from ._database import database_key, dsn_target
 from ._gate import Gate
 from ._home_loop import HomeLoop, LoopGone
 from ._options import PoolOptions, seconds
-from ._stats import ClientPoolStatistics
+from ._statistics import ClientPoolStatistics
 
 __all__ = ["Pool", "PoolAcquireContext", "create_pool"]
 

@@ -43,7 +43,7 @@ from .._core._fleet import Fleet
 from ..pool import POOL_KIND, Key
 from ._client_pool import ClientPool
 from ._options import PoolOptions
-from ._stats import ClientPoolStatistics
+from ._statistics import ClientPoolStatistics
 
 __all__ = ["AsyncConnectionPool", "ConnectionPool"]
 

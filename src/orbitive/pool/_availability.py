@@ -61,6 +61,7 @@ from ._values import U32_MAX, Key, ResourceId
 FOR_WAITER: Final = 0  # another process waits at max_live
 FOR_IDLE_TIMEOUT: Final = 1  # idle too long: only above the min_idle floor
 FOR_LIFETIME: Final = 2  # too old: always
+FOR_OWN_WAITER: Final = 3  # a waiter of this node cannot use it (another kind of client): always
 
 #: A waiting node whose waiters have not tried to claim for this long loses its
 #: place in the queue (3 x the client pool's longest sleep, ``WAIT_SLICE_S``).
@@ -276,7 +277,8 @@ def retire_idle(table: Table, rid: ResourceId, reason: int, max_live: int, min_i
 
     ``FOR_WAITER``: another node waits and the key is at ``max_live``, and no
     waiter of this node would take the client. ``FOR_IDLE_TIMEOUT``: the
-    fleet-wide idle count is above ``min_idle``. ``FOR_LIFETIME``: always. A
+    fleet-wide idle count is above ``min_idle``. ``FOR_LIFETIME`` and
+    ``FOR_OWN_WAITER`` (a waiter of this node cannot use it): always. A
     drained resource (``Pool.drain``), or one whose key index is past the key
     table (damage): always. A client in use or reserved meanwhile is never
     retired.

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, final
+from typing import final
 
-from ..pool._availability import key_census
+from .._core._fleet import Fleet
+from ..pool import Key, Pool
+from ..pool._availability import Census
 from ..pool._deaths import find_dead
-
-if TYPE_CHECKING:
-    from ._client_pool import ClientPool
 
 
 @dataclass(slots=True)
@@ -72,20 +71,31 @@ class ClientPoolStatistics:
         return {field.name: getattr(self, field.name) for field in fields(self)}
 
 
-def collect(pool: ClientPool[Any], local: tuple[int, int, int]) -> ClientPoolStatistics:
-    """Read the key's census and the dead lives, and add this process's counters."""
-    table = pool.table
-    counted = key_census(table, pool.key)
-    dead = set(find_dead(table, pool.pool._fleet))
+def collect(
+    handle: Pool,
+    fleet: Fleet,
+    key: Key,
+    counted: Census,
+    max_live: int,
+    local: tuple[int, int, int],
+    counters: Counters,
+) -> ClientPoolStatistics:
+    """The statistics of ``key``: its census, less the clients of dead lives the table
+    still lists, with this process's idle, in-use and waiting counts (``local``) and
+    its counters.
+
+    Raises:
+        FleetError: ``handle`` or ``fleet`` is closed.
+    """
+    dead = set(find_dead(handle._t(), fleet))
     dead_clients = sum(
         1
-        for candidate in pool.pool.candidates(pool.key)
+        for candidate in handle.candidates(key)
         if candidate.state == "live" and (candidate.owner_node, candidate.owner_incarnation) in dead
     )
     live = counted.live - dead_clients
-    counters = pool.counters
     return ClientPoolStatistics(
-        pool.options.max_live,
+        max_live,
         live,
         min(counted.idle, live),
         max(0, live - counted.idle),
