@@ -112,7 +112,7 @@ class LockTable:
     def _refresh_node(self) -> None:
         node = self.fleet.node  # may raise in a forked child; then stay unrefreshed
         if self._fork_generation != _fork.generation:
-            self._ring.forget_readiness()  # the parent's driver thread is not ours
+            self._ring.forget_readiness()  # the parent's readiness socket is not ours
         self._fork_generation = _fork.generation
         self._node = self._reference.node = node
         if node >= 0:  # a previous process of this node may have left its waiting slot

@@ -371,7 +371,7 @@ class Ring:
         self.channel.bump()
 
     def close(self) -> None:
-        """Stop this process's readiness driver, if any; the mapping belongs to the fleet."""
+        """Close this process's readiness socket, if any; the mapping belongs to the fleet."""
         if self._readiness is not None:
             self._readiness.close()
             self._readiness = None
