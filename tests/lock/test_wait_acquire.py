@@ -14,8 +14,8 @@ import pytest
 from orbitive import Fleet
 from orbitive._core._errors import InvalidTtl
 from orbitive.lock import Acquired, LockKey, LockOwner, LockTable, Occupied
-from orbitive.lock._key_wait import WAIT_CAP_S
-from orbitive.lock._ring import key_tag
+from orbitive.lock._key_wait import WAIT_CAP_S, queue_probe
+from orbitive.lock._ring import ANY_KEY, key_tag
 
 from .._children import wait_for_key
 from .._processes import Child, Processes
@@ -196,6 +196,23 @@ def test_a_dead_nodes_waiting_slot_is_forgotten_by_a_queued_caller(holder: LockT
     assert isinstance(mine, Acquired)
     assert slot(holder, dead) == 0  # forgotten after the queued wait found nobody
     assert holder.release_waking(mine.lease) == 0
+
+
+def test_the_queue_probe_sees_a_slot_holding_exactly_the_keys_tag(holder: LockTable) -> None:
+    queued = queue_probe(holder._ring, key("k").digest)
+    start = holder._ring.geometry.waiting_offset
+    tag = struct.pack("<I", key_tag(key("k").digest))
+    assert not queued()
+    # The tag's bytes across two slots (the end of node 1's, the start of node 2's): no.
+    holder._ring.buf[start + 4 : start + 12] = b"\x00\x00" + tag + b"\x00\x00"
+    assert not queued()
+    holder._ring.buf[start + 4 : start + 12] = bytes(8)
+    holder._ring.buf[start + 8 : start + 12] = struct.pack("<I", ANY_KEY)  # several keys: no
+    assert not queued()
+    holder._ring.buf[start + 8 : start + 12] = tag
+    assert queued()
+    holder._ring.buf[start + 8 : start + 12] = bytes(4)
+    assert not queued()
 
 
 class Interrupted(Exception):

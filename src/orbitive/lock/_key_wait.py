@@ -42,6 +42,7 @@ import collections
 import mmap
 import struct
 import threading
+from collections.abc import Callable
 from typing import Final
 
 from .._core import _fork
@@ -205,6 +206,26 @@ def waiting_nodes(ring: Ring, digest: int, node: int) -> list[int]:
     tag = key_tag(digest)
     slots = struct.unpack_from(f"<{geometry.lane_count}I", ring.buf, geometry.waiting_offset)
     return [n for n, v in enumerate(slots) if n != node and v in (tag, ANY_KEY)]
+
+
+def queue_probe(ring: Ring, digest: int) -> Callable[[], bool]:
+    """A check, made once per key: whether a thread of some node (this one included)
+    waits for the key of ``digest`` alone, i.e. a waiting slot holds exactly its tag
+    (a node waiting for several keys at once, ``ANY_KEY``, does not count). Each call
+    is one search of the slots in C."""
+    geometry = ring.geometry
+    start = geometry.waiting_offset
+    end = start + 4 * geometry.lane_count
+    tag = _U32.pack(key_tag(digest))
+    find = ring.buf.find
+
+    def queued() -> bool:
+        at = find(tag, start, end)
+        while at >= 0 and (at - start) % 4:  # found across two slots: look on
+            at = find(tag, at + 1, end)
+        return at >= 0
+
+    return queued
 
 
 def forget(ring: Ring, node: int) -> None:

@@ -341,6 +341,10 @@ class LockTable:
             self._refresh_node()
         return KeyWaiter(self._ring, key.digest, self.fleet, self._node)
 
+    def _queue_probe(self, key: LockKey) -> Callable[[], bool]:
+        """Whether a thread of some node waits for ``key`` alone (``_key_wait.queue_probe``)."""
+        return _key_wait.queue_probe(self._ring, key.digest)
+
     def release_owned(self, key: LockKey, owner: LockOwner | bytes | str) -> bool:
         """Release whatever live tenure of ``key`` has exactly ``owner``; False if none.
 
