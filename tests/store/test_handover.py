@@ -1,15 +1,19 @@
 """Processes taking turns on one name through the blocking API (``shm://``).
 
 The order is stated in ``store/_shm.py``: a release wakes the waiter that has
-waited longest, and a process that has just handed the name over waits behind
-the others before it asks again, so the name goes round in turn.
+waited longest, and a caller that finds waiters, or that has just handed the
+name over, waits behind them before it asks, so the name goes round in turn.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 from multiprocessing.connection import wait
 
+from orbitive.lock._key_wait import QUEUE_S
 from orbitive.store import Store, open_store
 from orbitive.store._shm import ShmEngine
 
@@ -54,6 +58,34 @@ def test_waiters_are_served_oldest_first(shm_url: str) -> None:
             order.append(ready[0])
             ready[0].send("release")
         assert order == waiters
+
+
+def test_a_caller_that_finds_a_waiter_does_not_overtake_it(shm_url: str) -> None:
+    """The release wakes the waiter; a caller arriving before it runs waits behind it."""
+    with Processes("fork") as processes, open_store(shm_url) as store:
+        held = store.lock("turn", ttl=60.0, timeout=0)
+        waiter = _parked(store, processes.start(wait_in_turn, shm_url, "turn"))
+        os.kill(waiter.pid, signal.SIGSTOP)  # woken by the release, it cannot run yet
+        try:
+            held.release()
+            assert store.inspect("turn") is None  # free, yet the woken waiter is next
+            took: list[float] = []
+
+            def newcomer() -> None:  # another thread: it released nothing
+                started = time.monotonic()
+                with store.lock("turn", ttl=60.0, timeout=PATIENCE_S):
+                    took.append(time.monotonic() - started)
+
+            thread = threading.Thread(target=newcomer)
+            thread.start()
+            thread.join(PATIENCE_S)
+        finally:
+            os.kill(waiter.pid, signal.SIGCONT)
+        # It queued behind the stopped waiter for its whole bounded turn, then took it.
+        assert took and took[0] >= 0.9 * QUEUE_S, took
+        said, _ = waiter.recv()  # and the waiter, running again, is served next
+        assert said == "granted"
+        waiter.send("release")
 
 
 def test_eight_processes_taking_turns_share_them_fairly(shm_url: str) -> None:

@@ -199,7 +199,8 @@ class Engine(abc.ABC, Generic[_G]):
 
     def queues_first(self, name: str) -> bool:
         """Whether the blocking helper waits behind ``name``'s waiters before a first
-        attempt (this thread has just handed it over to one of them); default False."""
+        attempt (some wait, or this thread has just handed it over to one of them);
+        default False."""
         del name
         return False
 

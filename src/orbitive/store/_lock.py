@@ -264,8 +264,9 @@ def attempt(backend: Backend, name: str, owner: str, ttl: float) -> Lock | Busy:
 def wait_for(backend: Backend, name: str, owner: str, ttl: float, timeout: float | None) -> Lock:
     """Attempt, wait as the engine's waiter does, attempt again until granted.
 
-    A thread that has just handed ``name`` to a waiter (shm) waits behind the
-    waiters first, so it takes its turn instead of taking the name straight back.
+    A caller that finds threads waiting for ``name``, or that has just handed it to
+    one of them (shm), waits behind them first: it takes its turn instead of taking
+    the name before the waiter a release woke.
 
     Raises:
         LockTimeout: still held elsewhere after ``timeout`` seconds.

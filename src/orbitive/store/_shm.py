@@ -10,8 +10,9 @@ fencing tokens strictly increase across the table.
 Times are ``time.monotonic()`` seconds (the host monotonic clock), in whole
 milliseconds. The blocking helper waits in the name's queue
 (``lock/_key_wait.py``): a release wakes the thread that has waited longest,
-in any process, by itself; a thread that has just handed the name to a waiter
-waits behind the waiters before it asks again, so the name goes round in turn.
+in any process, by itself; a caller that finds threads waiting for the name, or
+that has just handed it to a waiter, waits behind them before it asks, so the
+name goes round in turn (a waiter woken by a release is not overtaken).
 An expiry publishes nothing, so a waiter also looks again at the holder's
 deadline. The asyncio form waits on the table's readiness descriptor instead
 (``_shm_async``), which any transition of any process makes readable.
@@ -113,6 +114,7 @@ class ShmEngine(Engine[LockLease]):
         # Building a key hashes the name: each name's key (and owner) is built once.
         self._keys = _Cache(_key)
         self._owners = _Cache(LockOwner)
+        self._queued = _Cache(lambda name: self._table._queue_probe(self._keys[name]))
         self._closed = False
         self._handed = threading.local()  # .name: what this thread last handed to a waiter
 
@@ -176,12 +178,17 @@ class ShmEngine(Engine[LockLease]):
             raise self._failure(error) from error
 
     def queues_first(self, name: str) -> bool:
-        """Whether this thread's last release of ``name`` woke a waiter that still waits."""
+        """Whether a thread waits for ``name`` (alone: ``_key_wait.queue_probe``), or this
+        thread's last release of it woke a waiter that still waits."""
         handed = getattr(self._handed, "name", None)
-        if handed is None:
-            return False
-        self._handed.name = None
-        return handed == name and self._key_waiter(name).others_wait()
+        if handed is not None:
+            self._handed.name = None
+            if handed == name and self._key_waiter(name).others_wait():
+                return True
+        try:
+            return self._queued[name]()
+        except (OrbitError, ValueError) as error:
+            raise self._failure(error) from error
 
     def waiter(self, name: str) -> Waiter:
         """A place in ``name``'s wait queue: woken by the release itself (``_key_wait``)."""

@@ -102,8 +102,8 @@ class Store:
 
         Waiting is by bounded, jittered polling (SQLite, PostgreSQL, Redis), or in the
         name's queue (shm: a release wakes the waiter that has waited longest, in any
-        process, and a thread that has just handed the name to a waiter waits behind
-        the waiters before it asks again); never past the holder's expiry.
+        process, and a caller that finds waiters, or has just handed the name to one,
+        waits behind them before it asks); never past the holder's expiry.
 
         Args:
             name: the lock name (see :meth:`try_lock`).
