@@ -9,6 +9,7 @@ joining.
 from __future__ import annotations
 
 import argparse
+import json
 
 from ..store import LockInfo, open_store
 
@@ -26,6 +27,16 @@ def add_store_option(parser: argparse.ArgumentParser) -> None:
         help="store URL: sqlite:///path, postgresql://..., shm://FLEET (default: the SQLite "
         "file in the user's state directory, as open_store() picks it)",
     )
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    """``--json``: print one JSON object instead of the table."""
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def print_json(value: object) -> None:
+    """``value`` as indented JSON on stdout."""
+    print(json.dumps(value, indent=2))
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,10 +65,17 @@ def _printable(text: str) -> str:
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
-def store_locks(url: str | None) -> int:
-    """``orbit locks [--store URL]``: every live lock of the store, by name."""
+def store_locks(url: str | None, *, as_json: bool = False) -> int:
+    """``orbit locks [--store URL]``: every live lock of the store, by name.
+
+    With ``as_json``: ``{"store": URL, "locks": [{"name", "owner", "fencing_token",
+    "expires_at", "remaining_s"}]}``.
+    """
     with open_store(url) as store:
         infos = store.locks()
+        if as_json:
+            print_json({"store": store.url, "locks": [info._asdict() for info in infos]})
+            return 0
         print(_HEADER)
         for info in infos:
             print(_line(info))

@@ -55,10 +55,10 @@ from .._core._errors import InvalidPoolOptions, OrbitError, PoolClosed
 from .._core._fleet import Fleet
 from ..pool import POOL_KIND, Pool
 from ..pool._table import Table
-from ._callbacks import check_callable
+from ._callbacks import call_async, call_sync, check_callable
 from ._checkout import Checkout
 from ._ledger import Entry, Family, Ledger
-from ._options import PoolOptions, pool_key, seconds
+from ._options import PoolOptions, key_label, pool_key, seconds
 from ._remote import Remote, check_payload
 from ._retiring import Retiring
 from ._statistics import ClientPoolStatistics, Counters, collect
@@ -95,9 +95,12 @@ class ClientPool(Generic[C]):
             this process then serves other processes' requests on its own.
         options: the :class:`PoolOptions` (defaults if None).
         kind: the pool table's SHM kind number.
+        label: the key's name for people (``orbit pool``, metrics, error
+            messages), 1..127 bytes of UTF-8; None: read from a str key that is
+            a URL (without its password) or a plain name (see :attr:`label`).
 
     Raises:
-        InvalidPoolOptions: a bad key, callable or options object.
+        InvalidPoolOptions: a bad key, callable, label or options object.
         MalformedError, FleetError, LayoutMismatch, AccessDenied: as
             :class:`~orbitive.pool.Pool`.
 
@@ -122,6 +125,7 @@ class ClientPool(Generic[C]):
         handler: Callable[[C, bytes], Any] | None = None,
         options: PoolOptions | None = None,
         kind: int = POOL_KIND,
+        label: str | None = None,
     ) -> None:
         self._closed = True  # until fully built
         check_callable("create", create, optional=False)
@@ -134,6 +138,10 @@ class ClientPool(Generic[C]):
         elif type(options) is not PoolOptions:
             raise _bad_options(options)
         self.key = pool_key(key)
+        #: The key's name for people ("" when it has none: its digest shows instead).
+        self.label = key_label(key, label)
+        #: The label, or the key's digest: how messages name the pool.
+        self.name = self.label or f"key {self.key}"
         self.options = options
         # The options the fast paths read, as plain attributes.
         self._max_live, self._idle_limit = options.max_live, options.idle_limit
@@ -143,6 +151,12 @@ class ClientPool(Generic[C]):
         self._handler = handler
         self._fleet = fleet
         self._pool = Pool(fleet, kind=kind)
+        limits = (options.max_live, options.min_idle, options.idle_limit)
+        try:
+            self._pool._t().describe(self.key, self.label.encode(), limits)
+        except BaseException:
+            self._pool.close()
+            raise
         self.counters = Counters()
         self._release: weakref.finalize[Any, Any] | None = None
         self._start_local()
@@ -165,7 +179,7 @@ class ClientPool(Generic[C]):
         retiring = Retiring(ledger, self.counters)
         checkout: Checkout[C] = Checkout(
             self.key, self.options, self._pool, ledger, family, retiring, self.counters,
-            self._create, self._close, self._check, self._reset,
+            self._create, self._close, self._check, self._reset, name=self.name,
         )  # fmt: skip
         remote: Remote[C] | None = None
         if self._handler is not None:
@@ -193,7 +207,7 @@ class ClientPool(Generic[C]):
     def _local(self) -> None:
         """Raise PoolClosed when closed; in a forked child, forget the parent's clients."""
         if self._closed:
-            raise PoolClosed(f"client pool of key {self.key} is closed", key=self.key)
+            raise PoolClosed(f"client pool of {self.name} is closed", key=self.key)
         if self._fork != _fork.generation:
             self._start_local()
 
@@ -283,8 +297,8 @@ class ClientPool(Generic[C]):
             TooManyRequests: ``max_waiting`` callers of this process already wait.
             ClientCreateError: ``create()`` raised (the claim is returned).
             InvalidPoolOptions: a bad timeout, or ``create`` returned an awaitable.
-            A BaseException from ``create`` or ``check`` (KeyboardInterrupt, say),
-                once what it took is returned or retired.
+            BaseException: one from ``create`` or ``check`` (KeyboardInterrupt,
+                say), once what it took is returned or retired.
         """
         self.counters.requests += 1
         if timeout is not None:
@@ -310,8 +324,8 @@ class ClientPool(Generic[C]):
         Raises:
             UnknownClient: no pool of the key and ``create`` in this process
                 checked ``client`` out, or it was handed back already.
-            A BaseException from ``reset``, once the client is handed over to be
-                closed.
+            BaseException: one from ``reset``, once the client is handed over to
+                be closed.
         """
         if self._fork != _fork.generation:
             return  # the parent's client: never touched here
@@ -335,10 +349,56 @@ class ClientPool(Generic[C]):
 
         Raises:
             UnknownClient: as :meth:`putconn`.
-            A BaseException from ``close``, once the client's budget is returned.
+            BaseException: one from ``close``, once the client's budget is returned.
         """
         if self._fork == _fork.generation:
             self._retiring.retire(self._ledger.checked_in(client, self._family))
+
+    def check_idle(self, check: Callable[[C], Any]) -> int:
+        """Check each idle client of this pool's family in this process with ``check``
+        (not the pool's own): one that raises or returns False is closed, the others
+        are handed back. Other processes' idle clients are theirs to check.
+
+        Returns:
+            How many were closed (int).
+
+        Raises:
+            PoolClosed: the pool is closed.
+            InvalidPoolOptions: ``check`` returned an awaitable (use :meth:`check_idle_async`).
+        """
+        broken = 0
+        for entry in self._take_every_idle():
+            try:
+                healthy = call_sync("check", check, entry.client) is not False
+            except Exception:
+                healthy = False
+            if healthy:
+                self.putconn(entry.client)
+            else:
+                broken += 1
+                self.discard(entry.client)
+        return broken
+
+    async def check_idle_async(self, check: Callable[[C], Any]) -> int:
+        """Asyncio twin of :meth:`check_idle` (``check`` may be a coroutine function)."""
+        broken = 0
+        for entry in self._take_every_idle():
+            try:
+                healthy = await call_async(check, entry.client) is not False
+            except Exception:
+                healthy = False
+            if healthy:
+                await self.putconn_async(entry.client)
+            else:
+                broken += 1
+                await self.discard_async(entry.client)
+        return broken
+
+    def _take_every_idle(self) -> list[Entry[C]]:
+        """Every idle client of this pool's family, checked out (PoolClosed when closed)."""
+        self._local()
+        taken = [self._ledger.take(self._family) for _ in range(len(self._family.idle))]
+        return [entry for entry in taken if entry is not None]
 
     @contextlib.contextmanager
     def client(self, timeout: float | None = None) -> Iterator[C]:
@@ -382,7 +442,7 @@ class ClientPool(Generic[C]):
         leaves it running; the client is then kept idle, or closed.
 
         Raises:
-            As :meth:`putconn`.
+            UnknownClient, BaseException: as :meth:`putconn`.
         """
         if self._fork == _fork.generation:
             await self._checkout.put_async(self._ledger.checked_in(client, self._family))
@@ -391,7 +451,7 @@ class ClientPool(Generic[C]):
         """Asyncio twin of :meth:`discard`.
 
         Raises:
-            As :meth:`discard`.
+            UnknownClient, BaseException: as :meth:`discard`.
         """
         if self._fork == _fork.generation:
             await self._retiring.retire_async(self._ledger.checked_in(client, self._family))
@@ -438,7 +498,7 @@ class ClientPool(Generic[C]):
         prefer :meth:`close_async`.
 
         Raises:
-            A BaseException from ``close`` (KeyboardInterrupt, say), once the
+            BaseException: one from ``close`` (KeyboardInterrupt, say), once the
                 clients not closed yet are left to a closing thread.
         """
         idle = self._shut()

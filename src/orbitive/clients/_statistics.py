@@ -26,6 +26,8 @@ class Counters:
     reset_failures: int = 0
     close_errors: int = 0
     borrowed: int = 0
+    queued: int = 0
+    waited_s: float = 0.0
 
 
 @final
@@ -41,7 +43,9 @@ class ClientPoolStatistics:
 
     This process: ``local_idle``, ``local_in_use``, ``local_waiting``, then the
     ``*_count`` counters since the pool was built (``borrowed_count``: remote
-    requests another process's client served).
+    requests another process's client served; ``queued_count``: checkouts that
+    waited at ``max_live``, whatever came of it, ``waited_s`` their waits, in
+    seconds).
     """
 
     max_live: int
@@ -65,8 +69,10 @@ class ClientPoolStatistics:
     reset_failures_count: int
     close_errors_count: int
     borrowed_count: int
+    queued_count: int
+    waited_s: float
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, float]:
         """The numbers by name, for a metrics exporter."""
         return {field.name: getattr(self, field.name) for field in fields(self)}
 
@@ -114,4 +120,6 @@ def collect(
         counters.reset_failures,
         counters.close_errors,
         counters.borrowed,
+        counters.queued,
+        counters.waited_s,
     )
