@@ -18,6 +18,7 @@ holder is this very process.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,8 @@ from ._backend import Backend, Handle
 from ._engine import Busy, Grant, LockInfo
 from ._guards import check_store_ttl
 from ._renewer import RENEWER
+
+_log = logging.getLogger("orbitive.store")
 
 # -- the lock handles ----------------------------------------------------------------------
 
@@ -107,12 +110,17 @@ class Tenure:
         self._deadline = self._backend.deadline(started, ttl, renewed)
         return True
 
-    def _count_renew(self, held: bool) -> bool:
-        """Count a settled renew (outside any mutex) and call back on a loss; returns held."""
+    def _count_renew(self, held: bool, *, unreachable: bool = False) -> bool:
+        """Count a settled renew (outside any mutex); on a loss (``unreachable``: the
+        renewer could not reach the engine in time) log it and call back. Returns held."""
         if held:
             self._backend.renewals.add()
         else:
             self._backend.losses.add()
+            if unreachable:
+                self._log_lost("the store could not be reached to renew it before its TTL ran out")
+            else:
+                self._log_lost(self._why_gone("renewed"))
             self._notify_lost()
         return held
 
@@ -132,15 +140,36 @@ class Tenure:
             self._backend.releases.add()
         elif newly_lost:
             self._backend.losses.add()
+            self._log_lost(self._why_gone("released"))
         return released
+
+    def _why_gone(self, verb: str) -> str:
+        """Why the engine no longer had the lease when it was to be ``verb``."""
+        if self.remaining() > 0.0:
+            return (
+                "the store no longer had it while its TTL had time left: it was "
+                "force-released, or the store's clock ran ahead"
+            )
+        return f"its TTL ran out before it was {verb}"
+
+    def _log_lost(self, why: str) -> None:
+        _log.warning(
+            "store %s: lock %r (owner %r, fencing token %d) is lost: %s",
+            self._backend.url,
+            self._name,
+            self._owner,
+            self._grant.fencing_token,
+            why,
+        )
 
     def _stop_renewer(self) -> None:
         """Stop background renewal (the store is closing); each handle kind has its own."""
 
-    def _mark_lost(self) -> None:
-        """The renewer could not reach the engine before the window closed."""
+    def _mark_lost(self, *, unreachable: bool) -> None:
+        """The renewer could not reach the engine before the window closed
+        (``unreachable``), or came too late to renew it."""
         if self._flag_lost():
-            self._count_renew(False)
+            self._count_renew(False, unreachable=unreachable)
 
     def _flag_lost(self) -> bool:
         """Flag the lease lost unless it already was (or was released); True if it is news."""
@@ -239,11 +268,11 @@ class Lock(Tenure):
         if self._renew_at:
             RENEWER.cancel(self)
 
-    def _mark_lost(self) -> None:
+    def _mark_lost(self, *, unreachable: bool) -> None:
         with self._mutex:
             newly_lost = self._flag_lost()
         if newly_lost:
-            self._count_renew(False)
+            self._count_renew(False, unreachable=unreachable)
 
     def __enter__(self) -> Lock:
         return self

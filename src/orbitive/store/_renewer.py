@@ -72,8 +72,9 @@ class Renewable(Protocol):
     def _renew(self, ttl: float) -> bool:
         """One renewal; False once lost (reported) or released."""
 
-    def _mark_lost(self) -> None:
-        """Report the lease lost (``lost``, the loss count, ``on_lost``)."""
+    def _mark_lost(self, *, unreachable: bool) -> None:
+        """Report the lease lost (``lost``, the loss count, ``on_lost``); ``unreachable``:
+        the engine could not be reached in time (else the window closed unrenewed)."""
 
 
 class Renewer:
@@ -195,7 +196,7 @@ class Renewer:
         """Renew ``lock`` once: when to renew it next (None: no more), and if as a retry."""
         try:
             if lock.remaining() <= 0.0:  # fell behind: the window closed unrenewed
-                lock._mark_lost()
+                lock._mark_lost(unreachable=False)
                 return None, False
             try:
                 if lock._renew(ttl):
@@ -205,7 +206,7 @@ class Renewer:
                 retry = renew_retry_s(ttl, lock.remaining())
                 if retry is not None:
                     return time.monotonic() + retry, True
-                lock._mark_lost()
+                lock._mark_lost(unreachable=True)
                 return None, False
         except Exception:  # an on_lost that raised: report it, keep renewing the others
             kind, error, trace = sys.exc_info()

@@ -44,8 +44,9 @@ class AsyncRenewable(Protocol):
     async def _renew(self, ttl: float) -> bool:
         """One renewal; False once lost (reported) or released."""
 
-    def _mark_lost(self) -> None:
-        """Report the lease lost (``lost``, the loss count, ``on_lost``)."""
+    def _mark_lost(self, *, unreachable: bool) -> None:
+        """Report the lease lost (``lost``, the loss count, ``on_lost``); ``unreachable``:
+        the engine could not be reached in time (else the window closed unrenewed)."""
 
 
 class LoopRenewer:
@@ -191,7 +192,7 @@ class LoopRenewer:
     async def _renew_once(self, lock: AsyncRenewable, ttl: float) -> tuple[float | None, bool]:
         """Renew ``lock`` once: when next (loop time; None: no more), and if as a retry."""
         if lock.remaining() <= 0.0:  # fell behind: the window closed unrenewed
-            lock._mark_lost()
+            lock._mark_lost(unreachable=False)
             return None, False
         try:
             if not await lock._renew(ttl):
@@ -200,7 +201,7 @@ class LoopRenewer:
         except StoreError:
             retry = renew_retry_s(ttl, lock.remaining())
             if retry is None:
-                lock._mark_lost()
+                lock._mark_lost(unreachable=True)
                 return None, False
             return self._loop.time() + retry, True
 

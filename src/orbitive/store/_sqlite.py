@@ -40,6 +40,7 @@ from .._core import _fork
 from .._core._access import open_checked
 from .._core._errors import AccessDenied, ErrorKind, InvalidStoreUrl, StoreError
 from ._engine import Busy, Engine, Granted, LockInfo
+from ._health import Reachability
 
 _T = TypeVar("_T")
 
@@ -102,6 +103,7 @@ class SqliteEngine(Engine[Granted]):
 
     def __init__(self, path: Path, *, private: bool) -> None:
         self._path = path
+        self._reachability = Reachability(f"sqlite store {str(path)!r}")
         self._mutex = threading.Lock()
         self._cur: sqlite3.Cursor | None = None
         self._closed = False
@@ -159,7 +161,7 @@ class SqliteEngine(Engine[Granted]):
 
     def _run(self, step: Callable[[sqlite3.Cursor], _T]) -> _T:
         """Run one transaction step, retrying a busy database within the budget."""
-        with self._mutex:
+        with self._reachability, self._mutex:
             deadline = 0.0
             while True:
                 try:
