@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import threading
@@ -126,8 +127,13 @@ def test_a_forked_child_renews_only_its_own_locks(store_url: str, tmp_path: Path
 
 
 def hold_and_report_loss(channel: Channel, url: str) -> None:
-    """Hold "stall" (ttl 0.5 s, renewed); report its token, then what a loss did."""
+    """Hold "stall" (ttl 0.5 s, renewed); report its token, then what a loss did and
+    the warnings logged."""
     losses: list[int] = []
+    warnings: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("orbitive.store").addHandler(handler)
     with open_store(url) as store:
         lock = store.lock("stall", ttl=0.5, timeout=0, on_lost=lambda lost: losses.append(1))
         channel.send(("held", lock.fencing_token))
@@ -135,7 +141,7 @@ def hold_and_report_loss(channel: Channel, url: str) -> None:
         deadline = time.monotonic() + PATIENCE_S
         while not losses and time.monotonic() < deadline:
             time.sleep(0.01)
-        channel.send(("after", lock.lost, len(losses), lock.release()))
+        channel.send(("after", lock.lost, len(losses), lock.release(), warnings))
 
 
 def test_a_stall_longer_than_the_ttl_reports_the_lapse(store_url: str) -> None:
@@ -151,7 +157,11 @@ def test_a_stall_longer_than_the_ttl_reports_the_lapse(store_url: str) -> None:
         finally:
             os.kill(stalled.pid, signal.SIGCONT)
         stalled.send("go on")
-        assert stalled.recv() == ("after", True, 1, False)  # lost, one on_lost, no release
+        said, lost, calls, released, warnings = stalled.recv()
+        assert (said, lost, calls, released) == ("after", True, 1, False)  # one on_lost
+        # Logged once, as what it was: a renewal too late, not an unreachable store.
+        assert len(warnings) == 1, warnings
+        assert "is lost: its TTL ran out before it was renewed" in warnings[0]
         assert mine.inspect("stall") is not None  # the renewer did not take it back
         assert taken.release()
 
