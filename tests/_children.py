@@ -432,3 +432,22 @@ def cycle_key(
         cycles += 1
     table.close()
     channel.send(cycles)
+
+
+def wait_for_key(channel: Channel, name: str, capacity: int, label: str) -> None:
+    """Join, say ("waiting", node), and once told wait for the key ``label``; report
+    ("granted", at). Then hold it until told, release it and say how many nodes were
+    waiting then.
+    """
+    with Fleet.join(name, capacity) as fleet:
+        table = LockTable(fleet)
+        key = LockKey("tests.children", label)
+        channel.send(("waiting", fleet.node))
+        channel.recv(None)
+        result = table.wait_acquire(key, LockOwner(f"waiter-{fleet.node}".encode()), 60.0, 30.0)
+        channel.send(
+            ("granted", time.monotonic()) if isinstance(result, Acquired) else ("timed out",)
+        )
+        channel.recv(None)
+        channel.send(("released", table.release_waking(result.lease)))
+        channel.recv(None)

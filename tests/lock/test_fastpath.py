@@ -230,7 +230,7 @@ def test_steps_that_failed_to_initialise_refuse_to_run(table: LockTable) -> None
     geometry = (3, 64, 16, 1, 128, 192, 8, 128, 64, 0, 0)
     with pytest.raises(ValueError, match="geometry"):
         init(b"", b"", block, *geometry, print, 1, _TYPES, _fork, table, _lock_table, print)
-    valid = (8, 128, 64, 1, 128, 192, 8, 160, 100, 0, 0)
+    valid = (8, 128, 64, 1, 192, 256, 8, 160, 100, 0, 0)
     for types in ((int,) * 5, (int, int, tuple, int, int)):
         with pytest.raises(TypeError, match=r"tuple type|instance slot"):
             init(b"", b"", block, *valid, print, 1, types, _fork, table, _lock_table, print)

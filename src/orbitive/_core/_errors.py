@@ -34,6 +34,7 @@ catch by the usual Python category)::
     |   +-- InvalidStoreUrl (ValueError)                 kind INVALID_INPUT
     |   +-- InvalidSemaphoreLimit (ValueError, TypeError) kind INVALID_INPUT
     |   +-- SemaphoreLimitMismatch                       kind INVALID_INPUT
+    |   +-- LockNotReentrant (RuntimeError)              kind INVALID_INPUT
     +-- LockTimeout (TimeoutError)               blocking helper gave up
 
 Every error carries ``fleet``, ``node``, ``key`` and ``kind`` attributes (``None``
@@ -70,6 +71,7 @@ __all__ = [
     "KeyFullError",
     "LaneFullError",
     "LayoutMismatch",
+    "LockNotReentrant",
     "LockTimeout",
     "MalformedError",
     "NamespaceEmpty",
@@ -367,6 +369,14 @@ class SemaphoreLimitMismatch(StoreError):
         super().__init__(message, key=key)
         self.limit = limit
         self.found = found
+
+
+class LockNotReentrant(StoreError, RuntimeError):
+    """The blocking helper was asked for a name the calling thread (or asyncio task)
+    holds already in the store: store locks are not re-entrant, and the wait would
+    never end. Raised at once, before any wait."""
+
+    default_kind = ErrorKind.INVALID_INPUT
 
 
 class LockTimeout(OrbitError, TimeoutError):

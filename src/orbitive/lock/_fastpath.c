@@ -10,7 +10,9 @@
  * expired entries, counters advanced first, one transition frame published to
  * this node's ring lane (seqlock) with the readiness word bumped, then
  * max_probe raised if the entry lies further from its home, then the slot
- * tombstoned, rewritten and made OCCUPIED last.
+ * tombstoned, rewritten and made OCCUPIED last. A release also adds one to its
+ * key's bucket word when a thread waits on a key word, and wakes the longest
+ * waiting one once the stripes are let go (lock/_key_wait.py).
  *
  * LockTable binds these methods as its own. Anything off that path (other
  * argument types, an error to raise, a fork, a closed table, the test-only
@@ -33,8 +35,12 @@
 #include "_layout.h"
 #include "_robust.h"
 #include "_slots.h"
+#include <limits.h>
+#include <linux/futex.h>
 #include <math.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the SHM layouts are little-endian; the pure-Python table is used instead"
@@ -67,8 +73,9 @@ static int enter(Steps *t, Maps *m, const Entry *e, Held *h)
     return 1;
 }
 
-/* Wake parked drivers (inside the section, as Ring.publish does), then leave it. */
-static int leave(Steps *t, Maps *m, Held *h, int wake)
+/* Signal armed readiness sockets (inside the section, as Ring.publish does), leave it,
+ * then wake the longest waiter on key_word (if any) while the ring is still mapped. */
+static int leave(Steps *t, Maps *m, Held *h, int wake, uint32_t *key_word)
 {
     int failed = 0;
     if (wake) {
@@ -77,6 +84,8 @@ static int leave(Steps *t, Maps *m, Held *h, int wake)
         Py_XDECREF(done);
     }
     let_go(t, h);
+    if (key_word != NULL)
+        syscall(SYS_futex, key_word, FUTEX_WAKE, 1, NULL, NULL, 0);
     maps_release(m);
     robust_report(t->repaired, &h->repaired);
     return failed;
@@ -130,7 +139,7 @@ static PyObject *Steps_try_acquire(Steps *t, PyObject *const *args, size_t nargs
                 write_slot(t, m.s, slot, &e, revision);
         }
     }
-    if (leave(t, &m, &h, wake) < 0) {
+    if (leave(t, &m, &h, wake, NULL) < 0) {
         Py_XDECREF(holder);
         return NULL;
     }
@@ -150,24 +159,26 @@ static PyObject *Steps_try_acquire(Steps *t, PyObject *const *args, size_t nargs
     return new_boxed(y->occupied, y->occupied_lease_at, lease);
 }
 
-PyDoc_STRVAR(release_doc,
-"release(lease) -> bool: LockTable.release in one call.");
-
-static PyObject *Steps_release(Steps *t, PyObject *const *args, size_t nargsf,
-                               PyObject *kwnames)
+/* release: -1 (a decline: *result is its result or NULL), ABSENT (not live), or DONE
+ * with *waiting the nodes waiting in the key's bucket (Ring.key_released). */
+static int release_step(Steps *t, const Call *c, PyObject *python, PyObject **result,
+                        long *waiting)
 {
     static const char *const names[] = {"lease"};
-    const Call c = {args, PyVectorcall_NARGS(nargsf), kwnames};
     PyObject *a[1];
     Entry e;
     Maps m;
     Held h;
     Py_ssize_t hint;
     uint64_t revision;
+    uint32_t *key_word = NULL;
     int outcome = ABSENT, wake = 0, rc = 0;
-    if (!usable(t) || !positional(&c, names, 1, a) || !parse_lease(t, a[0], &e, &hint) ||
-        !enter(t, &m, &e, &h))
-        return decline(t, python_release, &c);
+    *waiting = 0;
+    if (!usable(t) || !positional(c, names, 1, a) || !parse_lease(t, a[0], &e, &hint) ||
+        !enter(t, &m, &e, &h)) {
+        *result = decline(t, python, c);
+        return -1;
+    }
     e.now = now_ms();
     Py_ssize_t slot = find_tenure(t, m.s, &e, hint, &h, &rc);
     if (rc != 0) {
@@ -177,17 +188,50 @@ static PyObject *Steps_release(Steps *t, PyObject *const *args, size_t nargsf,
             outcome = EXHAUSTED;
         } else {
             outcome = publish(t, m.r, &e, RELEASED, revision, 0, 0, &wake);
-            if (outcome == DONE)
+            if (outcome == DONE) {
                 tombstone(t, m.s, slot, e.digest);
+                *waiting = key_released(t, m.r, &e, &key_word);
+            }
         }
     }
-    if (leave(t, &m, &h, wake) < 0)
-        return NULL;
-    if (outcome == DONE)
-        Py_RETURN_TRUE;
-    if (outcome == ABSENT)
-        Py_RETURN_FALSE;
-    return decline(t, python_release, &c);
+    if (leave(t, &m, &h, wake, key_word) < 0) {
+        *result = NULL;
+        return -1;
+    }
+    if (outcome == DONE || outcome == ABSENT)
+        return outcome;
+    *result = decline(t, python, c);
+    return -1;
+}
+
+PyDoc_STRVAR(release_doc,
+"release(lease) -> bool: LockTable.release in one call.");
+
+static PyObject *Steps_release(Steps *t, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames)
+{
+    const Call c = {args, PyVectorcall_NARGS(nargsf), kwnames};
+    PyObject *result;
+    long waiting;
+    int outcome = release_step(t, &c, python_release, &result, &waiting);
+    if (outcome < 0)
+        return result;
+    return PyBool_FromLong(outcome == DONE);
+}
+
+PyDoc_STRVAR(release_waking_doc,
+"release_waking(lease) -> int: LockTable.release_waking in one call.");
+
+static PyObject *Steps_release_waking(Steps *t, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames)
+{
+    const Call c = {args, PyVectorcall_NARGS(nargsf), kwnames};
+    PyObject *result;
+    long waiting;
+    int outcome = release_step(t, &c, python_release_waking, &result, &waiting);
+    if (outcome < 0)
+        return result;
+    return PyLong_FromLong(outcome == DONE ? waiting : -1);
 }
 
 PyDoc_STRVAR(renew_doc,
@@ -229,7 +273,7 @@ static PyObject *Steps_renew(Steps *t, PyObject *const *args, size_t nargsf, PyO
             }
         }
     }
-    if (leave(t, &m, &h, wake) < 0)
+    if (leave(t, &m, &h, wake, NULL) < 0)
         return NULL;
     if (outcome == DONE)
         return new_lease(t, e.key, e.owner_obj, e.lock_id, revision, acquired, e.expires, slot);
@@ -316,7 +360,8 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
                g.ring_capacity <= 1 << 20;
     if (!pow2 || g.payload_max < 3 || g.payload_max > 0xFFFF ||
         g.stride < SLOT_HEADER + g.payload_max || g.stride > 1 << 17 || g.lanes < 1 ||
-        g.lanes > 0xFFFF || g.heads_at < RING_HEADER + g.lanes || g.heads_at > 1 << 30 ||
+        g.lanes > 0xFFFF || g.heads_at < RING_HEADER + ROUND64(g.lanes) + ROUND64(4 * g.lanes) ||
+        g.heads_at > 1 << 30 ||
         g.slots_at < g.heads_at + g.lanes * LANE_HEAD || g.slots_at > 1 << 30 ||
         g.frame_bytes < EVENT_HEADER + g.payload_max || g.frame_bytes > 1 << 20 ||
         g.ring_stride < FRAME_HEADER + g.frame_bytes || g.ring_stride > 1 << 21 || g.node < 0 ||
@@ -345,6 +390,7 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
     t->stride = g.stride;
     t->payload_max = g.payload_max;
     t->lanes = g.lanes;
+    t->waiting_at = RING_HEADER + ROUND64(g.lanes); /* _ring.RingGeometry.waiting_offset */
     t->heads_at = g.heads_at;
     t->slots_at = g.slots_at;
     t->ring_capacity = g.ring_capacity;
@@ -405,6 +451,8 @@ static PyMethodDef Steps_methods[] = {
      METH_FASTCALL | METH_KEYWORDS, try_acquire_doc},
     {"release", (PyCFunction)(void (*)(void))Steps_release, METH_FASTCALL | METH_KEYWORDS,
      release_doc},
+    {"release_waking", (PyCFunction)(void (*)(void))Steps_release_waking,
+     METH_FASTCALL | METH_KEYWORDS, release_waking_doc},
     {"renew", (PyCFunction)(void (*)(void))Steps_renew, METH_FASTCALL | METH_KEYWORDS, renew_doc},
     {"close", (PyCFunction)Steps_close, METH_NOARGS, close_doc},
     {NULL, NULL, 0, NULL},
@@ -448,8 +496,10 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     python_acquire = PyUnicode_InternFromString("try_acquire");
     python_release = PyUnicode_InternFromString("release");
     python_renew = PyUnicode_InternFromString("renew");
+    python_release_waking = PyUnicode_InternFromString("release_waking");
     if (generation_name == NULL || crash_hook_name == NULL || python_acquire == NULL ||
-        python_release == NULL || python_renew == NULL || PyType_Ready(&StepsType) < 0)
+        python_release == NULL || python_renew == NULL || python_release_waking == NULL ||
+        PyType_Ready(&StepsType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&fastpath_module);
     if (module == NULL)

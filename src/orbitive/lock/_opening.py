@@ -86,7 +86,7 @@ def c_steps(
         geometry.frame_bytes,
         reference.node,
         reference.id_base,
-        ring.wake,
+        ring.channel.signal,
         section.stripes,
         _TYPES,
         _fork,

@@ -6,12 +6,15 @@ primitives act on one name; the counting-lease (semaphore) primitives act on
 the slots of one semaphore name, a namespace of its own: a semaphore and a lock
 of the same name never meet. Renew and release of counting leases take a batch
 of one owner's grants of one name, so a holder of several units renews them in
-one step.
+one step. How the blocking helper waits between two attempts on a name is the
+engine's :class:`Waiter`: jittered polling by default; the SHM engine's is woken
+by the release itself.
 """
 
 from __future__ import annotations
 
 import abc
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -128,6 +131,10 @@ class UnitGranted(NamedTuple):
 
 _G = TypeVar("_G", bound=Grant)
 _U = TypeVar("_U", bound=UnitGrant)
+#: First pause of a polling waiter between attempts, in seconds (doubles, jittered).
+_POLL_FIRST_S = 0.002
+#: The largest attempt number the pause doubles for.
+POLL_DOUBLINGS = 20
 
 
 @final
@@ -139,6 +146,52 @@ class Busy(NamedTuple):
     """
 
     holder: LockInfo | SlotInfo | None
+
+
+def poll_pause_s(busy: Busy, left: float | None, tries: int, cap_s: float) -> float:
+    """How long a polling waiter pauses after its ``tries``-th refusal, in seconds (no I/O).
+
+    Jittered doubling from 2 ms up to ``cap_s``, never past the holder's expiry nor
+    the ``left`` seconds of the caller's timeout (None: no timeout). The blocking
+    and the asyncio helpers both pause by it.
+    """
+    delay = random.uniform(0.5, 1.0) * min(cap_s, _POLL_FIRST_S * 2.0 ** min(tries, POLL_DOUBLINGS))
+    if busy.holder is not None:
+        delay = min(delay, busy.holder.remaining_s + 0.001)
+    return delay if left is None else min(delay, left)
+
+
+class Waiter:
+    """How the blocking helper waits between attempts on one name: by polling.
+
+    The helper calls :meth:`enter` once, :meth:`queue` when the engine said
+    :meth:`Engine.queues_first`, :meth:`look` before every attempt, :meth:`wait`
+    after every refusal, and :meth:`leave` at the end, granted or not. An engine
+    told of releases returns its own from :meth:`Engine.waiter`.
+    """
+
+    #: It watches for releases from :meth:`enter` and :meth:`look` on, so the
+    #: helper attempts again right after entering, before it first waits.
+    watches = False
+
+    def __init__(self, cap_s: float) -> None:
+        self._cap_s = cap_s
+
+    def enter(self) -> None:
+        """Start waiting (nothing to do when polling)."""
+
+    def queue(self, left: float | None) -> None:
+        """Wait behind the name's other waiters (for at most ``left`` seconds)."""
+
+    def look(self) -> None:
+        """Before every attempt (nothing to do when polling)."""
+
+    def wait(self, busy: Busy, left: float | None, tries: int) -> None:
+        """Pause after the ``tries``-th refusal, at most ``left`` seconds (None: no timeout)."""
+        time.sleep(poll_pause_s(busy, left, tries, self._cap_s))
+
+    def leave(self, granted: bool) -> None:
+        """Stop waiting (nothing to do when polling)."""
 
 
 @final
@@ -247,16 +300,27 @@ class Engine(abc.ABC, Generic[_G, _U]):
         """Wake-ups for a waiter of semaphore ``name``: released units of that name.
 
         None (the default) when the engine has no notifications of its own: the
-        waiter then pauses with :meth:`arm` and :meth:`wait`, as a lock waiter does.
+        waiter then waits as :meth:`unit_waiter` says.
         """
         return None
 
-    def arm(self) -> None:  # an optional hook; only engines with readiness override it
-        """Prepare for :meth:`wait` before an attempt (clear readiness); default no-op."""
+    def unit_waiter(self, name: str) -> Waiter:
+        """How a semaphore waiter without a subscription waits for ``name`` between
+        attempts (default: polling)."""
+        del name
+        return Waiter(self.poll_cap_s)
 
-    def wait(self, delay: float) -> None:
-        """Pause up to ``delay`` seconds, returning early if the engine signals a change."""
-        time.sleep(delay)
+    def queues_first(self, name: str) -> bool:
+        """Whether the blocking helper waits behind ``name``'s waiters before a first
+        attempt (some wait, or this thread has just handed it over to one of them);
+        default False."""
+        del name
+        return False
+
+    def waiter(self, name: str) -> Waiter:
+        """How the blocking helper waits for ``name`` between attempts (default: polling)."""
+        del name
+        return Waiter(self.poll_cap_s)
 
 
 @final
@@ -305,9 +369,6 @@ class ClosedEngine(Engine[Any, Any]):
         self._refuse()
 
     def semaphores(self) -> NoReturn:
-        self._refuse()
-
-    def arm(self) -> NoReturn:
         self._refuse()
 
     def close(self) -> None:

@@ -2,9 +2,9 @@
 :mod:`._lock` (``try_lock_async``, ``lock_async``'s :class:`Acquiring`).
 
 A thin driver over the engine's asyncio form (:mod:`._engine_async`): the
-guards, the pause between attempts (:func:`._lock.next_pause`) and the state of
-a handle (:class:`._lock.Tenure`) are the sync twin's, so both follow one
-contract. Nothing here blocks the event loop.
+guards, the checks between attempts (:func:`._lock.time_left`,
+:func:`._lock.refuse_reentry`) and the state of a handle (:class:`._lock.Tenure`)
+are the sync twin's, so both follow one contract. Nothing here blocks the event loop.
 
 Cancellation, the rules these functions keep:
 
@@ -28,16 +28,18 @@ Timeline of a cancelled acquire on a thread-backed engine::
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Generic, TypeVar
 
 from .._core._errors import StoreError
 from ._backend import Backend
-from ._engine import Busy, Grant
+from ._engine import Busy, Grant, poll_pause_s
 from ._engine_async import AsyncEngine, run_to_completion
 from ._guards import check_store_ttl
-from ._lock import ATTEMPT_MAX, Tenure, next_pause, renew_retry_s
+from ._lock import Tenure, refuse_reentry, time_left
+from ._renewer_async import LoopRenewer, renewer_of
 
 _T = TypeVar("_T")
 _L = TypeVar("_L", bound="AsyncLock")
@@ -52,14 +54,16 @@ class AsyncLock(Tenure):
     the design's API list.
     """
 
-    __slots__ = ("_releasing", "_renewer")
+    __slots__ = ("_releasing", "_renewer", "_renewing", "_task")
 
     def __init__(
         self, backend: Backend, name: str, owner: str, grant: Grant, deadline: float
     ) -> None:
         super().__init__(backend, name, owner, grant, deadline)
+        self._task = asyncio.current_task()  # the task it was granted to
         self._releasing = False  # an engine release is in flight
-        self._renewer: asyncio.Task[None] | None = None
+        self._renewer: LoopRenewer | None = None  # the loop's that renews it
+        self._renewing: asyncio.Task[None] | None = None  # its renewal in flight
 
     async def renew(self, ttl: float) -> bool:
         """Set a new full window of ``ttl`` seconds from now (not added to what is left).
@@ -139,40 +143,25 @@ class AsyncLock(Tenure):
 
     def _start_renewer(self, ttl: float, on_lost: Callable[[AsyncLock], object] | None) -> None:
         self._on_lost = on_lost
-        self._renewer = asyncio.get_running_loop().create_task(
-            self._keep_renewing(ttl), name=f"orbitive-renew-{self._name[:32]}"
-        )
-
-    async def _keep_renewing(self, ttl: float) -> None:
-        """Renew every ``ttl / 3`` until released or lost; retry an unreachable engine."""
-        interval = ttl / 3.0
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                if not await self._renew(ttl):
-                    return  # lost: _renew flagged it and called back
-                interval = ttl / 3.0
-            except StoreError:
-                retry = renew_retry_s(ttl, self.remaining())
-                if retry is None:
-                    self._mark_lost()
-                    return
-                interval = retry
+        self._renewer = renewer_of(asyncio.get_running_loop())
+        self._renewer.add(self, ttl)
 
     async def _stop_renewal(self) -> None:
-        """Cancel the renewal task and wait until it ended (a renew in flight completes)."""
-        task, self._renewer = self._renewer, None
-        if task is None or task.done():  # done: lost, or its loop ended (asyncio.run cancels)
+        """Renew no more, and wait until a renewal in flight ended (it completes)."""
+        renewer, self._renewer = self._renewer, None
+        if renewer is None:
             return
-        task.cancel()
-        if task.get_loop() is asyncio.get_running_loop():
-            await asyncio.wait((task,))
+        if not renewer.runs_here():  # released from another loop than it renews in
+            renewer.cancel_soon(self)
+            return
+        renewer.cancel(self)
+        await LoopRenewer.settle(self)
 
     def _stop_renewer(self) -> None:
-        """Cancel the renewal task from any thread (the store is closing); no waiting."""
-        task, self._renewer = self._renewer, None
-        if task is not None and not task.get_loop().is_closed():
-            task.get_loop().call_soon_threadsafe(task.cancel)
+        """Renew no more, from any thread (the store is closing); no waiting."""
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.cancel_soon(self)
 
     async def __aenter__(self) -> AsyncLock:
         return self
@@ -285,15 +274,19 @@ async def wait_for(
 
     Raises:
         LockTimeout: still held elsewhere after ``timeout`` seconds.
+        LockNotReentrant: this very task holds ``name`` in the store (at once).
         StoreError: as the engine raises.
         asyncio.CancelledError: the task was cancelled; no lock is left behind.
     """
     started = time.monotonic()
+    if name in backend.holders and timeout != 0.0:  # it would wait: for this very task?
+        refuse_reentry(backend, name, threading.get_ident(), asyncio.current_task())
     tries = 0
     while True:
         result = await attempt(backend, name, owner, ttl)
         if not isinstance(result, Busy):
             return result
         engine = backend.asyncio()
-        await engine.wait(next_pause(name, result, started, timeout, tries, engine.poll_cap_s))
-        tries = min(tries + 1, ATTEMPT_MAX)
+        left = time_left(backend, name, result, started, timeout)
+        await engine.wait(poll_pause_s(result, left, tries, engine.poll_cap_s))
+        tries += 1

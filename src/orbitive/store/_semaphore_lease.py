@@ -20,8 +20,8 @@ import time
 from typing import Any, cast
 
 from ._backend import Backend
-from ._engine import Busy, Engine, Grant, UnitGrant
-from ._lock import ATTEMPT_MAX, Lock, next_pause
+from ._engine import Busy, Engine, Grant, UnitGrant, poll_pause_s
+from ._lock import Lock, time_left
 from ._notifications import Subscription
 
 
@@ -33,6 +33,8 @@ class SemaphoreLease(Lock):
     ``release``, ``lost``, ``remaining`` and the other members are the
     :class:`~orbitive.store.Lock`'s; ``name`` is the semaphore's name.
     """
+
+    exclusive = False  # up to ``limit`` holders of the name
 
     __slots__ = ()
 
@@ -91,19 +93,22 @@ def _pursue(
 ) -> SemaphoreLease:
     engine = backend.engine
     started = time.monotonic()
+    waiter = engine.unit_waiter(name) if subscription is None else None
     tries = 0
     while True:
-        if subscription is None:
-            engine.arm()
+        if waiter is not None:
+            waiter.look()
         else:
+            assert subscription is not None
             subscription.arm()
         result = attempt(backend, name, limit, owner, ttl)
         if not isinstance(result, Busy):
             return result
-        cap = None if subscription is None else subscription.cap_s
-        delay = next_pause(name, result, started, timeout, tries, cap or engine.poll_cap_s)
-        if subscription is None:
-            engine.wait(delay)
+        left = time_left(backend, name, result, started, timeout)
+        if waiter is not None:
+            waiter.wait(result, left, tries)
         else:
-            subscription.wait(delay)
-        tries = min(tries + 1, ATTEMPT_MAX)
+            assert subscription is not None
+            cap = subscription.cap_s or engine.poll_cap_s
+            subscription.wait(poll_pause_s(result, left, tries, cap))
+        tries += 1

@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar, cast
 
 from ._backend import Backend
-from ._engine import Busy, Grant, UnitGrant
+from ._engine import Busy, Grant, UnitGrant, poll_pause_s
 from ._engine_async import AsyncEngine
-from ._lock import ATTEMPT_MAX, next_pause
+from ._lock import time_left
 from ._lock_async import AsyncLock, admit
 from ._notifications import Subscription
 
@@ -32,6 +32,8 @@ class AsyncSemaphoreLease(AsyncLock):
     it from the event loop that acquired it. The members are the
     :class:`~orbitive.store.AsyncLock`'s, and :attr:`slot`.
     """
+
+    exclusive = False  # up to ``limit`` holders of the name
 
     __slots__ = ()
 
@@ -105,10 +107,11 @@ async def _pursue(
         if not isinstance(result, Busy):
             return result
         engine = backend.asyncio()
+        left = time_left(backend, name, result, started, timeout)
         cap = None if subscription is None else subscription.cap_s
-        delay = next_pause(name, result, started, timeout, tries, cap or engine.poll_cap_s)
+        delay = poll_pause_s(result, left, tries, cap or engine.poll_cap_s)
         if subscription is None:
             await engine.wait(delay)
         else:
             await subscription.wait_async(delay)
-        tries = min(tries + 1, ATTEMPT_MAX)
+        tries += 1

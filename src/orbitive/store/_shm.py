@@ -8,9 +8,14 @@ and release match the exact tenure (lock id), renew sets a new full window,
 fencing tokens strictly increase across the table.
 
 Times are ``time.monotonic()`` seconds (the host monotonic clock), in whole
-milliseconds. Waiting uses the table's readiness descriptor, which becomes
-readable after any transition by any process of the fleet; an expiry publishes
-nothing, so the blocking helper also wakes at the holder's deadline.
+milliseconds. The blocking helper waits in the name's queue
+(``lock/_key_wait.py``): a release wakes the thread that has waited longest,
+in any process, by itself; a caller that finds threads waiting for the name, or
+that has just handed it to a waiter, waits behind them before it asks, so the
+name goes round in turn (a waiter woken by a release is not overtaken).
+An expiry publishes nothing, so a waiter also looks again at the holder's
+deadline. The asyncio form waits on the table's readiness descriptor instead
+(``_shm_async``), which any transition of any process makes readable.
 
 Each store joins the fleet as one node (``Fleet.join``), so at most ``capacity``
 processes can have an ``shm://`` store of one fleet open at a time. A fleet's
@@ -49,6 +54,7 @@ makes two limits meet:
 from __future__ import annotations
 
 import select
+import threading
 from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple, TypeVar
 
@@ -66,9 +72,10 @@ from .._core._errors import (
 from .._core._fleet import CAPACITY_DEFAULT, Fleet
 from .._core._section import object_bytes
 from ..lock import Acquired, LockKey, LockLayout, LockLease, LockOwner, LockTable
+from ..lock._key_wait import KeyWaiter
 from ..lock._layout import EVENT_HEADER_SIZE, STORE_EVENT_KIND, STORE_STATE_KIND
 from ..lock._types import TOKEN_MASK
-from ._engine import Busy, Engine, LockInfo, SlotInfo, limit_mismatch
+from ._engine import Busy, Engine, LockInfo, SlotInfo, Waiter, limit_mismatch, poll_pause_s
 from ._guards import LIMIT_MAX
 
 #: The lock-table namespace of every store lock.
@@ -137,8 +144,8 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
     """Named locks and semaphores in the SHM lock table of one fleet."""
 
     kind = "shm"
-    # Readiness wakes the waiter; the cap bounds a wake-up another thread of this
-    # process drained first (drain clears readiness for the whole process).
+    # The asyncio form's readiness wakes its waiters; the cap bounds a wake-up another
+    # thread of this process drained first (drain clears readiness for the whole process).
     poll_cap_s = 0.25
     monotonic_clock = True
 
@@ -172,7 +179,11 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
         self._keys = _Cache(_key)
         self._owners = _Cache(LockOwner)
         self._semaphores = _Cache(_Semaphore.of)  # by (name, limit)
+        self._queued: _Cache[str, Callable[[], bool]] = _Cache(
+            lambda name: self._table._queue_probe(self._keys[name])
+        )
         self._closed = False
+        self._handed = threading.local()  # .name: what this thread last handed to a waiter
 
     def _failure(self, error: Exception) -> Exception:
         """What a failed table call raises: ``StoreError(CLOSED)`` once this engine
@@ -199,9 +210,12 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
 
     def release(self, name: str, owner: str, grant: LockLease) -> bool:
         try:
-            return self._table.release(grant)
+            waiting = self._table.release_waking(grant)
         except (OrbitError, ValueError) as error:
             raise self._failure(error) from error
+        if waiting > 0:  # handed to a waiter: this thread's next wait for it queues first
+            self._handed.name = name
+        return waiting >= 0
 
     def inspect(self, name: str) -> LockInfo | None:
         try:
@@ -371,16 +385,40 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
             return table.renew(now, span) or now
         return now
 
-    def arm(self) -> None:
+    def unit_waiter(self, name: str) -> Waiter:
+        """A semaphore waiter's: woken by the table's readiness (any transition)."""
+        del name
+        return ReadinessWaiter(self)
+
+    def drain(self) -> None:
+        """Clear the table's readiness for this process (before an attempt)."""
         try:
             self._table.drain()
         except (OrbitError, ValueError) as error:
             raise self._failure(error) from error
 
-    def wait(self, delay: float) -> None:
-        poller = select.poll()  # one per call: a poll object is not shared across threads
-        poller.register(self.fileno(), select.POLLIN)
-        poller.poll(max(delay, 0.0) * 1000.0)
+    def queues_first(self, name: str) -> bool:
+        """Whether a thread waits for ``name`` (alone: ``_key_wait.queue_probe``), or this
+        thread's last release of it woke a waiter that still waits."""
+        handed = getattr(self._handed, "name", None)
+        if handed is not None:
+            self._handed.name = None
+            if handed == name and self._key_waiter(name).others_wait():
+                return True
+        try:
+            return self._queued[name]()
+        except (OrbitError, ValueError) as error:
+            raise self._failure(error) from error
+
+    def waiter(self, name: str) -> Waiter:
+        """A place in ``name``'s wait queue: woken by the release itself (``_key_wait``)."""
+        return ShmWaiter(self._key_waiter(name))
+
+    def _key_waiter(self, name: str) -> KeyWaiter:
+        try:
+            return self._table._key_waiter(self._keys[name])
+        except (OrbitError, ValueError) as error:
+            raise self._failure(error) from error
 
     def fileno(self) -> int:
         """The lock table's readiness descriptor: readable after any transition."""
@@ -396,6 +434,57 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
 
     def __repr__(self) -> str:
         return f"<ShmEngine fleet={self._fleet.name!r}>"
+
+
+class ShmWaiter(Waiter):
+    """The blocking helper's wait for one name: its place in the name's queue."""
+
+    watches = True
+
+    def __init__(self, waiter: KeyWaiter) -> None:
+        super().__init__(ShmEngine.poll_cap_s)
+        self._waiter = waiter
+
+    def enter(self) -> None:
+        self._waiter.enter()
+
+    def queue(self, left: float | None) -> None:
+        self._waiter.queue(left)
+
+    def look(self) -> None:
+        self._waiter.look()
+
+    def wait(self, busy: Busy, left: float | None, tries: int) -> None:
+        """Until a release of the name, the holder's expiry or ``left`` seconds."""
+        del tries  # no doubling: each wait lasts until the release, in queue order
+        holder = busy.holder
+        bound = None if holder is None else holder.remaining_s + 0.001
+        if left is not None:
+            bound = left if bound is None else min(bound, left)
+        self._waiter.wait(None if holder is None else holder.fencing_token, bound)
+
+    def leave(self, granted: bool) -> None:
+        self._waiter.leave(granted)
+
+
+class ReadinessWaiter(Waiter):
+    """A semaphore waiter's wait: until the table's readiness says something changed
+    (its slots are many keys, so no one key's queue serves), the pause's end, or the
+    holder's expiry."""
+
+    watches = True
+
+    def __init__(self, engine: ShmEngine) -> None:
+        super().__init__(ShmEngine.poll_cap_s)
+        self._engine = engine
+
+    def look(self) -> None:
+        self._engine.drain()
+
+    def wait(self, busy: Busy, left: float | None, tries: int) -> None:
+        poller = select.poll()  # one per call: a poll object is not shared across threads
+        poller.register(self._engine.fileno(), select.POLLIN)
+        poller.poll(poll_pause_s(busy, left, tries, ShmEngine.poll_cap_s) * 1000.0)
 
 
 def footprint(capacity: int) -> int:

@@ -108,7 +108,7 @@ class ShmAsyncEngine(AsyncEngine[LockLease, ShmUnit]):
     def _ring(self, loop: asyncio.AbstractEventLoop) -> None:
         """The descriptor is readable: clear it and wake the loop's waiters."""
         try:
-            self._shm.arm()  # drains the descriptor
+            self._shm.drain()
         except StoreError:  # closed: stop watching; each waiter's next attempt says so
             with self._mutex:
                 waiters = self._forget(loop) if loop in self._waiting else set()

@@ -105,24 +105,32 @@ class Store:
     ) -> Lock:
         """Wait for ``name`` and hold it, renewing in the background; use with ``with``.
 
-        Waiting is by bounded, jittered polling (SQLite, PostgreSQL, Redis) or by the lock
-        table's readiness descriptor (shm), and never past the holder's expiry.
+        Waiting is by bounded, jittered polling (SQLite, PostgreSQL, Redis), or in the
+        name's queue (shm: a release wakes the waiter that has waited longest, in any
+        process, and a caller that finds waiters, or has just handed the name to one,
+        waits behind them before it asks); never past the holder's expiry.
 
         Args:
             name: the lock name (see :meth:`try_lock`).
             owner: the owner; None makes a fresh ``"host:pid:random"`` one.
             ttl: lease length in seconds; renewed every ``ttl / 3`` when ``auto_renew``.
             timeout: seconds to wait; None waits forever; 0 makes exactly one attempt.
-            auto_renew: renew in a background thread until released or lost.
-            on_lost: called with the lock when a renew finds the lease lost (from
-                the renewer thread under ``auto_renew``); :attr:`Lock.lost` turns
-                True either way, and leaving the ``with`` block does not raise.
+            auto_renew: renew until released or lost, by the process's one renewer
+                thread (which every auto-renewed lock of every store shares).
+            on_lost: called with the lock when a renew finds the lease lost, or when
+                a renewal comes due after its window closed (a stalled process); from
+                the renewer thread under ``auto_renew``, so keep it short.
+                :attr:`Lock.lost` turns True either way, and leaving the ``with``
+                block does not raise.
 
         Returns:
             The held :class:`Lock`; leaving its ``with`` block releases it.
 
         Raises:
-            LockTimeout: still held elsewhere after ``timeout`` seconds.
+            LockTimeout: still held elsewhere after ``timeout`` seconds (the message
+                says when the holder is another thread of this process).
+            LockNotReentrant: this very thread holds ``name`` through this store,
+                and the call would wait for it (store locks are not re-entrant).
             InvalidTtl: a negative, NaN or non-number ``timeout``.
             InvalidArgumentType: ``auto_renew`` not a bool, or ``on_lost`` not
                 callable (checked before any attempt).
@@ -138,7 +146,8 @@ class Store:
         name, ttl = check_name(name), check_store_ttl(ttl)
         owner = random_owner() if owner is None else check_owner(owner)
         wait_s = check_timeout(timeout)
-        check_renewal(auto_renew, on_lost)
+        if on_lost is not None or type(auto_renew) is not bool:  # else nothing to check
+            check_renewal(auto_renew, on_lost)
         lock = _lock.wait_for(self._backend, name, owner, ttl, wait_s)
         if auto_renew:
             lock._start_renewer(ttl, on_lost)
@@ -193,7 +202,8 @@ class Store:
             owner: the owner; None makes a fresh ``"host:pid:random"`` one.
             ttl: lease length in seconds (float), as for :meth:`lock`.
             timeout: seconds to wait; None waits forever; 0 makes exactly one attempt.
-            auto_renew: renew every ``ttl / 3`` in an asyncio task until released or lost.
+            auto_renew: renew every ``ttl / 3`` until released or lost, by the event
+                loop's one renewer task (which every auto-renewed lock of the loop shares).
             on_lost: called in the event loop with the lock when a renew finds the
                 lease lost; :attr:`AsyncLock.lost` turns True either way. It must not
                 block; leaving the ``async with`` block does not raise for a loss.
@@ -204,6 +214,8 @@ class Store:
 
         Raises:
             LockTimeout: (when awaited) still held elsewhere after ``timeout`` seconds.
+            LockNotReentrant: (when awaited) this very task holds ``name`` through this
+                store, and the call would wait for it.
             InvalidTtl: a negative, NaN or non-number ``timeout``.
             InvalidArgumentType: ``auto_renew`` not a bool, or ``on_lost`` not callable.
             StoreError: as for :meth:`try_lock`.
