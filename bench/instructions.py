@@ -10,7 +10,9 @@ Workloads: ``flock`` (a bare ``fcntl.flock`` lock + unlock pair from Python, the
 floor), ``lock`` (``LockTable.try_acquire`` + ``release``), ``section``
 (``Region.acquire`` + ``release`` on the robust mutex), ``pool`` (the pool's
 local reuse cycle, ``reserve`` + ``accept`` + ``complete``) and ``clients`` (a
-``ClientPool`` checkout + return of an idle local client).
+``ClientPool`` checkout + return of an idle local client), and on the ``shm://`` store
+of the same fleet ``store`` (``try_lock`` + ``release``) and ``semaphore``
+(``semaphore.try_acquire`` + ``release``, limit 5, nobody else holding it).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 from orbitive import Fleet
 from orbitive.lock import Acquired, LockKey, LockOwner, LockTable
 
-WORKLOADS = ("flock", "lock", "section", "pool", "clients")
+WORKLOADS = ("flock", "lock", "section", "pool", "clients", "store", "semaphore")
 _COLLECTED = re.compile(r"Collected : (\d+)")
 
 
@@ -91,6 +93,32 @@ def _clients(fleet: Fleet) -> Callable[[], None]:
     return checkout
 
 
+def _store(fleet: Fleet) -> Callable[[], None]:
+    from orbitive.store import open_store  # noqa: PLC0415 - only these workloads need it
+
+    try_lock = open_store(f"shm://{fleet.name}").try_lock
+
+    def pair() -> None:
+        lock = try_lock("bench/key", "bench-owner", 30.0)
+        assert lock is not None
+        lock.release()
+
+    return pair
+
+
+def _semaphore(fleet: Fleet) -> Callable[[], None]:
+    from orbitive.store import open_store  # noqa: PLC0415 - only these workloads need it
+
+    try_acquire = open_store(f"shm://{fleet.name}").semaphore("bench/key", 5).try_acquire
+
+    def pair() -> None:
+        lease = try_acquire("bench-owner", 30.0)
+        assert lease is not None
+        lease.release()
+
+    return pair
+
+
 #: One warmed-up operation of each workload on a fleet.
 PREPARE: dict[str, Callable[[Fleet], Callable[[], None]]] = {
     "flock": _flock,
@@ -98,6 +126,8 @@ PREPARE: dict[str, Callable[[Fleet], Callable[[], None]]] = {
     "section": _section,
     "pool": _pool,
     "clients": _clients,
+    "store": _store,
+    "semaphore": _semaphore,
 }
 
 

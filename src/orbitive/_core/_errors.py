@@ -32,6 +32,8 @@ catch by the usual Python category)::
     |   +-- InvalidLockOwner (ValueError, TypeError)     kind INVALID_INPUT
     |   +-- InvalidLockTtl (InvalidTtl)                  kind DATABASE (duration guard)
     |   +-- InvalidStoreUrl (ValueError)                 kind INVALID_INPUT
+    |   +-- InvalidSemaphoreLimit (ValueError, TypeError) kind INVALID_INPUT
+    |   +-- SemaphoreLimitMismatch                       kind INVALID_INPUT
     +-- LockTimeout (TimeoutError)               blocking helper gave up
 
 Every error carries ``fleet``, ``node``, ``key`` and ``kind`` attributes (``None``
@@ -61,6 +63,7 @@ __all__ = [
     "InvalidLockTtl",
     "InvalidName",
     "InvalidPoolOptions",
+    "InvalidSemaphoreLimit",
     "InvalidStoreUrl",
     "InvalidTtl",
     "KeyEmpty",
@@ -79,6 +82,7 @@ __all__ = [
     "PoolTimeout",
     "ReadinessUnavailable",
     "RemoteRequestError",
+    "SemaphoreLimitMismatch",
     "SessionClosed",
     "StaleError",
     "StateFull",
@@ -341,6 +345,28 @@ class InvalidStoreUrl(StoreError, ValueError):
     """``open_store`` got a URL it cannot parse or whose scheme it does not know."""
 
     default_kind = ErrorKind.INVALID_INPUT
+
+
+class InvalidSemaphoreLimit(StoreError, ValueError, TypeError):
+    """A semaphore limit is not an int in ``1..LIMIT_MAX`` (see ``orbitive.store``)."""
+
+    default_kind = ErrorKind.INVALID_INPUT
+
+
+class SemaphoreLimitMismatch(StoreError):
+    """A semaphore is held under another limit than the one asked for.
+
+    ``limit`` is the limit asked for, ``found`` the limit its live holders were
+    granted under. Once every holder is gone (released or lapsed), any limit is
+    accepted again.
+    """
+
+    default_kind = ErrorKind.INVALID_INPUT
+
+    def __init__(self, message: str, *, key: object = None, limit: int, found: int) -> None:
+        super().__init__(message, key=key)
+        self.limit = limit
+        self.found = found
 
 
 class LockTimeout(OrbitError, TimeoutError):

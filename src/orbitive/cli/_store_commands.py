@@ -3,14 +3,16 @@
 The store is the one :func:`~orbitive.store.open_store` opens for ``--store URL``
 (no URL: the embedded SQLite file). An ``shm://`` URL joins its fleet as one node
 for the command's duration; ``orbit locks FLEET`` reads the same leases without
-joining.
+joining. ``orbit locks`` also shows each semaphore that has holders, with each
+holder's slot, owner, token and seconds left.
 """
 
 from __future__ import annotations
 
 import argparse
+from itertools import groupby
 
-from ..store import LockInfo, open_store
+from ..store import LockInfo, SlotInfo, open_store
 
 
 class UsageError(Exception):
@@ -54,14 +56,35 @@ def _printable(text: str) -> str:
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
+_SLOT_HEADER = f"  {'slot':>4} {'owner':<40} {'token':>8} {'left s':>10}"
+
+
+def _slot_line(info: SlotInfo) -> str:
+    return (
+        f"  {info.slot:>4} {_printable(info.owner):<40} "
+        f"{info.fencing_token:>8} {info.remaining_s:>10.3f}"
+    )
+
+
 def store_locks(url: str | None) -> int:
-    """``orbit locks [--store URL]``: every live lock of the store, by name."""
+    """``orbit locks [--store URL]``: every live lock of the store by name, then every
+    semaphore with holders, its holders by slot."""
     with open_store(url) as store:
         infos = store.locks()
+        holders = store.semaphores()
         print(_HEADER)
         for info in infos:
             print(_line(info))
         print(f"{len(infos)} live lock(s) in {store.url}")
+        named = [(name, list(group)) for name, group in groupby(holders, lambda h: h.name)]
+        for name, group in named:
+            limit = max(holder.limit for holder in group)
+            print(f"\nsemaphore {_printable(name)}: {len(group)} of {limit} slot(s) held")
+            print(_SLOT_HEADER)
+            for holder in group:
+                print(_slot_line(holder))
+        if named:
+            print(f"{len(named)} semaphore(s) with holders in {store.url}")
     return 0
 
 

@@ -21,7 +21,7 @@ from ._engine import Busy, ClosedEngine, Engine, Grant, StoreStatistics
 from ._engine_async import AsyncEngine
 
 #: Makes the store engine's asyncio form; ``open_store`` pairs each engine with its own.
-AsyncForm = Callable[[], AsyncEngine[Any]]
+AsyncForm = Callable[[], AsyncEngine[Any, Any]]
 
 
 class Handle(Protocol):
@@ -87,8 +87,8 @@ class Backend:
         "url",
     )
 
-    def __init__(self, engine: Engine[Any], url: str, async_form: AsyncForm) -> None:
-        self.engine: Engine[Any] = engine  # a ClosedEngine once closed
+    def __init__(self, engine: Engine[Any, Any], url: str, async_form: AsyncForm) -> None:
+        self.engine: Engine[Any, Any] = engine  # a ClosedEngine once closed
         self.kind = engine.kind
         self.monotonic = engine.monotonic_clock
         self.url = url
@@ -102,7 +102,7 @@ class Backend:
         # reference through the callback (set.discard, run in C, no Python frame).
         self._granted: set[weakref.ref[Handle]] = set()
         self._async_form = async_form
-        self._async: AsyncEngine[Any] | None = None
+        self._async: AsyncEngine[Any, Any] | None = None
 
     @property
     def closed(self) -> bool:
@@ -134,7 +134,7 @@ class Backend:
         self.acquisitions.add()
         return lock
 
-    def asyncio(self) -> AsyncEngine[Any]:
+    def asyncio(self) -> AsyncEngine[Any, Any]:
         """The engine's asyncio form, made on first use (a closed store's refuses)."""
         found = self._async
         if found is None:

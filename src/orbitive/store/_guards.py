@@ -18,6 +18,7 @@ from .._core._errors import (
     InvalidLockName,
     InvalidLockOwner,
     InvalidLockTtl,
+    InvalidSemaphoreLimit,
     InvalidTtl,
     shown,
 )
@@ -26,6 +27,8 @@ from .._core._errors import (
 NAME_MAX_BYTES: Final = 255
 #: Longest owner, in UTF-8 bytes.
 OWNER_MAX_BYTES: Final = 255
+#: Largest semaphore limit (holders of one name at once).
+LIMIT_MAX: Final = 4096
 #: Shortest lease, in seconds; a shorter positive ttl counts as this on every engine.
 TTL_MIN_S: Final = 0.001
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -96,6 +99,19 @@ def _check_owner_fully(owner: object) -> str:
             f"lock owner must be 1..{OWNER_MAX_BYTES} UTF-8 bytes without NUL, got {owner!r}"
         )
     return owner
+
+
+def check_limit(limit: object) -> int:
+    """Return ``limit`` if it is an int in ``1..LIMIT_MAX`` (bools refused).
+
+    Raises:
+        InvalidSemaphoreLimit: any other value (also ``ValueError`` and ``TypeError``).
+    """
+    if type(limit) is int and 1 <= limit <= LIMIT_MAX:
+        return limit
+    raise InvalidSemaphoreLimit(
+        f"semaphore limit must be an int in 1..{LIMIT_MAX}, got {shown(limit)}"
+    )
 
 
 def check_store_ttl(ttl: object) -> float:

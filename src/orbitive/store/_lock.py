@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from .._core._errors import LockTimeout, StoreError
 from ._backend import Backend
-from ._engine import Busy, Grant, LockInfo
+from ._engine import Busy, Engine, Grant, LockInfo, SlotInfo
 from ._guards import check_store_ttl
 
 #: A renewer that cannot reach the engine retries at least this often, in seconds.
@@ -199,9 +199,17 @@ class Lock(Tenure):
             if self._released or self._lost:
                 return False
             started = time.monotonic()
-            renewed = self._backend.engine.renew(self._name, self._owner, self._grant, ttl)
+            renewed = self._renew_step(self._backend.engine, ttl)
             held = self._settle_renew(started, ttl, renewed)
         return self._count_renew(held)
+
+    def _renew_step(self, engine: Engine[Any, Any], ttl: float) -> Grant | None:
+        """The engine step that renews this tenure (a semaphore lease renews its slot)."""
+        return engine.renew(self._name, self._owner, self._grant, ttl)
+
+    def _release_step(self, engine: Engine[Any, Any]) -> bool:
+        """The engine step that releases this tenure (a semaphore lease frees its slot)."""
+        return engine.release(self._name, self._owner, self._grant)
 
     def release(self) -> bool:
         """Give the lock up (stopping any background renewal).
@@ -220,11 +228,11 @@ class Lock(Tenure):
         with self._mutex:
             if self._released:
                 return False
-            released = self._backend.engine.release(self._name, self._owner, self._grant)
+            released = self._release_step(self._backend.engine)
             newly_lost = self._settle_release(released)
         return self._count_release(released, newly_lost)
 
-    def _start_renewer(self, ttl: float, on_lost: Callable[[Lock], None] | None) -> None:
+    def _start_renewer(self, ttl: float, on_lost: Callable[[Any], object] | None) -> None:
         self._on_lost = on_lost
         self._renewer = _Renewer(self, ttl)
         self._renewer.start()
@@ -339,6 +347,8 @@ def next_pause(
     return delay if left is None else min(delay, left)
 
 
-def _busy_message(name: str, holder: LockInfo | None, timeout: float | None) -> str:
+def _busy_message(name: str, holder: LockInfo | SlotInfo | None, timeout: float | None) -> str:
+    if type(holder) is SlotInfo:
+        return f"semaphore {name!r}: all {holder.limit} slots still held after {timeout or 0.0:g} s"
     who = "another owner" if holder is None else f"{holder.owner!r}"
     return f"lock {name!r} still held by {who} after {timeout or 0.0:g} s"

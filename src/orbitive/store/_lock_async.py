@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .._core._errors import StoreError
 from ._backend import Backend
@@ -40,6 +40,7 @@ from ._guards import check_store_ttl
 from ._lock import ATTEMPT_MAX, Tenure, next_pause, renew_retry_s
 
 _T = TypeVar("_T")
+_L = TypeVar("_L", bound="AsyncLock")
 
 
 class AsyncLock(Tenure):
@@ -86,8 +87,7 @@ class AsyncLock(Tenure):
             return False
         engine = self._backend.asyncio()
         started = time.monotonic()
-        step = engine.renew(self._name, self._owner, self._grant, ttl)
-        renewed, cancelled = await _settled(engine, step)
+        renewed, cancelled = await _settled(engine, self._renew_step(engine, ttl))
         if self._released or self._releasing:  # a release overtook it: no loss to report
             held = False
         else:
@@ -118,8 +118,7 @@ class AsyncLock(Tenure):
         engine = self._backend.asyncio()
         self._releasing = True
         try:
-            step = engine.release(self._name, self._owner, self._grant)
-            released, cancelled = await _settled(engine, step)
+            released, cancelled = await _settled(engine, self._release_step(engine))
         finally:
             self._releasing = False
         outcome = self._count_release(released, self._settle_release(released))
@@ -129,6 +128,14 @@ class AsyncLock(Tenure):
 
     renew_async = renew
     release_async = release
+
+    def _renew_step(self, engine: AsyncEngine[Any, Any], ttl: float) -> Awaitable[Grant | None]:
+        """The engine step that renews this tenure (a semaphore lease renews its slot)."""
+        return engine.renew(self._name, self._owner, self._grant, ttl)
+
+    def _release_step(self, engine: AsyncEngine[Any, Any]) -> Awaitable[bool]:
+        """The engine step that releases this tenure (a semaphore lease frees its slot)."""
+        return engine.release(self._name, self._owner, self._grant)
 
     def _start_renewer(self, ttl: float, on_lost: Callable[[AsyncLock], object] | None) -> None:
         self._on_lost = on_lost
@@ -175,7 +182,7 @@ class AsyncLock(Tenure):
 
 
 async def _settled(
-    engine: AsyncEngine[Any], step: Awaitable[_T]
+    engine: AsyncEngine[Any, Any], step: Awaitable[_T]
 ) -> tuple[_T, asyncio.CancelledError | None]:
     """The step's result and any cancellation that arrived during it (see the module)."""
     if engine.atomic:
@@ -188,13 +195,32 @@ async def attempt(backend: Backend, name: str, owner: str, ttl: float) -> AsyncL
     cancel-safe (a grant that arrives with a cancellation is released again)."""
     engine = backend.asyncio()
     started = time.monotonic()
-    result, cancelled = await _settled(engine, engine.acquire(name, owner, ttl))
-    handle = backend.admit(AsyncLock, name, owner, ttl, started, result)
+    return await admit(
+        backend, AsyncLock, name, owner, ttl, started, engine.acquire(name, owner, ttl)
+    )
+
+
+async def admit(
+    backend: Backend,
+    handle: type[_L],
+    name: str,
+    owner: str,
+    ttl: float,
+    started: float,
+    step: Awaitable[Grant | Busy],
+) -> _L | Busy:
+    """The ``handle`` of the grant ``step`` brings (requested at ``started``), or its refusal.
+
+    Cancel-safe: a grant that arrives with a cancellation is released again, then the
+    cancellation is raised.
+    """
+    result, cancelled = await _settled(backend.asyncio(), step)
+    granted = backend.admit(handle, name, owner, ttl, started, result)
     if cancelled is not None:
-        if type(handle) is AsyncLock:
-            await _discard(handle, cancelled)
+        if type(granted) is not Busy:
+            await _discard(granted, cancelled)
         raise cancelled
-    return handle
+    return granted
 
 
 async def _discard(lock: AsyncLock, cancelled: asyncio.CancelledError) -> None:
@@ -207,55 +233,42 @@ async def _discard(lock: AsyncLock, cancelled: asyncio.CancelledError) -> None:
         raise cancelled from error
 
 
-class Acquiring:
+class Acquiring(Generic[_L]):
     """What :meth:`Store.lock_async` returns: await it, or ``async with`` it.
 
-    ``await`` gives the held :class:`AsyncLock`; ``async with`` holds it for the
-    block and releases it on exit (a loss of the lease does not raise there).
+    ``await`` gives the held handle; ``async with`` holds it for the block and
+    releases it on exit (a loss of the lease does not raise there). ``wait`` makes
+    the coroutine that waits for the handle (an :class:`AsyncLock`, or a
+    semaphore's lease).
     """
 
-    __slots__ = (
-        "_auto_renew",
-        "_backend",
-        "_lock",
-        "_name",
-        "_on_lost",
-        "_owner",
-        "_timeout",
-        "_ttl",
-    )
+    __slots__ = ("_auto_renew", "_lock", "_on_lost", "_ttl", "_wait")
 
     def __init__(
         self,
-        backend: Backend,
-        name: str,
-        owner: str,
+        wait: Callable[[], Awaitable[_L]],
         ttl: float,
-        timeout: float | None,
         auto_renew: bool,
-        on_lost: Callable[[AsyncLock], object] | None,
+        on_lost: Callable[[_L], object] | None,
     ) -> None:
-        self._backend = backend
-        self._name = name
-        self._owner = owner
+        self._wait = wait
         self._ttl = ttl
-        self._timeout = timeout
         self._auto_renew = auto_renew
-        self._on_lost = on_lost
-        self._lock: AsyncLock | None = None
+        self._on_lost: Callable[[Any], object] | None = on_lost
+        self._lock: _L | None = None
 
-    async def _acquire(self) -> AsyncLock:
-        lock = await wait_for(self._backend, self._name, self._owner, self._ttl, self._timeout)
+    async def _acquire(self) -> _L:
+        lock = await self._wait()
         if self._auto_renew:
             lock._start_renewer(self._ttl, self._on_lost)
         else:
             lock._on_lost = self._on_lost
         return lock
 
-    def __await__(self) -> Generator[Any, None, AsyncLock]:
+    def __await__(self) -> Generator[Any, None, _L]:
         return self._acquire().__await__()
 
-    async def __aenter__(self) -> AsyncLock:
+    async def __aenter__(self) -> _L:
         self._lock = await self._acquire()
         return self._lock
 

@@ -34,8 +34,9 @@ from typing import Any
 
 from . import _lock, _lock_async
 from ._backend import AsyncForm, Backend
-from ._engine import Engine, LockInfo, StoreStatistics
+from ._engine import Engine, LockInfo, SlotInfo, StoreStatistics
 from ._guards import (
+    check_limit,
     check_name,
     check_owner,
     check_renewal,
@@ -45,6 +46,7 @@ from ._guards import (
 )
 from ._lock import Lock
 from ._lock_async import Acquiring, AsyncLock
+from ._semaphore import Semaphore
 
 
 class Store:
@@ -55,7 +57,7 @@ class Store:
     it without blocking the event loop).
     """
 
-    def __init__(self, engine: Engine[Any], url: str, async_form: AsyncForm) -> None:
+    def __init__(self, engine: Engine[Any, Any], url: str, async_form: AsyncForm) -> None:
         self._backend = Backend(engine, url, async_form)
 
     @property
@@ -173,7 +175,7 @@ class Store:
         *,
         auto_renew: bool = True,
         on_lost: Callable[[AsyncLock], object] | None = None,
-    ) -> Acquiring:
+    ) -> Acquiring[AsyncLock]:
         """:meth:`lock` for asyncio code: waits without blocking the loop, renews in a task.
 
         ``async with store.lock_async(name, ttl=30.0, timeout=10.0) as lock:`` holds
@@ -216,7 +218,13 @@ class Store:
         owner = random_owner() if owner is None else check_owner(owner)
         wait_s = check_timeout(timeout)
         check_renewal(auto_renew, on_lost)
-        return Acquiring(self._backend, name, owner, ttl, wait_s, auto_renew, on_lost)
+        backend = self._backend
+        return Acquiring(
+            lambda: _lock_async.wait_for(backend, name, owner, ttl, wait_s),
+            ttl,
+            auto_renew,
+            on_lost,
+        )
 
     def inspect(self, name: str) -> LockInfo | None:
         """The live lease on ``name``, or None.
@@ -246,8 +254,44 @@ class Store:
         """
         return self._backend.engine.force_release(check_name(name))
 
+    def semaphore(self, name: str, limit: int) -> Semaphore:
+        """Counting leases of ``name``: up to ``limit`` holders at once.
+
+        Nothing is asked of the engine here; the limit is checked against the live
+        holders' at each acquisition. Semaphore names follow the lock name rule and
+        are a namespace of their own: semaphore ``"x"`` and lock ``"x"`` are unrelated.
+
+        Args:
+            name: the semaphore name (1..255 UTF-8 bytes, no control characters).
+            limit: how many holders at once, an int in ``1..4096``.
+
+        Returns:
+            A :class:`Semaphore` (``try_acquire``, ``acquire``, their asyncio forms,
+            ``holders``).
+
+        Raises:
+            InvalidLockName: the name breaks the rule (``kind == INVALID_INPUT``).
+            InvalidSemaphoreLimit: not an int in ``1..4096`` (``kind == INVALID_INPUT``,
+                also ``ValueError`` and ``TypeError``).
+
+        Example::
+
+            sem = store.semaphore("payments-api", limit=5)
+            lease = sem.try_acquire("worker-1", ttl=30.0)   # None when all 5 are held
+        """
+        return Semaphore(self._backend, check_name(name), check_limit(limit))
+
+    def semaphores(self) -> list[SlotInfo]:
+        """Every live holder of every semaphore in the store, by name and slot.
+
+        Raises:
+            StoreError: ``UNAVAILABLE`` or ``CLOSED``.
+        """
+        return self._backend.engine.semaphores()
+
     def statistics(self) -> StoreStatistics:
-        """Counters of this Store object (this process), and locks it holds now."""
+        """Counters of this Store object (this process): named locks and semaphore leases
+        alike, and the handles it holds now."""
         return self._backend.statistics()
 
     def close(self) -> None:

@@ -102,7 +102,7 @@ def open_store(url: str | None = None) -> Store:
 
 
 #: What a URL opens: the engine, the URL as shown (password removed), the asyncio form.
-_Opened = tuple[Engine[Any], str, AsyncForm]
+_Opened = tuple[Engine[Any, Any], str, AsyncForm]
 
 
 def _engine_for(url: object) -> _Opened:
