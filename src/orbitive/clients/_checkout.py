@@ -115,7 +115,7 @@ class Checkout(Generic[C]):
         family: the pool's family in the ledger.
         retiring: the pool's closing.
         counters: the pool's counters.
-        create, close, check, reset: the pool's callables.
+        create, close, check, reset, sever: the pool's callables.
     """
 
     def __init__(
@@ -131,8 +131,10 @@ class Checkout(Generic[C]):
         close: Callable[[C], Any],
         check: Callable[[C], Any] | None,
         reset: Callable[[C], Any] | None,
+        sever: Callable[[C], Any] | None = None,
     ) -> None:
         self.key, self.options = key, options
+        self._sever = sever
         self._handle, self._ledger, self._family, self._retiring = handle, ledger, family, retiring
         self._counters = counters
         self._create, self._close, self._check, self._reset = create, close, check, reset
@@ -313,10 +315,14 @@ class Checkout(Generic[C]):
         remaining = end - time.monotonic()
         if remaining <= 0:
             self._counters.timeouts += 1
+            cap = self._ledger.cap
+            bound = (
+                f"max_live {self._max_live} reached fleet-wide"
+                if cap >= self._max_live
+                else f"the budget lets this host hold {cap} now, max_live {self._max_live}"
+            )
             raise PoolTimeout(
-                f"no client for key {self.key} within the timeout "
-                f"(max_live {self._max_live} reached fleet-wide)",
-                key=self.key,
+                f"no client for key {self.key} within the timeout ({bound})", key=self.key
             )
         return min(remaining, HANDOFF_GRACE_S if is_polite else WAIT_SLICE_S)
 
@@ -371,7 +377,9 @@ class Checkout(Generic[C]):
             PoolClosed, and the table's errors: as :meth:`~._ledger.Ledger.register`.
         """
         try:
-            entry = self._ledger.register(permit, client, self._family, self._close, active=active)
+            entry = self._ledger.register(
+                permit, client, self._family, self._close, active=active, sever=self._sever
+            )
         except BaseException:
             self._retiring.close_quietly(client, self._close)
             raise

@@ -26,6 +26,7 @@ class Counters:
     reset_failures: int = 0
     close_errors: int = 0
     borrowed: int = 0
+    severed: int = 0
 
 
 @final
@@ -41,7 +42,14 @@ class ClientPoolStatistics:
 
     This process: ``local_idle``, ``local_in_use``, ``local_waiting``, then the
     ``*_count`` counters since the pool was built (``borrowed_count``: remote
-    requests another process's client served).
+    requests another process's client served; ``severed_count``: clients in use
+    whose budget units were lapsing, severed under their caller).
+
+    With a :class:`~orbitive.clients.Budget` (all 0 without): ``budget_total``,
+    the units the host holds (``budget_units``), the cap its clients keep to now
+    (``budget_cap``: the units, less those being given back, 0 once they may
+    lapse), and ``budget_lapse_ms``, how long the units are surely held by this
+    host's clock (0 when it holds none).
     """
 
     max_live: int
@@ -65,6 +73,11 @@ class ClientPoolStatistics:
     reset_failures_count: int
     close_errors_count: int
     borrowed_count: int
+    severed_count: int = 0
+    budget_total: int = 0
+    budget_units: int = 0
+    budget_cap: int = 0
+    budget_lapse_ms: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """The numbers by name, for a metrics exporter."""
@@ -79,10 +92,11 @@ def collect(
     max_live: int,
     local: tuple[int, int, int],
     counters: Counters,
+    budget: tuple[int, int, int, int] = (0, 0, 0, 0),
 ) -> ClientPoolStatistics:
     """The statistics of ``key``: its census, less the clients of dead lives the table
     still lists, with this process's idle, in-use and waiting counts (``local``) and
-    its counters.
+    its counters, and its ``budget`` numbers (total, units, cap, lapse in ms).
 
     Raises:
         FleetError: ``handle`` or ``fleet`` is closed.
@@ -114,4 +128,6 @@ def collect(
         counters.reset_failures,
         counters.close_errors,
         counters.borrowed,
+        counters.severed,
+        *budget,
     )

@@ -31,6 +31,7 @@ import contextlib
 import math
 import os
 import select
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Final, cast
@@ -41,6 +42,7 @@ from psycopg import pq
 from .._core._errors import InvalidPoolOptions, shown
 from .._core._fleet import Fleet
 from ..pool import POOL_KIND, Key
+from ._budget import Budget
 from ._client_pool import ClientPool
 from ._options import PoolOptions
 from ._statistics import ClientPoolStatistics
@@ -174,10 +176,12 @@ class _Base:
         reset: Callable[[Any], Any],
         options: PoolOptions | None,
         kind: int,
+        budget: Budget | None,
     ) -> None:
         self._clients = ClientPool(
-            fleet, key, create, close, check=check, reset=reset, options=options, kind=kind
-        )
+            fleet, key, create, close, check=check, reset=reset, options=options, kind=kind,
+            budget=budget, sever=sever_connection,
+        )  # fmt: skip
 
     @property
     def clients(self) -> ClientPool[Any]:
@@ -215,9 +219,17 @@ class ConnectionPool(_Base):
         reset: called with each returned connection, after the rollback.
         key: overrides the key derived from conninfo and kwargs.
         kind: the pool table's SHM kind number.
+        budget: a :class:`~orbitive.clients.Budget` shared with other hosts: the
+            pools of every host that name it hold at most its ``total``
+            connections between them (the key is then the budget's). A
+            connection in use when the host's units may lapse is severed
+            (:func:`sever_connection`): its statement fails, and it is discarded
+            when handed back.
 
     Raises:
         InvalidPoolOptions: bad options, and as :class:`~orbitive.clients.ClientPool`.
+        InvalidBudget, BudgetMismatch, BudgetUnavailable, UnsafeCoordinator: as
+            :class:`~orbitive.clients.ClientPool`.
     """
 
     def __init__(
@@ -232,12 +244,15 @@ class ConnectionPool(_Base):
         reset: Callable[[psycopg.Connection[Any]], None] | None = None,
         key: object = None,
         kind: int = POOL_KIND,
+        budget: Budget | None = None,
     ) -> None:
         kwargs = {} if kwargs is None else kwargs
         derived = connection_key(conninfo, kwargs) if key is None else key
         self.conninfo, self.kwargs = conninfo, dict(kwargs)
         self._configure, self._reset_hook = configure, reset
-        self._build(fleet, derived, self._connect, _close, check, self._reset, options, kind)
+        self._build(
+            fleet, derived, self._connect, _close, check, self._reset, options, kind, budget
+        )
 
     def _connect(self) -> psycopg.Connection[Any]:
         conn = psycopg.Connection.connect(self.conninfo, **self.kwargs)
@@ -313,7 +328,8 @@ class AsyncConnectionPool(_Base):
     wait happens on the event loop; nothing blocks it.
 
     Raises:
-        InvalidPoolOptions: as :class:`ConnectionPool`.
+        InvalidPoolOptions, InvalidBudget, BudgetMismatch, BudgetUnavailable,
+            UnsafeCoordinator: as :class:`ConnectionPool`.
     """
 
     def __init__(
@@ -329,12 +345,15 @@ class AsyncConnectionPool(_Base):
         reset: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
         key: object = None,
         kind: int = POOL_KIND,
+        budget: Budget | None = None,
     ) -> None:
         kwargs = {} if kwargs is None else kwargs
         derived = connection_key(conninfo, kwargs) if key is None else key
         self.conninfo, self.kwargs = conninfo, dict(kwargs)
         self._configure, self._reset_hook = configure, reset
-        self._build(fleet, derived, self._connect, _close_async, check, self._reset, options, kind)
+        self._build(
+            fleet, derived, self._connect, _close_async, check, self._reset, options, kind, budget
+        )
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.kwargs)
@@ -394,6 +413,27 @@ class AsyncConnectionPool(_Base):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def sever_connection(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Shut a connection's socket down, from any thread, while its owner may be using it.
+
+    A statement running on it fails at once (psycopg raises ``OperationalError``),
+    the server sees the session end, and the pool discards the connection when it
+    is handed back. The connection itself is not closed here: only the thread that
+    uses it may free libpq's state.
+    """
+    try:
+        fd = os.dup(conn.pgconn.socket)
+    except (OSError, psycopg.Error):
+        return
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # not connected any more: nothing to sever
+        pass
+    finally:
+        sock.close()  # the duplicate only
 
 
 def watch_socket(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> int:
