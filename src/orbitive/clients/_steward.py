@@ -177,13 +177,20 @@ class Steward:
     def _looking(
         self, census: Census, record: Record, units: list[Any], demand: int, now: int
     ) -> bool:
-        """Whether to read the other hosts' posts now: one look per ``handover_within / 4``
-        while the host could give (idle clients above its floor, units above its
-        clients) or needs units."""
-        if now - self._looked_at < _ns(self.budget.look_every):
-            return False
-        if not self._looked_at or now - self._looked_at >= _ns(self.budget.renew_every):
+        """Whether to read the other hosts' posts now: every ``handover_within / 4`` while
+        the host could give at once (idle clients above its floor, units above its
+        clients) or needs units, else every ``ttl / 4`` (a host whose clients are all
+        busy may hold more than its share)."""
+        age = now - self._looked_at
+        if age >= _ns(self.budget.renew_every):
             self._needing = []  # what an old look said no longer counts
+            return True
+        return age >= _ns(self.budget.look_every) and self._eager(census, record, units, demand)
+
+    @staticmethod
+    def _eager(census: Census, record: Record, units: list[Any], demand: int) -> bool:
+        """Whether the host looks every ``handover_within / 4``: it needs units, or holds
+        idle clients above its floor or units above its clients."""
         used = census.live + census.creating
         return demand > len(units) or census.idle > record.min_idle or len(units) > used
 
@@ -199,14 +206,12 @@ class Steward:
         clients (the idle clients above the new cap are retired by their owners); the
         units kept.
 
-        A host that needs no more keeps its demand; one that needs more too gives one
-        unit while it holds two more than the poorest host that needs units.
+        The host keeps at most its demand, and gives one unit more while it holds two
+        more than the poorest host that needs units: saturated hosts converge to equal
+        shares, a host with little demand keeps only that.
         """
-        if demand > len(units):
-            poorest = min(post.held for post in self._needing)
-            cap = len(units) - 1 if len(units) > poorest + 1 else len(units)
-        else:
-            cap = demand
+        poorest = min(post.held for post in self._needing)
+        cap = min(demand, len(units) - 1 if len(units) > poorest + 1 else len(units))
         if cap >= min(self._board.read().cap, len(units)):
             return units
         return self._release_above(coordinator, record, units, cap)
@@ -291,12 +296,12 @@ class Steward:
     def _next_due(self, census: Census, record: Record, units: list[Any], demand: int) -> float:
         """Seconds until the next renewal, post or look is due."""
         budget = self.budget
-        due = [self._posted_at + _ns(budget.renew_every)]
+        every = (
+            budget.look_every if self._eager(census, record, units, demand) else budget.renew_every
+        )
+        due = [self._posted_at + _ns(budget.renew_every), self._looked_at + _ns(every)]
         if units:
             due.append(self._renewed_at + _ns(budget.renew_every))
-        used = census.live + census.creating
-        if demand > len(units) or census.idle > record.min_idle or len(units) > used:
-            due.append(self._looked_at + _ns(budget.look_every))
         return max(0.0, (min(due) - boot_ns()) / 1e9)
 
     # -- the record ------------------------------------------------------------------------
