@@ -10,9 +10,10 @@ It forks ``workers`` processes; each joins the host's fleet, opens a psycopg
 * ``idle``: no request (the idle connections stay in the pool);
 * ``stop``: close the pool and end.
 
-Every 50 ms each worker writes what it saw (``stats-{index}.json``): its counts,
-the host's census and budget numbers from ``pool.statistics()``, the
-``time.monotonic()`` of its first success after it turned busy. CLOCK_MONOTONIC
+Every 50 ms a thread of each worker writes what it saw (``stats-{index}.json``):
+its counts, the host's census and budget numbers from ``pool.statistics()``, the
+``time.monotonic()`` of its first success after it turned busy (a worker waiting
+for a connection still reports). CLOCK_MONOTONIC
 is one clock for the whole machine, so the test compares it with its own.
 
 No test framework is imported here.
@@ -20,11 +21,13 @@ No test framework is imported here.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -57,7 +60,8 @@ def percentile(values: list[float], share: float) -> float:
 
 
 def work(config: dict[str, Any], index: int) -> None:
-    """One worker of the host (see the module)."""
+    """One worker of the host (see the module); SIGUSR1 dumps its threads' stacks to stderr."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     folder = Path(config["folder"])
     stats_path = folder / f"stats-{index}.json"
     fleet = Fleet.join(config["fleet"], CAPACITY)
@@ -76,7 +80,12 @@ def work(config: dict[str, Any], index: int) -> None:
     except OrbitError as error:
         write_json(stats_path, {"refused": f"{type(error).__name__}: {error}"})
         return
-    mode, seen, written = "idle", 0.0, 0.0
+    mode, seen = "idle", 0.0
+    stopped = threading.Event()
+    reporter = threading.Thread(
+        target=reporting, args=(stopped, stats_path, pool, counts, latencies), daemon=True
+    )
+    reporter.start()
     while True:
         now = time.monotonic()
         if now - seen >= EVERY_S:
@@ -104,12 +113,23 @@ def work(config: dict[str, Any], index: int) -> None:
                     counts["first_ok_at"] = done
         else:
             time.sleep(0.01)
-        if time.monotonic() - written >= EVERY_S:
-            written = time.monotonic()
-            report(stats_path, pool, counts, latencies)
+    stopped.set()
+    reporter.join()
     report(stats_path, pool, counts, latencies)
     pool.close()
     fleet.close()
+
+
+def reporting(
+    stopped: threading.Event,
+    path: Path,
+    pool: ConnectionPool,
+    counts: dict[str, Any],
+    latencies: list[float],
+) -> None:
+    """Write the worker's stats file every :data:`EVERY_S` until ``stopped``."""
+    while not stopped.wait(EVERY_S):
+        report(path, pool, counts, latencies)
 
 
 def report(
@@ -124,9 +144,10 @@ def report(
         path,
         {
             **counts,
+            "errors": dict(counts["errors"]),
             "at": time.monotonic(),
-            "p50": percentile(latencies, 0.5),
-            "p99": percentile(latencies, 0.99),
+            "p50": percentile(list(latencies), 0.5),
+            "p99": percentile(list(latencies), 0.99),
             "stats": stats,
         },
     )

@@ -24,11 +24,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 ROOT: Final = Path(__file__).resolve().parents[2]
+#: The budgets' ttl and hand-over bound in these tests, in seconds.
+TTL: Final = 3.0
+HANDOVER: Final = 2.0
 #: Mount the private /dev/shm, then run the host (its command follows as "$@").
 _PRIVATE_SHM: Final = 'mount -t tmpfs -o size=64m,mode=1777 tmpfs /dev/shm && exec "$@"'
 
@@ -103,6 +107,20 @@ class Link:
         subprocess.run(["ip", "netns", "delete", self.name], capture_output=True, check=False)
         with contextlib.suppress(AttributeError):
             subprocess.run(["ip", "link", "delete", self._veth], capture_output=True, check=False)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float) -> float:
+    """Poll ``predicate`` every 10 ms; the monotonic time it first held.
+
+    Raises:
+        AssertionError: it did not hold within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return time.monotonic()
+        time.sleep(0.01)
+    raise AssertionError(f"not within {timeout} s")
 
 
 class Host:

@@ -19,11 +19,8 @@ import psycopg
 import pytest
 
 from .._servers import DURABLE_POSTGRES, ServerUnavailable, TempPostgres, TempRedis
-from ._budget_hosts import ISOLATED, NETNS, Host, Link
+from ._budget_hosts import HANDOVER, ISOLATED, NETNS, TTL, Host, Link, wait_for
 from ._sampling import ServerConnections
-
-TTL = 3.0
-HANDOVER = 2.0
 
 
 @pytest.fixture(params=["postgres", "redis"])
@@ -35,36 +32,9 @@ def coordinator(request: pytest.FixtureRequest, durable_postgres_server: TempPos
     return server.url
 
 
-@pytest.fixture
-def hosts() -> Iterator[Callable[..., Host]]:
-    """Start hosts; every one is stopped (or killed) at the end."""
-    started: list[Host] = []
-
-    def start(name: str, **config: Any) -> Host:
-        host = Host(name, **config)
-        started.append(host)
-        return host
-
-    try:
-        yield start
-    finally:
-        for host in started:
-            host.stop()
-
-
 def budget(url: str, total: int) -> dict[str, Any]:
     return {"url": url, "name": f"db-{secrets.token_hex(3)}", "total": total, "ttl": TTL,
             "handover_within": HANDOVER}  # fmt: skip
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float) -> float:
-    """Poll ``predicate`` every 10 ms; the monotonic time it first held (else AssertionError)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return time.monotonic()
-        time.sleep(0.01)
-    raise AssertionError(f"not within {timeout} s")
 
 
 def test_hosts_are_separate() -> None:
