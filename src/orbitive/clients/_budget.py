@@ -104,8 +104,8 @@ class Budget:
     handover_within: float = 2.0
 
     def __post_init__(self) -> None:
-        _check_url(self.url)
-        _check_name(self.name)
+        check_url(self.url)
+        check_name(self.name)
         total = self.total
         if type(total) is not int or not 1 <= total <= TOTAL_MAX:
             raise InvalidBudget(
@@ -202,7 +202,12 @@ class Budget:
         )
 
 
-def _check_url(url: object) -> None:
+def check_url(url: object) -> None:
+    """Refuse a coordinator URL that is no str or no PostgreSQL or Redis URL.
+
+    Raises:
+        InvalidBudget: it is.
+    """
     if not issubclass(type(url), str):
         raise InvalidBudget(f"budget url must be a str, got {shown(url)}", key="url")
     text = str.__str__(cast(str, url))
@@ -215,7 +220,12 @@ def _check_url(url: object) -> None:
         )
 
 
-def _check_name(name: object) -> None:
+def check_name(name: object) -> None:
+    """Refuse a budget name that is no str of 1..200 UTF-8 bytes without control characters.
+
+    Raises:
+        InvalidBudget: it is.
+    """
     if type(name) is not str:
         raise InvalidBudget(f"budget name must be a str, got {shown(name)}", key="name")
     try:

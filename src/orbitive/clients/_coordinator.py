@@ -49,7 +49,7 @@ from ..store._durability import forgetful
 from ..store._engine import Busy, Engine, SlotInfo, UnitGranted
 from ..store._redis import RedisUnit
 from ..store._url import open_engine
-from ._budget import Budget
+from ._budget import POSTS_PREFIX, UNITS_PREFIX, Budget, check_name, check_url
 
 #: The posts' semaphore limit: hosts that may post at once.
 POSTS_LIMIT: Final = 4096
@@ -245,9 +245,7 @@ class Coordinator:
         Raises:
             StoreError: the coordinator cannot be reached.
         """
-        units = self._engine.holders(self._units)
-        posts = [post for slot in self._engine.holders(self._posts) if (post := Post.parse(slot))]
-        return Survey(units, posts)
+        return _survey(self._engine, self._units, self._posts)
 
     def posts(self) -> list[Post]:
         """The latest post of every host (one statement).
@@ -280,6 +278,32 @@ class Coordinator:
     def close(self) -> None:
         """Close the engine's connections; idempotent."""
         self._engine.close()
+
+
+def read_survey(url: str, name: str) -> Survey:
+    """What the coordinator at ``url`` holds for the budget ``name``, read by an engine
+    opened for the two statements and closed (``orbit budget``); the URL's
+    ``?timeout=`` bounds each call (default: the store's).
+
+    Raises:
+        InvalidBudget: ``url`` is no PostgreSQL or Redis URL, or ``name`` breaks the
+            name rule.
+        InvalidStoreUrl: the store refuses the URL.
+        StoreError: the coordinator cannot be reached.
+    """
+    check_url(url)
+    check_name(name)
+    engine: Engine[Any, Any] = open_engine(url)
+    try:
+        return _survey(engine, UNITS_PREFIX + name, POSTS_PREFIX + name)
+    finally:
+        engine.close()
+
+
+def _survey(engine: Engine[Any, Any], units_name: str, posts_name: str) -> Survey:
+    units = engine.holders(units_name)
+    posts = [post for slot in engine.holders(posts_name) if (post := Post.parse(slot))]
+    return Survey(units, posts)
 
 
 def _unavailable(budget: Budget, error: StoreError) -> BudgetUnavailable:
