@@ -13,7 +13,8 @@ It forks ``workers`` processes; each joins the host's fleet, opens a psycopg
 Every 50 ms a thread of each worker writes what it saw (``stats-{index}.json``):
 its counts, the host's census and budget numbers from ``pool.statistics()``, the
 ``time.monotonic()`` of its first success after it turned busy (a worker waiting
-for a connection still reports). CLOCK_MONOTONIC
+for a connection still reports), and the p50 and p99 latency of its requests since
+then. CLOCK_MONOTONIC
 is one clock for the whole machine, so the test compares it with its own.
 
 No test framework is imported here.
@@ -65,7 +66,7 @@ def work(config: dict[str, Any], index: int) -> None:
     folder = Path(config["folder"])
     stats_path = folder / f"stats-{index}.json"
     fleet = Fleet.join(config["fleet"], CAPACITY)
-    budget = Budget(**config["budget"])
+    budget = Budget(**config["budget"]) if config["budget"] is not None else None
     options = PoolOptions(**config["options"])
     counts: dict[str, Any] = {"ok": 0, "errors": {}, "first_ok_at": None, "busy_at": None}
     latencies: list[float] = []
@@ -93,6 +94,7 @@ def work(config: dict[str, Any], index: int) -> None:
             mode = (folder / "mode").read_text().strip()
             if mode == "busy" and counts["busy_at"] is None:
                 counts["busy_at"], counts["first_ok_at"] = now, None
+                latencies.clear()  # the percentiles are of this busy spell
             elif mode != "busy":
                 counts["busy_at"] = None
         if mode == "stop":

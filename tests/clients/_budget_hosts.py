@@ -129,7 +129,8 @@ class Host:
     Args:
         name: the host's name (its folder and, without namespaces, its fleet).
         db: the URL its pools connect to.
-        budget: the ``Budget`` arguments.
+        budget: the ``Budget`` arguments, or None: the host is capped by ``max_live`` alone
+            (a static per-host cap, ``bench/budget_bench.py``'s baseline).
         options: the ``PoolOptions`` arguments.
         tag: the ``application_name`` of its connections.
         workers: its worker processes.
@@ -143,7 +144,7 @@ class Host:
         name: str,
         *,
         db: str,
-        budget: dict[str, Any],
+        budget: dict[str, Any] | None,
         options: dict[str, Any],
         tag: str,
         workers: int = 4,
