@@ -58,7 +58,8 @@ from bench._measure import Skip
 from bench.readiness_wake import remove_fleet_files
 from orbitive import Fleet
 from orbitive.clients import ClientPool, PoolOptions
-from orbitive.clients.psycopg import ConnectionPool, await_gone, watch_socket
+from orbitive.clients._psycopg_connections import await_gone, watch_socket
+from orbitive.clients.psycopg import ConnectionPool
 from orbitive.lock import LockKey, LockOwner, LockTable
 from tests._servers import ServerUnavailable, TempPgBouncer, TempPostgres
 

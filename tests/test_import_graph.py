@@ -128,7 +128,8 @@ LAYERS: dict[str, set[str]] = {
     "pool": {"_core"},
     "store": {"_core", "lock"},
     "clients": {"_core", "pool", "store"},  # a budget across hosts holds store leases
-    "cli": {"", "_core", "lock", "pool", "store", "clients"},
+    "metrics": {"_core", "lock", "pool", "clients"},
+    "cli": {"", "_core", "lock", "pool", "store", "clients", "metrics"},
     "": {"_core", "cli"},  # the root package, and python -m orbitive
 }
 

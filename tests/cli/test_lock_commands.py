@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -12,7 +13,7 @@ import pytest
 
 from orbitive import Fleet
 from orbitive.cli import main
-from orbitive.lock import LockKey, LockTable
+from orbitive.lock import LockKey, LockTable, Occupied
 
 from .._fleets import fleet_files, shm_path
 
@@ -61,6 +62,35 @@ def test_locks_prints_owner_token_and_escapes_control_bytes(
     assert "\x1b" not in out and "evil\\n\\x1b[31mred" in out
     assert len(out.splitlines()) == 4  # header, two leases, summary: no split rows
     assert "2 live of 256 slots" in out
+
+
+def test_locks_json_gives_the_leases_and_the_tables_counters(
+    held: LockTable, capsys: Capture
+) -> None:
+    assert isinstance(held.try_acquire(LockKey("jobs", "nightly"), b"worker-2", 1.0), Occupied)
+    assert main(["locks", held.fleet.name, "--json"]) == 0
+    parsed = json.loads(capsys.readouterr().out)
+    assert parsed["fleet"] == held.fleet.name
+    (table,) = parsed["tables"]
+    assert (table["state_kind"], table["event_kind"], table["capacity"]) == (228, 229, 256)
+    assert (table["live"], table["acquisitions"], table["conflicts"]) == (2, 2, 1)
+    assert table["recoveries"] == 0
+    leases = {lease["label"]: lease for lease in table["leases"]}
+    assert leases["nightly"]["owner"] == "worker-1"
+    assert leases["nightly"]["namespace"] == "jobs"
+    assert leases["nightly"]["fencing_token"] == 1 and 0 < leases["nightly"]["remaining_s"] <= 60
+    assert leases["evil\\n\\x1b[31mred"]["owner"] == "ff00"  # escaped as in the table
+
+
+def test_list_json_names_each_object_of_the_fleet(held: LockTable, capsys: Capture) -> None:
+    assert main(["list", held.fleet.name, "--json"]) == 0
+    (fleet,) = json.loads(capsys.readouterr().out)["fleets"]
+    assert fleet["fleet"] == held.fleet.name
+    holds = {item["kind"]: item["holds"] for item in fleet["objects"]}
+    assert holds == {228: "lock state table", 229: "lock transition ring"}
+    assert all(item["bytes"] > 0 for item in fleet["objects"])
+    assert main(["list", held.fleet.name + "-none", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out) == {"fleets": []}
 
 
 def test_force_release_releases_once_then_exits_1(held: LockTable, capsys: Capture) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,20 @@ def test_locks_lists_the_store_locks_with_owner_token_and_time_left(
     assert (name, owner, int(token)) == ("jobs/nightly", "worker-1", info.fencing_token)
     assert 0.0 < float(left) <= 60.0
     assert lines[-1].startswith("1 live lock(s) in ")
+
+
+def test_locks_json_gives_each_lock_as_the_store_inspects_it(
+    held: Store, store_url: str, capsys: Capture
+) -> None:
+    assert main(["locks", "--store", store_url, "--json"]) == 0
+    parsed = json.loads(capsys.readouterr().out)
+    info = held.inspect("jobs/nightly")
+    assert info is not None
+    assert parsed["store"] == held.url
+    (lock,) = parsed["locks"]
+    assert (lock["name"], lock["owner"]) == ("jobs/nightly", "worker-1")
+    assert (lock["fencing_token"], lock["expires_at"]) == (info.fencing_token, info.expires_at)
+    assert 0.0 < lock["remaining_s"] <= 60.0
 
 
 def test_inspect_names_the_holder_and_exits_1_when_not_held(

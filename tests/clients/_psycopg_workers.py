@@ -123,6 +123,6 @@ def key_with_row_factory(channel: Channel, conninfo: str) -> None:
     """Send the pool key of ``conninfo`` with a row factory, as this process derives it."""
     from psycopg.rows import dict_row  # noqa: PLC0415 - spawn imports this module lean
 
-    from orbitive.clients.psycopg import connection_key  # noqa: PLC0415
+    from orbitive.clients._psycopg_connections import connection_key  # noqa: PLC0415
 
     channel.send(connection_key(conninfo, {"row_factory": dict_row, "application_name": "a"}))

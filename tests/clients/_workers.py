@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import socket
+import threading
 import time
 from typing import Any
 
@@ -424,6 +425,85 @@ def queued_checkout(channel: Channel, fleet_name: str, capacity: int) -> None:
             channel.send("got")
             channel.recv(None)
             pool.discard(client)
+
+
+def metrics_worker(
+    channel: Channel, fleet_name: str, capacity: int, url: str, tag: str, max_live: int
+) -> None:
+    """A psycopg pool driven by the test's commands, each answered when done:
+
+    ``("churn", seconds)``: two threads run ~2 ms queries that long; answers how many.
+    ``"hold"``: check a connection out and keep it. ``("wait", n)``: start ``n``
+    threads that each wait for a connection and keep it. ``"release"``: give back
+    every connection held (after the waiting threads got theirs). ``("late", s)``:
+    a checkout that gives up after ``s`` seconds; answers the error's class name.
+    ``"stats"``: ``statistics().as_dict()``. ``"close"``: close and exit.
+    """
+    with Fleet.join(fleet_name, capacity) as fleet:
+        options = PoolOptions(max_live=max_live, max_idle=max_live)
+        pool = ConnectionPool(url, fleet=fleet, kwargs={"application_name": tag}, options=options)
+        held: list[Any] = []
+        waiters: list[threading.Thread] = []
+
+        def churn(until: float, done: list[int]) -> None:
+            while time.monotonic() < until:
+                with pool.connection() as conn:
+                    conn.execute("SELECT pg_sleep(0.002)")
+                done.append(1)
+
+        def wait() -> None:
+            held.append(pool.getconn(timeout=60.0))
+
+        while True:
+            command = channel.recv(None)
+            if isinstance(command, tuple) and command[0] == "churn":
+                done: list[int] = []
+                until = time.monotonic() + command[1]
+                threads = [threading.Thread(target=churn, args=(until, done)) for _ in range(2)]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                channel.send(len(done))
+            elif command == "hold":
+                held.append(pool.getconn())
+                channel.send("held")
+            elif isinstance(command, tuple) and command[0] == "wait":
+                waiters += [threading.Thread(target=wait) for _ in range(command[1])]
+                for thread in waiters:
+                    thread.start()
+                channel.send("started")
+            elif command == "release":
+                for thread in waiters:
+                    thread.join()
+                waiters.clear()
+                while held:
+                    pool.putconn(held.pop())
+                channel.send("released")
+            elif isinstance(command, tuple) and command[0] == "late":
+                try:
+                    pool.putconn(pool.getconn(timeout=command[1]))
+                    channel.send(None)
+                except OrbitError as error:
+                    channel.send(type(error).__name__)
+            elif command == "stats":
+                channel.send(pool.statistics().as_dict())
+            else:
+                pool.close()
+                channel.send("closed")
+                return
+
+
+def metrics_scraper(channel: Channel, fleet_name: str) -> None:
+    """A sidecar that never joins the fleet: answers each message with a scrape's text."""
+    from prometheus_client import CollectorRegistry, generate_latest  # noqa: PLC0415
+
+    from orbitive.metrics import FleetCollector  # noqa: PLC0415
+
+    registry = CollectorRegistry()
+    registry.register(FleetCollector(fleet_name))
+    while channel.recv(None) != "stop":
+        channel.send(generate_latest(registry).decode())
 
 
 def sqlalchemy_holder(

@@ -68,6 +68,11 @@ def test_acquire_yields_real_connections_and_the_shortcuts_answer(
             assert pool.get_min_size() == 0
             assert pool.get_size() >= 1
             assert pool.get_idle_size() == pool.get_size()
+            # The key's label: the DSN's user@host:port/database, as orbit pool shows it.
+            label = pg_url.removeprefix("postgresql://")
+            assert pool._clients is not None
+            (row,) = [key for key in pool._clients.pool.statistics().keys if key.label == label]
+            assert row.max_live == 3
 
     _run(body)
 

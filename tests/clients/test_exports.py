@@ -35,7 +35,15 @@ ADDITIONS = {
         "BudgetUnavailable",
         "UnsafeCoordinator",
     },
-    "orbitive.clients.psycopg": {"AsyncConnectionPool"},
+    # psycopg_pool's errors, which are psycopg_pool's own when it is installed.
+    "orbitive.clients.psycopg": {
+        "AsyncConnectionPool",
+        "PoolClosed",
+        "PoolTimeout",
+        "TooManyRequests",
+        "check_connection",
+        "check_connection_async",
+    },
     "orbitive.clients.sqlalchemy": set(),
     "orbitive.clients.django": set(),
     # What Django looks up in an engine's modules.

@@ -440,7 +440,8 @@ def test_an_interrupted_check_or_reset_closes_the_client_and_returns_its_budget(
         assert first.closed
         stats = pool.statistics()
         assert (stats.live, stats.in_use, stats.idle) == (0, 0, 0)
-        assert stats.check_failures_count + stats.reset_failures_count == 1
+        # An interrupt is no verdict on the client: it is retired, not counted as a failure.
+        assert stats.check_failures_count + stats.reset_failures_count == 0
         with pool.client(timeout=5.0) as second:  # max_live is free again
             assert second is not first
 

@@ -20,7 +20,8 @@ from psycopg.rows import dict_row
 
 from orbitive import Fleet
 from orbitive.clients import InvalidPoolOptions
-from orbitive.clients.psycopg import AsyncConnectionPool, ConnectionPool, connection_key
+from orbitive.clients._psycopg_connections import connection_key
+from orbitive.clients.psycopg import AsyncConnectionPool, ConnectionPool
 
 from .._odd import HostileObject
 from .._processes import Processes

@@ -56,6 +56,10 @@ def test_an_engine_reuses_its_connection_and_recreates_on_dispose(
         first = engine.pool
         assert isinstance(first, FleetPool)
         assert first.clients.statistics().created_count == 1
+        # The key is labelled by its fleet_key, a URL here, shown without a password.
+        assert first.clients.label == pg_url.split("?", maxsplit=1)[0]
+        (row,) = [k for k in first.clients.pool.statistics().keys if k.key == first.clients.key]
+        assert row.label == first.clients.label and row.max_live == 1
         engine.dispose()
         assert engine.pool is not first
         with engine.connect() as conn:

@@ -46,6 +46,7 @@ TWINS: dict[str, dict[str, float]] = {
         "MAX_PROBE_AT": _layout.MAX_PROBE_OFFSET,
         "TOKEN_AT": _layout.COUNTERS_OFFSET,
         "REVISION_AT": _layout.COUNTERS_OFFSET + struct.calcsize("<Q"),
+        "CONFLICTS_AT": _layout.CONFLICTS_OFFSET,
         "RING_HEADER": _ring.HEADER_SIZE,
         "LANE_HEAD": _ring.LANE_HEAD_SIZE,
         "FRAME_HEADER": _ring.SLOT_HEADER_SIZE,

@@ -18,6 +18,9 @@ def test_lock_state_section_matches_layout_constants() -> None:
     assert f"(default {layout.payload_max})" in text
     assert f"round_up({_layout.SLOT_HEADER_SIZE} + payload_max, 64)" in text
     assert f"| {_layout.COUNTERS_OFFSET} | 8 | last_token |" in text
+    assert f"| {_layout.CONFLICTS_OFFSET} | {_layout.CONFLICTS.size} | conflicts |" in text
+    end = _layout.CONFLICTS_OFFSET + _layout.CONFLICTS.size
+    assert f"| {end} | {_layout.HEADER_SIZE - end} | reserved | zero |" in text
     assert f"| {_layout.MAX_PROBE_OFFSET} | {_layout.MAX_PROBE.size} | max_probe |" in text
     assert f"| 4 | 2 | version | {_layout.STATE_VERSION} |" in text
     assert f"| {_layout.SLOT_HEADER_SIZE} | … | payload |" in text

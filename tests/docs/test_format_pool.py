@@ -19,6 +19,8 @@ def _offsets(fmt: str, names: tuple[str, ...]) -> list[tuple[int, int, str]]:
 def test_pool_header_rows_match_the_header_struct() -> None:
     text = section(f"## Pool table — kind {_layout.POOL_KIND}, layout version")
     assert f"layout version {_layout.LAYOUT_VERSION}" in text
+    assert f"| 4 | 2 | version | {_layout.LAYOUT_VERSION} |" in text
+    assert f"| 6 | 2 | header_size | {_layout.HEADER_SIZE} |" in text
     assert f"`{_layout.MAGIC.decode()}`" in text
     names = tuple(n.replace("reserved_tail", "reserved") for n in _layout.HEADER_NAMES)
     for offset, size, name in _offsets(_layout.HEADER.format, names):
@@ -46,6 +48,21 @@ def test_pool_resource_and_key_rows_match_the_constants() -> None:
     assert layout.key_members == layout.key_wait_seen + 16  # seen + round_up(4 * F, 8)
     for name in ("waiters", "since", "seen"):
         assert f"| 4 * F | {name} |" in text, name
+    assert layout.key_waits == layout.key_members + layout.member_bytes
+    assert "| waits = members + round_up(ceil(F * L / 8), 8) | 8 | timeouts |" in text
+    assert "| waits + 8 | 8 | waits |" in text
+    assert "| waits + 16 | 8 | wait_us |" in text
+    assert _layout.KEY_WAITS.size == 24 + 8 * len(_layout.WAIT_BOUNDS_US) == 96
+    bounds_ms = ", ".join(f"{bound // 1000}" for bound in _layout.WAIT_BOUNDS_US)
+    assert f"| waits + 24 | 72 | buckets | 9 x u64: per upper bound ({bounds_ms} ms)" in text
+    assert layout.key_limits == layout.key_waits + _layout.KEY_WAITS.size
+    assert (
+        f"| waits + 96 | {_layout.KEY_LIMITS.size} | limits | max_live, min_idle, max_idle" in text
+    )
+    assert layout.key_label == layout.key_limits + _layout.LIMITS_SIZE == layout.key_waits + 112
+    assert f"| waits + 112 | {_layout.LABEL_SIZE} | label |" in text
+    assert f"(at most {_layout.LABEL_MAX})" in text
+    assert layout.key_stride == -(-(layout.key_label + _layout.LABEL_SIZE) // 64) * 64
 
 
 def test_session_frame_rows_match_the_frame_struct() -> None:

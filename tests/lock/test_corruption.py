@@ -46,9 +46,9 @@ LAYOUT = LockLayout(
 KEYS = [LockKey("tests.corrupt", f"key-{n}") for n in range(12)]
 HOLDER = LockOwner(b"holder")
 INTRUDER = LockOwner(b"intruder")
-#: Header bytes whose change attach must notice: all but max_probe (20..24) and the two
-#: counters (64..80), which change at run time.
-VALIDATED_HEADER = [*range(0, 20), *range(24, 64), *range(80, HEADER_SIZE)]
+#: Header bytes whose change attach must notice: all but max_probe (20..24) and the three
+#: counters (64..88: token, revision, conflicts), which change at run time.
+VALIDATED_HEADER = [*range(0, 20), *range(24, 64), *range(88, HEADER_SIZE)]
 
 
 @dataclass
@@ -272,13 +272,14 @@ def test_corrupt_table_errors_are_orbit_errors(scene: Scene, fleet_name: str) ->
     assert caught.value.kind == LAYOUT.state_kind
 
 
-@pytest.mark.parametrize("older", [1, 2])
+@pytest.mark.parametrize("older", [1, 2, 3])
 def test_an_older_state_object_gives_layout_mismatch(
     scene: Scene, fleet_name: str, older: int
 ) -> None:
-    """Version 1 had no probe bound, version 2 its counters at 24: each refuses the others."""
+    """Version 1 had no probe bound, version 2 its counters at 24, version 3 no conflicts
+    counter: each refuses the others."""
     original = scene.read(4, 2)
-    assert original == STATE_VERSION.to_bytes(2, "little") == (3).to_bytes(2, "little")
+    assert original == STATE_VERSION.to_bytes(2, "little") == (4).to_bytes(2, "little")
     scene.write(4, older.to_bytes(2, "little"))
     with pytest.raises(LayoutMismatch, match="header"):
         attach(fleet_name)

@@ -20,8 +20,15 @@ from .._core._region import (
     unlink_object,
 )
 from ..lock import LockEvent, LockKey, LockTable
-from ._store_commands import UsageError, add_store_option, store_force_release, store_locks
-from ._tables import open_tables
+from ..lock._tables import open_tables
+from ._store_commands import (
+    UsageError,
+    add_json_option,
+    add_store_option,
+    print_json,
+    store_force_release,
+    store_locks,
+)
 
 #: What the well-known kind numbers hold.
 KNOWN_KINDS = {
@@ -64,6 +71,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "fleet", nargs="?", type=fleet_name, help="fleet name (default: list every fleet)"
     )
     cmd.add_argument("--kind", type=kind_number, metavar="K", help=f"only this {KIND_HELP}")
+    add_json_option(cmd)
     cmd.set_defaults(func=cmd_list)
 
     cmd = subparsers.add_parser("clear", help="unlink a stopped fleet's SHM objects")
@@ -88,6 +96,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     cmd.add_argument("fleet", nargs="?", type=fleet_name, help="fleet name")
     add_store_option(cmd)
+    add_json_option(cmd)
     cmd.set_defaults(func=cmd_locks)
 
     cmd = subparsers.add_parser("watch", help="print lock transitions as they happen")
@@ -135,33 +144,53 @@ def _kinds(args: argparse.Namespace) -> range | list[int]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """Probe the exact object names of every kind (no globbing) and print what exists."""
+    """Probe the exact object names of every kind (no globbing) and print what exists.
+
+    With ``--json``: ``{"fleets": [{"fleet", "objects": [{"kind", "bytes", "name",
+    "holds"}]}]}``, empty lists (and exit 1) when nothing exists.
+    """
     if args.fleet is None:
-        return _list_fleets()
-    found = 0
+        return _list_fleets(args.json)
+    objects = []
     for kind in _kinds(args):
         name = object_name(args.fleet, kind)
         size = object_size(name)
         if size is not None:
-            found += 1
+            objects.append((kind, size, name))
+    if args.json:
+        print_json({"fleets": [_fleet_json(args.fleet, objects)] if objects else []})
+    else:
+        for kind, size, name in objects:
             print(f"{kind:>4}  {size:>12,} bytes  {name}  {KNOWN_KINDS.get(kind, '')}".rstrip())
-    if not found:
-        print(f"fleet {args.fleet!r} has no SHM objects", file=sys.stderr)
-        return 1
-    return 0
+        if not objects:
+            print(f"fleet {args.fleet!r} has no SHM objects", file=sys.stderr)
+    return 0 if objects else 1
 
 
-def _list_fleets() -> int:
+def _fleet_json(fleet: str, objects: list[tuple[int, int, str]]) -> dict[str, object]:
+    return {
+        "fleet": fleet,
+        "objects": [
+            {"kind": kind, "bytes": size, "name": name, "holds": KNOWN_KINDS.get(kind)}
+            for kind, size, name in objects
+        ],
+    }
+
+
+def _list_fleets(as_json: bool) -> int:
     """One line per fleet of this user that has SHM objects: its kinds and bytes."""
-    fleets: dict[str, list[tuple[int, int]]] = {}
+    fleets: dict[str, list[tuple[int, int, str]]] = {}
     for fleet, kind, size in listed_objects():
-        fleets.setdefault(fleet, []).append((kind, size))
+        fleets.setdefault(fleet, []).append((kind, size, object_name(fleet, kind)))
+    if as_json:
+        print_json({"fleets": [_fleet_json(fleet, found) for fleet, found in fleets.items()]})
+        return 0 if fleets else 1
     if not fleets:
         print("no fleets with SHM objects", file=sys.stderr)
         return 1
     for fleet, objects in fleets.items():
-        kinds = ", ".join(str(kind) for kind, _ in objects)
-        print(f"{fleet}  kinds {kinds}  {sum(size for _, size in objects):,} bytes")
+        kinds = ", ".join(str(kind) for kind, _, _ in objects)
+        print(f"{fleet}  kinds {kinds}  {sum(size for _, size, _ in objects):,} bytes")
     return 0
 
 
@@ -242,18 +271,57 @@ def _key_text(key: LockKey) -> tuple[str, str]:
 def cmd_locks(args: argparse.Namespace) -> int:
     """Print every live lease of a fleet, or every live lock of a store."""
     if args.fleet is None:
-        return store_locks(args.store)
+        return store_locks(args.store, as_json=args.json)
     if args.store is not None:
         raise UsageError("give FLEET or --store URL, not both")
     with open_tables(args.fleet, observe=True) as tables:
         if not tables:
             return _no_table(args.fleet)
+        if args.json:
+            print_json({"fleet": args.fleet, "tables": [_table_json(t) for t in tables]})
+            return 0
         print(_LEASE_HEADER)
         for table in tables:
             _print_leases(table)
         for table in tables:
             _print_summary(table)
     return 0
+
+
+def _table_json(table: LockTable) -> dict[str, object]:
+    """One lock table for ``orbit locks FLEET --json``: its counters and live leases.
+
+    ``acquisitions`` is the last fencing token (each acquisition takes the next);
+    ``conflicts`` the ``try_acquire`` calls that found a live holder;
+    ``recoveries`` the section's stripe mutexes repaired after a holder died.
+    """
+    stats = table.statistics()
+    leases = []
+    for lease in table.leases():
+        namespace, label = _key_text(lease.key)
+        leases.append(
+            {
+                "namespace": namespace,
+                "label": label,
+                "owner": lease.owner.text(),
+                "fencing_token": lease.fencing_token,
+                "remaining_s": lease.remaining(),
+                "state_revision": lease.state_revision,
+            }
+        )
+    return {
+        "state_kind": table.layout.state_kind,
+        "event_kind": table.layout.event_kind,
+        "capacity": stats.capacity,
+        "live": stats.occupied_count,
+        "tombstones": stats.tombstone_count,
+        "max_probe": stats.max_probe,
+        "acquisitions": stats.last_fencing_token,
+        "conflicts": stats.conflicts_count,
+        "recoveries": stats.recoveries_count,
+        "last_state_revision": stats.last_state_revision,
+        "leases": leases,
+    }
 
 
 _LEASE_HEADER = (

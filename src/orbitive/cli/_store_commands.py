@@ -10,6 +10,7 @@ holder's slot, owner, token and seconds left.
 from __future__ import annotations
 
 import argparse
+import json
 from itertools import groupby
 
 from ..store import LockInfo, SlotInfo, open_store
@@ -28,6 +29,16 @@ def add_store_option(parser: argparse.ArgumentParser) -> None:
         help="store URL: sqlite:///path, postgresql://..., shm://FLEET (default: the SQLite "
         "file in the user's state directory, as open_store() picks it)",
     )
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    """``--json``: print one JSON object instead of the table."""
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def print_json(value: object) -> None:
+    """``value`` as indented JSON on stdout."""
+    print(json.dumps(value, indent=2))
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -66,12 +77,26 @@ def _slot_line(info: SlotInfo) -> str:
     )
 
 
-def store_locks(url: str | None) -> int:
+def store_locks(url: str | None, *, as_json: bool = False) -> int:
     """``orbit locks [--store URL]``: every live lock of the store by name, then every
-    semaphore with holders, its holders by slot."""
+    semaphore with holders, its holders by slot.
+
+    With ``as_json``: ``{"store": URL, "locks": [{"name", "owner", "fencing_token",
+    "expires_at", "remaining_s"}], "semaphores": [{"name", "slot", "limit", "owner",
+    "fencing_token", "expires_at", "remaining_s"}]}``.
+    """
     with open_store(url) as store:
         infos = store.locks()
         holders = store.semaphores()
+        if as_json:
+            print_json(
+                {
+                    "store": store.url,
+                    "locks": [info._asdict() for info in infos],
+                    "semaphores": [holder._asdict() for holder in holders],
+                }
+            )
+            return 0
         print(_HEADER)
         for info in infos:
             print(_line(info))

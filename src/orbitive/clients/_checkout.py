@@ -132,8 +132,10 @@ class Checkout(Generic[C]):
         check: Callable[[C], Any] | None,
         reset: Callable[[C], Any] | None,
         sever: Callable[[C], Any] | None = None,
+        *,
+        name: str,
     ) -> None:
-        self.key, self.options = key, options
+        self.key, self.options, self.name = key, options, name
         self._sever = sever
         self._handle, self._ledger, self._family, self._retiring = handle, ledger, family, retiring
         self._counters = counters
@@ -147,7 +149,7 @@ class Checkout(Generic[C]):
     def _check_open(self) -> None:
         """Raise PoolClosed once the pool is closed."""
         if self.closed:
-            raise PoolClosed(f"client pool of key {self.key} is closed", key=self.key)
+            raise PoolClosed(f"client pool of {self.name} is closed", key=self.key)
 
     # -- the plan -----------------------------------------------------------------------
 
@@ -162,6 +164,7 @@ class Checkout(Generic[C]):
         """
         end, is_polite = self._deadline(timeout), self._ledger.polite()
         version: int | None = None
+        began = 0.0  # when this caller began to wait at max_live
         try:
             while True:
                 self._check_open()
@@ -176,21 +179,27 @@ class Checkout(Generic[C]):
                         self._retire_foreign()
                 if step is not None and version is not None:  # served: no longer a waiter
                     version = None
-                    self._ledger.stop_waiting()
+                    self._stop_waiting(began, timed_out=False)
                 if isinstance(step, Entry):
                     if (yield Use(step)):
                         return step
                 elif step is not None:
                     return self.registered(step, (yield Create(step)))
                 elif version is None:
-                    version = self._start_waiting()
+                    version, began = self._start_waiting(), time.monotonic()
                 else:
-                    changed = yield Wait(version, self._wait_slice(end, is_polite))
+                    try:
+                        seconds_left = self._wait_slice(end, is_polite)
+                    except PoolTimeout:
+                        version = None
+                        self._stop_waiting(began, timed_out=True)
+                        raise
+                    changed = yield Wait(version, seconds_left)
                     version = self._handle.version(self.key) if changed is None else changed
                     is_polite = False
         finally:
             if version is not None:
-                self._ledger.stop_waiting()
+                self._stop_waiting(began, timed_out=None)
 
     @overload
     def run(self, timeout: float | None, borrow: None = None) -> Entry[C]: ...
@@ -290,11 +299,21 @@ class Checkout(Generic[C]):
         if version is None:
             self._counters.refused += 1
             raise TooManyRequests(
-                f"{self._ledger.waiters} callers of this process already wait for key "
-                f"{self.key} (max_waiting {self.options.max_waiting})",
+                f"{self._ledger.waiters} callers of this process already wait for "
+                f"{self.name} (max_waiting {self.options.max_waiting})",
                 key=self.key,
             )
+        self._counters.queued += 1
         return version
+
+    def _stop_waiting(self, began: float, *, timed_out: bool | None) -> None:
+        """Count this waiter out, and its wait since ``began`` (``time.monotonic()``): in
+        this pool's ``waited_s``, and in the key's wait counters when it ended in a client
+        (``timed_out`` False) or a timeout (True), not otherwise (None)."""
+        waited = time.monotonic() - began
+        self._counters.waited_s += waited
+        outcome = None if timed_out is None else (int(waited * 1e6), timed_out)
+        self._ledger.stop_waiting(outcome)
 
     def _deadline(self, timeout: float | None) -> float:
         """``time.monotonic()`` seconds a checkout gives up at (None: ``acquire_timeout``).
@@ -322,7 +341,7 @@ class Checkout(Generic[C]):
                 else f"the budget lets this host hold {cap} now, max_live {self._max_live}"
             )
             raise PoolTimeout(
-                f"no client for key {self.key} within the timeout ({bound})", key=self.key
+                f"no client for {self.name} within the timeout ({bound})", key=self.key
             )
         return min(remaining, HANDOFF_GRACE_S if is_polite else WAIT_SLICE_S)
 
@@ -365,9 +384,7 @@ class Checkout(Generic[C]):
         if isinstance(error, OrbitError) or not isinstance(error, Exception):
             return error
         self._counters.create_errors += 1
-        return ClientCreateError(
-            f"create() failed for key {self.key}: {error!r:.200}", key=self.key
-        )
+        return ClientCreateError(f"create() failed for {self.name}: {error!r:.200}", key=self.key)
 
     def registered(self, permit: CreationPermit, client: C, *, active: bool = True) -> Entry[C]:
         """Register a created client, checked out (``active``) or idle; the permit ends

@@ -57,10 +57,10 @@ from ..pool import POOL_KIND, Pool
 from ..pool._table import Table
 from ._allowance import check_coordinator
 from ._budget import Budget
-from ._callbacks import check_callable
+from ._callbacks import call_async, call_sync, check_callable
 from ._checkout import Checkout
 from ._ledger import Entry, Family, Ledger
-from ._options import PoolOptions, pool_key, seconds
+from ._options import PoolOptions, key_label, pool_key, seconds
 from ._remote import Remote, check_payload
 from ._retiring import Retiring
 from ._statistics import ClientPoolStatistics, Counters, collect
@@ -97,6 +97,9 @@ class ClientPool(Generic[C]):
             this process then serves other processes' requests on its own.
         options: the :class:`PoolOptions` (defaults if None).
         kind: the pool table's SHM kind number.
+        label: the key's name for people (``orbit pool``, metrics, error
+            messages), 1..127 bytes of UTF-8; None: read from a str key that is
+            a URL (without its password) or a plain name (see :attr:`label`).
         budget: a :class:`Budget` shared with other hosts, or None: the
             pools of every host that name it hold at most ``budget.total``
             live clients between them (``max_live`` still caps this host). Its
@@ -108,7 +111,7 @@ class ClientPool(Generic[C]):
             such a client is retired only when handed back.
 
     Raises:
-        InvalidPoolOptions: a bad key, callable or options object.
+        InvalidPoolOptions: a bad key, callable, label or options object.
         InvalidBudget: ``budget`` is not a Budget, ``options.min_idle`` is above
             its total, or another pool of its key in this process names it
             otherwise.
@@ -140,6 +143,7 @@ class ClientPool(Generic[C]):
         handler: Callable[[C, bytes], Any] | None = None,
         options: PoolOptions | None = None,
         kind: int = POOL_KIND,
+        label: str | None = None,
         budget: Budget | None = None,
         sever: Callable[[C], Any] | None = None,
     ) -> None:
@@ -164,6 +168,10 @@ class ClientPool(Generic[C]):
             check_coordinator(budget)
             self.key = budget.key
         self.budget = budget
+        #: The key's name for people ("" when it has none: its digest shows instead).
+        self.label = key_label(key, label)
+        #: The label, or the key's digest: how messages name the pool.
+        self.name = self.label or f"key {self.key}"
         self.options = options
         # The options the fast paths read, as plain attributes.
         self._max_live, self._idle_limit = options.max_live, options.idle_limit
@@ -173,6 +181,12 @@ class ClientPool(Generic[C]):
         self._handler, self._sever = handler, sever
         self._fleet = fleet
         self._pool = Pool(fleet, kind=kind)
+        limits = (options.max_live, options.min_idle, options.idle_limit)
+        try:
+            self._pool._t().describe(self.key, self.label.encode(), limits)
+        except BaseException:
+            self._pool.close()
+            raise
         self.counters = Counters()
         self._release: weakref.finalize[Any, Any] | None = None
         self._start_local()
@@ -202,6 +216,7 @@ class ClientPool(Generic[C]):
         checkout: Checkout[C] = Checkout(
             self.key, self.options, self._pool, ledger, family, retiring, self.counters,
             self._create, self._close, self._check, self._reset, self._sever,
+            name=self.name,
         )  # fmt: skip
         remote: Remote[C] | None = None
         if self._handler is not None:
@@ -229,7 +244,7 @@ class ClientPool(Generic[C]):
     def _local(self) -> None:
         """Raise PoolClosed when closed; in a forked child, forget the parent's clients."""
         if self._closed:
-            raise PoolClosed(f"client pool of key {self.key} is closed", key=self.key)
+            raise PoolClosed(f"client pool of {self.name} is closed", key=self.key)
         if self._fork != _fork.generation:
             self._start_local()
 
@@ -319,8 +334,8 @@ class ClientPool(Generic[C]):
             TooManyRequests: ``max_waiting`` callers of this process already wait.
             ClientCreateError: ``create()`` raised (the claim is returned).
             InvalidPoolOptions: a bad timeout, or ``create`` returned an awaitable.
-            A BaseException from ``create`` or ``check`` (KeyboardInterrupt, say),
-                once what it took is returned or retired.
+            BaseException: one from ``create`` or ``check`` (KeyboardInterrupt,
+                say), once what it took is returned or retired.
         """
         self.counters.requests += 1
         if timeout is not None:
@@ -346,8 +361,8 @@ class ClientPool(Generic[C]):
         Raises:
             UnknownClient: no pool of the key and ``create`` in this process
                 checked ``client`` out, or it was handed back already.
-            A BaseException from ``reset``, once the client is handed over to be
-                closed.
+            BaseException: one from ``reset``, once the client is handed over to
+                be closed.
         """
         if self._fork != _fork.generation:
             return  # the parent's client: never touched here
@@ -371,10 +386,56 @@ class ClientPool(Generic[C]):
 
         Raises:
             UnknownClient: as :meth:`putconn`.
-            A BaseException from ``close``, once the client's budget is returned.
+            BaseException: one from ``close``, once the client's budget is returned.
         """
         if self._fork == _fork.generation:
             self._retiring.retire(self._ledger.checked_in(client, self._family))
+
+    def check_idle(self, check: Callable[[C], Any]) -> int:
+        """Check each idle client of this pool's family in this process with ``check``
+        (not the pool's own): one that raises or returns False is closed, the others
+        are handed back. Other processes' idle clients are theirs to check.
+
+        Returns:
+            How many were closed (int).
+
+        Raises:
+            PoolClosed: the pool is closed.
+            InvalidPoolOptions: ``check`` returned an awaitable (use :meth:`check_idle_async`).
+        """
+        broken = 0
+        for entry in self._take_every_idle():
+            try:
+                healthy = call_sync("check", check, entry.client) is not False
+            except Exception:
+                healthy = False
+            if healthy:
+                self.putconn(entry.client)
+            else:
+                broken += 1
+                self.discard(entry.client)
+        return broken
+
+    async def check_idle_async(self, check: Callable[[C], Any]) -> int:
+        """Asyncio twin of :meth:`check_idle` (``check`` may be a coroutine function)."""
+        broken = 0
+        for entry in self._take_every_idle():
+            try:
+                healthy = await call_async(check, entry.client) is not False
+            except Exception:
+                healthy = False
+            if healthy:
+                await self.putconn_async(entry.client)
+            else:
+                broken += 1
+                await self.discard_async(entry.client)
+        return broken
+
+    def _take_every_idle(self) -> list[Entry[C]]:
+        """Every idle client of this pool's family, checked out (PoolClosed when closed)."""
+        self._local()
+        taken = [self._ledger.take(self._family) for _ in range(len(self._family.idle))]
+        return [entry for entry in taken if entry is not None]
 
     @contextlib.contextmanager
     def client(self, timeout: float | None = None) -> Iterator[C]:
@@ -418,7 +479,7 @@ class ClientPool(Generic[C]):
         leaves it running; the client is then kept idle, or closed.
 
         Raises:
-            As :meth:`putconn`.
+            UnknownClient, BaseException: as :meth:`putconn`.
         """
         if self._fork == _fork.generation:
             await self._checkout.put_async(self._ledger.checked_in(client, self._family))
@@ -427,7 +488,7 @@ class ClientPool(Generic[C]):
         """Asyncio twin of :meth:`discard`.
 
         Raises:
-            As :meth:`discard`.
+            UnknownClient, BaseException: as :meth:`discard`.
         """
         if self._fork == _fork.generation:
             await self._retiring.retire_async(self._ledger.checked_in(client, self._family))
@@ -476,7 +537,7 @@ class ClientPool(Generic[C]):
         prefer :meth:`close_async`.
 
         Raises:
-            A BaseException from ``close`` (KeyboardInterrupt, say), once the
+            BaseException: one from ``close`` (KeyboardInterrupt, say), once the
                 clients not closed yet are left to a closing thread.
         """
         idle = self._shut()

@@ -28,10 +28,11 @@ import getpass
 import os
 import urllib.parse
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, cast
 
 from .._core._errors import InvalidPoolOptions, shown
 from ..pool import Key
+from ._options import printable_label
 
 #: The URL schemes of a PostgreSQL DSN.
 SCHEMES: Final = ("postgresql", "postgres")
@@ -73,6 +74,27 @@ def database_key(
         user_text,
     )
     return Key.digest("\0".join(("postgresql", *parts)).encode())
+
+
+def target_label(target: Mapping[str, object]) -> str:
+    """A target for people, as pool keys are labelled: ``user@host:port/database`` (never
+    a password; the parts not given left out, a missing host shown as ``localhost``)."""
+    user, host = _shown(target.get("user")), _shown(target.get("host")) or "localhost"
+    port, database = _shown(target.get("port")), _shown(target.get("database"))
+    text = f"{f'{user}@' if user else ''}{host}{f':{port}' if port else ''}"
+    return printable_label(f"{text}{f'/{database}' if database else ''}")
+
+
+def _shown(part: object) -> str:
+    """A target part as text, no method of a subclass called: a str, an int, or a list of
+    them joined by commas; anything else (checked by :func:`database_key`) as empty."""
+    if issubclass(type(part), str):
+        return str.__str__(cast(str, part))
+    if type(part) is int:
+        return int.__repr__(part)
+    if type(part) in (list, tuple):
+        return ",".join(_shown(each) for each in cast("list[object]", part))
+    return ""
 
 
 def dsn_target(dsn: object) -> dict[str, str]:

@@ -486,11 +486,13 @@ class Ledger(Generic[C]):
                 self.waiters -= 1
             raise
 
-    def stop_waiting(self) -> None:
-        """Count a waiter of :meth:`start_waiting` out again."""
+    def stop_waiting(self, waited: tuple[int, bool] | None = None) -> None:
+        """Count a waiter of :meth:`start_waiting` out again; ``waited``, the
+        ``(microseconds, timed_out)`` of a wait that ended in a client or a timeout,
+        goes to the key's wait counters (None: it ended otherwise)."""
         with self._lock:
             self.waiters -= 1
-        self._settle(lambda handle: add_waiter(handle._t(), self.key, -1))
+        self._settle(lambda handle: add_waiter(handle._t(), self.key, -1, waited))
 
     def polite(self) -> bool:
         """Whether a checkout lets another process's waiter create first.

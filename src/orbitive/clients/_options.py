@@ -1,14 +1,17 @@
-"""The client pool's options, validated once, and the key a pool is built on."""
+"""The client pool's options, validated once, and the key a pool is built on (and its label)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Final, cast, final
+from urllib.parse import urlsplit
 
 from .._core._bytes import exact_bytes
-from .._core._errors import InvalidPoolOptions, shown
+from .._core._errors import InvalidPoolOptions, MalformedError, shown
 from ..pool import Key
+from ..pool._layout import LABEL_MAX
+from ..pool._values import check_label
 
 #: The longest duration an option takes, in seconds (about 31.7 years).
 SECONDS_MAX: Final = 1e9
@@ -138,6 +141,54 @@ def pool_key(key: object) -> Key:
     raise InvalidPoolOptions(
         f"key must be a Key, or non-empty bytes or str to digest, got {shown(key)}", key="key"
     )
+
+
+def key_label(key: object, label: object) -> str:
+    """The label a pool gives its key: ``label``, else one read from a str key, else "".
+
+    A str key that is a URL shows as ``scheme://user@host:port/path`` (no password,
+    query or fragment); one without ``=``, ``@`` or white space (a name) shows as it
+    is; any other (a ``key=value`` string may hold a password) gives no label, nor
+    does a bytes or :class:`~orbitive.pool.Key` key.
+
+    Raises:
+        InvalidPoolOptions: ``label`` is not None and breaks the label rule (1..127
+            bytes of UTF-8 without control characters).
+    """
+    if label is not None:
+        try:
+            check_label(label)
+        except MalformedError as error:
+            raise InvalidPoolOptions(error.message, key="label") from None
+        return str.__str__(cast(str, label))
+    if not issubclass(type(key), str):
+        return ""
+    text = str.__str__(cast(str, key))
+    if "://" in text:
+        try:
+            parts = urlsplit(text)
+            port = parts.port
+        except ValueError:  # not a URL after all
+            return ""
+        user = f"{parts.username}@" if parts.username else ""
+        host = f"{parts.hostname or ''}{f':{port}' if port else ''}"
+        return printable_label(f"{parts.scheme}://{user}{host}{parts.path}")
+    if any(c in text for c in "=@") or any(c.isspace() for c in text):
+        return ""
+    return printable_label(text)
+
+
+def printable_label(text: str) -> str:
+    """``text`` as a key label: control characters and lone surrogates as ``?``, at most
+    127 bytes of UTF-8 (cut on a character, ending in ``…``)."""
+    clean = "".join(
+        "?" if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or 0xD800 <= ord(c) <= 0xDFFF else c
+        for c in text
+    )
+    if len(clean.encode()) <= LABEL_MAX:
+        return clean or "?"
+    cut = clean.encode()[: LABEL_MAX - len("…".encode())].decode(errors="ignore")
+    return cut + "…"
 
 
 def seconds(name: str, value: object) -> float:

@@ -26,6 +26,8 @@ class Counters:
     reset_failures: int = 0
     close_errors: int = 0
     borrowed: int = 0
+    queued: int = 0
+    waited_s: float = 0.0
     severed: int = 0
 
 
@@ -42,8 +44,10 @@ class ClientPoolStatistics:
 
     This process: ``local_idle``, ``local_in_use``, ``local_waiting``, then the
     ``*_count`` counters since the pool was built (``borrowed_count``: remote
-    requests another process's client served; ``severed_count``: clients in use
-    whose budget units were lapsing, severed under their caller).
+    requests another process's client served; ``queued_count``: checkouts that
+    waited at ``max_live``, whatever came of it, ``waited_s`` their waits, in
+    seconds; ``severed_count``: clients in use whose budget units were lapsing,
+    severed under their caller).
 
     With a :class:`~orbitive.clients.Budget` (all 0 without): ``budget_total``,
     the units the host holds (``budget_units``), the cap its clients keep to now
@@ -73,13 +77,15 @@ class ClientPoolStatistics:
     reset_failures_count: int
     close_errors_count: int
     borrowed_count: int
+    queued_count: int
+    waited_s: float
     severed_count: int = 0
     budget_total: int = 0
     budget_units: int = 0
     budget_cap: int = 0
     budget_lapse_ms: int = 0
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, float]:
         """The numbers by name, for a metrics exporter."""
         return {field.name: getattr(self, field.name) for field in fields(self)}
 
@@ -128,6 +134,8 @@ def collect(
         counters.reset_failures,
         counters.close_errors,
         counters.borrowed,
+        counters.queued,
+        counters.waited_s,
         counters.severed,
         *budget,
     )

@@ -65,10 +65,10 @@ from .._core._errors import (
 from .._core._fleet import Fleet
 from ..pool import POOL_KIND
 from ._client_pool import ClientPool
-from ._database import database_key, dsn_target
+from ._database import database_key, dsn_target, target_label
 from ._gate import Gate
 from ._home_loop import HomeLoop, LoopGone
-from ._options import PoolOptions, seconds
+from ._options import PoolOptions, key_label, seconds
 from ._statistics import ClientPoolStatistics
 
 __all__ = ["Pool", "PoolAcquireContext", "create_pool"]
@@ -202,7 +202,10 @@ class Pool:
             raise InvalidPoolOptions(
                 f"options must be a PoolOptions, got {shown(options)}", key="options"
             )
-        self._key = _target_key(dsn, connect_kwargs) if key is None else key
+        target = _target(dsn, connect_kwargs)
+        self._key = database_key(**target) if key is None else key
+        #: The key's label: the target's user@host:port/database (or a str key's own).
+        self._label = target_label(target) if key is None else key_label(key, None) or None
         self._fleet, self._options, self._kind = fleet, options, kind
         self._dsn, self._connect_kwargs = dsn, connect_kwargs
         self._connect = asyncpg.connect if connect is None else connect
@@ -246,6 +249,7 @@ class Pool:
                 check=self._usable,
                 options=self._options,
                 kind=self._kind,
+                label=self._label,
             )
             options = self._clients.options
             self._gate = Gate(options.max_live, options.max_waiting, self._clients.key)
@@ -628,13 +632,13 @@ class PoolAcquireContext:
         return self.pool._acquire(self.timeout).__await__()
 
 
-def _target_key(dsn: object, kwargs: dict[str, Any]) -> object:
-    """The pool key of the target: explicit arguments first, then the DSN (as asyncpg)."""
-    target = {} if dsn is None else dsn_target(dsn)
+def _target(dsn: object, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The target's parts: explicit arguments first, then the DSN (as asyncpg)."""
+    target: dict[str, Any] = {} if dsn is None else dsn_target(dsn)
     for name in ("host", "port", "database", "user", "service"):
         if kwargs.get(name) is not None:
             target[name] = kwargs[name]
-    return database_key(**target)
+    return target
 
 
 def _refuse_per_process(kwargs: dict[str, Any]) -> None:

@@ -65,10 +65,10 @@ from .._core._errors import ClientCreateError, InvalidPoolOptions, PoolClosed, P
 from .._core._fleet import Fleet
 from ..pool import POOL_KIND, Key
 from ._client_pool import ClientPool
-from ._database import database_key
+from ._database import database_key, target_label
 from ._gate import Gate
 from ._home_loop import HomeLoop, LoopGone
-from ._options import PoolOptions, pool_key
+from ._options import PoolOptions, key_label, pool_key
 
 __all__ = ["AsyncFleetPool", "FleetPool"]
 
@@ -94,9 +94,34 @@ def _engine_key(key: object, creator: object, dialect: object) -> Key:
     return pool_key(key)
 
 
+def _engine_label(key: object, creator: object, dialect: object) -> str | None:
+    """The key's label: a str ``fleet_key`` (a URL shown without its password), else the
+    database's ``user@host:port/dbname``; None when there is none to show."""
+    if key is not None:
+        return key_label(key, None) or None
+    params = _target(creator, dialect)
+    return target_label({**params, "database": params.get("dbname", params.get("database"))})
+
+
 def _target_key(creator: object, dialect: object) -> Key:
-    """The database key of ``create_engine``'s connect function: the arguments its dialect
-    made from the URL (``cparams``), which the function holds.
+    """The database key of ``create_engine``'s connect function (see :func:`_target`).
+
+    Raises:
+        InvalidPoolOptions: not a PostgreSQL dialect, or a creator of your own.
+    """
+    params = _target(creator, dialect)
+    return database_key(
+        host=params.get("host"),
+        port=params.get("port"),
+        database=params.get("dbname", params.get("database")),
+        user=params.get("user"),
+        service=params.get("service"),
+    )
+
+
+def _target(creator: object, dialect: object) -> Mapping[str, Any]:
+    """The arguments the dialect made from the URL (``cparams``), which ``create_engine``'s
+    connect function holds.
 
     Raises:
         InvalidPoolOptions: not a PostgreSQL dialect, or a creator of your own.
@@ -112,13 +137,7 @@ def _target_key(creator: object, dialect: object) -> Key:
             "another database or a creator= of your own, pass fleet_key=",
             key="fleet_key",
         )
-    return database_key(
-        host=params.get("host"),
-        port=params.get("port"),
-        database=params.get("dbname", params.get("database")),
-        user=params.get("user"),
-        service=params.get("service"),
-    )
+    return params
 
 
 def _psycopg_socket(record: ConnectionPoolEntry) -> int:
@@ -126,14 +145,14 @@ def _psycopg_socket(record: ConnectionPoolEntry) -> int:
     driver = record.driver_connection
     if driver is None or "psycopg" not in sys.modules or not hasattr(driver, "pgconn"):
         return -1
-    from . import psycopg as adapter  # noqa: PLC0415 - only for psycopg connections
+    from . import _psycopg_connections as adapter  # noqa: PLC0415 - only for psycopg ones
 
     return adapter.watch_socket(driver)
 
 
 def _await_gone(fd: int) -> None:
     if fd >= 0:
-        from . import psycopg as adapter  # noqa: PLC0415 - only for psycopg connections
+        from . import _psycopg_connections as adapter  # noqa: PLC0415 - only for psycopg ones
 
         adapter.await_gone(fd)
 
@@ -212,6 +231,7 @@ class FleetPool(Pool):
             "fleet_kind": fleet_kind,
         }
         self._key = _engine_key(fleet_key, creator, dialect)
+        self._label = _engine_label(fleet_key, creator, dialect)
         self._mine: set[int] = set()  # ids of the records this pool made and did not close
         self._clients: ClientPool[ConnectionPoolEntry] | None = None
         self._disposed = False
@@ -236,6 +256,7 @@ class FleetPool(Pool):
                 check=check,
                 options=args["fleet_options"],
                 kind=args["fleet_kind"],
+                label=self._label,
             )
         return self._clients
 

@@ -10,7 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import final
 
-from ._layout import COUNTERS, COUNTERS_OFFSET, HEADER_SIZE, OCCUPIED, TOMBSTONE
+from ._layout import (
+    CONFLICTS,
+    CONFLICTS_OFFSET,
+    COUNTERS,
+    COUNTERS_OFFSET,
+    HEADER_SIZE,
+    OCCUPIED,
+    TOMBSTONE,
+)
 from ._steps import ReferenceSteps
 from ._types import LockLease
 
@@ -18,7 +26,17 @@ from ._types import LockLease
 @final
 @dataclass(frozen=True, slots=True)
 class LockTableStatistics:
-    """A snapshot of the state table and this handle's ring position."""
+    """A snapshot of the state table and this handle's ring position.
+
+    Fleet-wide, since the table was created or its transport reset:
+    ``last_fencing_token`` is also the count of acquisitions (each takes the
+    next token), ``conflicts_count`` the ``try_acquire`` calls that found a
+    live holder, and ``recoveries_count`` the stripe mutexes of the table's
+    critical section that a process found held by a dead process and repaired
+    (a holder killed inside a step that held every stripe counts once per
+    stripe; always 0 for a ``Fleet.local`` table, or a section of ``flock``,
+    which the kernel frees).
+    """
 
     capacity: int
     occupied_count: int
@@ -28,6 +46,8 @@ class LockTableStatistics:
     last_fencing_token: int
     last_state_revision: int
     ring_heads: tuple[int, ...]
+    conflicts_count: int = 0
+    recoveries_count: int = 0
 
 
 def _live(steps: ReferenceSteps, slot: int, now: int) -> bool:
@@ -54,6 +74,7 @@ def statistics(steps: ReferenceSteps, _: None, __: int, now: int) -> LockTableSt
             else:
                 expired += 1
     token, revision = COUNTERS.unpack_from(steps.buf, COUNTERS_OFFSET)
+    (conflicts,) = CONFLICTS.unpack_from(steps.buf, CONFLICTS_OFFSET)
     return LockTableStatistics(
         steps.mask + 1,
         occupied,
@@ -63,4 +84,5 @@ def statistics(steps: ReferenceSteps, _: None, __: int, now: int) -> LockTableSt
         token,
         revision,
         tuple(steps.ring.heads()),
+        conflicts,
     )

@@ -16,7 +16,8 @@ State object ``orbit-{fleet}-{state_kind}-{uid}`` (little-endian; version
        24   40 reserved       zero
        64    8 last_token     last fencing token issued (first acquisition gets 1)
        72    8 last_revision  last state_revision issued
-       80   48 reserved       zero
+       80    8 conflicts      try_acquire calls that found a live holder (Occupied)
+       88   40 reserved       zero
     slots, capacity x slot_size; one slot:
         0    1 state          0 EMPTY (with zero lengths), 1 OCCUPIED, 2 TOMBSTONE
         1    1 reserved
@@ -62,7 +63,7 @@ from .._core._region import store
 from ._ring import RingGeometry
 
 STATE_MAGIC: Final = 0x4F4C5354
-STATE_VERSION: Final = 3
+STATE_VERSION: Final = 4
 HEADER_SIZE: Final = 128
 SLOT_HEADER_SIZE: Final = 48
 EMPTY: Final = 0
@@ -75,6 +76,9 @@ EVENT_HEADER_SIZE: Final = 35
 HEADER: Final = struct.Struct("<IHHIII")  # magic .. payload_max (20 bytes)
 COUNTERS: Final = struct.Struct("<QQ")  # last_token, last_revision
 COUNTERS_OFFSET: Final = 64
+#: u64 count of ``try_acquire`` calls that found a live holder (layout version 4).
+CONFLICTS_OFFSET: Final = 80
+CONFLICTS: Final = struct.Struct("<Q")
 #: u32 probe bound: the largest displacement of any entry written since creation or reset.
 MAX_PROBE_OFFSET: Final = 20
 MAX_PROBE: Final = struct.Struct("<I")
@@ -86,6 +90,9 @@ SLOT: Final = struct.Struct("<BxHHHQQQQQ")
 
 DEFAULT_STATE_KIND: Final = 228
 DEFAULT_EVENT_KIND: Final = 229
+#: The kinds of the ``shm://`` store's own table (``orbitive.store``'s ``STORE_LAYOUT``).
+STORE_STATE_KIND: Final = 230
+STORE_EVENT_KIND: Final = 231
 
 
 def _env_int(name: str, default: int) -> int:
@@ -219,7 +226,7 @@ class LockLayout:
                 f"lock state kind {self.state_kind}: header {found} differs from {self.header()}",
                 kind=self.state_kind,
             )
-        counters_end = COUNTERS_OFFSET + COUNTERS.size
+        counters_end = CONFLICTS_OFFSET + CONFLICTS.size
         if any(buf[MAX_PROBE_OFFSET + 4 : COUNTERS_OFFSET]) or any(buf[counters_end:HEADER_SIZE]):
             raise LayoutMismatch(
                 f"lock state kind {self.state_kind}: reserved header bytes are not zero",

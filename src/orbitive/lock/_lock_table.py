@@ -22,6 +22,7 @@ runs ``_try_acquire``, ``_release`` or ``_renew``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
 from .._core import _fork
@@ -29,9 +30,18 @@ from .._core._clock import TTL_MAX_S, check_ttl, monotonic_ns, ttl_ms
 from .._core._errors import EntryTooLarge
 from .._core._fleet import Fleet
 from .._core._readiness import Readiness
+from .._core._section import recoveries
 from . import _events, _inspection
 from ._inspection import LockTableStatistics
-from ._layout import COUNTERS, COUNTERS_OFFSET, HEADER_SIZE, MAX_PROBE, MAX_PROBE_OFFSET, LockLayout
+from ._layout import (
+    CONFLICTS,
+    CONFLICTS_OFFSET,
+    COUNTERS_OFFSET,
+    HEADER_SIZE,
+    MAX_PROBE,
+    MAX_PROBE_OFFSET,
+    LockLayout,
+)
 from ._opening import c_steps, not_a, open_objects
 from ._steps import ReferenceSteps
 from ._types import (
@@ -48,6 +58,8 @@ from ._types import (
 if TYPE_CHECKING:
     from ._fastpath import Steps
 
+#: The header's counters (last token, last revision, conflicts) end here.
+CONFLICTS_END = CONFLICTS_OFFSET + CONFLICTS.size
 _T = TypeVar("_T")
 _A = TypeVar("_A")
 _B = TypeVar("_B")
@@ -326,7 +338,7 @@ class LockTable:
         self._state.acquire()
         try:
             self._buf[MAX_PROBE_OFFSET : MAX_PROBE_OFFSET + MAX_PROBE.size] = bytes(MAX_PROBE.size)
-            self._buf[COUNTERS_OFFSET : COUNTERS_OFFSET + COUNTERS.size] = bytes(COUNTERS.size)
+            self._buf[COUNTERS_OFFSET:CONFLICTS_END] = bytes(CONFLICTS_END - COUNTERS_OFFSET)
             self._buf[HEADER_SIZE:] = bytes(len(self._buf) - HEADER_SIZE)
             self._ring.reset()
             self._cursors = self._ring.heads()
@@ -355,7 +367,10 @@ class LockTable:
         Raises:
             FleetError: the fleet was closed.
         """
-        return self._locked(_inspection.statistics, self._reference, None, 0)
+        counted = self._locked(_inspection.statistics, self._reference, None, 0)
+        if not self._state.shared:
+            return counted
+        return replace(counted, recoveries_count=recoveries(self._state.block))
 
     def __enter__(self) -> LockTable:
         return self

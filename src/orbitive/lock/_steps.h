@@ -11,6 +11,7 @@
 /* Layouts: docs/format.md, lock/_layout.py, lock/_events.py and _ring.py. */
 enum { EMPTY = 0, OCCUPIED = 1, TOMBSTONE = 2 };
 enum { STATE_HEADER = 128, SLOT_HEADER = 48, MAX_PROBE_AT = 20, TOKEN_AT = 64, REVISION_AT = 72 };
+enum { CONFLICTS_AT = 80 };
 enum { RING_HEADER = 64, LANE_HEAD = 64, FRAME_HEADER = 32, EVENT_HEADER = 35 };
 enum { GENERATION_AT = 24, ACQUIRED = 1, RENEWED = 2, RELEASED = 3 };
 #define EVENT_MAGIC UINT32_C(0x4F4C434B)
@@ -274,6 +275,13 @@ static uint64_t advance(uint8_t *p, uint64_t limit)
     } while (!__atomic_compare_exchange_n(word, &last, last + 1, 0, __ATOMIC_ACQ_REL,
                                           __ATOMIC_RELAXED));
     return last + 1;
+}
+
+/* ReferenceSteps.count_conflict: one more try_acquire found a live holder. Atomic, as
+ * the other counters: steps holding other stripes count at the same time. */
+static void count_conflict(uint8_t *s)
+{
+    __atomic_add_fetch((uint64_t *)(s + CONFLICTS_AT), 1, __ATOMIC_RELAXED);
 }
 
 /* -- stripes ------------------------------------------------------------------------ */

@@ -26,6 +26,8 @@ from .._core._errors import FleetError, IdExhausted, StateFull
 from .._core._region import store
 from . import _events
 from ._layout import (
+    CONFLICTS,
+    CONFLICTS_OFFSET,
     COUNTERS,
     COUNTERS_OFFSET,
     EMPTY,
@@ -46,11 +48,13 @@ if TYPE_CHECKING:
 
 _unpack_slot = SLOT.unpack_from
 _unpack_counters = COUNTERS.unpack_from
+_unpack_conflicts = CONFLICTS.unpack_from
 _unpack_max_probe = MAX_PROBE.unpack_from
 _U64: Final = struct.Struct("<Q")
 _REVISION_OFFSET: Final = 24
 _EXPIRES_OFFSET: Final = 40
 _REVISION_MAX: Final = (1 << 64) - 1
+_U64_MAX: Final = (1 << 64) - 1
 #: First 8 bytes of an EMPTY slot: state, reserved and the three lengths, all zero.
 #: A state byte of 0 with any non-zero length is a damaged slot, not the end of a chain.
 _EMPTY_HEAD: Final = bytes(8)
@@ -110,6 +114,7 @@ class ReferenceSteps:
         if self.buf[offset : offset + 8] != _EMPTY_HEAD:  # else: a free home slot
             slot = self.probe(key, now)
             if slot >= 0:
+                self.count_conflict()
                 return Occupied(self.lease_at(slot))
             slot = ~slot
         return Acquired(self.insert(slot, key, owner, now, now + ms))
@@ -290,6 +295,12 @@ class ReferenceSteps:
             raise self._exhausted(token, revision)
         store(self.buf, COUNTERS_OFFSET, COUNTERS, token, revision)
         return token, revision
+
+    def count_conflict(self) -> None:
+        """Count one try_acquire that found a live holder (an observer counts nothing)."""
+        if self.node >= 0:
+            (conflicts,) = _unpack_conflicts(self.buf, CONFLICTS_OFFSET)
+            store(self.buf, CONFLICTS_OFFSET, CONFLICTS, (conflicts + 1) & _U64_MAX)
 
     def raise_bound(self, slot: int, key: LockKey) -> None:
         """Store ``slot``'s displacement from ``key``'s home as ``max_probe`` if it is larger.

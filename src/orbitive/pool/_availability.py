@@ -386,8 +386,12 @@ def claim_in_turn(table: Table, key: Key, max_live: int) -> tuple[int, int]:
     return index, epoch
 
 
-def add_waiter(table: Table, key: Key, delta: int) -> int:
+def add_waiter(table: Table, key: Key, delta: int, waited: tuple[int, bool] | None = None) -> int:
     """Count one waiter of this node in or out (+1 / -1); returns the key's version.
+
+    ``waited``, counting one out: ``(microseconds, timed_out)`` of its wait, which
+    the key's wait counters add (a timeout, or a wait that got a client); None:
+    the wait ended otherwise (the pool closed, the caller was interrupted).
 
     Counting one in bumps the key, so owners holding idle clients notice. The
     node's first waiter starts its queue time (``since``) with a stale
@@ -412,6 +416,8 @@ def add_waiter(table: Table, key: Key, delta: int) -> int:
             store(table.buf, at + table.key_wait_since + 4 * table.node, U32, now)
             stale = (now - SEEN_WITHIN_MS) & U32_MAX
             store(table.buf, at + table.key_wait_seen + 4 * table.node, U32, stale)
+        if waited is not None:
+            table.count_wait(index, *waited)
         if delta > 0 or head:
             table.key_changed(index)
         return table.changes(index)

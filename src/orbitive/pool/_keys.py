@@ -14,6 +14,7 @@ atomic for every process of the fleet.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import struct
 from collections.abc import Callable
 from typing import Final
@@ -33,11 +34,15 @@ from ._layout import (
     EPOCH_OFFSET,
     KEY_CHANGES,
     KEY_HEAD,
+    KEY_LIMITS,
     KEY_LOHI,
     KEY_PARKED,
+    KEY_WAITS,
+    LABEL_MAX,
     U32,
     U64,
     U64_PAIR,
+    WAIT_BOUNDS_US,
     Layout,
 )
 from ._values import Key
@@ -71,6 +76,9 @@ class KeyTable:
         self.key_wait_since = layout.key_wait_since
         self.key_wait_seen = layout.key_wait_seen
         self.key_members = layout.key_members
+        self.key_waits = layout.key_waits
+        self.key_limits = layout.key_limits
+        self.key_label = layout.key_label
         self.member_bytes = layout.member_bytes
         self.member_mask = layout.member_mask
         self.bell = layout.bell
@@ -240,6 +248,44 @@ class KeyTable:
         bit = 1 << (global_index & 7)
         self.buf[at] = self.buf[at] | bit if present else self.buf[at] & ~bit & 0xFF
 
+    # -- label and wait counters ------------------------------------------------------
+
+    def describe(self, key: Key, label: bytes, limits: tuple[int, int, int] | None) -> None:
+        """Write ``key``'s label (1..127 bytes of UTF-8; empty: keep the one it has) and
+        its ``(max_live, min_idle, max_idle)``, if given. Installs the key.
+
+        Raises:
+            KeyFullError: no room to install the key.
+        """
+        self.enter()
+        try:
+            offset = self.key_offset(self.find_key(key, True))
+            if limits is not None:
+                store(self.buf, offset + self.key_limits, KEY_LIMITS, *limits)
+            if label:
+                at = offset + self.key_label
+                # A process killed in between leaves no label, never a torn one.
+                self.buf[at] = 0
+                self.buf[at + 1 : at + 1 + len(label)] = label
+                self.buf[at] = len(label)  # commit: the length last
+        finally:
+            self.leave()
+
+    def count_wait(self, index: int, wait_us: int, timed_out: bool) -> None:
+        """Count one finished wait at ``max_live`` on key ``index``: a timeout, or a
+        checkout served after ``wait_us`` microseconds. In a section."""
+        at = self.key_offset(index) + self.key_waits
+        counts = list(KEY_WAITS.unpack_from(self.buf, at))
+        if timed_out:
+            counts[0] += 1
+        else:
+            counts[1] += 1
+            counts[2] += wait_us
+            bucket = next((i for i, bound in enumerate(WAIT_BOUNDS_US) if wait_us <= bound), -1)
+            if bucket >= 0:
+                counts[3 + bucket] += 1
+        store(self.buf, at, KEY_WAITS, *(count & M64 for count in counts))
+
     # -- identity -------------------------------------------------------------------
 
     def bind(self, node: int, incarnation: int, fleet_life: int) -> None:
@@ -398,3 +444,8 @@ class KeyTable:
         finally:
             self.leave()
         return versions
+
+
+def label_at(buf: mmap.mmap, at: int) -> bytes:
+    """The label stored at ``at`` (empty: none); a damaged length reads as at most 127."""
+    return buf[at + 1 : at + 1 + min(buf[at], LABEL_MAX)]

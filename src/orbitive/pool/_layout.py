@@ -48,10 +48,19 @@ Key slot (key_stride bytes; F8 = round8(F))::
     waiters + 4F'   4 * F           since      per node: monotonic ms its waiting began (u32)
     since + 4F'     4 * F           seen       per node: monotonic ms a waiter last tried (u32)
     seen + 4F'      ceil(F*L/8)     members    bit per global resource index
+    waits           8               timeouts   checkouts that gave up at max_live (u64)
+    waits + 8       8               waits      checkouts that waited at max_live, then got one
+    waits + 16      8               wait_us    their waits, summed, in microseconds
+    waits + 24      8 * B           buckets    per bound of WAIT_BOUNDS_US: waits that took
+                                               at most it and more than the bound before
+    waits + 96      12              limits     max_live, min_idle, max_idle (u32 each; 0: none)
+    waits + 112     128             label      length u8, then that many bytes of UTF-8
 
-(4F' = round8(4 * F).) A key's idle count is not stored: it is the free units
-(capacity - reserved - active) of its live members, counted inside the step
-that needs it, so it can never disagree with the resources it counts.
+(4F' = round8(4 * F); waits = members + round8(ceil(F*L/8)); B = 9.) A key's
+idle count is not stored: it is the free units (capacity - reserved - active)
+of its live members, counted inside the step that needs it, so it can never
+disagree with the resources it counts. Limits and label describe the key for
+people and metrics: the client pool opened last on the key wrote them.
 
 Resource slot (384 bytes; global index = node * L + slot)::
 
@@ -93,7 +102,7 @@ from .._core._region import store
 #: The default SHM kind of the pool table.
 POOL_KIND: Final = 247
 #: Bumped whenever any offset or meaning below changes.
-LAYOUT_VERSION: Final = 4
+LAYOUT_VERSION: Final = 5
 MAGIC: Final = b"POOL"
 HEADER_SIZE: Final = 64
 RESOURCE_SIZE: Final = 384
@@ -132,6 +141,19 @@ KEY_HEAD: Final = struct.Struct("<B7xQQI")  # state, key_lo, key_hi, changes
 KEY_LOHI: Final = 8
 KEY_CHANGES: Final = 24
 KEY_PARKED: Final = 64
+#: Upper bounds, in microseconds, of the wait-time buckets a key slot counts
+#: (1 ms to 10 s; a longer wait is counted in ``waits`` only).
+WAIT_BOUNDS_US: Final = (1_000, 5_000, 10_000, 50_000, 100_000, 500_000, 1_000_000, 5_000_000,
+                         10_000_000)  # fmt: skip
+#: timeouts, waits, wait_us, then one count per bound of WAIT_BOUNDS_US.
+KEY_WAITS: Final = struct.Struct(f"<QQQ{len(WAIT_BOUNDS_US)}Q")
+#: max_live, min_idle, max_idle of the client pool opened last on the key (0: none).
+KEY_LIMITS: Final = struct.Struct("<III")
+#: Bytes from the limits to the label (the limits, then 4 bytes of padding).
+LIMITS_SIZE: Final = 16
+#: Bytes of a key's label area: a length byte, then at most LABEL_MAX bytes of UTF-8.
+LABEL_SIZE: Final = 128
+LABEL_MAX: Final = LABEL_SIZE - 1
 
 RES_HOT: Final = struct.Struct("<BxHIQQQIIIxxxxQQQ")
 RES_BODY: Final = struct.Struct("<HIQQQIIIxxxxQQQ")  # RES_HOT from offset 2 (no state)
@@ -273,6 +295,21 @@ class Layout:
         return self.key_wait_seen + _round(4 * self.fleet_capacity, 8)
 
     @property
+    def key_waits(self) -> int:
+        """Offset of the wait counters inside a key slot (layout version 5)."""
+        return self.key_members + self.member_bytes
+
+    @property
+    def key_limits(self) -> int:
+        """Offset of the limits inside a key slot (layout version 5)."""
+        return self.key_waits + KEY_WAITS.size
+
+    @property
+    def key_label(self) -> int:
+        """Offset of the label area inside a key slot (layout version 5)."""
+        return self.key_limits + LIMITS_SIZE
+
+    @property
     def member_mask(self) -> int:
         """The bits of a member bitmap that name a resource slot (one per slot)."""
         return (1 << self.fleet_capacity * self.lane_capacity) - 1
@@ -285,7 +322,7 @@ class Layout:
     @property
     def key_stride(self) -> int:
         """Bytes per key slot."""
-        return _round(self.key_members + self.member_bytes, 64)
+        return _round(self.key_label + LABEL_SIZE, 64)
 
     @property
     def resources(self) -> int:

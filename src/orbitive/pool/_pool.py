@@ -26,6 +26,7 @@ from ._values import (
     Lease,
     ResourceId,
     check_key,
+    check_label,
     check_lease,
     check_rid,
     check_seconds,
@@ -386,6 +387,24 @@ class Pool:
         max_live = check_units(max_live, "max_live", 1)
         table = self._t()
         return CreationPermit(table, key, table.claim(key, max_live))
+
+    def label_key(self, key: Key, label: str) -> None:
+        """Name ``key`` for people: ``orbit pool`` and metrics show the label, not the digest.
+
+        The label is stored in the key's slot, so every process of the fleet,
+        and an observer, reads it; the one written last counts, until the
+        table's next epoch (``reset_all``) empties the slot.
+
+        Args:
+            label: 1..127 bytes of UTF-8 without control characters; put no
+                secret in it (every process of the user can read it).
+
+        Raises:
+            MalformedError: ``key`` is not a :class:`Key`, or ``label`` breaks the rule.
+            KeyFullError: no room to install the key.
+        """
+        raw = check_label(label)
+        self._t().describe(check_key(key), raw, None)
 
     # -- inspection -------------------------------------------------------------------
 

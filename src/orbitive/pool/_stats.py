@@ -10,18 +10,21 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass, replace
-from typing import final
+from typing import Final, final
 
 from .._core._access import open_checked
 from .._core._errors import LayoutMismatch
 from .._core._region import SHM_DIR, map_section, object_name
+from ._keys import label_at
 from ._layout import (
     DRAINING,
     EPOCH_OFFSET,
     HEADER,
     HEADER_SIZE,
     KEY_HEAD,
+    KEY_LIMITS,
     KEY_PARKED,
+    KEY_WAITS,
     LIVE,
     PENDING,
     PENDING_WORDS,
@@ -29,9 +32,13 @@ from ._layout import (
     RES_HOT,
     RESOURCE_SIZE,
     U64,
+    WAIT_BOUNDS_US,
     Layout,
 )
 from ._values import Key, ResourceId
+
+#: The wait-time buckets' upper bounds in seconds (``KeyStatistics.wait_buckets``).
+WAIT_BOUNDS_S: Final = tuple(bound / 1e6 for bound in WAIT_BOUNDS_US)
 
 _STATES = {1: "live", 2: "draining"}
 
@@ -39,11 +46,26 @@ _STATES = {1: "live", 2: "draining"}
 @final
 @dataclass(frozen=True, slots=True)
 class KeyStatistics:
-    """One installed key: its budget, version, claims, parked nodes, idle units and waiters.
+    """One installed key: its budget, version, claims, idle units, waiters and label.
+
+    Two words for two things, the same everywhere (``orbit pool``, metrics,
+    ``ClientPool.statistics()``):
+
+    * ``waiting``: callers (checkouts) waiting for a client at ``max_live``,
+      fleet-wide; ``waiters`` the same per node (nodes with any).
+    * ``parked_nodes``: nodes with a thread asleep on the key's version word
+      (``Pool.wait_capacity``: a waiting caller, or a client pool's upkeep
+      thread watching the key), whatever it waits for.
 
     ``idle`` is the free units (capacity - reserved - active) of the key's live
-    resources; ``waiting`` the client-pool callers counted at ``max_live``,
-    ``waiters`` the same per node (nodes with any).
+    resources. ``label`` names the key for people (the database's
+    ``user@host:port/dbname``, or a name the application gave), empty when
+    nobody labelled it; ``max_live``, ``min_idle`` and ``max_idle`` are the
+    limits of the client pool opened last on the key (0 when none was).
+    Since the table's epoch began: ``timeouts_count`` checkouts gave up at
+    ``max_live``; ``waits_count`` waited there and then got a client, after
+    ``waited_s`` seconds in all, ``wait_buckets`` of them (per bound of
+    :data:`WAIT_BOUNDS_S`) within that bound and above the one before.
     """
 
     index: int
@@ -52,10 +74,23 @@ class KeyStatistics:
     creating: int
     version: int
     claims: tuple[tuple[int, int], ...]  # (node, claims held) for nodes holding any
-    waiting_nodes: int
+    parked_nodes: int
     idle: int = 0
     waiting: int = 0
     waiters: tuple[tuple[int, int], ...] = ()
+    label: str = ""
+    max_live: int = 0
+    min_idle: int = 0
+    max_idle: int = 0
+    timeouts_count: int = 0
+    waits_count: int = 0
+    waited_s: float = 0.0
+    wait_buckets: tuple[int, ...] = (0,) * len(WAIT_BOUNDS_US)
+
+    @property
+    def name(self) -> str:
+        """The label, or the key's digest in hex when it has none."""
+        return self.label or str(self.key)
 
 
 @final
@@ -80,9 +115,12 @@ class ResourceStatistics:
 class PoolStatistics:
     """The whole table at one moment.
 
-    Counters carry ``_count``; ``members`` lists (node, incarnation) doorbells
-    and ``bell_lives`` (node, fleet incarnation) of the processes that rang them
-    (the life a node's holder must still have for the doorbell's life to go on).
+    Counters carry ``_count``; ``waiting_count`` is the callers waiting at
+    ``max_live`` over every key and ``parked_nodes_count`` the keys' parked
+    nodes summed (see :class:`KeyStatistics`). ``members`` lists (node,
+    incarnation) doorbells and ``bell_lives`` (node, fleet incarnation) of the
+    processes that rang them (the life a node's holder must still have for the
+    doorbell's life to go on).
     """
 
     fleet: str
@@ -97,7 +135,8 @@ class PoolStatistics:
     reserved_count: int
     active_count: int
     creating_count: int
-    waiting_nodes_count: int
+    waiting_count: int
+    parked_nodes_count: int
     members: tuple[tuple[int, int], ...]
     bell_lives: tuple[tuple[int, int], ...]
     keys: tuple[KeyStatistics, ...]
@@ -115,6 +154,8 @@ def _keys(buf: mmap.mmap, layout: Layout) -> list[KeyStatistics]:
             continue
         claims = claims_struct.unpack_from(buf, offset + layout.key_claims)
         waiters = claims_struct.unpack_from(buf, offset + layout.key_waiters)
+        timeouts, waits, wait_us, *buckets = KEY_WAITS.unpack_from(buf, offset + layout.key_waits)
+        max_live, min_idle, max_idle = KEY_LIMITS.unpack_from(buf, offset + layout.key_limits)
         members = offset + layout.key_members
         bits = int.from_bytes(buf[members : members + layout.member_bytes], "little")
         live = (bits & mask).bit_count()
@@ -130,6 +171,14 @@ def _keys(buf: mmap.mmap, layout: Layout) -> list[KeyStatistics]:
                 len(parked) - parked.count(0),
                 waiting=sum(waiters),
                 waiters=tuple((node, count) for node, count in enumerate(waiters) if count),
+                label=label_at(buf, offset + layout.key_label).decode(errors="replace"),
+                max_live=max_live,
+                min_idle=min_idle,
+                max_idle=max_idle,
+                timeouts_count=timeouts,
+                waits_count=waits,
+                waited_s=wait_us / 1e6,
+                wait_buckets=tuple(buckets),
             )
         )
     return rows
@@ -199,7 +248,8 @@ def collect(buf: mmap.mmap, layout: Layout, fleet: str) -> PoolStatistics:
         reserved_count=sum(r.reserved for r in resources),
         active_count=sum(r.active for r in resources),
         creating_count=sum(k.creating for k in keys),
-        waiting_nodes_count=sum(k.waiting_nodes for k in keys),
+        waiting_count=sum(k.waiting for k in keys),
+        parked_nodes_count=sum(k.parked_nodes for k in keys),
         members=tuple(members),
         bell_lives=tuple(bell_lives),
         keys=tuple(keys),

@@ -9,12 +9,12 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Final, Literal, final
+from typing import Final, Literal, cast, final
 
 from .._core._bytes import exact_bytes
 from .._core._clock import TTL_MAX_S
 from .._core._errors import MalformedError, shown
-from ._layout import PENDING
+from ._layout import LABEL_MAX, PENDING
 
 U64_MAX: Final = (1 << 64) - 1
 #: Longest duration a pool verb takes, in seconds (about 31.7 years, as a lock's ttl).
@@ -276,6 +276,29 @@ def check_lease(lease: object) -> Lease:
             f"lease fence must be an int in 1..{U64_MAX}, got {shown(lease.fence)}"
         )
     return lease
+
+
+def check_label(label: object) -> bytes:
+    """``label`` as the UTF-8 bytes a key slot stores: 1..127 bytes, no control character.
+
+    Raises:
+        MalformedError: not a str, empty, longer than 127 bytes of UTF-8, holding a
+            control character (U+0000-U+001F, U+007F-U+009F) or a lone surrogate.
+    """
+    if not issubclass(type(label), str):  # type(), not isinstance: __class__ may lie
+        raise MalformedError(f"a key label must be a str, got {shown(label)}")
+    text = str.__str__(cast(str, label))  # an exact str, its hooks bypassed
+    try:
+        raw = text.encode()
+    except UnicodeEncodeError:
+        raise MalformedError(f"key label {shown(text)} has a lone surrogate") from None
+    if not 1 <= len(raw) <= LABEL_MAX:
+        raise MalformedError(
+            f"a key label must be 1..{LABEL_MAX} bytes of UTF-8, got {len(raw)}: {shown(text)}"
+        )
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in text):
+        raise MalformedError(f"key label {shown(text)} has a control character")
+    return raw
 
 
 def check_seconds(value: object, what: str) -> float:

@@ -63,7 +63,7 @@ from .._core._errors import (
 from .._core._fleet import CAPACITY_DEFAULT, Fleet
 from .._core._section import object_bytes
 from ..lock import Acquired, LockKey, LockLayout, LockLease, LockOwner, LockTable
-from ..lock._layout import EVENT_HEADER_SIZE
+from ..lock._layout import EVENT_HEADER_SIZE, STORE_EVENT_KIND, STORE_STATE_KIND
 from ._engine import Busy, Engine, LockInfo, SlotInfo, limit_mismatch
 from ._guards import LIMIT_MAX
 
@@ -78,8 +78,8 @@ _PAYLOAD_MAX: Final = len(_NAMESPACE_BYTES) + 2 * _TEXT_MAX
 #: The store's table: kinds 230 (state) and 231 (ring), 256 names resident at once,
 #: payloads of a full-length name and owner, 16 transition frames per node.
 STORE_LAYOUT: Final = LockLayout(
-    state_kind=230,
-    event_kind=231,
+    state_kind=STORE_STATE_KIND,
+    event_kind=STORE_EVENT_KIND,
     capacity=256,
     payload_max=_PAYLOAD_MAX,
     ring_capacity=16,

@@ -2,9 +2,9 @@
 
 A fleet can hold two: the default ``LockTable`` (kinds 228 and 229, the geometry of
 whoever created it, ``ORBIT_LOCK_*`` included) and the ``shm://`` store's table
-(kinds 230 and 231, :data:`~orbitive.store._shm.STORE_LAYOUT`). Both headers are
-read first, so ``orbit locks``, ``watch`` and ``force-release`` never need the
-creator's environment.
+(kinds 230 and 231, ``orbitive.store``'s ``STORE_LAYOUT``). Both headers are read
+first, so ``orbit locks``, ``watch``, ``force-release`` and :mod:`orbitive.metrics`
+never need the creator's environment.
 """
 
 from __future__ import annotations
@@ -15,16 +15,22 @@ from collections.abc import Iterator
 from .._core._errors import InvalidLayout, LayoutMismatch
 from .._core._fleet import Fleet
 from .._core._region import object_name, object_size, read_prefix
-from ..lock import LockLayout, LockTable
-from ..lock._layout import DEFAULT_EVENT_KIND, DEFAULT_STATE_KIND, HEADER
-from ..lock._ring import _HEADER as RING_HEADER
-from ..lock._ring import lane_count_of
-from ..store._shm import STORE_LAYOUT
+from ._layout import (
+    DEFAULT_EVENT_KIND,
+    DEFAULT_STATE_KIND,
+    HEADER,
+    STORE_EVENT_KIND,
+    STORE_STATE_KIND,
+    LockLayout,
+)
+from ._lock_table import LockTable
+from ._ring import _HEADER as RING_HEADER
+from ._ring import lane_count_of
 
-#: (state kind, event kind) of every lock table ``orbit`` knows, in display order.
+#: (state kind, event kind) of every lock table a fleet may hold, in display order.
 TABLE_KINDS = (
     (DEFAULT_STATE_KIND, DEFAULT_EVENT_KIND),
-    (STORE_LAYOUT.state_kind, STORE_LAYOUT.event_kind),
+    (STORE_STATE_KIND, STORE_EVENT_KIND),
 )
 
 

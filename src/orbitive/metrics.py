@@ -1,0 +1,232 @@
+"""Prometheus metrics of a fleet, read straight from its shared memory.
+
+A fleet's state is host-wide already: the pool table counts every process's
+clients, waiters and waits, the lock tables their leases and conflicts. So one
+collector, in any one process, exports the whole host; it needs neither
+prometheus_client's multiprocess mode (which takes no custom collector,
+client_python #886 and #653) nor a membership: it reads the tables as an
+observer, so a sidecar that never joins the fleet can serve it, and so can any
+worker of a gunicorn fleet::
+
+    from prometheus_client import REGISTRY, start_http_server
+    from orbitive.metrics import FleetCollector
+
+    REGISTRY.register(FleetCollector("web"))
+    start_http_server(9100)
+
+Client pools (one series per pool key, named by its label), with
+OpenTelemetry's semantic names for database connection pools mapped to
+Prometheus's (dots to underscores, the unit as a suffix, ``_total`` on
+counters; attributes as labels: ``db_client_connection_pool_name``,
+``db_client_connection_state``):
+
+======================================================  =========  ==========================
+``db_client_connection_count{state="idle"|"used"}``     gauge      live connections of live
+                                                                   owners, idle or in use
+``db_client_connection_max``                            gauge      ``max_live`` (host-wide)
+``db_client_connection_idle_max``                       gauge      ``max_idle`` (host-wide)
+``db_client_connection_idle_min``                       gauge      ``min_idle`` (host-wide)
+``db_client_connection_pending_requests``               gauge      callers waiting at
+                                                                   ``max_live``
+``db_client_connection_timeouts_total``                 counter    checkouts that gave up at
+                                                                   ``max_live``
+``db_client_connection_wait_time_seconds``              histogram  the waits of checkouts that
+                                                                   waited at ``max_live``
+``orbitive_pool_creating``                              gauge      creations claimed, not done
+``orbitive_pool_dead_connections``                      gauge      connections of dead owners
+                                                                   not reported yet
+======================================================  =========  ==========================
+
+The limits are those of the client pool opened last on the key (a key no
+client pool described has none). The wait time is recorded only for checkouts
+that had to wait at ``max_live``: one served at once (almost all of them) adds
+nothing, so the histogram describes the waits, not every checkout. Counters
+and the histogram start again at 0 when the table's epoch changes.
+
+Lock tables (the fleet's ``LockTable`` and its ``shm://`` store's, label
+``table``: ``locks`` or ``store``): ``orbitive_lock_leases`` (live leases),
+``orbitive_lock_acquisitions_total``, ``orbitive_lock_conflicts_total``
+(``try_acquire`` answered ``Occupied``) and ``orbitive_lock_recoveries_total``
+(the section's stripe mutexes repaired after their holder died).
+
+Every series carries ``fleet``. Needs the ``metrics`` extra (prometheus_client).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Final, final
+
+try:
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+    )
+except ImportError as error:  # pragma: no cover - the extra is installed in the tests
+    raise ModuleNotFoundError(
+        "orbitive.metrics needs prometheus_client: pip install 'orbitive[metrics]'",
+        name="prometheus_client",
+    ) from error
+
+from ._core._errors import MalformedError, shown
+from ._core._fleet import check_fleet_name
+from .lock._layout import DEFAULT_STATE_KIND, STORE_STATE_KIND
+from .lock._tables import open_tables
+from .pool import POOL_KIND
+from .pool._observer import Observation, observe
+from .pool._stats import WAIT_BOUNDS_S
+
+__all__ = ["FleetCollector"]
+
+#: The label of the pool a series belongs to, and of a connection's state (OpenTelemetry's
+#: ``db.client.connection.pool.name`` and ``db.client.connection.state``).
+POOL_NAME: Final = "db_client_connection_pool_name"
+STATE: Final = "db_client_connection_state"
+#: The lock tables by their state kinds, as the ``table`` label names them.
+TABLE_NAMES: Final = {DEFAULT_STATE_KIND: "locks", STORE_STATE_KIND: "store"}
+
+
+@final
+class FleetCollector:
+    """A Prometheus collector of one fleet's client pools and lock tables.
+
+    Every scrape attaches to the fleet's tables read-only, as an observer (no
+    node is held, nothing is written), reads them and lets go. A fleet with no
+    pool table or no lock table exports none of its series.
+
+    Args:
+        fleet: the fleet's name.
+        pool_kind: the kind number of its pool table (default 247).
+
+    Raises:
+        InvalidName: ``fleet`` is not a fleet name.
+        MalformedError: ``pool_kind`` is not an int in 0..255 (as ``Pool`` says it).
+
+    A scrape (``collect``) raises ``LayoutMismatch`` when an object is not a
+    table of this release's layout, and ``AccessDenied`` when one is not the
+    user's own.
+    """
+
+    def __init__(self, fleet: str, *, pool_kind: int = POOL_KIND) -> None:
+        self.fleet = check_fleet_name(fleet)
+        if type(pool_kind) is not int or not 0 <= pool_kind <= 255:
+            raise MalformedError(f"pool kind must be an int in 0..255, got {shown(pool_kind)}")
+        self.pool_kind = pool_kind
+
+    def describe(self) -> Iterable[Metric]:
+        """The metric families this collector yields, without samples (the registry
+        checks their names once, and never scrapes to learn them)."""
+        return list(_pool_families(self.fleet)) + list(_lock_families(self.fleet))
+
+    def collect(self) -> Iterator[Metric]:
+        """Read the fleet's tables now and yield their metric families."""
+        observation = observe(self.fleet, self.pool_kind)
+        if observation is not None:
+            yield from _pool_families(self.fleet, observation)
+        yield from _lock_families(self.fleet, read=True)
+
+    def __repr__(self) -> str:
+        return f"<FleetCollector fleet={self.fleet!r} pool_kind={self.pool_kind}>"
+
+
+def _pool_families(fleet: str, observation: Observation | None = None) -> Iterator[Metric]:
+    """The client pools' families; empty (for ``describe``) when ``observation`` is None."""
+    labels = ["fleet", POOL_NAME]
+    count = GaugeMetricFamily(
+        "db_client_connection_count",
+        "Connections in the state the state label names (idle or used), host-wide",
+        labels=[*labels, STATE],
+    )
+    limits = [
+        GaugeMetricFamily(
+            "db_client_connection_max", "Most open connections allowed (max_live)", labels=labels
+        ),
+        GaugeMetricFamily(
+            "db_client_connection_idle_max", "Most idle connections kept (max_idle)", labels=labels
+        ),
+        GaugeMetricFamily(
+            "db_client_connection_idle_min", "Idle connections kept warm (min_idle)", labels=labels
+        ),
+    ]
+    pending = GaugeMetricFamily(
+        "db_client_connection_pending_requests",
+        "Checkouts waiting for a connection at max_live",
+        labels=labels,
+    )
+    timeouts = CounterMetricFamily(
+        "db_client_connection_timeouts",
+        "Checkouts that gave up waiting for a connection at max_live",
+        labels=labels,
+    )
+    wait = HistogramMetricFamily(
+        "db_client_connection_wait_time",
+        "Time a checkout that waited at max_live took to get a connection",
+        labels=labels,
+        unit="seconds",
+    )
+    creating = GaugeMetricFamily(
+        "orbitive_pool_creating", "Connections being created (claims held)", labels=labels
+    )
+    dead = GaugeMetricFamily(
+        "orbitive_pool_dead_connections",
+        "Connections of owners that died, not reported yet",
+        labels=labels,
+    )
+    if observation is not None:
+        names = observation.names()
+        for key in observation.statistics.keys:
+            values = [fleet, names[key.key]]
+            counts = observation.counts(key)
+            count.add_metric([*values, "idle"], counts.idle)
+            count.add_metric([*values, "used"], counts.in_use)
+            if key.max_live:
+                for family, limit in zip(
+                    limits, (key.max_live, key.max_idle, key.min_idle), strict=True
+                ):
+                    family.add_metric(values, limit)
+            pending.add_metric(values, key.waiting)
+            timeouts.add_metric(values, key.timeouts_count)
+            wait.add_metric(values, _buckets(key.wait_buckets, key.waits_count), key.waited_s)
+            creating.add_metric(values, key.creating)
+            dead.add_metric(values, counts.dead)
+    yield from (count, *limits, pending, timeouts, wait, creating, dead)
+
+
+def _buckets(counts: tuple[int, ...], total: int) -> list[tuple[str, float]]:
+    """Cumulative ``(le, count)`` pairs from per-bucket counts, ``+Inf`` last."""
+    buckets, running = [], 0
+    for bound, count in zip(WAIT_BOUNDS_S, counts, strict=True):
+        running += count
+        buckets.append((f"{bound:g}", float(running)))
+    buckets.append(("+Inf", float(total)))
+    return buckets
+
+
+def _lock_families(fleet: str, *, read: bool = False) -> Iterator[Metric]:
+    """The lock tables' families; read from the fleet's tables when ``read``."""
+    labels = ["fleet", "table"]
+    leases = GaugeMetricFamily("orbitive_lock_leases", "Live leases held", labels=labels)
+    acquisitions = CounterMetricFamily(
+        "orbitive_lock_acquisitions", "Leases granted (the last fencing token)", labels=labels
+    )
+    conflicts = CounterMetricFamily(
+        "orbitive_lock_conflicts", "try_acquire calls that found a live holder", labels=labels
+    )
+    recoveries = CounterMetricFamily(
+        "orbitive_lock_recoveries",
+        "Critical-section mutexes repaired after their holder died",
+        labels=labels,
+    )
+    if read:
+        with open_tables(fleet, observe=True) as tables:
+            for table in tables:
+                stats = table.statistics()
+                kind = table.layout.state_kind
+                values = [fleet, TABLE_NAMES.get(kind, f"kind {kind}")]
+                leases.add_metric(values, stats.occupied_count)
+                acquisitions.add_metric(values, stats.last_fencing_token)
+                conflicts.add_metric(values, stats.conflicts_count)
+                recoveries.add_metric(values, stats.recoveries_count)
+    yield from (leases, acquisitions, conflicts, recoveries)
