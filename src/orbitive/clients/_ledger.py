@@ -66,6 +66,7 @@ from typing import Any, Final, Generic, TypeVar, final
 
 from .._core import _fork
 from .._core._errors import (
+    BudgetMismatch,
     BusyError,
     CreationBudgetError,
     DrainingError,
@@ -231,14 +232,25 @@ class Ledger(Generic[C]):
         makes the allowance; the others must name the same budget).
 
         Raises:
-            InvalidBudget: another pool of the key in this process names another budget.
-            BudgetMismatch, BudgetUnavailable, UnsafeCoordinator: as
-                :class:`~._allowance.Allowance`.
+            BudgetMismatch: another pool of the key in this process names it with
+                another total; and as :class:`~._allowance.Allowance`.
+            InvalidBudget: another pool of the key in this process names it otherwise
+                (its URL, ttl or hand-over bound).
+            BudgetUnavailable, UnsafeCoordinator: as :class:`~._allowance.Allowance`.
         """
         with _ledgers_lock:
             if self.allowance is None:
                 self.allowance = Allowance(self._fleet, budget, options, self._kind)
             elif self.allowance.budget != budget:
+                held = self.allowance.budget
+                if held.total != budget.total:
+                    raise BudgetMismatch(
+                        f"budget {budget.name!r} is held under total {held.total} by another "
+                        f"pool of this process, not {budget.total}",
+                        key=budget.name,
+                        total=budget.total,
+                        found=held.total,
+                    )
                 raise InvalidBudget(
                     f"budget {budget.name!r}: the pools of one budget in a process must name "
                     f"it alike, got {budget!r} and {self.allowance.budget!r}",
