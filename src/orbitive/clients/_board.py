@@ -68,7 +68,8 @@ from typing import Any, Final, TypeVar, final
 
 from .._core._errors import BudgetMismatch, FleetError, LayoutMismatch
 from .._core._fleet import Fleet
-from .._core._region import Region, store
+from .._core._region import Region, object_name, object_size, read_prefix, store
+from ..pool import Key
 from ._budget import Budget
 
 T = TypeVar("T")
@@ -343,6 +344,52 @@ _HEAD_NAMES: Final = (
 )  # fmt: skip
 
 
+@final
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """One budget's record on a host, as an observer reads it (:func:`observe_board`).
+
+    Attributes:
+        key: the budget's pool key.
+        total: the budget's total.
+        units: the units the host holds.
+        cap: the cap the steward set (live and creating clients stay at most this).
+        lapse_s: seconds the units are surely held by this host's clock (0 when it
+            holds none, or they may have lapsed).
+    """
+
+    key: Key
+    total: int
+    units: int
+    cap: int
+    lapse_s: float
+
+
+def observe_board(fleet_name: str) -> list[Seen]:
+    """The budgets of a fleet's board, read once without joining the fleet (nothing is
+    held or written: a record being written may show its numbers before and after);
+    [] when the fleet has no board.
+
+    Raises:
+        LayoutMismatch: the object is no board of this release's layout.
+        AccessDenied: the object is not the user's own.
+    """
+    name = object_name(fleet_name, BOARD_KIND)
+    if object_size(name) is None:
+        return []
+    data = read_prefix(name, SIZE)
+    _validate(data)
+    now, seen = boot_ns(), []
+    for index in range(RECORDS):
+        head = HEAD.unpack_from(data, HEADER_SIZE + index * RECORD_SIZE)
+        if head[0] != 1:
+            continue
+        key = Key(head[2] | head[3] << 64)
+        lapse_s = max(0.0, (head[6] - now) / 1e9) if head[8] else 0.0
+        seen.append(Seen(key, head[1], head[8], head[7], lapse_s))
+    return seen
+
+
 class _Section:
     """``with`` the region's critical section."""
 
@@ -372,7 +419,7 @@ def _init(buf: mmap.mmap) -> None:
     buf[:HEADER_SIZE] = raw
 
 
-def _validate(buf: mmap.mmap) -> None:
+def _validate(buf: mmap.mmap | bytes) -> None:
     raw = bytes(buf[:HEADER_SIZE])
     *found, checksum = HEADER.unpack(raw)
     expected = [MAGIC, LAYOUT_VERSION, HEADER_SIZE, RECORDS, RECORD_SIZE]
