@@ -78,7 +78,7 @@ class Mutex(Protocol):
     """Either twin of the robust mutex (``_robust_c.RobustMutex``, ``_robust.RobustMutex``)."""
 
     def create(self) -> None: ...
-    def acquire(self) -> None: ...
+    def acquire(self) -> int: ...
     def release(self) -> None: ...
     def release_mine(self) -> int: ...
 
@@ -115,7 +115,7 @@ class Section(Protocol):
     mechanism: int
     stripes: int
 
-    def acquire(self) -> None: ...
+    def acquire(self) -> int: ...  # how many stripe mutexes it repaired (a holder died)
     def release(self) -> None: ...
     def release_mine(self) -> None: ...
     def after_fork_in_child(self) -> None: ...
@@ -168,8 +168,10 @@ class FlockSection:
         self.fd = os.dup(fd)
         os.set_inheritable(self.fd, False)
 
-    def acquire(self) -> None:
+    def acquire(self) -> int:
+        """Lock (the kernel lets a dead holder's lock go: nothing to repair)."""
         fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return 0
 
     def release(self) -> None:
         if self.fd >= 0:

@@ -28,8 +28,10 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Final
 
 from .._core._errors import LockTimeout
@@ -67,7 +69,12 @@ killed the moment orbit run dies (PR_SET_PDEATHSIG), so it never runs unlocked.
 
 exit status: CMD's own; 75 the lock is busy (no --wait, or the wait ran out);
 76 the lock was lost while CMD ran (--on-lost term or kill); 126/127 CMD cannot
-be run; 2 bad usage; 1 the store failed."""
+be run; 2 bad usage; 1 the store failed.
+
+In a crontab, write orbit's full path: cron's PATH is /usr/bin:/bin, which an
+orbit installed in a virtual environment is not on. For this orbit:
+
+  30 2 * * *  {{orbit}} run --lock reports/nightly --ttl 120 -- /opt/reports/nightly.sh || [ $? -eq 75 ]"""  # noqa: E501
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -75,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd = subparsers.add_parser(
         "run",
         help="run a command while holding a named lock (like flock(1), with leases)",
-        description=_DESCRIPTION,
+        description=_DESCRIPTION.format(orbit=orbit_path()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     cmd.add_argument("--lock", required=True, metavar="NAME", help="the lock name")
@@ -109,6 +116,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     cmd.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     cmd.set_defaults(func=cmd_run)
+
+
+def orbit_path() -> str:
+    """The full path of this installation's ``orbit`` script (for a crontab line).
+
+    The script that runs, else the one in the interpreter's scripts folder (the
+    virtual environment's ``bin``) when it is there, else a placeholder.
+    """
+    running = Path(sys.argv[0])
+    if running.name == "orbit":
+        return str(running.absolute())
+    beside = Path(sysconfig.get_path("scripts")) / "orbit"
+    return str(beside) if beside.is_file() else "/path/to/venv/bin/orbit"
 
 
 def _wait_seconds(text: str) -> float:

@@ -26,8 +26,8 @@ def add_store_option(parser: argparse.ArgumentParser) -> None:
         "--store",
         default=None,
         metavar="URL",
-        help="store URL: sqlite:///path, postgresql://..., shm://FLEET (default: the SQLite "
-        "file in the user's state directory, as open_store() picks it)",
+        help="store URL: sqlite:///path, postgresql://..., redis://..., shm://FLEET "
+        "(default: the SQLite file in the user's state directory, as open_store() picks it)",
     )
 
 

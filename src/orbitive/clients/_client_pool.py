@@ -374,9 +374,9 @@ class ClientPool(Generic[C]):
         now = time.monotonic()
         age = now - entry.created_at
         in_turn = age < self._turn and entry.uses % self._turn_uses != 0
-        if age >= self._max_lifetime or not self._ledger.give_back(
-            entry, now, in_turn, self._idle_limit, self._max_live
-        ):
+        if age >= self._max_lifetime:
+            self._retiring.hand_over(self._checkout.aged(entry))
+        elif not self._ledger.give_back(entry, now, in_turn, self._idle_limit, self._max_live):
             self._retiring.hand_over(entry)
 
     def discard(self, client: C) -> None:

@@ -148,6 +148,8 @@ class Ledger(Generic[C]):
 
     def __init__(self, fleet: Fleet, kind: int, key: Key, name: tuple[int, int, Key]) -> None:
         self.key = key
+        #: How the log records name the fleet of the key's pools.
+        self.where = f"client pool of fleet {fleet.name!r}"
         self._fleet, self._kind, self._name = fleet, kind, name
         self._handle = Pool(fleet, kind=kind)  # its own: it outlives any one ClientPool's
         self._lock = threading.Lock()

@@ -30,6 +30,7 @@ collected, and its finalizer stops the thread (:meth:`Upkeep.stop`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import sys
 import threading
@@ -47,6 +48,14 @@ from ._ledger import Entry, Ledger
 from ._options import HANDOFF_GRACE_S, PoolOptions
 from ._retiring import Retiring
 from ._statistics import Counters
+
+_log = logging.getLogger("orbitive.clients")
+
+#: The retirements the upkeep logs: why, and the option that bounds them (seconds).
+_LOGGED: Final[dict[int, tuple[str, Callable[[PoolOptions], float]]]] = {
+    FOR_IDLE_TIMEOUT: ("idle longer than idle_timeout", lambda options: options.idle_timeout),
+    FOR_LIFETIME: ("past max_lifetime", lambda options: options.max_lifetime),
+}
 
 C = TypeVar("C")
 
@@ -161,9 +170,20 @@ class Upkeep(Generic[C]):
         self._counters.severed += 1
 
     def _retire_idle(self, reason: int, due: Callable[[Entry[C]], bool]) -> None:
-        """Retire idle clients, oldest first, while ``due(entry)`` and the table agrees."""
+        """Retire idle clients, oldest first, while ``due(entry)`` and the table agrees;
+        those retired for ``idle_timeout`` or ``max_lifetime`` are logged (INFO on
+        ``orbitive.clients``), how many and why."""
         options = self._options
         taken = self._ledger.idle_to_retire(due, reason, options.max_live, options.min_idle)
+        if taken and reason in _LOGGED:
+            why, bound = _LOGGED[reason]
+            _log.info(
+                "%s: retiring %d idle client(s) %s (%g s)",
+                self._checkout.where,
+                len(taken),
+                why,
+                bound(options),
+            )
         self._retiring.retire_all(taken)
 
     def _refill(self) -> None:
@@ -179,8 +199,9 @@ class Upkeep(Generic[C]):
                 permit.finish()
                 if not isinstance(error, Exception):
                     raise
-                self._counters.create_errors += 1
+                self._checkout.failed_create(error, "to refill min_idle")
                 return
+            self._checkout.created()
             self._checkout.registered(permit, client, active=False)
 
     def _report(self) -> None:

@@ -53,6 +53,7 @@ static int enter(Steps *t, Maps *m, const Entry *e, Held *h)
 {
     h->lo = 0;
     h->hi = -1;
+    h->repaired = 0;
     if (maps_get(t, m) < 0) {
         PyErr_Clear(); /* a closed mapping: the Python operation says why */
         return 0;
@@ -60,6 +61,7 @@ static int enter(Steps *t, Maps *m, const Entry *e, Held *h)
     if (cover(t, m->s, e, h) != 0 || t->closed) { /* closed while this thread waited */
         let_go(t, h);
         maps_release(m);
+        robust_report(t->repaired, &h->repaired);
         return 0;
     }
     return 1;
@@ -76,6 +78,7 @@ static int leave(Steps *t, Maps *m, Held *h, int wake)
     }
     let_go(t, h);
     maps_release(m);
+    robust_report(t->repaired, &h->repaired);
     return failed;
 }
 
@@ -292,19 +295,21 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
     static char *names[] = {"state", "ring", "block", "capacity", "stride", "payload_max",
                             "lanes", "heads_at", "slots_at", "ring_capacity", "ring_stride",
                             "frame_bytes", "node", "id_base", "wake", "stripes", "types",
-                            "fork_module", "table", "steps_module", NULL};
+                            "fork_module", "table", "steps_module", "repaired", NULL};
     PyObject *state, *ring, *block, *wake, *types, *fork_module, *table, *steps_module;
+    PyObject *repaired;
     unsigned long long id_base;
     Steps g; /* parsed and checked here, copied into t only when consistent */
     if (t->ready) {
         PyErr_SetString(PyExc_TypeError, "Steps is initialised already");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOnnnnnnnnnnKOiOOOO", names, &state,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOnnnnnnnnnnKOiOOOOO", names, &state,
                                      &ring, &block, &g.capacity, &g.stride, &g.payload_max,
                                      &g.lanes, &g.heads_at, &g.slots_at, &g.ring_capacity,
                                      &g.ring_stride, &g.frame_bytes, &g.node, &id_base, &wake,
-                                     &g.stripes, &types, &fork_module, &table, &steps_module))
+                                     &g.stripes, &types, &fork_module, &table, &steps_module,
+                                     &repaired))
         return -1;
     int pow2 = g.capacity > 0 && !(g.capacity & (g.capacity - 1)) && g.capacity <= 1 << 20 &&
                g.ring_capacity > 0 && !(g.ring_capacity & (g.ring_capacity - 1)) &&
@@ -320,10 +325,11 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_ValueError, "inconsistent lock table or ring geometry");
         return -1;
     }
-    if (!PyCallable_Check(wake) || !PyModule_Check(fork_module) ||
+    if (!PyCallable_Check(wake) || !PyCallable_Check(repaired) || !PyModule_Check(fork_module) ||
         !PyModule_Check(steps_module) || parse_types(types, &t->types) < 0) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "wake must be callable and the modules modules");
+            PyErr_SetString(PyExc_TypeError,
+                            "wake and repaired must be callable and the modules modules");
         return -1;
     }
     PyObject *fork_dict = PyModule_GetDict(fork_module);
@@ -351,6 +357,7 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
     t->state = Py_NewRef(state);
     t->ring = Py_NewRef(ring);
     t->wake = Py_NewRef(wake);
+    t->repaired = Py_NewRef(repaired);
     t->fork_dict = Py_NewRef(fork_dict);
     t->generation = Py_NewRef(generation);
     t->table = Py_NewRef(table);
@@ -365,6 +372,7 @@ static int Steps_traverse(Steps *t, visitproc visit, void *arg)
 {
     Py_VISIT(t->table);
     Py_VISIT(t->wake);
+    Py_VISIT(t->repaired);
     return 0;
 }
 
@@ -372,6 +380,7 @@ static int Steps_clear(Steps *t)
 {
     Py_CLEAR(t->table);
     Py_CLEAR(t->wake);
+    Py_CLEAR(t->repaired);
     return 0;
 }
 

@@ -21,6 +21,7 @@ runs ``_try_acquire``, ``_release`` or ``_renew``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
@@ -58,6 +59,7 @@ from ._types import (
 if TYPE_CHECKING:
     from ._fastpath import Steps
 
+_log = logging.getLogger("orbitive.lock")
 #: The header's counters (last token, last revision, conflicts) end here.
 CONFLICTS_END = CONFLICTS_OFFSET + CONFLICTS.size
 _T = TypeVar("_T")
@@ -269,11 +271,21 @@ class LockTable:
         """Administrative, ownerless release of ``key`` (an escape hatch, not normal use).
 
         Returns:
-            True when a live entry was released; False when absent or already expired.
+            True when a live entry was released (and logged at WARNING on
+            ``orbitive.lock``: its holder has lost it); False when absent or already
+            expired.
         """
         if type(key) is not LockKey:
             raise not_a("key", "LockKey", key)
-        return self._locked(self._reference.force, key, None, 0)
+        released: bool = self._locked(self._reference.force, key, None, 0)
+        if released:
+            _log.warning(
+                "lock table of fleet %r (kind %d): key %r force-released; its holder has lost it",
+                self.fleet.name,
+                self.layout.state_kind,
+                str(key),
+            )
+        return released
 
     def current(self, key: LockKey) -> LockLease | None:
         """Authoritative lookup: the live lease of ``key``, or None."""

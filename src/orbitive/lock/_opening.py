@@ -92,6 +92,7 @@ def c_steps(
         _fork,
         table,
         _steps,
+        state.report_repaired,
     )
     state.on_close(steps.close)
     return steps

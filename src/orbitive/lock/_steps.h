@@ -23,11 +23,13 @@ enum { GENERATION_AT = 24, ACQUIRED = 1, RENEWED = 2, RELEASED = 3 };
 /* Step outcomes. */
 enum { DONE = 0, BUSY = 1, FULL = 2, EXHAUSTED = 3, CORRUPT = 4, ABSENT = 5 };
 
-/* The stripes a step holds: lo..hi, none while hi < lo; and the probe bound they
- * cover (max_probe as read when they were held: it may grow after, for other keys). */
+/* The stripes a step holds: lo..hi, none while hi < lo; the probe bound they cover
+ * (max_probe as read when they were held: it may grow after, for other keys); and
+ * the stripe mutexes it repaired, reported once it has let go (robust_report). */
 typedef struct {
     int lo, hi;
     Py_ssize_t span;
+    int repaired;
 } Held;
 
 /* The value types of _types.py, and where their slots live in an instance. */
@@ -44,6 +46,7 @@ typedef struct {
     PyObject *wake;  /* Ring.wake: called when a driver is parked */
     PyObject *fork_dict, *generation; /* _fork's globals, and its generation at creation */
     PyObject *table, *table_dict;     /* the LockTable, and _steps's globals (crash_hook) */
+    PyObject *repaired; /* the state region's report_repaired: a dead holder's stripes */
     Types types;
     Py_ssize_t capacity, stride, payload_max;
     Py_ssize_t lanes, heads_at, slots_at, ring_capacity, ring_stride, frame_bytes;
@@ -312,14 +315,14 @@ static int hold(Steps *t, Held *h, Py_ssize_t home, Py_ssize_t span)
     if (h->hi >= h->lo && lo >= h->lo) {
         if (hi <= h->hi)
             return 0;
-        if ((rc = robust_lock_range(t->block.buf, h->hi + 1, hi)) != 0)
+        if ((rc = robust_lock_range(t->block.buf, h->hi + 1, hi, &h->repaired)) != 0)
             let_go(t, h);
         else
             h->hi = hi;
         return rc;
     }
     let_go(t, h);
-    if ((rc = robust_lock_range(t->block.buf, lo, hi)) == 0) {
+    if ((rc = robust_lock_range(t->block.buf, lo, hi, &h->repaired)) == 0) {
         h->lo = lo;
         h->hi = hi;
     }

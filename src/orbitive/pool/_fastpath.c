@@ -60,6 +60,7 @@ typedef struct {
     Py_buffer block;      /* its section block, held for life */
     PyObject *pool;       /* the Pool: its Python operations take what this declines */
     PyObject *table;      /* the Table: Executions complete through it after a decline */
+    PyObject *repaired;   /* the region's report_repaired: a dead holder's section */
     PyObject *fork_dict, *generation;
     PyObject *node_obj, *incarnation_obj;
     Types types;
@@ -141,13 +142,15 @@ static int enter(Operations *o, Slot *s, Py_ssize_t offset)
         PyErr_Clear(); /* a closed mapping: the Python operation says why */
         return 0;
     }
-    if (s->view.len < o->end || robust_lock(o->block.buf, 0) != 0) {
+    s->repaired = 0;
+    if (s->view.len < o->end || robust_lock(o->block.buf, 0, &s->repaired) != 0) {
         PyBuffer_Release(&s->view);
         return 0;
     }
     if (o->closed) {
         robust_unlock(o->block.buf, 0);
         PyBuffer_Release(&s->view);
+        robust_report(o->repaired, &s->repaired);
         return 0;
     }
     s->p = (uint8_t *)s->view.buf + offset;
@@ -158,6 +161,7 @@ static void leave(Operations *o, Slot *s)
 {
     robust_unlock(o->block.buf, 0);
     PyBuffer_Release(&s->view);
+    robust_report(o->repaired, &s->repaired);
 }
 
 /* time.time_ns() // 1_000_000 (_clock.wall_ms) */
@@ -304,21 +308,21 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
                             "lane_capacity", "key_base", "key_stride", "key_capacity",
                             "key_interest", "key_claims", "key_waiters", "key_members",
                             "bell", "node", "incarnation", "rid_type",
-                            "lease_type", "fork_module", "pool", "table", NULL};
-    PyObject *buf, *block, *rid_type, *lease_type, *fork_module, *pool, *table;
+                            "lease_type", "fork_module", "pool", "table", "repaired", NULL};
+    PyObject *buf, *block, *rid_type, *lease_type, *fork_module, *pool, *table, *repaired;
     Operations g; /* parsed and checked here, copied into o only when consistent */
     unsigned long long node, incarnation;
     if (o->ready) {
         PyErr_SetString(PyExc_TypeError, "Operations is initialised already");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOnnnnnnnnnnnnnKKOOOOO", names, &buf, &block,
-                                     &g.first, &g.end, &g.kind, &g.fleet_capacity,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOnnnnnnnnnnnnnKKOOOOOO", names, &buf,
+                                     &block, &g.first, &g.end, &g.kind, &g.fleet_capacity,
                                      &g.lane_capacity, &g.key_base, &g.key_stride,
                                      &g.key_capacity, &g.key_interest, &g.key_claims,
                                      &g.key_waiters, &g.key_members, &g.bell, &node,
                                      &incarnation, &rid_type, &lease_type, &fork_module, &pool,
-                                     &table))
+                                     &table, &repaired))
         return -1;
     if (g.first < 0 || g.end < g.first || g.end > (Py_ssize_t)1 << 40 ||
         (g.end - g.first) % RESOURCE_SIZE || g.kind < 0 || g.kind > 255 ||
@@ -337,9 +341,11 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_ValueError, "inconsistent pool table geometry");
         return -1;
     }
-    if (!PyModule_Check(fork_module) || parse_types(rid_type, lease_type, &o->types) < 0) {
+    if (!PyModule_Check(fork_module) || !PyCallable_Check(repaired) ||
+        parse_types(rid_type, lease_type, &o->types) < 0) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "fork_module must be a module");
+            PyErr_SetString(PyExc_TypeError,
+                            "fork_module must be a module and repaired callable");
         return -1;
     }
     PyObject *fork_dict = PyModule_GetDict(fork_module);
@@ -380,6 +386,7 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
     o->buf = Py_NewRef(buf);
     o->pool = Py_NewRef(pool);
     o->table = Py_NewRef(table);
+    o->repaired = Py_NewRef(repaired);
     o->fork_dict = Py_NewRef(fork_dict);
     o->generation = Py_NewRef(generation);
     Py_INCREF(o->types.rid);
@@ -392,6 +399,7 @@ static int Operations_traverse(Operations *o, visitproc visit, void *arg)
 {
     Py_VISIT(o->pool);
     Py_VISIT(o->table);
+    Py_VISIT(o->repaired);
     return 0;
 }
 
@@ -399,6 +407,7 @@ static int Operations_clear(Operations *o)
 {
     Py_CLEAR(o->pool);
     Py_CLEAR(o->table);
+    Py_CLEAR(o->repaired);
     return 0;
 }
 

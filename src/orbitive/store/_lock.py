@@ -11,6 +11,7 @@ twin (:mod:`._lock_async`: ``AsyncLock`` and the same verbs) shares.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -22,6 +23,7 @@ from ._backend import Backend
 from ._engine import Busy, Engine, Grant, LockInfo, SlotInfo
 from ._guards import check_store_ttl
 
+_log = logging.getLogger("orbitive.store")
 #: A renewer that cannot reach the engine retries at least this often, in seconds.
 _RENEW_RETRY_MIN_S: Final = 0.01
 #: First pause of a waiter between attempts, in seconds (doubles, jittered).
@@ -104,12 +106,17 @@ class Tenure:
         self._deadline = self._backend.deadline(started, ttl, renewed)
         return True
 
-    def _count_renew(self, held: bool) -> bool:
-        """Count a settled renew (outside any mutex) and call back on a loss; returns held."""
+    def _count_renew(self, held: bool, *, unreachable: bool = False) -> bool:
+        """Count a settled renew (outside any mutex); on a loss (``unreachable``: the
+        renewer could not reach the engine in time) log it and call back. Returns held."""
         if held:
             self._backend.renewals.add()
         else:
             self._backend.losses.add()
+            if unreachable:
+                self._log_lost("the store could not be reached to renew it before its TTL ran out")
+            else:
+                self._log_lost(self._why_gone("renewed"))
             self._notify_lost()
         return held
 
@@ -125,7 +132,27 @@ class Tenure:
             self._backend.releases.add()
         elif newly_lost:
             self._backend.losses.add()
+            self._log_lost(self._why_gone("released"))
         return released
+
+    def _why_gone(self, verb: str) -> str:
+        """Why the engine no longer had the lease when it was to be ``verb``."""
+        if self.remaining() > 0.0:
+            return (
+                "the store no longer had it while its TTL had time left: it was "
+                "force-released, or the store's clock ran ahead"
+            )
+        return f"its TTL ran out before it was {verb}"
+
+    def _log_lost(self, why: str) -> None:
+        _log.warning(
+            "store %s: lock %r (owner %r, fencing token %d) is lost: %s",
+            self._backend.url,
+            self._name,
+            self._owner,
+            self._grant.fencing_token,
+            why,
+        )
 
     def _stop_renewer(self) -> None:
         """Stop background renewal (the store is closing); each handle kind has its own."""
@@ -133,7 +160,7 @@ class Tenure:
     def _mark_lost(self) -> None:
         """The renewer could not reach the engine before the window closed."""
         if self._flag_lost():
-            self._count_renew(False)
+            self._count_renew(False, unreachable=True)
 
     def _flag_lost(self) -> bool:
         """Flag the lease lost unless it already was (or was released); True if it is news."""
@@ -246,7 +273,7 @@ class Lock(Tenure):
         with self._mutex:
             newly_lost = self._flag_lost()
         if newly_lost:
-            self._count_renew(False)
+            self._count_renew(False, unreachable=True)
 
     def __enter__(self) -> Lock:
         return self

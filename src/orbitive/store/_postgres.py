@@ -71,6 +71,7 @@ from ._engine import (
     UnitGranted,
     limit_mismatch,
 )
+from ._health import Reachability
 from ._network import Deadline, attempt_id, gave_up, timed_out, unavailable
 from ._notifications import Notifications, Subscription
 
@@ -330,6 +331,7 @@ class PostgresEngine(Engine[Granted, UnitGranted]):
         self._pg, self._connection_class = _psycopg()
         self._conninfo = conninfo
         self._timeout = timeout
+        self._reachability = Reachability("postgres store")
         self._mutex = threading.Lock()
         self._conn: DeadlineConnection | None = None
         self._closed = False
@@ -452,27 +454,30 @@ class PostgresEngine(Engine[Granted, UnitGranted]):
         Every step is one transaction and safe to repeat: a lease belongs to no
         connection, and the grant and release recognise their own attempt.
         """
-        deadline = Deadline(self._timeout)
-        if not self._mutex.acquire(timeout=max(deadline.left(), 0.0)):
-            raise timed_out(self.kind, deadline)
-        try:
-            failure: BaseException | None = None
-            for _ in deadline.attempts():
-                conn = self._connection(deadline)
-                conn.deadline = deadline.at
-                try:
-                    return step(conn)
-                except self._pg.OperationalError as error:
-                    self._drop()
-                    failure = error
-                except self._pg.Error as error:
-                    raise StoreError(f"postgres store: {error}", kind=ErrorKind.DATABASE) from error
-                if not retry:
-                    break
-            assert failure is not None  # the loop either returned or failed at least once
-            raise gave_up(self.kind, deadline, failure) from failure
-        finally:
-            self._mutex.release()
+        with self._reachability:
+            deadline = Deadline(self._timeout)
+            if not self._mutex.acquire(timeout=max(deadline.left(), 0.0)):
+                raise timed_out(self.kind, deadline)
+            try:
+                failure: BaseException | None = None
+                for _ in deadline.attempts():
+                    conn = self._connection(deadline)
+                    conn.deadline = deadline.at
+                    try:
+                        return step(conn)
+                    except self._pg.OperationalError as error:
+                        self._drop()
+                        failure = error
+                    except self._pg.Error as error:
+                        raise StoreError(
+                            f"postgres store: {error}", kind=ErrorKind.DATABASE
+                        ) from error
+                    if not retry:
+                        break
+                assert failure is not None  # the loop either returned or failed at least once
+                raise gave_up(self.kind, deadline, failure) from failure
+            finally:
+                self._mutex.release()
 
     def _connection(self, deadline: Deadline) -> DeadlineConnection:
         if self._closed:

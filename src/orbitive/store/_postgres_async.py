@@ -70,6 +70,7 @@ class PostgresAsyncEngine(AsyncEngine[Granted, UnitGranted]):
         self._pg = engine._pg
         self._conninfo = engine._conninfo
         self._timeout = engine._timeout
+        self._reachability = engine._reachability  # one server: its sync form's state
         self._mutex = threading.Lock()  # guards the map of connections, never awaited
         self._connections: dict[_Loop, AsyncDeadlineConnection] = {}
         self._closed = False
@@ -127,26 +128,27 @@ class PostgresAsyncEngine(AsyncEngine[Granted, UnitGranted]):
     async def _rows(self, sql: str, params: dict[str, object]) -> list[tuple[Any, ...]]:
         """One statement, its rows, within the call timeout; a broken connection is
         replaced and the statement retried while time is left (it is safe to repeat)."""
-        deadline = Deadline(self._timeout)
-        failure: BaseException | None = None
-        for _ in deadline.attempts():
-            try:
-                conn = await self._connection(deadline)
-            except StoreError as error:  # no connection this attempt: the next one may make it
-                if error.kind is not ErrorKind.UNAVAILABLE:
-                    raise
-                failure = error.__cause__ or error  # the driver's reason, wrapped once below
-                continue
-            conn.deadline = deadline.at
-            try:
-                return await self._execute(conn, sql, params)
-            except self._pg.OperationalError as error:  # also the wait's timeout
-                self._drop(conn)
-                failure = error
-            except self._pg.Error as error:
-                raise StoreError(f"postgres store: {error}", kind=ErrorKind.DATABASE) from error
-        assert failure is not None  # the loop either returned or failed at least once
-        raise gave_up("postgres", deadline, failure) from failure
+        with self._reachability:
+            deadline = Deadline(self._timeout)
+            failure: BaseException | None = None
+            for _ in deadline.attempts():
+                try:
+                    conn = await self._connection(deadline)
+                except StoreError as error:  # no connection this attempt: the next one may make it
+                    if error.kind is not ErrorKind.UNAVAILABLE:
+                        raise
+                    failure = error.__cause__ or error  # the driver's reason, wrapped once below
+                    continue
+                conn.deadline = deadline.at
+                try:
+                    return await self._execute(conn, sql, params)
+                except self._pg.OperationalError as error:  # also the wait's timeout
+                    self._drop(conn)
+                    failure = error
+                except self._pg.Error as error:
+                    raise StoreError(f"postgres store: {error}", kind=ErrorKind.DATABASE) from error
+            assert failure is not None  # the loop either returned or failed at least once
+            raise gave_up("postgres", deadline, failure) from failure
 
     @staticmethod
     async def _execute(

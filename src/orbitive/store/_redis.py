@@ -73,6 +73,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 from .._core import _fork
 from .._core._errors import ErrorKind, InvalidStoreUrl, StoreError
 from ._engine import Busy, Engine, LockInfo, SlotInfo, limit_mismatch
+from ._health import Reachability
 from ._network import Deadline, attempt_id, gave_up, timed_out
 from ._notifications import Notifications, Subscription
 
@@ -414,6 +415,7 @@ class RedisEngine(Engine[RedisGrant, RedisUnit]):
             self._conn: Any = self._pool.make_connection()
         except (ValueError, TypeError, self._errors) as error:  # redis-py's verdict on the URL
             raise InvalidStoreUrl(f"redis store URL refused: {error}") from None
+        self._reachability = Reachability("redis store")
         self._mutex = threading.Lock()
         self._closed = False
         self._prefix = prefix
@@ -625,23 +627,26 @@ class RedisEngine(Engine[RedisGrant, RedisUnit]):
         a new one while time is left. Every command is safe to repeat: the scripts
         recognise their own attempt. NOSCRIPT loads ``script`` and sends it again.
         """
-        deadline = Deadline(self._timeout)
-        if not self._mutex.acquire(timeout=max(deadline.left(), 0.0)):
-            raise timed_out(self.kind, deadline)
-        try:
-            failure: BaseException | None = None
-            for _ in deadline.attempts():
-                try:
-                    return self._exchange(command, script)
-                except self._transient as error:
-                    self._disconnect()
-                    failure = error
-                except self._errors as error:
-                    raise StoreError(f"redis store: {error}", kind=ErrorKind.DATABASE) from error
-            assert failure is not None  # the loop either returned or failed at least once
-            raise gave_up(self.kind, deadline, failure) from failure
-        finally:
-            self._mutex.release()
+        with self._reachability:
+            deadline = Deadline(self._timeout)
+            if not self._mutex.acquire(timeout=max(deadline.left(), 0.0)):
+                raise timed_out(self.kind, deadline)
+            try:
+                failure: BaseException | None = None
+                for _ in deadline.attempts():
+                    try:
+                        return self._exchange(command, script)
+                    except self._transient as error:
+                        self._disconnect()
+                        failure = error
+                    except self._errors as error:
+                        raise StoreError(
+                            f"redis store: {error}", kind=ErrorKind.DATABASE
+                        ) from error
+                assert failure is not None  # the loop either returned or failed at least once
+                raise gave_up(self.kind, deadline, failure) from failure
+            finally:
+                self._mutex.release()
 
     def _exchange(self, command: tuple[object, ...], script: _Script | None) -> Any:
         conn = self._connection()

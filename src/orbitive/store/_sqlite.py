@@ -53,6 +53,7 @@ from ._engine import (
     UnitGranted,
     limit_mismatch,
 )
+from ._health import Reachability
 
 _T = TypeVar("_T")
 
@@ -150,6 +151,7 @@ class SqliteEngine(Engine[Granted, UnitGranted]):
 
     def __init__(self, path: Path, *, private: bool) -> None:
         self._path = path
+        self._reachability = Reachability(f"sqlite store {str(path)!r}")
         self._mutex = threading.Lock()
         self._cur: sqlite3.Cursor | None = None
         self._closed = False
@@ -252,7 +254,7 @@ class SqliteEngine(Engine[Granted, UnitGranted]):
 
     def _run(self, step: Callable[[sqlite3.Cursor], _T]) -> _T:
         """Run one transaction step, retrying a busy database within the budget."""
-        with self._mutex:
+        with self._reachability, self._mutex:
             deadline = 0.0
             while True:
                 try:

@@ -29,6 +29,7 @@ Timeline of a renew (why it is a *new full window*, not an extension)::
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,8 @@ from ._guards import (
 from ._lock import Lock
 from ._lock_async import Acquiring, AsyncLock
 from ._semaphore import Semaphore
+
+_log = logging.getLogger("orbitive.store")
 
 
 class Store:
@@ -246,13 +249,21 @@ class Store:
         """Administratively remove whatever lease holds ``name``.
 
         Returns:
-            True if a live lease was removed. Its holder's renew and release then
-            return False; the next acquisition gets a larger fencing token.
+            True if a live lease was removed (logged at WARNING on ``orbitive.store``).
+            Its holder's renew and release then return False; the next acquisition
+            gets a larger fencing token.
 
         Raises:
             InvalidLockName: bad name. StoreError: ``UNAVAILABLE`` or ``CLOSED``.
         """
-        return self._backend.engine.force_release(check_name(name))
+        released = self._backend.engine.force_release(check_name(name))
+        if released:
+            _log.warning(
+                "store %s: lock %r force-released; its holder has lost it",
+                self._backend.url,
+                name,
+            )
+        return released
 
     def semaphore(self, name: str, limit: int) -> Semaphore:
         """Counting leases of ``name``: up to ``limit`` holders at once.
