@@ -7,7 +7,8 @@ The proxy drops replies, then black-holes the link for two TTLs, then resets
 every connection for one: ``c``'s renewals fail, it stops creating and closes
 its connections before its units can lapse, the others take the units that
 lapsed, and ``pg_stat_activity``, sampled every 5 ms, never shows more than 6.
-Once the link returns, ``c`` is served again.
+Once the link returns, ``c`` is served again. And a host that holds a free unit
+serves a checkout without asking the coordinator: a black hole does not slow it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
+
+from orbitive import Fleet
+from orbitive.clients import Budget, PoolOptions
+from orbitive.clients.psycopg import ConnectionPool
 
 from .._servers import TempPostgres
 from ..store._faultproxy import FaultProxy
@@ -71,3 +76,29 @@ def test_a_host_cut_off_from_the_coordinator_keeps_the_total_and_recovers(
 def units(host: Host) -> int:
     """The units the host holds, by its freshest report."""
     return int(host.census().get("budget_units", 0))
+
+
+def test_a_checkout_on_a_host_holding_a_free_unit_makes_no_round_trip(
+    fleet: Fleet, durable_postgres_server: TempPostgres
+) -> None:
+    """With the coordinator black-holed, checkouts under the units already held are served
+    at once: none of them waits on the coordinator."""
+    server = durable_postgres_server
+    with FaultProxy(server.port) as proxy:
+        coordinator = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres"
+        budget = Budget(coordinator, name=f"db-{secrets.token_hex(3)}", total=4, ttl=TTL * 4)
+        options = PoolOptions(max_live=2)
+        with ConnectionPool(server.url, fleet=fleet, options=options, budget=budget) as pool:
+            with pool.connection() as first, pool.connection() as second:  # two units held
+                first.execute("SELECT 1")
+                second.execute("SELECT 1")
+            proxy.black_hole()
+            slowest = 0.0
+            for _ in range(200):
+                started = time.monotonic()
+                with pool.connection() as conn:
+                    conn.execute("SELECT 1")
+                slowest = max(slowest, time.monotonic() - started)
+            assert pool.statistics().budget_units == 2
+            proxy.heal()
+    assert slowest < 0.5, f"a checkout took {slowest:.3f} s"  # a coordinator call waits ttl / 4
