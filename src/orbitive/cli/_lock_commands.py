@@ -433,7 +433,8 @@ def _print_summary(table: LockTable) -> None:
     print(
         f"{stats.occupied_count} live of {stats.capacity} slots, "
         f"{stats.tombstone_count} tombstones, probe bound {stats.max_probe}, "
-        f"last token {stats.last_fencing_token}, "
+        f"last token {stats.last_fencing_token} (the acquisitions), "
+        f"{stats.conflicts_count} conflicts, {stats.recoveries_count} recoveries, "
         f"revision {stats.last_state_revision} (kinds {layout.state_kind}/{layout.event_kind})"
     )
 

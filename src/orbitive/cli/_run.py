@@ -13,7 +13,8 @@ CMD never outlives ``orbit run``: it starts with ``PR_SET_PDEATHSIG`` = SIGKILL
 ``orbit run`` dies, SIGKILL included. The lease of an ``orbit run`` that was killed
 cannot be released by anyone but ``orbit force-release``; it lapses at its TTL.
 
-A lost lease (a renewal found it force-released, expired or taken) signals CMD as
+A lost lease (a renewal found it force-released, expired or taken) is reported on
+stderr with its cause (orbitive's warnings are shown while CMD runs), signals CMD as
 ``--on-lost`` says (default ``term``: SIGTERM) and ``orbit run`` then exits 76 once
 CMD has ended; with ``ignore`` CMD keeps running and its own status is returned.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import socket
@@ -74,7 +76,7 @@ be run; 2 bad usage; 1 the store failed.
 In a crontab, write orbit's full path: cron's PATH is /usr/bin:/bin, which an
 orbit installed in a virtual environment is not on. For this orbit:
 
-  30 2 * * *  {{orbit}} run --lock reports/nightly --ttl 120 -- /opt/reports/nightly.sh || [ $? -eq 75 ]"""  # noqa: E501
+  30 2 * * *  {{orbit}} run --quiet --lock reports/nightly --ttl 120 -- /opt/reports/nightly.sh || [ $? -eq 75 ]"""  # noqa: E501
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -149,7 +151,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not command:
         raise UsageError("no command given (--lock NAME --ttl S -- CMD ...)")
     supervisor = _Supervisor(_ON_LOST[args.on_lost])
-    with open_store(args.store) as store:
+    with _warnings_to_stderr(), open_store(args.store) as store:
         lock = _acquire(store, args, supervisor.lost)
         if lock is None:
             return EXIT_BUSY
@@ -158,6 +160,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     if supervisor.was_lost and supervisor.signum is not None:
         return EXIT_LOST
     return status
+
+
+@contextlib.contextmanager
+def _warnings_to_stderr() -> Iterator[None]:
+    """Show orbitive's warnings on stderr while the command runs: a lost lock's cause (its
+    TTL ran out, the store could not be reached, it was force-released) and the store
+    going away and coming back, each line prefixed ``orbit run:``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("orbit run: %(message)s"))
+    logger = logging.getLogger("orbitive")
+    level = logger.level
+    logger.addHandler(handler)
+    if level == logging.NOTSET or level > logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _acquire(
