@@ -1,6 +1,6 @@
 """The other adapters name a budget as the psycopg ConnectionPool does: the asyncio
-psycopg pool and SQLAlchemy's FleetPool hold one unit per connection and give the
-units back when they close."""
+psycopg pool, SQLAlchemy's FleetPool and the asyncpg pool hold one unit per
+connection and give the units back when they close."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from sqlalchemy import create_engine, text
 from orbitive import Fleet
 from orbitive.clients import Budget, PoolOptions
 from orbitive.clients._coordinator import Coordinator
+from orbitive.clients.asyncpg import create_pool as asyncpg_pool
 from orbitive.clients.psycopg import AsyncConnectionPool
 from orbitive.clients.sqlalchemy import FleetPool
 
@@ -73,3 +74,25 @@ def assert_given_back(budget: Budget) -> None:
         assert coordinator.survey().units == []
     finally:
         coordinator.close()
+
+
+def test_an_asyncpg_pool_holds_units_for_its_connections_and_gives_them_back(
+    fleet: Fleet, durable_postgres_server: TempPostgres
+) -> None:
+    db = durable_postgres_server.url
+    budget = Budget(db, name=f"db-{secrets.token_hex(3)}", total=5, ttl=4.0)
+
+    async def use() -> tuple[int, int]:
+        options = PoolOptions(max_live=3)
+        async with (
+            asyncpg_pool(db, fleet=fleet, options=options, budget=budget) as pool,
+            pool.acquire() as first,
+            pool.acquire() as second,
+        ):
+            await first.fetchval("SELECT 1")
+            await second.fetchval("SELECT 1")
+            statistics = pool.clients.statistics()
+            return statistics.budget_units, statistics.budget_cap
+
+    assert asyncio.run(use()) == (2, 2)
+    assert_given_back(budget)
