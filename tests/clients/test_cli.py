@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 import signal
 import time
@@ -61,7 +62,7 @@ def test_orbit_budget_shows_each_host_with_its_units_clients_and_lease_deadlines
 ) -> None:
     db, name = durable_postgres_server.url, f"db-{secrets.token_hex(3)}"
     assert main(["budget", db, name]) == 1  # no host yet
-    assert "no host holds units" in capsys.readouterr().out
+    assert "no host holds units" in capsys.readouterr().err
     budget = Budget(db, name=name, total=5, ttl=4.0, handover_within=0.4)
     options = PoolOptions(max_live=3)
     pool = ConnectionPool(db, fleet=fleet, options=options, budget=budget)
@@ -80,6 +81,12 @@ def test_orbit_budget_shows_each_host_with_its_units_clients_and_lease_deadlines
         assert f"budget {name!r}: total 5, 2 units held by 1 hosts" in out
         soonest, latest = (float(part) for part in row[7].split(".."))
         assert 0.0 < soonest <= latest <= 4.0
+        assert main(["budget", db, name, "--json"]) == 0
+        shown = json.loads(capsys.readouterr().out)
+    assert (shown["budget"], shown["totals"], shown["units"]) == (name, [5], 2)
+    (host,) = shown["hosts"]
+    assert (host["units"], host["in_use"], host["idle"], host["max_live"]) == (2, 2, 0, 3)
+    assert len(host["leases_left_s"]) == 2
 
 
 def test_orbit_budget_refuses_a_bad_url_or_name_and_names_an_unreachable_coordinator(
