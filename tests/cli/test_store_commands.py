@@ -139,3 +139,25 @@ def test_locks_shows_each_semaphore_with_its_holders(
     assert 0.0 < float(left) <= 60.0
     assert lines[at - 2].startswith("1 live lock(s) in ")  # the named lock, listed apart
     assert lines[-1].startswith("1 semaphore(s) with holders in ")
+
+
+def test_locks_json_gives_each_semaphore_holder_beside_the_locks(
+    held: Store, store_url: str, capsys: Capture
+) -> None:
+    lease = held.semaphore("payments-api", 3).try_acquire("worker-2", 60.0)
+    assert lease is not None
+    assert main(["locks", "--store", store_url, "--json"]) == 0
+    parsed = json.loads(capsys.readouterr().out)
+    assert [lock["name"] for lock in parsed["locks"]] == ["jobs/nightly"]
+    (holder,) = parsed["semaphores"]
+    assert (holder["name"], holder["slot"], holder["limit"], holder["owner"]) == (
+        "payments-api",
+        0,
+        3,
+        "worker-2",
+    )
+    assert (holder["fencing_token"], holder["expires_at"]) == (
+        lease.fencing_token,
+        lease.expires_at,
+    )
+    assert 0.0 < holder["remaining_s"] <= 60.0

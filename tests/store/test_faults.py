@@ -383,3 +383,38 @@ def test_a_faulted_try_acquire_async_still_grants_and_its_release_still_returns_
     asyncio.run(body())
     assert direct.semaphore("async-units", 2).holders() == []
     assert proxied.statistics().lost_count == 0
+
+
+def test_every_async_semaphore_call_into_a_black_hole_ends_unavailable_within_the_timeout(
+    route: Route, direct: Store
+) -> None:
+    holder = held_slot(direct, "busy", 1)
+
+    async def body() -> None:
+        with open_store(route.with_timeout(BOUND_S)) as store:
+            sem = store.semaphore("mine", 2)
+            lease = await sem.try_acquire_async("w1", LONG)
+            assert lease is not None
+            route.proxy.black_hole()
+
+            async def waiting() -> object:
+                async with store.semaphore("busy", 1).acquire_async(ttl=LONG, timeout=30.0):
+                    return None
+
+            for call in (
+                lambda: sem.try_acquire_async("w2", LONG),
+                lambda: lease.renew(LONG),
+                lease.release,
+                waiting,
+            ):
+                started = time.monotonic()
+                with pytest.raises(StoreError) as caught:
+                    await call()
+                elapsed = time.monotonic() - started
+                assert caught.value.kind is ErrorKind.UNAVAILABLE, caught.value
+                assert elapsed < BOUND_S + SLACK_S, f"{elapsed:.2f} s for a {BOUND_S:g} s bound"
+            route.proxy.heal()
+            assert await sem.try_acquire_async("w2", LONG) is not None  # a fresh connection
+
+    asyncio.run(body())
+    assert holder.renew(LONG)

@@ -158,3 +158,25 @@ def test_a_postgres_store_out_of_reach_at_open_is_logged_with_its_cause(
             f"{caught.value}; its calls fail until it answers again",
         )
     ]
+
+
+def test_a_semaphore_lease_past_its_ttl_is_logged_lost_with_its_slot(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="orbitive")
+    url = f"sqlite://{tmp_path / 'locks.db'}"
+    with open_store(url) as store:
+        sem = store.semaphore("payments-api", 2)
+        first, second = sem.try_acquire("w1", 30.0), sem.try_acquire("w1", 0.1)
+        assert first is not None and second is not None
+        time.sleep(0.2)
+        assert not second.release()
+        assert first.release()
+    assert _messages(caplog) == [
+        (
+            "orbitive.store",
+            logging.WARNING,
+            f"store {url}: semaphore 'payments-api' slot 1 (owner 'w1', fencing token "
+            f"{second.fencing_token}) is lost: its TTL ran out before it was released",
+        )
+    ]

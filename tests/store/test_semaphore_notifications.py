@@ -22,7 +22,7 @@ from orbitive.store._notifications import Notifications
 NETWORK_ENGINES = ("postgres", "redis")
 LONG = 60.0
 #: How soon a notified waiter must hold its slot, in seconds (the poll cap is 1 s).
-WOKEN_S = 0.12
+WOKEN_S = 0.2
 
 
 @pytest.fixture(params=NETWORK_ENGINES)

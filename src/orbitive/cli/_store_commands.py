@@ -83,7 +83,7 @@ def store_locks(url: str | None, *, as_json: bool = False) -> int:
 
     With ``as_json``: ``{"store": URL, "locks": [{"name", "owner", "fencing_token",
     "expires_at", "remaining_s"}], "semaphores": [{"name", "slot", "limit", "owner",
-    "fencing_token", "expires_at", "remaining_s"}]}``.
+    "fencing_token", "expires_at", "remaining_s"}]}`` (one entry per holder).
     """
     with open_store(url) as store:
         infos = store.locks()

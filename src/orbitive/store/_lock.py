@@ -144,11 +144,15 @@ class Tenure:
             )
         return f"its TTL ran out before it was {verb}"
 
+    def _held_thing(self) -> str:
+        """What this handle holds, as a log record names it (a semaphore lease: its slot)."""
+        return f"lock {self._name!r}"
+
     def _log_lost(self, why: str) -> None:
         _log.warning(
-            "store %s: lock %r (owner %r, fencing token %d) is lost: %s",
+            "store %s: %s (owner %r, fencing token %d) is lost: %s",
             self._backend.url,
-            self._name,
+            self._held_thing(),
             self._owner,
             self._grant.fencing_token,
             why,

@@ -153,7 +153,9 @@ _UNIT_ROW: Final = (
 )
 # The grant of a semaphore slot as a server-side function: serialised per name by the
 # advisory lock, then one read of the name's live rows (count, another limit, a retry of
-# this attempt, the slots taken) and the write of the lowest free slot.
+# this attempt, the slots taken) and the write of the lowest free slot. Renewals do not
+# take the advisory lock: one that began before a slot's deadline and commits after the
+# read keeps its slot (the write replaces only a lapsed row), and the grant reads again.
 _UNIT_ACQUIRE_FUNCTION: Final = f"""
 CREATE OR REPLACE FUNCTION orbitive_semaphore_acquire(
     p_name text, p_limit integer, p_owner text, p_ttl float8, p_attempt text)
@@ -166,42 +168,49 @@ DECLARE
     other integer;
     mine integer;
     taken integer[];
-    free integer := 0;
+    free integer;
 BEGIN
     PERFORM pg_advisory_xact_lock({_SEMAPHORE_LOCK}, hashtext(p_name));
-    t := clock_timestamp();
-    SELECT count(*), max(s.semaphore_limit) FILTER (WHERE s.semaphore_limit <> p_limit),
-           min(s.slot) FILTER (WHERE s.attempt = p_attempt), array_agg(s.slot)
-    INTO live, other, mine, taken
-    FROM orbitive_semaphores AS s WHERE s.name = p_name AND s.expires_at > t;
-    IF mine IS NOT NULL THEN  -- a retry whose first try committed
-        RETURN QUERY SELECT 'granted', {_UNIT_ROW} FROM orbitive_semaphores AS s
-        WHERE s.name = p_name AND s.slot = mine;
-        RETURN;
-    END IF;
-    IF other IS NOT NULL THEN
-        RETURN QUERY SELECT 'mismatch', NULL::integer, other, NULL::text, NULL::bigint,
-            NULL::float8, NULL::float8;
-        RETURN;
-    END IF;
-    IF live >= p_limit THEN
-        RETURN QUERY SELECT 'busy', {_UNIT_ROW} FROM orbitive_semaphores AS s
-        WHERE s.name = p_name AND s.expires_at > t ORDER BY s.expires_at LIMIT 1;
-        RETURN;
-    END IF;
-    WHILE free = ANY(taken) LOOP
-        free := free + 1;
+    LOOP
+        t := clock_timestamp();
+        SELECT count(*), max(s.semaphore_limit) FILTER (WHERE s.semaphore_limit <> p_limit),
+               min(s.slot) FILTER (WHERE s.attempt = p_attempt), array_agg(s.slot)
+        INTO live, other, mine, taken
+        FROM orbitive_semaphores AS s WHERE s.name = p_name AND s.expires_at > t;
+        IF mine IS NOT NULL THEN  -- a retry whose first try committed
+            RETURN QUERY SELECT 'granted', {_UNIT_ROW} FROM orbitive_semaphores AS s
+            WHERE s.name = p_name AND s.slot = mine;
+            RETURN;
+        END IF;
+        IF other IS NOT NULL THEN
+            RETURN QUERY SELECT 'mismatch', NULL::integer, other, NULL::text, NULL::bigint,
+                NULL::float8, NULL::float8;
+            RETURN;
+        END IF;
+        IF live >= p_limit THEN
+            RETURN QUERY SELECT 'busy', {_UNIT_ROW} FROM orbitive_semaphores AS s
+            WHERE s.name = p_name AND s.expires_at > t ORDER BY s.expires_at LIMIT 1;
+            RETURN;
+        END IF;
+        free := 0;
+        WHILE free = ANY(taken) LOOP
+            free := free + 1;
+        END LOOP;
+        RETURN QUERY
+        INSERT INTO orbitive_semaphores AS s (name, slot, semaphore_limit, owner,
+                                              fencing_token, acquired_at, expires_at, attempt)
+        VALUES (p_name, free, p_limit, p_owner, nextval('orbitive_lock_fence'), t,
+                t + make_interval(secs => p_ttl), p_attempt)
+        ON CONFLICT (name, slot) DO UPDATE
+        SET semaphore_limit = EXCLUDED.semaphore_limit, owner = EXCLUDED.owner,
+            fencing_token = EXCLUDED.fencing_token, acquired_at = EXCLUDED.acquired_at,
+            expires_at = EXCLUDED.expires_at, attempt = EXCLUDED.attempt
+        WHERE s.expires_at <= EXCLUDED.acquired_at
+        RETURNING 'granted', {_UNIT_ROW};
+        IF FOUND THEN
+            RETURN;
+        END IF;
     END LOOP;
-    RETURN QUERY
-    INSERT INTO orbitive_semaphores AS s (name, slot, semaphore_limit, owner, fencing_token,
-                                          acquired_at, expires_at, attempt)
-    VALUES (p_name, free, p_limit, p_owner, nextval('orbitive_lock_fence'), t,
-            t + make_interval(secs => p_ttl), p_attempt)
-    ON CONFLICT (name, slot) DO UPDATE
-    SET semaphore_limit = EXCLUDED.semaphore_limit, owner = EXCLUDED.owner,
-        fencing_token = EXCLUDED.fencing_token, acquired_at = EXCLUDED.acquired_at,
-        expires_at = EXCLUDED.expires_at, attempt = EXCLUDED.attempt
-    RETURNING 'granted', {_UNIT_ROW};
 END $$"""
 # Release a batch of one owner's units of one name, one DELETE per unit; a receipt of the
 # attempt keeps the answer for a retry (which removes nothing and reads it), and the

@@ -41,6 +41,9 @@ class SemaphoreLease(Lock):
         """Which slot of the semaphore this tenure holds, ``0 <= slot < limit``."""
         return cast(UnitGrant, self._grant).slot
 
+    def _held_thing(self) -> str:
+        return f"semaphore {self._name!r} slot {self.slot}"
+
     def _renew_step(self, engine: Engine[Any, Any], ttl: float) -> Grant | None:
         return engine.renew_units(self._name, self._owner, (self._grant,), ttl)[0]
 

@@ -40,6 +40,9 @@ class AsyncSemaphoreLease(AsyncLock):
         """Which slot of the semaphore this tenure holds, ``0 <= slot < limit``."""
         return cast(UnitGrant, self._grant).slot
 
+    def _held_thing(self) -> str:
+        return f"semaphore {self._name!r} slot {self.slot}"
+
     def _renew_step(self, engine: AsyncEngine[Any, Any], ttl: float) -> Awaitable[Grant | None]:
         return _only(engine.renew_units(self._name, self._owner, (self._grant,), ttl))
 

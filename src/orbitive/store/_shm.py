@@ -36,6 +36,9 @@ makes two limits meet:
   lowest free slot, and checks the marker again after, renewing it when it ends
   before the new lease: a replacement that raced with the grant is seen by one
   of the two sides, which gives back what it took and raises.
+* An acquisition that finds every slot held reads the marker once more: a marker
+  of another limit (a replacement that raced with its first look) is refused, so
+  a full semaphore of another limit never answers as a full one of this limit.
 * The marker lives :data:`_MARKER_SPAN` times the ttl of the grant or renewal
   that last extended it, so it outlasts every lease whose holders use one ttl.
   Holders of one semaphore that use very different ttls can, in a race between
@@ -64,6 +67,7 @@ from .._core._fleet import CAPACITY_DEFAULT, Fleet
 from .._core._section import object_bytes
 from ..lock import Acquired, LockKey, LockLayout, LockLease, LockOwner, LockTable
 from ..lock._layout import EVENT_HEADER_SIZE, STORE_EVENT_KIND, STORE_STATE_KIND
+from ..lock._types import TOKEN_MASK
 from ._engine import Busy, Engine, LockInfo, SlotInfo, limit_mismatch
 from ._guards import LIMIT_MAX
 
@@ -95,7 +99,7 @@ _MARKER_SPAN: Final = 2.0
 _SPAN_TTL_MAX: Final = TTL_MAX_S / _MARKER_SPAN
 #: Names (and owners) whose table key is kept ready; the cache is emptied when full.
 _CACHE_MAX: Final = 4096
-#: ``ShmUnit(slot, lease, marker)`` without the named tuple's Python ``__new__``.
+#: ``ShmUnit(...)`` without the named tuple's Python ``__new__``.
 _unit = tuple.__new__
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -119,21 +123,14 @@ class _Semaphore(NamedTuple):
 
 
 class ShmUnit(NamedTuple):
-    """An SHM tenure of a semaphore slot: the slot, its lease, and the marker as last seen."""
+    """An SHM tenure of a semaphore slot: the slot, the token and expiry of its lease (as
+    fields: a handle reads them), the lease, and the marker as last seen."""
 
     slot: int
+    fencing_token: int
+    expires_at: float
     lease: LockLease
     marker: LockLease
-
-    @property
-    def fencing_token(self) -> int:
-        """The slot lease's token."""
-        return self.lease.fencing_token
-
-    @property
-    def expires_at(self) -> float:
-        """The slot lease's expiry (``time.monotonic()`` seconds)."""
-        return self.lease.expires_at
 
 
 class ShmEngine(Engine[LockLease, ShmUnit]):
@@ -232,26 +229,31 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
         # the marker again (see the module docstring).
         try:
             keys = self._semaphores[name, limit]
+            _, marker_key, limit_owner, limit_value, slots = keys
             try_acquire, who = self._table.try_acquire, self._owners[owner]
             span = _MARKER_SPAN * ttl if ttl <= _SPAN_TTL_MAX else TTL_MAX_S
-            result = try_acquire(keys.marker, keys.limit_owner, span)
+            result = try_acquire(marker_key, limit_owner, span)
             marker = result.lease
-            if type(result) is not Acquired and marker.owner.value != keys.limit_value:
+            if type(result) is not Acquired and marker.owner.value != limit_value:
                 marker = self._take_over(keys, marker, span)
             first: LockLease | None = None  # the holder that ends first
-            for slot, key in enumerate(keys.slots):
+            for slot, key in enumerate(slots):
                 result = try_acquire(key, who, ttl)
                 lease = result.lease
                 if type(result) is Acquired:  # check the marker again (see the docstring)
-                    check = try_acquire(keys.marker, keys.limit_owner, span)
+                    check = try_acquire(marker_key, limit_owner, span)
                     now = check.lease
                     if type(check) is Acquired or (
-                        now.owner.value == keys.limit_value and now.expires_at >= lease.expires_at
+                        now.owner.value == limit_value and now.expires_at >= lease.expires_at
                     ):
-                        return _unit(ShmUnit, (slot, lease, now))
+                        token = lease.lock_id & TOKEN_MASK  # its fencing_token, no property call
+                        return _unit(ShmUnit, (slot, token, lease.expires_at, lease, now))
                     return self._covered(keys, slot, lease, now, span)
                 if first is None or lease.expires_at < first.expires_at:
                     first = lease
+            found = self._table.current(marker_key)  # every slot held: by whose limit?
+            if found is not None and found.owner.value != limit_value:
+                raise limit_mismatch(name, limit, _limit_of(found))
         except StoreError:  # the semaphore's own verdict, as it is
             raise
         except (OrbitError, ValueError) as error:
@@ -269,13 +271,15 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
                 return [None] * len(grants)
             last = max(live, key=lambda lease: lease.expires_at)
             marker = max((grant.marker for grant in grants), key=lambda lease: lease.expires_at)
-            now = self._cover(self._semaphores[name, 1].marker, marker, last, _span(ttl))
+            now = self._cover(marker.key, marker, last, _span(ttl))
         except (OrbitError, ValueError) as error:
             raise self._failure(error) from error
         if now.owner.value != marker.owner.value:  # a takeover sees these leases and backs off
             now = marker
         return [
-            None if lease is None else ShmUnit(grant.slot, lease, now)
+            None
+            if lease is None
+            else grant._replace(expires_at=lease.expires_at, lease=lease, marker=now)
             for grant, lease in zip(grants, leases, strict=True)
         ]
 
@@ -322,7 +326,7 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
         if now.owner.value != keys.limit_value:
             self._table.release(lease)
             raise limit_mismatch(keys.name, len(keys.slots), _limit_of(now))
-        return ShmUnit(slot, lease, now)
+        return ShmUnit(slot, lease.fencing_token, lease.expires_at, lease, now)
 
     def _take_over(self, keys: _Semaphore, marker: LockLease, span: float) -> LockLease:
         """Replace the marker of another limit none of whose slots is held (slow path).
