@@ -218,6 +218,7 @@ def test_every_command_has_help() -> None:
         "inspect",
         "run",
         "pool",
+        "budget",
         "demo",
     )
     for command in commands:

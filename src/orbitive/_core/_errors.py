@@ -36,6 +36,11 @@ catch by the usual Python category)::
     |   +-- SemaphoreLimitMismatch                       kind INVALID_INPUT
     |   +-- LockNotReentrant (RuntimeError)              kind INVALID_INPUT
     +-- LockTimeout (TimeoutError)               blocking helper gave up
+    +-- client pool errors (see the section below), and the budget's:
+        +-- InvalidBudget (InvalidPoolOptions)   a bad Budget, or a total below min_idle
+        |   +-- BudgetMismatch                   another total for the budget's name
+        +-- BudgetUnavailable                    the coordinator cannot be reached
+        +-- UnsafeCoordinator                    the coordinator can forget units it granted
 
 Every error carries ``fleet``, ``node``, ``key`` and ``kind`` attributes (``None``
 when they do not apply) and survives pickling, so worker processes can return
@@ -49,6 +54,8 @@ from typing import Any, ClassVar, Final, cast
 
 __all__ = [
     "AccessDenied",
+    "BudgetMismatch",
+    "BudgetUnavailable",
     "BusyError",
     "ClientCreateError",
     "CreationBudgetError",
@@ -57,6 +64,7 @@ __all__ = [
     "ErrorKind",
     "FleetError",
     "IdExhausted",
+    "InvalidBudget",
     "InvalidEncoding",
     "InvalidLayout",
     "InvalidLockName",
@@ -91,6 +99,7 @@ __all__ = [
     "StoreError",
     "TooManyRequests",
     "UnknownClient",
+    "UnsafeCoordinator",
 ]
 
 
@@ -422,3 +431,44 @@ class ClientCreateError(OrbitError):
 
 class RemoteRequestError(OrbitError):
     """Another process's handler raised while serving this process's remote request."""
+
+
+# -- a budget shared by many hosts (orbitive.clients.Budget) ----------------------
+#
+#   OrbitError
+#   +-- InvalidPoolOptions
+#   |   +-- InvalidBudget                        a bad Budget argument, or a total below
+#   |       |                                    a pool's min_idle
+#   |       +-- BudgetMismatch                   the budget's name is held under another total
+#   +-- BudgetUnavailable                        the coordinator cannot be reached (its
+#   |                                            StoreError is the __cause__)
+#   +-- UnsafeCoordinator                        the coordinator can forget the units it
+#                                                granted (a restart or a crash)
+
+
+class InvalidBudget(InvalidPoolOptions):
+    """A :class:`~orbitive.clients.Budget` argument breaks its rule, or a pool's
+    ``min_idle`` is above the budget's ``total``."""
+
+
+class BudgetMismatch(InvalidBudget):
+    """The budget's name is in use under another ``total`` (on the coordinator, or by
+    another pool of this host); ``total`` is the one asked for, ``found`` the one in use."""
+
+    def __init__(
+        self, message: str, *, total: int | None = None, found: int | None = None, **where: Any
+    ) -> None:
+        super().__init__(message, **where)
+        self.total = total
+        self.found = found
+
+
+class BudgetUnavailable(OrbitError):
+    """The budget's coordinator could not be reached when a pool started; the store's
+    error is the ``__cause__``."""
+
+
+class UnsafeCoordinator(OrbitError):
+    """The coordinator can forget units it granted: a Redis server without an append-only
+    file, or a PostgreSQL server with ``fsync`` off. A restart would then let a unit
+    be held twice."""

@@ -47,6 +47,7 @@ KNOWN_KINDS = {
     230: "store lock state table",
     231: "store lock transition ring",
     247: "resource pool",
+    248: "budget board",
 }
 KIND_HELP = "kind number 0..255 (228/229 lock table, 230/231 store lock table, 247 resource pool)"
 #: Longest wait of ``orbit watch`` between checks of its deadline, in seconds.

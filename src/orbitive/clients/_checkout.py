@@ -118,7 +118,7 @@ class Checkout(Generic[C]):
         family: the pool's family in the ledger.
         retiring: the pool's closing.
         counters: the pool's counters.
-        create, close, check, reset: the pool's callables.
+        create, close, check, reset, sever: the pool's callables.
     """
 
     def __init__(
@@ -134,10 +134,12 @@ class Checkout(Generic[C]):
         close: Callable[[C], Any],
         check: Callable[[C], Any] | None,
         reset: Callable[[C], Any] | None,
+        sever: Callable[[C], Any] | None = None,
         *,
         name: str,
     ) -> None:
         self.key, self.options, self.name = key, options, name
+        self._sever = sever
         #: How the log records name the pool: its fleet, and its label or key.
         self.where = f"{ledger.where} ({name})"
         self._handle, self._ledger, self._family, self._retiring = handle, ledger, family, retiring
@@ -340,10 +342,14 @@ class Checkout(Generic[C]):
         remaining = end - time.monotonic()
         if remaining <= 0:
             self._counters.timeouts += 1
+            cap = self._ledger.cap
+            bound = (
+                f"max_live {self._max_live} reached fleet-wide"
+                if cap >= self._max_live
+                else f"the budget lets this host hold {cap} now, max_live {self._max_live}"
+            )
             raise PoolTimeout(
-                f"no client for {self.name} within the timeout "
-                f"(max_live {self._max_live} reached fleet-wide)",
-                key=self.key,
+                f"no client for {self.name} within the timeout ({bound})", key=self.key
             )
         return min(remaining, HANDOFF_GRACE_S if is_polite else WAIT_SLICE_S)
 
@@ -429,7 +435,9 @@ class Checkout(Generic[C]):
             PoolClosed, and the table's errors: as :meth:`~._ledger.Ledger.register`.
         """
         try:
-            entry = self._ledger.register(permit, client, self._family, self._close, active=active)
+            entry = self._ledger.register(
+                permit, client, self._family, self._close, active=active, sever=self._sever
+            )
         except BaseException:
             self._retiring.close_quietly(client, self._close)
             raise
