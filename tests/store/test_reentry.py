@@ -50,11 +50,14 @@ def test_a_released_lost_or_dropped_holder_is_no_reason_to_refuse(store: Store) 
 def test_a_semaphore_of_the_same_name_is_no_reason_to_refuse(store: Store) -> None:
     """A semaphore is a namespace of its own: holding one of its slots is not holding
     the lock of that name, nor does a lock held make a semaphore wait refuse."""
-    with store.semaphore("both", limit=2).acquire(ttl=30.0, timeout=0) as slot:
-        with store.lock("both", ttl=30.0, timeout=5.0) as lock:
-            assert not slot.lost and not lock.lost
-            with store.semaphore("both", limit=2).acquire(ttl=30.0, timeout=5.0) as other:
-                assert other.slot != slot.slot
+    semaphore = store.semaphore("both", limit=2)
+    with (
+        semaphore.acquire(ttl=30.0, timeout=0) as slot,
+        store.lock("both", ttl=30.0, timeout=5.0) as lock,
+        semaphore.acquire(ttl=30.0, timeout=5.0) as other,
+    ):
+        assert not slot.lost and not lock.lost
+        assert other.slot != slot.slot
 
 
 def test_another_thread_of_the_process_is_waited_for_and_named_in_a_timeout(
