@@ -67,6 +67,16 @@ def _nothing() -> None:
 
 def lock_table(ws: Workspace, keys: int) -> Prepared:
     """LockTable try_acquire + release; every process joins the fleet as its own node."""
+    return _lock_table(ws, keys, blocking=False)
+
+
+def lock_table_blocking(ws: Workspace, keys: int) -> Prepared:
+    """LockTable wait_acquire + release_waking: the table's blocking form. A release that
+    found waiters makes the next wait_acquire queue behind them (as the store does)."""
+    return _lock_table(ws, keys, blocking=True)
+
+
+def _lock_table(ws: Workspace, keys: int, *, blocking: bool) -> Prepared:
     name = ws.unique("bench")
     fleet = Fleet.join(name, FLEET_CAPACITY)
     table = LockTable(fleet)
@@ -77,19 +87,28 @@ def lock_table(ws: Workspace, keys: int) -> Prepared:
         own = LockTable(own_fleet)
         owner = LockOwner(f"bench-{os.getpid()}".encode())
         acquire, release = own.try_acquire, own.release
+        wait_acquire, release_waking = own.wait_acquire, own.release_waking
+        waiting = [0] * keys
 
-        def cycle(index: int) -> bool:
+        def pair(index: int) -> bool:
             got = acquire(lock_keys[index], owner, TTL_S)
             if type(got) is Acquired:
                 release(got.lease)
                 return True
             return False
 
+        def blocking_pair(index: int) -> bool:
+            got = wait_acquire(lock_keys[index], owner, TTL_S, 10.0, queue=waiting[index] > 0)
+            if type(got) is not Acquired:
+                return False
+            waiting[index] = release_waking(got.lease)
+            return True
+
         def close() -> None:
             own.close()
             own_fleet.close()
 
-        return Session(cycle, close)
+        return Session(blocking_pair if blocking else pair, close)
 
     def cleanup() -> None:
         table.unlink()
@@ -100,55 +119,78 @@ def lock_table(ws: Workspace, keys: int) -> Prepared:
     return Prepared(open_session, cleanup)
 
 
-def _store(ws: Workspace, keys: int, url: str, cleanup: Callable[[], None]) -> Prepared:
+def _store(
+    ws: Workspace, keys: int, url: str, cleanup: Callable[[], None], helper: bool
+) -> Prepared:
+    """Sessions whose cycle is ``try_lock`` + ``release``, or with ``helper`` the blocking
+    ``with store.lock(name, ttl=30, timeout=10)`` users write (renewed in the background)."""
     store_module: Any = need("orbitive.store", hint="not in this checkout yet")
     names = [f"bench/key-{index}" for index in range(keys)]
 
     def open_session() -> Session:
         store = store_module.open_store(url)
         owner = f"bench-{os.getpid()}"
-        try_lock = store.try_lock
+        try_lock, lock = store.try_lock, store.lock
 
-        def cycle(index: int) -> bool:
-            lock = try_lock(names[index], owner=owner, ttl=TTL_S)
-            if lock is None:
+        def pair(index: int) -> bool:
+            held = try_lock(names[index], owner=owner, ttl=TTL_S)
+            if held is None:
                 return False
-            lock.release()
+            held.release()
             return True
 
-        return Session(cycle, store.close)
+        def with_lock(index: int) -> bool:
+            with lock(names[index], ttl=TTL_S, timeout=10.0):
+                return True
+
+        return Session(with_lock if helper else pair, store.close)
 
     return Prepared(open_session, cleanup)
 
 
-def store_sqlite(ws: Workspace, keys: int) -> Prepared:
-    """The store contract over a SQLite file in the workspace."""
-    return _store(ws, keys, f"sqlite://{ws.root / ws.unique('store')}.db", _nothing)
+def _store_engine(url: Callable[[Workspace], tuple[str, Callable[[], None]]], helper: bool) -> Any:
+    def prepare(ws: Workspace, keys: int) -> Prepared:
+        found, cleanup = url(ws)
+        return _store(ws, keys, found, cleanup, helper)
+
+    return prepare
 
 
-def store_shm(ws: Workspace, keys: int) -> Prepared:
-    """The store contract over the SHM lock table of a fresh fleet."""
+def _sqlite_url(ws: Workspace) -> tuple[str, Callable[[], None]]:
+    """A SQLite file in the workspace."""
+    return f"sqlite://{ws.root / ws.unique('store')}.db", _nothing
+
+
+def _shm_url(ws: Workspace) -> tuple[str, Callable[[], None]]:
+    """The SHM lock table of a fresh fleet."""
     name = ws.unique("bstore")
-
-    def cleanup() -> None:
-        remove_fleet_files(name)
-
-    return _store(ws, keys, f"shm://{name}", cleanup)
+    return f"shm://{name}", lambda: remove_fleet_files(name)
 
 
-def store_postgres(ws: Workspace, keys: int) -> Prepared:
-    """The store contract over the runner's PostgreSQL server."""
+def _postgres_url(ws: Workspace) -> tuple[str, Callable[[], None]]:
+    """The runner's PostgreSQL server."""
     need("psycopg", hint="pip install -e '.[postgres]'")
     url = ws.postgres().url
     _pg_connect(url).close()
-    return _store(ws, keys, url, _nothing)
+    return url, _nothing
 
 
-def store_redis(ws: Workspace, keys: int) -> Prepared:
-    """The store contract over the runner's redis-server (the one redis-py Lock uses)."""
+def _redis_url(ws: Workspace) -> tuple[str, Callable[[], None]]:
+    """The runner's redis-server (the one redis-py Lock uses)."""
     need("redis")
     port = ws.redis().port
-    return _store(ws, keys, f"redis://127.0.0.1:{port}/0?prefix={ws.unique('bstore')}:", _nothing)
+    return f"redis://127.0.0.1:{port}/0?prefix={ws.unique('bstore')}:", _nothing
+
+
+#: The store contract over each engine: (row label, URL maker).
+STORE_ENGINES: tuple[tuple[str, Callable[[Workspace], tuple[str, Callable[[], None]]]], ...] = (
+    ("SHM", _shm_url),
+    ("SQLite", _sqlite_url),
+    ("PostgreSQL", _postgres_url),
+    ("Redis", _redis_url),
+)
+#: What the row of an engine's blocking helper adds to the pair row's name.
+HELPER_SUFFIX = ", with store.lock()"
 
 
 # -- alternatives --------------------------------------------------------------------------
@@ -292,11 +334,15 @@ _FLOCK_BASED = "no TTL, no owner check, no fencing; the kernel drops it on a cra
 _NO_RECOVERY = "no TTL, no owner check, no fencing, no crash recovery (kill -9 leaves it taken)"
 
 CONTENDERS: tuple[Contender, ...] = (
-    Contender("orbitive LockTable", "orbitive", lock_table, True, ""),
-    Contender("orbitive store: SHM", "orbitive", store_shm, False, ""),
-    Contender("orbitive store: SQLite", "orbitive", store_sqlite, False, ""),
-    Contender("orbitive store: PostgreSQL", "orbitive", store_postgres, False, ""),
-    Contender("orbitive store: Redis", "orbitive", store_redis, False, ""),
+    Contender("orbitive LockTable", "orbitive", lock_table, False, ""),
+    Contender("orbitive LockTable.wait_acquire", "orbitive", lock_table_blocking, True, ""),
+    *(
+        Contender(
+            f"orbitive store: {engine}{suffix}", "orbitive", _store_engine(url, helper), False, ""
+        )
+        for engine, url in STORE_ENGINES
+        for suffix, helper in (("", False), (HELPER_SUFFIX, True))
+    ),
     Contender("fcntl.flock pair", "floor", flock_pair, True, _FLOCK_BASED),
     Contender("multiprocessing.Lock", "alternative", mp_lock, True, _NO_RECOVERY),
     Contender("posix_ipc.Semaphore", "alternative", posix_semaphore, True, _NO_RECOVERY),

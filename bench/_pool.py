@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import os
+import selectors
 import socket
+import struct
 import time
 from collections.abc import Callable
 from multiprocessing import get_context
@@ -31,6 +33,7 @@ from .readiness_wake import remove_fleet_files
 
 SECTION = "pool"
 _KEY = 0x0B1E_5EED
+_STAMP = struct.Struct("<Q")
 
 
 class _Pools:
@@ -200,16 +203,21 @@ def _socket_floor(settings: Settings) -> list[float]:
     return [1e6 / sample for sample in samples]
 
 
-def _completer(pools: _Pools, commands: Connection) -> None:
-    """A forked owner: per round, make its unit active, then complete it on "fire"."""
+def _completer(pools: _Pools, commands: Connection, write_fd: int) -> None:
+    """A forked owner: per round, make its unit active, then complete it on "fire"; or,
+    asked for the floor, write its stamp to the pipe. Each fires ``_wake.PAUSE_S`` late."""
     fleet, pool = pools.join()
     rid, execution = pool.register_active(pools.key, 1)
-    while commands.recv():
+    while (what := commands.recv()) is not None:
+        if what == "pipe":
+            time.sleep(_wake.PAUSE_S)  # the parent sleeps in select by now
+            os.write(write_fd, _STAMP.pack(time.monotonic_ns()))
+            continue
         if execution.done:
             execution = pool.accept(pool.reserve(rid))
         commands.send(0)  # active: the parent may read the version now
         commands.recv()
-        time.sleep(0.001)  # let the parent park in wait_capacity
+        time.sleep(_wake.PAUSE_S)  # the parent sleeps in wait_capacity by now
         stamp = time.monotonic_ns()
         execution.complete()
         commands.send(stamp)
@@ -218,28 +226,41 @@ def _completer(pools: _Pools, commands: Connection) -> None:
     os._exit(0)
 
 
-def wake_us(pools: _Pools, rounds: int) -> list[float]:
-    """Completion in one process -> return of wait_capacity in another, microseconds."""
+def wake_us(pools: _Pools, rounds: int) -> tuple[list[float], list[float]]:
+    """Completion in one process -> return of wait_capacity in another, and the pipe floor
+    in the same rounds (interleaved), in microseconds."""
+    read_fd, write_fd = os.pipe()
     mine, theirs = get_context("fork").Pipe()
-    owner = get_context("fork").Process(target=_completer, args=(pools, theirs), daemon=True)
+    owner = get_context("fork").Process(
+        target=_completer, args=(pools, theirs, write_fd), daemon=True
+    )
     owner.start()
     fleet, pool = pools.join()
-    samples = []
+    samples: tuple[list[float], list[float]] = ([], [])
     try:
-        for _ in range(rounds):
-            mine.send(True)
-            mine.recv()
-            since = pool.version(pools.key)
-            mine.send(True)
-            if pool.wait_capacity(pools.key, since, timeout=5.0) is None:
-                raise Skip("wait_capacity did not wake within 5 s")
-            woke = time.monotonic_ns()
-            samples.append((woke - mine.recv()) / 1000)
+        with selectors.DefaultSelector() as selector:
+            selector.register(read_fd, selectors.EVENT_READ)
+            for _ in range(rounds):
+                mine.send("active")
+                mine.recv()
+                since = pool.version(pools.key)
+                mine.send("fire")
+                if pool.wait_capacity(pools.key, since, timeout=5.0) is None:
+                    raise Skip("wait_capacity did not wake within 5 s")
+                woke = time.monotonic_ns()
+                samples[0].append((woke - mine.recv()) / 1000)
+                mine.send("pipe")
+                if not selector.select(5.0):
+                    raise Skip("no pipe wake within 5 s")
+                woke = time.monotonic_ns()
+                samples[1].append((woke - _STAMP.unpack(os.read(read_fd, _STAMP.size))[0]) / 1000)
     finally:
-        mine.send(False)
+        mine.send(None)
         owner.join(10)
         pool.close()
         fleet.close()
+        os.close(read_fd)
+        os.close(write_fd)
     return samples
 
 
@@ -262,7 +283,10 @@ def pool_results(ws: Workspace, settings: Settings) -> list[Result]:
     )
     crowd = _row(SECTION, "acquire, 8 processes", "ops/s", ("contention", "8 processes, 1 key"))
     group = "completion -> woken wait_capacity"
-    wake = _row(_wake.SECTION, group, "us", (_wake.SECTION, _wake.GROUP))
+    wake = Result(_wake.SECTION, group, "orbitive Pool", "orbitive", "us")
+    wake_floor = Result(
+        _wake.SECTION, group, "os.pipe write -> select (same rounds)", "floor", "us"
+    )
     remote = {one_cpu: _remote_rows(suffix) for suffix, one_cpu in PLACEMENTS.items()}
     try:
         _fill(local, lambda: _local(pools, settings))
@@ -270,10 +294,10 @@ def pool_results(ws: Workspace, settings: Settings) -> list[Result]:
             _fill(reuse, functools.partial(remote_reuse, pools, settings, one_cpu))
             _fill(floor, functools.partial(socket_floor, settings, one_cpu))
         _fill(crowd, lambda: _crowd(pools, settings, crowd))
-        _fill(wake, lambda: _wake_p50s(pools, settings, wake))
+        _wake_rows(pools, settings, wake, wake_floor)
     finally:
         pools.close()
-    return [local, *(row for pair in remote.values() for row in pair), crowd, wake]
+    return [local, *(row for pair in remote.values() for row in pair), crowd, wake, wake_floor]
 
 
 def _remote_rows(suffix: str) -> tuple[Result, Result]:
@@ -312,6 +336,11 @@ def _crowd(pools: _Pools, settings: Settings, result: Result) -> list[float]:
     return record(result, rounds, 8, 1).samples
 
 
-def _wake_p50s(pools: _Pools, settings: Settings, result: Result) -> list[float]:
-    runs = [wake_us(pools, settings.wakes) for _ in range(settings.wake_repeats)]
-    return latency(result, runs).samples
+def _wake_rows(pools: _Pools, settings: Settings, wake: Result, floor: Result) -> None:
+    try:
+        runs = [wake_us(pools, settings.wakes) for _ in range(settings.wake_repeats)]
+    except Skip as exc:
+        wake.skipped = floor.skipped = str(exc)
+        return
+    latency(wake, [pool for pool, _ in runs])
+    latency(floor, [pipe for _, pipe in runs])

@@ -60,7 +60,13 @@ def _notes(result: Result) -> str:
         notes = f"min/max {extra['min_max_share']:.2f}, min/fair {extra['min_fair_share']:.2f}"
         if extra.get("busy_share", 0.0) > 0.0:
             notes += f", busy {extra['busy_share']:.0%}"
+        if "handover_share" in extra:
+            notes += f", handed over {extra['handover_share']:.0%}"
+        if "over_filelock" in extra:
+            notes += f", {extra['over_filelock']:.1f}x filelock"
         return notes
+    if "over_pair" in extra:
+        return f"{extra['over_pair']:.2f}x its engine's try_lock + release"
     if "p99_us" in extra:
         return f"p99 {_value(extra['p99_us'], 'us')}"
     return ""

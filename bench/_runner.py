@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from . import _pool, _report, _wake
-from ._contenders import CONTENDERS, Contender
+from . import _handover, _pool, _report, _wake
+from ._contenders import CONTENDERS, HELPER_SUFFIX, Contender
 from ._contention import record, run_round
 from ._measure import Result, Settings, Skip, calibrated_us
 from ._workspace import Workspace
@@ -22,7 +22,7 @@ Job = Callable[[Workspace], list[Result]]
 
 
 FULL = Settings(0.3, 7, 1.0, 3, 400, 5, None)
-QUICK = Settings(0.03, 3, 0.15, 1, 60, 2, ("orbitive LockTable", "fcntl.flock pair"))
+QUICK = Settings(0.03, 3, 0.15, 1, 60, 2, ("orbitive LockTable.wait_acquire", "fcntl.flock pair"))
 #: (processes, keys) of the contention runs.
 CONTENTION = ((1, 1), (2, 1), (4, 1), (8, 1), (1, 64), (8, 64))
 
@@ -96,6 +96,7 @@ def jobs(settings: Settings, only: list[str]) -> list[tuple[str, Job]]:
     found.append(
         ("wake latency", lambda ws: _wake.wake_results(settings.wakes, settings.wake_repeats))
     )
+    found.append(("hand-over", lambda ws: _handover.handover_results(ws, settings)))
     found.append(("pool", lambda ws: _pool.pool_results(ws, settings)))
     return found
 
@@ -130,6 +131,17 @@ def _said(results: list[Result], say: Callable[[str], None]) -> list[Result]:
         if result.skipped:
             say(f"skipped {result.name} ({result.group}): {result.skipped}")
     return results
+
+
+def _over_pairs(results: list[Result]) -> None:
+    """Note each ``with store.lock()`` row's cost over its engine's pair row (issue 25: at
+    most 2x on shm://, 1.2x on the others)."""
+    pairs = {(r.section, r.group, r.name): r for r in results if r.samples}
+    for result in results:
+        if result.samples and result.name.endswith(HELPER_SUFFIX):
+            pair = pairs.get((result.section, result.group, result.name[: -len(HELPER_SUFFIX)]))
+            if pair is not None:
+                result.extra["over_pair"] = result.cost / pair.cost
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -167,6 +179,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     meta: dict[str, Any] = {"command": command, "mode": "quick" if args.quick else "full"}
     meta["seconds"] = round(time.monotonic() - started, 1)
     meta["load_average_before"], meta["load_average_after"] = load_before, os.getloadavg()
+    _over_pairs(results)
     _report.print_table(results)
     _report.write_json(args.out / "results.json", results, meta)
     (args.out / "results.md").write_text(_report.markdown(results), encoding="utf-8")

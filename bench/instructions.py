@@ -10,7 +10,12 @@ Workloads: ``flock`` (a bare ``fcntl.flock`` lock + unlock pair from Python, the
 floor), ``lock`` (``LockTable.try_acquire`` + ``release``), ``section``
 (``Region.acquire`` + ``release`` on the robust mutex), ``pool`` (the pool's
 local reuse cycle, ``reserve`` + ``accept`` + ``complete``) and ``clients`` (a
-``ClientPool`` checkout + return of an idle local client).
+``ClientPool`` checkout + return of an idle local client), and on the ``shm://`` store
+of the same fleet ``store`` (``try_lock`` + ``release``), ``semaphore``
+(``semaphore.try_acquire`` + ``release``, limit 5, nobody else holding it),
+``store-with`` (``with store.lock(name, ttl=30, timeout=10)``: the blocking helper,
+renewed by the process's renewer) and ``store-bare`` (the same with
+``auto_renew=False``).
 """
 
 from __future__ import annotations
@@ -29,7 +34,17 @@ from pathlib import Path
 from orbitive import Fleet
 from orbitive.lock import Acquired, LockKey, LockOwner, LockTable
 
-WORKLOADS = ("flock", "lock", "section", "pool", "clients")
+WORKLOADS = (
+    "flock",
+    "lock",
+    "section",
+    "pool",
+    "clients",
+    "store",
+    "semaphore",
+    "store-with",
+    "store-bare",
+)
 _COLLECTED = re.compile(r"Collected : (\d+)")
 
 
@@ -91,6 +106,56 @@ def _clients(fleet: Fleet) -> Callable[[], None]:
     return checkout
 
 
+def _store(fleet: Fleet) -> Callable[[], None]:
+    from orbitive.store import open_store  # noqa: PLC0415 - only these workloads need it
+
+    try_lock = open_store(f"shm://{fleet.name}").try_lock
+
+    def pair() -> None:
+        lock = try_lock("bench/key", "bench-owner", 30.0)
+        assert lock is not None
+        lock.release()
+
+    return pair
+
+
+def _semaphore(fleet: Fleet) -> Callable[[], None]:
+    from orbitive.store import open_store  # noqa: PLC0415 - only these workloads need it
+
+    try_acquire = open_store(f"shm://{fleet.name}").semaphore("bench/key", 5).try_acquire
+
+    def pair() -> None:
+        lease = try_acquire("bench-owner", 30.0)
+        assert lease is not None
+        lease.release()
+
+    return pair
+
+
+def _store_with(fleet: Fleet) -> Callable[[], None]:
+    from orbitive.store import open_store  # noqa: PLC0415 - only these workloads need it
+
+    lock = open_store(f"shm://{fleet.name}").lock
+
+    def held() -> None:
+        with lock("bench/key", ttl=30.0, timeout=10.0):
+            pass
+
+    return held
+
+
+def _store_bare(fleet: Fleet) -> Callable[[], None]:
+    from orbitive.store import open_store  # noqa: PLC0415 - only these workloads need it
+
+    lock = open_store(f"shm://{fleet.name}").lock
+
+    def held() -> None:
+        with lock("bench/key", "bench-owner", ttl=30.0, timeout=10.0, auto_renew=False):
+            pass
+
+    return held
+
+
 #: One warmed-up operation of each workload on a fleet.
 PREPARE: dict[str, Callable[[Fleet], Callable[[], None]]] = {
     "flock": _flock,
@@ -98,6 +163,10 @@ PREPARE: dict[str, Callable[[Fleet], Callable[[], None]]] = {
     "section": _section,
     "pool": _pool,
     "clients": _clients,
+    "store": _store,
+    "semaphore": _semaphore,
+    "store-with": _store_with,
+    "store-bare": _store_bare,
 }
 
 
@@ -150,7 +219,9 @@ def main() -> None:
         for workload in args.only or WORKLOADS:
             base = _instructions(workload, 0, fleet_name)
             total = _instructions(workload, args.count, fleet_name)
-            print(f"{workload:<8} {(total - base) / args.count:>10,.0f} instructions per operation")
+            print(
+                f"{workload:<10} {(total - base) / args.count:>10,.0f} instructions per operation"
+            )
     finally:
         for path in Path("/dev/shm").glob(f"orbit-{fleet_name}-*"):
             path.unlink()

@@ -3,13 +3,12 @@
 Run: ``python bench/readiness_wake.py [--rounds 2000]``
 
 Latency: a forked child stamps ``time.monotonic_ns()`` (CLOCK_MONOTONIC, one clock
-for every process on the host) into the region, then bumps the word inside the
-region's critical section; the parent, blocked in ``select`` on its Readiness
-descriptor, stamps again when it wakes. Before each round the parent waits until
-its driver is parked again, so every round measures the sleeping-observer path.
+for every process on the host) into the region, then publishes on the channel
+inside the region's critical section; the parent, blocked in ``select`` on its
+Readiness descriptor, stamps again when it wakes.
 
-Cost: ``bump()`` alone and inside ``Region.acquire()/release()`` with no parked
-node, beside a bare ``wake_word`` (the syscall that the parked bytes let bump skip).
+Cost: a publish (``Channel.bump``) alone and inside ``Region.acquire()/release()``
+with nothing armed, beside a bare ``wake_word`` of the word backend.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import timeit
 from multiprocessing.connection import Connection
 
 from orbitive import Fleet
-from orbitive._core._readiness import BACKENDS, Backend, Readiness
+from orbitive._core._readiness import BACKENDS, Backend, Channel, Readiness
 from orbitive._core._region import SHM_DIR, Region
 
 KIND = 202
@@ -47,38 +46,29 @@ def _validate(buf: mmap.mmap) -> None:
         raise ValueError("not a readiness bench region")
 
 
-def _publisher(region: Region, backend: Backend, commands: Connection) -> None:
+def _publisher(region: Region, commands: Connection) -> None:
+    channel = Channel(region, WORD, PARKED, CAPACITY)
     while commands.recv():
         region.acquire()
         try:
             _U64.pack_into(region.buf, STAMP, time.monotonic_ns())
-            backend.bump(region.buf, WORD, PARKED, CAPACITY)
+            channel.bump()
         finally:
             region.release()
     os._exit(0)
 
 
-def _wait_parked(buf: mmap.mmap, index: int) -> None:
-    deadline = time.monotonic() + 2.0
-    while buf[index] == 0 and time.monotonic() < deadline:
-        time.sleep(0.0001)
-
-
-def latency_us(fleet: Fleet, region: Region, backend: Backend, rounds: int) -> list[float]:
+def latency_us(fleet: Fleet, region: Region, rounds: int) -> list[float]:
     """Publish-to-readable latencies, in microseconds."""
     parent_end, child_end = multiprocessing.Pipe()
     context = multiprocessing.get_context("fork")
-    child = context.Process(target=_publisher, args=(region, backend, child_end))
-    child.start()  # before the driver thread exists: fork copies no threads
-    readiness = Readiness(
-        region.buf, WORD, PARKED, fleet.node, "bench-readiness", lock=region, backend=backend
-    )
+    child = context.Process(target=_publisher, args=(region, child_end))
+    child.start()
+    readiness = Readiness(Channel(region, WORD, PARKED, CAPACITY), fleet.node, "bench-readiness")
     samples = []
     with selectors.DefaultSelector() as selector:
         selector.register(readiness.fileno(), selectors.EVENT_READ)
         for _ in range(rounds):
-            if backend.PARKED is not None:
-                _wait_parked(region.buf, PARKED + fleet.node)
             parent_end.send(True)
             if not selector.select(5.0):
                 raise SystemExit("no readiness within 5 s")
@@ -92,19 +82,20 @@ def latency_us(fleet: Fleet, region: Region, backend: Backend, rounds: int) -> l
 
 
 def costs_us(region: Region, backend: Backend, number: int) -> dict[str, float]:
-    """Microseconds per call of bump (nobody parked), bump in the lock, and wake_word."""
+    """Microseconds per call of a publish (nothing armed), a publish in the lock, wake_word."""
     buf = region.buf
+    channel = Channel(region, WORD, PARKED, CAPACITY)
 
     def bump_locked() -> None:
         region.acquire()
         try:
-            backend.bump(buf, WORD, PARKED, CAPACITY)
+            channel.bump()
         finally:
             region.release()
 
     calls = {
-        "bump, nobody parked": lambda: backend.bump(buf, WORD, PARKED, CAPACITY),
-        "acquire + bump + release": bump_locked,
+        "publish, nothing armed": channel.bump,
+        "acquire + publish + release": bump_locked,
         "wake_word, nobody waiting": lambda: backend.wake_word(buf, WORD),
     }
     return {
@@ -161,12 +152,12 @@ def main() -> None:
         backends, skipped = usable_backends()
         for name, reason in skipped.items():
             print(f"{name}: skipped ({reason})")
+        samples = latency_us(fleet, region, args.rounds)
+        print(
+            f"socket publish->readable: p50 {statistics.median(samples):8.1f} us"
+            f"  p99 {percentile(samples, 0.99):8.1f} us  ({len(samples)} rounds)"
+        )
         for backend in backends:
-            samples = latency_us(fleet, region, backend, args.rounds)
-            print(
-                f"{backend.NAME:5} publish->readable: p50 {statistics.median(samples):8.1f} us"
-                f"  p99 {percentile(samples, 0.99):8.1f} us  ({len(samples)} rounds)"
-            )
             for label, cost in costs_us(region, backend, args.calls).items():
                 print(f"{backend.NAME:5} {label:27} {cost:6.2f} us")
     finally:

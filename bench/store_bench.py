@@ -18,6 +18,13 @@ medians (target issue 12: at most 2x).
 For Redis it likewise interleaves store pairs with redis-py ``Lock`` pairs
 (``acquire(blocking=False)`` + ``release``) on the same server and prints the ratio
 of their medians.
+
+On every engine it also prints what the blocking helper costs over the pair it is
+made of (issue 25): ``with store.lock(name, ttl=30, timeout=10)`` (renewed by the
+process's renewer) against ``try_lock`` + ``release``, interleaved, and the asyncio
+twins ``async with store.lock_async(...)`` against ``await try_lock_async`` +
+``await release()``, interleaved in one loop. Targets: at most 2x on shm:// (sync
+and asyncio), at most 1.2x on the other engines (sync).
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ TARGETS_US = {"sqlite": 60.0, "postgres": 1000.0, "shm": 12.0}
 ASYNC_RATIO_TARGET = 2.0
 #: Redis: the store pair over redis-py's Lock pair, on the same server.
 REDIS_TARGET_RATIO = 1.3
+#: with store.lock() over the engine's try_lock + release (issue 25), by engine.
+HELPER_TARGET_RATIO = {"shm": 2.0, "sqlite": 1.2, "postgres": 1.2, "redis": 1.2}
 SHM_CAPACITY = 4
 NETWORK = ("postgres", "redis")
 
@@ -152,6 +161,58 @@ def redis_ratio(url: str, pairs: int) -> tuple[float, float]:
     return store_us, lock_us
 
 
+def helper_ratio(url: str, pairs: int) -> tuple[float, float]:
+    """Median microseconds of ``with store.lock()`` and of a try_lock + release pair."""
+    with open_store(url) as store:
+        try_lock, lock = store.try_lock, store.lock
+
+        def pair() -> None:
+            held = try_lock("bench/key", "bench-owner", 30.0)
+            assert held is not None
+            held.release()
+
+        def helper() -> None:
+            with lock("bench/key", ttl=30.0, timeout=10.0):
+                pass
+
+        samples = interleaved_us((helper, pair), pairs)
+    helper_us, pair_us = (statistics.median(times) for times in samples)
+    return helper_us, pair_us
+
+
+def async_helper_ratio(url: str, pairs: int) -> tuple[float, float]:
+    """Median microseconds of ``async with store.lock_async()`` and of an asyncio pair,
+    interleaved in one running loop."""
+
+    async def measure() -> list[list[float]]:
+        async with open_store(url) as store:
+            try_lock_async, lock_async = store.try_lock_async, store.lock_async
+
+            async def pair() -> None:
+                held = await try_lock_async("bench/key", "bench-owner", 30.0)
+                assert held is not None
+                await held.release()
+
+            async def helper() -> None:
+                async with lock_async("bench/key", ttl=30.0, timeout=10.0):
+                    pass
+
+            for _ in range(min(pairs, 2000)):  # warm-up of both
+                await helper()
+                await pair()
+            samples: list[list[float]] = [[], []]
+            clock = time.perf_counter_ns
+            for _ in range(pairs):
+                for cycle, times in zip((helper, pair), samples, strict=True):
+                    started = clock()
+                    await cycle()
+                    times.append((clock() - started) / 1000.0)
+            return samples
+
+    helper_us, pair_us = (statistics.median(times) for times in asyncio.run(measure()))
+    return helper_us, pair_us
+
+
 def interleaved_us(cycles: tuple[Callable[[], None], ...], rounds: int) -> list[list[float]]:
     """Microseconds of each call of each cycle: ``rounds`` rounds, one call of each per round."""
     for cycle in cycles:
@@ -209,6 +270,8 @@ def main() -> None:
                 overhead = shm_overhead_us(url, pairs) if engine == "shm" else None
                 asyncio_us = shm_async_us(url, pairs) if engine == "shm" else None
                 versus = redis_ratio(url, pairs) if engine == "redis" else None
+                helper = helper_ratio(url, pairs)
+                async_helper = async_helper_ratio(url, pairs)
         except ServerUnavailable as error:
             print(f"{engine:<9} skipped: {error}")
             continue
@@ -236,6 +299,20 @@ def main() -> None:
                 f"{engine:<9} store {store_us:.1f} us / redis-py Lock {lock_us:.1f} us "
                 f"= {ratio:.2f}x  (medians, interleaved; target <= {REDIS_TARGET_RATIO}x: "
                 f"{verdict})"
+            )
+        for form, (held_us, pair_us), target in (
+            ("with store.lock()", helper, HELPER_TARGET_RATIO[engine]),
+            ("async with store.lock_async()", async_helper, 2.0 if engine == "shm" else None),
+        ):
+            ratio = held_us / pair_us
+            verdict = (
+                ""
+                if target is None
+                else f"; target <= {target:g}x: " + ("ok" if ratio <= target else "MISSES")
+            )
+            print(
+                f"{engine:<9} {form} {held_us:.2f} us / its pair {pair_us:.2f} us "
+                f"= {ratio:.2f}x  (medians, interleaved{verdict})"
             )
 
 

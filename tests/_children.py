@@ -24,6 +24,7 @@ from typing import Any
 from orbitive import Fleet, OrbitError
 from orbitive.lock import Acquired, LockKey, LockLayout, LockOwner, LockTable, _steps
 from orbitive.lock._ring import Ring, RingGeometry
+from orbitive.pool import Key, Pool
 
 from ._processes import Channel, Child, Processes
 
@@ -199,6 +200,32 @@ def stop_in_critical_section(channel: Channel, name: str, capacity: int, operati
     else:
         table.renew(lease, 60.0)
     channel.send("finished")  # only reached if the test let it continue
+
+
+def stop_in_a_section_owning_a_resource(channel: Channel, name: str, capacity: int) -> None:
+    """Register one pool resource, then acquire KEY and stop (SIGSTOP) inside the lock
+    table's critical section, its slot TOMBSTONE, after sending ``(node, incarnation)``;
+    the test SIGKILLs it there."""
+    fleet = Fleet.join(name, capacity)
+    Pool(fleet).register(Key(0x5EED), 1)
+    table = LockTable(fleet)
+
+    def hook(point: str) -> None:
+        if point == "tombstoned":
+            channel.send((fleet.node, fleet.incarnation))
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    _steps.crash_hook = hook
+    table.try_acquire(KEY, LockOwner(b"victim"), ttl=60.0)
+
+
+def stop_in_the_pools_section(channel: Channel, name: str, capacity: int) -> None:
+    """Open the fleet's pool and stop (SIGSTOP) inside its table's critical section, after
+    sending ``"inside"``; the test SIGKILLs it there."""
+    pool = Pool(Fleet.join(name, capacity))
+    pool._table.region.acquire()
+    channel.send("inside")
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def report_node(channel: Channel, fleet: Fleet) -> None:
@@ -405,3 +432,22 @@ def cycle_key(
         cycles += 1
     table.close()
     channel.send(cycles)
+
+
+def wait_for_key(channel: Channel, name: str, capacity: int, label: str) -> None:
+    """Join, say ("waiting", node), and once told wait for the key ``label``; report
+    ("granted", at). Then hold it until told, release it and say how many nodes were
+    waiting then.
+    """
+    with Fleet.join(name, capacity) as fleet:
+        table = LockTable(fleet)
+        key = LockKey("tests.children", label)
+        channel.send(("waiting", fleet.node))
+        channel.recv(None)
+        result = table.wait_acquire(key, LockOwner(f"waiter-{fleet.node}".encode()), 60.0, 30.0)
+        channel.send(
+            ("granted", time.monotonic()) if isinstance(result, Acquired) else ("timed out",)
+        )
+        channel.recv(None)
+        channel.send(("released", table.release_waking(result.lease)))
+        channel.recv(None)

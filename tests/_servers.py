@@ -29,6 +29,9 @@ import redis
 
 _START_TIMEOUT_S: Final = 60.0
 _STOP_TIMEOUT_S: Final = 30.0
+#: What makes a throw-away cluster durable, as a budget's coordinator must be (the later
+#: ``-c`` of a setting wins over :data:`POSTGRES_SETTINGS`' own).
+DURABLE_POSTGRES: Final = ("fsync=on", "synchronous_commit=on")
 #: PostgreSQL settings of every throw-away cluster: fast, not durable.
 POSTGRES_SETTINGS: Final = (
     "fsync=off",
@@ -197,8 +200,9 @@ def _initdb(prefix: list[str], bin_dir: Path, root: Path) -> None:
 
 
 class TempRedis(TempServer):
-    """A redis-server without persistence: ``url`` over TCP, ``unix_url`` over its socket,
-    ``tls_url`` (certificate not verified) when started with ``tls=True``."""
+    """A redis-server, without persistence unless started with ``appendonly=True``: ``url``
+    over TCP, ``unix_url`` over its socket, ``tls_url`` (certificate not verified) when
+    started with ``tls=True``."""
 
     name = "redis-server"
 
@@ -210,8 +214,9 @@ class TempRedis(TempServer):
         self.tls_url = None if tls_port is None else f"rediss://127.0.0.1:{tls_port}/0"
 
     @classmethod
-    def start(cls, *, tls: bool = False) -> TempRedis:
-        """Start a server (with a self-signed TLS port when ``tls``).
+    def start(cls, *, tls: bool = False, appendonly: bool = False) -> TempRedis:
+        """Start a server (with a self-signed TLS port when ``tls``; an append-only file,
+        synced every second, when ``appendonly``).
 
         Raises:
             ServerUnavailable: no binary (or no openssl for ``tls``), or it would not start.
@@ -223,7 +228,7 @@ class TempRedis(TempServer):
         try:
             port = free_port()
             command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-            command += ["--appendonly", "no", "--dir", str(root)]
+            command += ["--appendonly", "yes" if appendonly else "no", "--dir", str(root)]
             command += ["--unixsocket", str(root / "redis.sock"), "--unixsocketperm", "700"]
             tls_port = free_port() if tls else None
             if tls_port is not None:
@@ -236,7 +241,8 @@ class TempRedis(TempServer):
         return server
 
     def restart(self) -> None:
-        """Stop the server if it runs (it keeps no data), start it again on the same ports.
+        """Stop the server if it runs, start it again on the same ports (with its data only
+        when it keeps an append-only file).
 
         Raises:
             ServerUnavailable: it will not start again.

@@ -20,7 +20,7 @@ from orbitive.lock import LockTable
 
 from ._fleets import new_fleet_name, remove_fleet_files
 from ._processes import START_METHODS, Processes
-from ._servers import ServerUnavailable, TempPostgres, TempRedis, TempServer
+from ._servers import DURABLE_POSTGRES, ServerUnavailable, TempPostgres, TempRedis, TempServer
 
 _Server = TypeVar("_Server", bound=TempServer)
 
@@ -115,3 +115,16 @@ def postgres_server() -> Iterator[TempPostgres]:
 def redis_server() -> Iterator[TempRedis]:
     """The session's redis-server."""
     yield from _session_server(TempRedis.start)
+
+
+@pytest.fixture(scope="session")
+def durable_postgres_server() -> Iterator[TempPostgres]:
+    """A PostgreSQL server with ``fsync`` and ``synchronous_commit`` on: a budget refuses a
+    coordinator that may forget what it grants."""
+    yield from _session_server(lambda: TempPostgres.start(*DURABLE_POSTGRES))
+
+
+@pytest.fixture(scope="session")
+def durable_redis_server() -> Iterator[TempRedis]:
+    """A redis-server with an append-only file, as a budget's coordinator must be."""
+    yield from _session_server(lambda: TempRedis.start(appendonly=True))

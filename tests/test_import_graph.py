@@ -127,7 +127,7 @@ LAYERS: dict[str, set[str]] = {
     "lock": {"_core"},
     "pool": {"_core"},
     "store": {"_core", "lock"},
-    "clients": {"_core", "pool"},
+    "clients": {"_core", "pool", "store"},  # a budget across hosts holds store leases
     "metrics": {"_core", "lock", "pool", "clients"},
     "cli": {"", "_core", "lock", "pool", "store", "clients", "metrics"},
     "": {"_core", "cli"},  # the root package, and python -m orbitive

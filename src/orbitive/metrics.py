@@ -43,6 +43,12 @@ that had to wait at ``max_live``: one served at once (almost all of them) adds
 nothing, so the histogram describes the waits, not every checkout. Counters
 and the histogram start again at 0 when the table's epoch changes.
 
+Budgets across hosts (one series per budget the host's pools name, labelled
+as its pool key): ``orbitive_budget_total``, ``orbitive_budget_units`` (units
+this host holds), ``orbitive_budget_cap`` (connections it may hold now) and
+``orbitive_budget_lapse_seconds`` (how long its units are surely held, by its
+own clock; 0 when it holds none).
+
 Lock tables (the fleet's ``LockTable`` and its ``shm://`` store's, label
 ``table``: ``locks`` or ``store``): ``orbitive_lock_leases`` (live leases),
 ``orbitive_lock_acquisitions_total``, ``orbitive_lock_conflicts_total``
@@ -72,6 +78,7 @@ except ImportError as error:  # pragma: no cover - the extra is installed in the
 
 from ._core._errors import MalformedError, shown
 from ._core._fleet import check_fleet_name
+from .clients._board import observe_board
 from .lock._layout import DEFAULT_STATE_KIND, STORE_STATE_KIND
 from .lock._tables import open_tables
 from .pool import POOL_KIND
@@ -118,13 +125,18 @@ class FleetCollector:
     def describe(self) -> Iterable[Metric]:
         """The metric families this collector yields, without samples (the registry
         checks their names once, and never scrapes to learn them)."""
-        return list(_pool_families(self.fleet)) + list(_lock_families(self.fleet))
+        return [
+            *_pool_families(self.fleet),
+            *_budget_families(self.fleet),
+            *_lock_families(self.fleet),
+        ]
 
     def collect(self) -> Iterator[Metric]:
         """Read the fleet's tables now and yield their metric families."""
         observation = observe(self.fleet, self.pool_kind)
         if observation is not None:
             yield from _pool_families(self.fleet, observation)
+            yield from _budget_families(self.fleet, observation)
         yield from _lock_families(self.fleet, read=True)
 
     def __repr__(self) -> str:
@@ -192,6 +204,36 @@ def _pool_families(fleet: str, observation: Observation | None = None) -> Iterat
             creating.add_metric(values, key.creating)
             dead.add_metric(values, counts.dead)
     yield from (count, *limits, pending, timeouts, wait, creating, dead)
+
+
+def _budget_families(fleet: str, observation: Observation | None = None) -> Iterator[Metric]:
+    """The budgets' families, per budget the host's pools name; empty (for ``describe``)
+    when ``observation`` is None."""
+    labels = ["fleet", POOL_NAME]
+    total = GaugeMetricFamily(
+        "orbitive_budget_total", "Connections the budget allows across every host", labels=labels
+    )
+    units = GaugeMetricFamily(
+        "orbitive_budget_units", "Units of the budget this host holds", labels=labels
+    )
+    cap = GaugeMetricFamily(
+        "orbitive_budget_cap", "Connections this host may hold now under the budget", labels=labels
+    )
+    lapse = GaugeMetricFamily(
+        "orbitive_budget_lapse",
+        "How long this host's units are surely held, by its own clock",
+        labels=labels,
+        unit="seconds",
+    )
+    if observation is not None:
+        names = observation.names()
+        for seen in observe_board(fleet):
+            values = [fleet, names.get(seen.key, str(seen.key))]
+            total.add_metric(values, seen.total)
+            units.add_metric(values, seen.units)
+            cap.add_metric(values, seen.cap)
+            lapse.add_metric(values, seen.lapse_s)
+    yield from (total, units, cap, lapse)
 
 
 def _buckets(counts: tuple[int, ...], total: int) -> list[tuple[str, float]]:

@@ -65,7 +65,7 @@ def test_quick_mode_measures_lock_table_and_floor(quick_run: tuple[dict[str, Any
 @pytest.mark.slow
 def test_quick_mode_contention_has_every_group(quick_run: tuple[dict[str, Any], Path]) -> None:
     document, _ = quick_run
-    rows = _rows(document, "contention", "orbitive LockTable")
+    rows = _rows(document, "contention", "orbitive LockTable.wait_acquire")
     assert {row["group"] for row in rows} == CONTENTION_GROUPS
     for row in rows:
         assert row["median"] > 0

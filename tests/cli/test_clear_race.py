@@ -1,7 +1,7 @@
 """``orbit clear`` racing the first ``Fleet.join`` of a fleet that has no membership object.
 
-The fleet's table objects outlive its membership object (``remove_stopped_fleet_files``
-removes only that). ``clear`` then found no object to hold exclusively and went on
+A fleet's table objects can outlive its membership object (when that alone was
+removed). ``clear`` then found no object to hold exclusively and went on
 unlinking, while a first joiner created the membership object, attached to the
 table object about to be unlinked and took a key in it: the next joiner made a
 fresh table and took the same key again. The test puts the joiner exactly between
@@ -65,7 +65,7 @@ def test_a_first_join_during_clear_never_gives_a_key_two_holders(
 ) -> None:
     with Fleet.join(fleet_name, 4) as fleet:
         LockTable(fleet).close()
-    assert _lock_commands.remove_stopped_fleet_files(fleet_name)
+    assert unlink_object(members_name(fleet_name))  # the table objects stay
     with Processes("fork") as processes:
         joiner = processes.start(join_and_take, fleet_name)
         replies = unlink_after_the_joiner(monkeypatch, joiner)

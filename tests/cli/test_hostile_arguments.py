@@ -45,6 +45,7 @@ COMMANDS = [
     ["run", "--lock", "n", "--store", "{url}", "--", "true"],
     ["run", "--lock", "n", STORE, "--", "{}"],
     ["pool", "{}"], ["pool", "FLEET", "--kind", "{}"],
+    ["budget", "{url}", "main-db"], ["budget", "postgresql://127.0.0.1:1/db?timeout=1", "{}"],
     ["demo", "--workers", "{}", "--seconds", "0"], ["demo", "--workers", "1", "--seconds", "{}"],
 ]  # fmt: skip
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -12,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from orbitive import Fleet
+from orbitive._core._region import SHM_DIR, client_socket_name
 from orbitive.cli import main
 from orbitive.lock import LockKey, LockTable, Occupied
 
@@ -39,12 +42,55 @@ def test_list_shows_the_lock_objects_and_their_kinds(held: LockTable, capsys: Ca
     assert "229" in out and "lock transition ring" in out
 
 
+def test_list_shows_the_membership_object_with_its_capacity_and_the_nodes_held(
+    held: LockTable, capsys: Capture
+) -> None:
+    name = held.fleet.name
+    assert main(["list", name]) == 0
+    last = capsys.readouterr().out.splitlines()[-1].split()
+    assert last[0] == "members" and last[3] == f"orbit-{name}-members-{os.geteuid()}"
+    assert last[4:] == ["membership", "object:", "capacity", "4,", "nodes", "held:", "0"]
+    assert main(["list", name, "--kind", "228"]) == 0  # a kind's objects only
+    assert "members" not in capsys.readouterr().out
+
+
+def test_list_of_a_fleet_with_only_its_membership_object_shows_it_and_clear_removes_it(
+    fleet_name: str, capsys: Capture
+) -> None:
+    Fleet.join(fleet_name, 3).close()  # a member that opened no table
+    assert [path.name for path in fleet_files(fleet_name)] == [
+        f"orbit-{fleet_name}-members-{os.geteuid()}"
+    ]
+    assert main(["list", fleet_name]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "capacity 3, nodes held: none" in out
+    assert main(["list"]) == 0
+    assert f"{fleet_name}  kinds members  " in capsys.readouterr().out
+    assert main(["clear", fleet_name, "--all", "--yes"]) == 0
+    assert "removed 1 object(s)" in capsys.readouterr().out
+
+
+def test_list_shows_every_name_clear_removes(fleet_name: str, capsys: Capture) -> None:
+    with Fleet.join(fleet_name, 4) as fleet:
+        LockTable(fleet).close()
+    with socket.socket(socket.AF_UNIX) as left:  # a remote-mode owner's socket, left behind
+        left.bind(str(SHM_DIR / client_socket_name(fleet_name, 247, 1, "0123456789ab")))
+    assert main(["list", fleet_name]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "client pool socket of node 1" in lines[2]
+    listed = [line.split()[3] for line in lines]
+    assert sorted(listed) == sorted(path.name for path in fleet_files(fleet_name))
+    assert main(["clear", fleet_name, "--all", "--yes"]) == 0
+    assert f"removed {len(listed)} object(s)" in capsys.readouterr().out
+    assert fleet_files(fleet_name) == []
+
+
 def test_list_without_a_fleet_names_every_fleet_with_its_kinds(
     held: LockTable, capsys: Capture
 ) -> None:
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert any(line.startswith(f"{held.fleet.name}  kinds 228, 229  ") for line in lines)
+    assert any(line.startswith(f"{held.fleet.name}  kinds 228, 229, members  ") for line in lines)
 
 
 def test_list_of_an_unknown_fleet_exits_1(fleet_name: str, capsys: Capture) -> None:
@@ -87,8 +133,16 @@ def test_list_json_names_each_object_of_the_fleet(held: LockTable, capsys: Captu
     (fleet,) = json.loads(capsys.readouterr().out)["fleets"]
     assert fleet["fleet"] == held.fleet.name
     holds = {item["kind"]: item["holds"] for item in fleet["objects"]}
-    assert holds == {228: "lock state table", 229: "lock transition ring"}
+    assert holds == {
+        228: "lock state table",
+        229: "lock transition ring",
+        "members": f"membership object: capacity 4, nodes held: {held.fleet.node}",
+    }
     assert all(item["bytes"] > 0 for item in fleet["objects"])
+    assert main(["list", "--json"]) == 0
+    listing = {item["fleet"]: item for item in json.loads(capsys.readouterr().out)["fleets"]}
+    names = [item["name"] for item in listing[held.fleet.name]["objects"]]
+    assert names == [item["name"] for item in fleet["objects"]]
     assert main(["list", held.fleet.name + "-none", "--json"]) == 1
     assert json.loads(capsys.readouterr().out) == {"fleets": []}
 
@@ -164,6 +218,7 @@ def test_every_command_has_help() -> None:
         "inspect",
         "run",
         "pool",
+        "budget",
         "demo",
     )
     for command in commands:

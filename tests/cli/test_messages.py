@@ -12,7 +12,7 @@ import pytest
 
 from orbitive import Fleet, __version__
 from orbitive._core import _native
-from orbitive.cli import main
+from orbitive.cli import _lock_commands, main
 from orbitive.lock import LockTable
 from orbitive.store import ErrorKind, InvalidStoreUrl, open_store
 
@@ -99,10 +99,11 @@ def test_pool_on_a_lock_table_kind_says_what_the_kind_holds(
     with Fleet.join(fleet_name, 2) as fleet:
         table = LockTable(fleet)
         assert main(["pool", fleet_name, "--kind", "228"]) == 1
-        out = capsys.readouterr().out
+        err = capsys.readouterr().err
         table.close()
-    assert (
-        out.strip() == f"fleet {fleet_name!r} kind 228 holds a lock state table, not a pool table"
+    assert err.strip() == (
+        f"fleet {fleet_name!r} kind 228 holds a lock state table, not a pool table "
+        f"('orbit list {fleet_name}' shows its kinds)"
     )
 
 
@@ -141,3 +142,23 @@ def test_an_unreachable_postgres_is_one_line_and_exit_1(capsys: Capture) -> None
     assert main(["locks", "--store", f"postgresql://u@127.0.0.1:{port}/db"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("orbit locks: postgres store unavailable") and err.count("\n") == 1
+
+
+def _a_bug(_fleet: str) -> None:
+    raise ZeroDivisionError("division by zero")
+
+
+def test_an_unexpected_exception_is_one_line_naming_how_to_see_where(
+    fleet_name: str, monkeypatch: pytest.MonkeyPatch, capsys: Capture
+) -> None:
+    monkeypatch.setattr(_lock_commands, "membership", _a_bug)  # a bug, planted
+    monkeypatch.delenv("ORBIT_TRACEBACK", raising=False)
+    with Fleet.join(fleet_name, 2):
+        assert main(["list", fleet_name]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert err.startswith("orbit list: unexpected ZeroDivisionError: division by zero (a bug")
+        assert f"'ORBIT_TRACEBACK=1 orbit list {fleet_name}' shows where" in err
+        monkeypatch.setenv("ORBIT_TRACEBACK", "1")
+        with pytest.raises(ZeroDivisionError):
+            main(["list", fleet_name])

@@ -122,6 +122,7 @@ def test_lost_lock_signals_the_command_and_exits_76(
     _, err = proc.communicate(timeout=BOUND_S)
     assert proc.returncode == 76
     assert "orbit run: lost lock 'job'" in err
+    assert "is lost: the store no longer had it while its TTL had time left" in err  # the cause
     assert ("SIGKILL" if ignores_term else "SIGTERM") in err
     assert time.monotonic() - started < BOUND_S  # far sooner than the command's 60 s
 

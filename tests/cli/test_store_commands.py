@@ -120,3 +120,44 @@ def test_watch_of_a_fleet_prints_its_shm_store_transitions(shm_url: str, capsys:
         timer.join()
     out = capsys.readouterr().out
     assert "acquired" in out and "orbitive.store/jobs/watched" in out and "owner=late" in out
+
+
+def test_locks_shows_each_semaphore_with_its_holders(
+    held: Store, store_url: str, capsys: Capture
+) -> None:
+    sem = held.semaphore("payments-api", 3)
+    leases = [sem.try_acquire(owner, 60.0) for owner in ("worker-1", "worker-2")]
+    assert all(lease is not None for lease in leases)
+    assert leases[0] is not None and leases[0].release()
+    assert main(["locks", "--store", store_url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("semaphore payments-api: 1 of 3 slot(s) held")
+    assert lines[at + 1].split() == ["slot", "owner", "token", "left", "s"]
+    slot, owner, token, left = lines[at + 2].split()
+    assert leases[1] is not None
+    assert (int(slot), owner, int(token)) == (1, "worker-2", leases[1].fencing_token)
+    assert 0.0 < float(left) <= 60.0
+    assert lines[at - 2].startswith("1 live lock(s) in ")  # the named lock, listed apart
+    assert lines[-1].startswith("1 semaphore(s) with holders in ")
+
+
+def test_locks_json_gives_each_semaphore_holder_beside_the_locks(
+    held: Store, store_url: str, capsys: Capture
+) -> None:
+    lease = held.semaphore("payments-api", 3).try_acquire("worker-2", 60.0)
+    assert lease is not None
+    assert main(["locks", "--store", store_url, "--json"]) == 0
+    parsed = json.loads(capsys.readouterr().out)
+    assert [lock["name"] for lock in parsed["locks"]] == ["jobs/nightly"]
+    (holder,) = parsed["semaphores"]
+    assert (holder["name"], holder["slot"], holder["limit"], holder["owner"]) == (
+        "payments-api",
+        0,
+        3,
+        "worker-2",
+    )
+    assert (holder["fencing_token"], holder["expires_at"]) == (
+        lease.fencing_token,
+        lease.expires_at,
+    )
+    assert 0.0 < holder["remaining_s"] <= 60.0

@@ -7,7 +7,8 @@ Connections are tagged with an ``application_name`` unique to the test, so
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from orbitive import Fleet
 
 from .._processes import REPLY_TIMEOUT, Child, Processes
 from .._servers import TempPostgres
+from ._budget_hosts import Host
 from ._workers import budget_prober
 
 #: Nodes of a test fleet: up to 8 workers, the test process and a few spares.
@@ -83,3 +85,21 @@ def prober(prober_process: Child, fleet_name: str) -> Iterator[Prober]:
     probing = Prober(prober_process, fleet_name)
     yield probing
     probing.leave()
+
+
+@pytest.fixture
+def hosts() -> Iterator[Callable[..., Host]]:
+    """Start simulated hosts of a budget (:class:`._budget_hosts.Host`); each is stopped at
+    the end, or killed if it will not stop."""
+    started: list[Host] = []
+
+    def start(name: str, **config: Any) -> Host:
+        host = Host(name, **config)
+        started.append(host)
+        return host
+
+    try:
+        yield start
+    finally:
+        for host in started:
+            host.stop()

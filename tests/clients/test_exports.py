@@ -11,7 +11,7 @@ import pytest
 
 #: api.md's names for the client pool, plus the additions this package documents.
 API_NAMES = {
-    "orbitive.clients": {"ClientPool", "PoolOptions"},
+    "orbitive.clients": {"ClientPool", "PoolOptions", "Budget"},
     "orbitive.clients.psycopg": {"ConnectionPool"},
     # The Django engine is named by its path in settings; Django loads its base module.
     "orbitive.clients.django": set(),
@@ -29,6 +29,11 @@ ADDITIONS = {
         "RemoteRequestError",
         "TooManyRequests",
         "UnknownClient",
+        # a budget's named errors (bad input, another total, no coordinator, an unsafe one)
+        "InvalidBudget",
+        "BudgetMismatch",
+        "BudgetUnavailable",
+        "UnsafeCoordinator",
     },
     # psycopg_pool's errors, which are psycopg_pool's own when it is installed.
     "orbitive.clients.psycopg": {

@@ -2,24 +2,30 @@
 
 Worker processes share one psycopg pool key (``max_live=3``) under load; a
 sidecar process that never joins the fleet scrapes with
-``prometheus_client.generate_latest`` over :class:`orbitive.metrics.FleetCollector`.
+``prometheus_client.generate_latest`` over :class:`orbitive.metrics.FleetCollector`;
+a pool naming a budget across hosts shows the host's share of it.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from orbitive import InvalidName
+from orbitive import Fleet, InvalidName
+from orbitive.clients import Budget, PoolOptions
 from orbitive.clients._psycopg_connections import conninfo_label
+from orbitive.clients.psycopg import ConnectionPool
 from orbitive.metrics import FleetCollector
 from orbitive.pool import MalformedError
 
 from .._processes import Child, Processes
+from .._servers import TempPostgres
 from ._workers import metrics_scraper, metrics_worker
 from .conftest import CAPACITY
 
@@ -154,3 +160,25 @@ def test_a_collector_refuses_a_bad_fleet_or_kind() -> None:
         FleetCollector("no/slash")
     with pytest.raises(MalformedError):
         FleetCollector("web", pool_kind=256)
+
+
+def test_a_scrape_shows_the_hosts_share_of_a_budget(
+    fleet: Fleet, fleet_name: str, durable_postgres_server: TempPostgres
+) -> None:
+    db = durable_postgres_server.url
+    budget = Budget(db, name=f"db-{secrets.token_hex(3)}", total=5, ttl=4.0)
+    registry = CollectorRegistry()
+    registry.register(FleetCollector(fleet_name))
+    pool = ConnectionPool(db, fleet=fleet, options=PoolOptions(max_live=3), budget=budget)
+    with pool, pool.connection(), pool.connection():
+        samples = {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(generate_latest(registry).decode())
+            for sample in family.samples
+            if sample.name.startswith("orbitive_budget_")
+        }
+        statistics = pool.statistics()
+    assert samples["orbitive_budget_total"] == 5
+    assert samples["orbitive_budget_units"] == statistics.budget_units == 2
+    assert samples["orbitive_budget_cap"] == statistics.budget_cap == 2
+    assert 0.0 < samples["orbitive_budget_lapse_seconds"] <= 4.0

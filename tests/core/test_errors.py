@@ -35,6 +35,7 @@ BUILTINS: dict[str, tuple[type[BaseException], ...]] = {
     "InvalidLockOwner": (ValueError, TypeError),
     "InvalidLockTtl": (ValueError, TypeError),
     "InvalidStoreUrl": (ValueError,),
+    "LockNotReentrant": (RuntimeError,),
 }
 
 

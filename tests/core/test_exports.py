@@ -104,6 +104,7 @@ ADDITIONS = {
         "InvalidLockOwner",
         "InvalidLockTtl",
         "InvalidStoreUrl",
+        "LockNotReentrant",  # the blocking helper asked for a name the caller holds
         "LockTimeout",
     },
 }

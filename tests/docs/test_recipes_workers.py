@@ -19,6 +19,8 @@ from ._recipes import CAPACITY, assert_one_holder_at_a_time, live_nodes, recipe_
 from ._recipes import write_recipes as write_recipe_files
 
 POOL = 2
+#: cron's own PATH (cron(8) sets PATH=/usr/bin:/bin for the jobs it runs).
+CRON_PATH = "/usr/bin:/bin"
 TASKS = 6
 #: A Celery configuration with a broker and a backend that are plain directories.
 _CONFIG = """\
@@ -74,10 +76,14 @@ def test_celery_prefork_children_open_the_store_in_worker_process_init(tmp_path:
 
 
 def _cron_command(crontab: str, script: Path) -> str:
-    """The command of the recipe's crontab line, with the script put in its place."""
+    """The command of the recipe's crontab line, with the script and this environment's
+    ``orbit`` put in their places."""
     (line,) = [line for line in crontab.splitlines() if line and not line.startswith("#")]
     command = re.split(r"\s+", line, maxsplit=5)[5]
-    return command.replace("/opt/reports/nightly.sh", str(script))
+    orbit = str(Path(sys.executable).with_name("orbit"))
+    return command.replace("/opt/reports/nightly.sh", str(script)).replace(
+        "/srv/app/.venv/bin/orbit", orbit
+    )
 
 
 def test_cron_line_runs_once_and_an_overlapping_run_exits_quietly(tmp_path: Path) -> None:
@@ -87,6 +93,7 @@ def test_cron_line_runs_once_and_an_overlapping_run_exits_quietly(tmp_path: Path
     script.chmod(0o755)
     runs = tmp_path / "runs.txt"
     env = recipe_env(tmp_path, "", XDG_STATE_HOME=str(tmp_path / "state"), RUNS=str(runs))
+    env["PATH"] = CRON_PATH  # the line runs with nothing else on its PATH, as under cron
     command = ["sh", "-c", _cron_command(files["crontab"], script)]
     overlapping = [subprocess.Popen(command, env=env) for _ in range(2)]
     codes = [run.wait(60) for run in overlapping]

@@ -226,13 +226,14 @@ def test_steps_that_failed_to_initialise_refuse_to_run(table: LockTable) -> None
 
     steps = Steps.__new__(Steps)
     block = mmap.mmap(-1, 4096)
+    init = steps.__init__  # type: ignore[misc]
     geometry = (3, 64, 16, 1, 128, 192, 8, 128, 64, 0, 0)
     with pytest.raises(ValueError, match="geometry"):
-        steps.__init__(b"", b"", block, *geometry, print, 1, _TYPES, _fork, table, _lock_table)  # type: ignore[misc]
-    valid = (8, 128, 64, 1, 128, 192, 8, 160, 100, 0, 0)
+        init(b"", b"", block, *geometry, print, 1, _TYPES, _fork, table, _lock_table, print)
+    valid = (8, 128, 64, 1, 192, 256, 8, 160, 100, 0, 0)
     for types in ((int,) * 5, (int, int, tuple, int, int)):
         with pytest.raises(TypeError, match=r"tuple type|instance slot"):
-            steps.__init__(b"", b"", block, *valid, print, 1, types, _fork, table, _lock_table)  # type: ignore[misc]
+            init(b"", b"", block, *valid, print, 1, types, _fork, table, _lock_table, print)
     key, owner = LockKey("tests.fast", "never"), LockOwner(b"owner")
     held = table.try_acquire(key, owner, 1.0)
     assert isinstance(held, Acquired)

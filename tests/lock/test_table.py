@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -182,6 +183,23 @@ def test_force_release_of_an_expired_entry_returns_false(table: LockTable) -> No
     acquire(table, KEY, ALICE, ttl=0.01)
     time.sleep(0.03)
     assert not table.force_release(KEY)
+
+
+def test_force_release_of_a_live_entry_is_logged_once(
+    table: LockTable, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="orbitive")
+    acquire(table, KEY, ALICE)
+    assert table.force_release(KEY)
+    assert not table.force_release(KEY)  # nothing live: nothing to say
+    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
+        (
+            "orbitive.lock",
+            logging.WARNING,
+            f"lock table of fleet {table.fleet.name!r} (kind 228): key 'tests.table/queue:1' "
+            "force-released; its holder has lost it",
+        )
+    ]
 
 
 # -- state_revision ------------------------------------------------------------------------

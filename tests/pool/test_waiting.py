@@ -143,41 +143,38 @@ def test_descriptor_turns_readable_after_a_watched_key_changes(pool: Pool) -> No
     assert select.select([fd], [], [], 0.2)[0] == []
 
 
-def _drivers(threads: set[threading.Thread]) -> list[threading.Thread]:
-    return [t for t in threads if t.name.startswith("orbit-pool-") and t.name.endswith("-driver")]
-
-
-def test_poll_capacity_from_many_tasks_and_loops_uses_one_driver_thread(fleet: Fleet) -> None:
+def test_poll_capacity_from_many_tasks_and_loops_shares_one_descriptor_and_no_thread(
+    fleet: Fleet,
+) -> None:
     keys = [Key(100 + n) for n in range(4)]
-    before = set(threading.enumerate())
+    before = {thread.name for thread in threading.enumerate()}
     with Pool(fleet) as pool, Pool(fleet) as second:
         since = {key: pool.version(key) for key in keys}
-        assert _drivers(set(threading.enumerate()) - before) == []  # started on first poll
         elsewhere: list[int | None] = []
 
         def other_loop() -> None:
             elsewhere.append(asyncio.run(second.poll_capacity(keys[0], since[keys[0]], 10.0)))
 
-        async def main() -> tuple[list[threading.Thread], list[int | None]]:
+        async def main() -> tuple[set[str], list[int | None]]:
             tasks = [
                 asyncio.create_task(handle.poll_capacity(key, since[key], timeout=10.0))
                 for key in keys
                 for handle in (pool, second)
                 for _ in range(2)
             ]
-            thread = threading.Thread(target=other_loop)
+            thread = threading.Thread(target=other_loop, name="test-other-loop")
             thread.start()
             await asyncio.sleep(0.2)
             assert not any(task.done() for task in tasks)
-            drivers = _drivers(set(threading.enumerate()) - before)
+            started = {t.name for t in threading.enumerate()} - before - {"test-other-loop"}
             for key in keys:
                 pool.register(key, 1)
             woken = await asyncio.wait_for(asyncio.gather(*tasks), 10.0)
             await asyncio.to_thread(thread.join, 10.0)
-            return drivers, woken
+            return started, woken
 
-        drivers, woken = asyncio.run(main())
-        assert [driver.name for driver in drivers] == [f"orbit-pool-{pool.node}-driver"]
+        started, woken = asyncio.run(main())
+        assert not {name for name in started if name.startswith("orbit-")}  # no driver thread
+        assert pool.fileno() == second.fileno()  # one descriptor per process and table
         assert woken == [since[key] + 1 for key in keys for _ in range(4)]
         assert elsewhere == [since[keys[0]] + 1]
-    assert not drivers[0].is_alive()  # the last handle's close stopped it

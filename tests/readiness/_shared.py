@@ -12,10 +12,10 @@ from typing import Final, Protocol
 
 from orbitive import Fleet
 from orbitive._core._errors import LayoutMismatch
-from orbitive._core._readiness import BACKENDS
+from orbitive._core._readiness import BACKENDS, Channel
 from orbitive._core._region import Region
 
-#: A test region: magic @0, the u32 word @8, one parked byte per node @64.
+#: A test region: magic @0, the u32 word @8, one parked (or armed) byte per node @64.
 KIND: Final = 201
 SIZE: Final = 4096
 CAPACITY: Final = 8
@@ -53,8 +53,13 @@ def read_word(buf: mmap.mmap) -> int:
     return value
 
 
+def channel(region: Region) -> Channel:
+    """The test region's readiness channel: the word @8, armed bytes @64."""
+    return Channel(region, WORD, PARKED, CAPACITY)
+
+
 def publish(region: Region, backend_name: str, count: int = 1) -> None:
-    """``count`` bumps, each inside the region's critical section."""
+    """``count`` word bumps of ``backend_name``, each inside the region's critical section."""
     for _ in range(count):
         region.acquire()
         try:
@@ -63,12 +68,26 @@ def publish(region: Region, backend_name: str, count: int = 1) -> None:
             region.release()
 
 
+def signal(region: Region, count: int = 1) -> None:
+    """``count`` publishes on the region's channel, each inside its critical section."""
+    watched = channel(region)
+    for _ in range(count):
+        region.acquire()
+        try:
+            watched.bump()
+        finally:
+            region.release()
+
+
 @dataclass(frozen=True)
 class Job:
-    """What a publisher process does: ``count`` bumps, ``delay`` seconds after go."""
+    """What a publisher process does: ``count`` bumps, ``delay`` seconds after go.
+
+    ``backend_name`` None publishes on the readiness channel (:func:`signal`).
+    """
 
     fleet_name: str
-    backend_name: str
+    backend_name: str | None
     count: int = 1
     delay: float = 0.0
 
@@ -81,4 +100,7 @@ def child_publish(job: Job, ready: Flag, go: Flag) -> None:
         if not go.wait(30):
             raise SystemExit("the parent never said go")
         time.sleep(job.delay)
-        publish(region, job.backend_name, job.count)
+        if job.backend_name is None:
+            signal(region, job.count)
+        else:
+            publish(region, job.backend_name, job.count)

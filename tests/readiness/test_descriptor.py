@@ -1,32 +1,38 @@
-"""Readiness: a publish in another process makes this process's descriptor readable."""
+"""Readiness: a publish in another process makes this process's descriptor readable.
+
+The descriptor is a socket the publisher writes to (``_core._channel``): the same
+whatever the word backend, and no thread runs for it.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import mmap
 import os
 import selectors
+import signal
 import threading
+from pathlib import Path
 
 import pytest
 
 from orbitive import Fleet
-from orbitive._core._errors import FleetError, InvalidLayout
-from orbitive._core._readiness import Backend, Readiness
+from orbitive._core._channel import SOCKETS_PER_NODE, Channel
+from orbitive._core._errors import AccessDenied, FleetError, InvalidLayout
+from orbitive._core._readiness import Readiness
 from orbitive._core._region import Region
 
 from ._shared import (
     CAPACITY,
     PARKED,
     SIZE,
-    WORD,
     Job,
+    channel,
     child_publish,
     open_region,
-    publish,
     read_word,
     unique_fleet_name,
 )
+from ._shared import signal as publish
 from .conftest import Context, Shm, Start
 
 BOUND = 2.0  # seconds: generous, the usual figure is well under a millisecond
@@ -38,18 +44,17 @@ def readable(fd: int, timeout: float) -> bool:
         return bool(selector.select(timeout))
 
 
-def watch(shm: Shm, backend: Backend) -> Readiness:
-    buf, node = shm.region.buf, shm.fleet.node
-    return Readiness(buf, WORD, PARKED, node, "test-readiness", lock=shm.region, backend=backend)
+def watch(shm: Shm) -> Readiness:
+    return Readiness(channel(shm.region), shm.fleet.node, "test-readiness")
 
 
-def test_child_bump_makes_descriptor_readable_and_drain_clears_it(
-    backend: Backend, shm: Shm, context: Context, children: Start
+def test_child_publish_makes_descriptor_readable_and_drain_clears_it(
+    shm: Shm, context: Context, children: Start
 ) -> None:
     ready, go = context.Event(), context.Event()
-    child = children(child_publish, Job(shm.name, backend.NAME), ready, go)
+    child = children(child_publish, Job(shm.name, None), ready, go)
     assert ready.wait(30)
-    readiness = watch(shm, backend)
+    readiness = watch(shm)
     try:
         assert not readable(readiness.fileno(), 0.05)
         go.set()
@@ -62,35 +67,34 @@ def test_child_bump_makes_descriptor_readable_and_drain_clears_it(
         readiness.close()
 
 
-def test_burst_of_bumps_coalesces_into_few_readable_edges(
-    backend: Backend, shm: Shm, context: Context, children: Start
+def test_burst_of_publishes_is_one_signal_until_the_drain_arms_again(
+    shm: Shm, context: Context, children: Start
 ) -> None:
     ready, go = context.Event(), context.Event()
-    child = children(child_publish, Job(shm.name, backend.NAME, count=5), ready, go)
+    child = children(child_publish, Job(shm.name, None, count=5), ready, go)
     assert ready.wait(30)
     start = read_word(shm.region.buf)
-    readiness = watch(shm, backend)
+    readiness = watch(shm)
     try:
         go.set()
         assert readable(readiness.fileno(), BOUND)
         child.join(30)
         assert child.exitcode == 0
-        total = 0
-        while readable(readiness.fileno(), 0.1):
-            total += readiness.drain()
-        assert 1 <= total <= 5
         assert read_word(shm.region.buf) == start + 5
+        assert readiness.drain() == 1  # the first publish took the bit; the others skipped it
+        assert not readable(readiness.fileno(), 0.05)
+        publish(shm.region)  # armed again by the drain
+        assert readable(readiness.fileno(), BOUND)
+        assert readiness.drain() == 1
     finally:
         readiness.close()
 
 
-def test_child_bump_wakes_an_asyncio_reader(
-    backend: Backend, shm: Shm, context: Context, children: Start
-) -> None:
+def test_child_publish_wakes_an_asyncio_reader(shm: Shm, context: Context, children: Start) -> None:
     ready, go = context.Event(), context.Event()
-    child = children(child_publish, Job(shm.name, backend.NAME), ready, go)
+    child = children(child_publish, Job(shm.name, None), ready, go)
     assert ready.wait(30)
-    readiness = watch(shm, backend)
+    readiness = watch(shm)
 
     async def first_drain() -> int:
         loop = asyncio.get_running_loop()
@@ -115,77 +119,130 @@ def test_child_bump_wakes_an_asyncio_reader(
         readiness.close()
 
 
-def test_publisher_thread_over_a_local_fleet(backend: Backend) -> None:
+def test_publisher_thread_over_a_local_fleet() -> None:
     with Fleet.local(unique_fleet_name(), CAPACITY, node=2) as fleet:
         region = open_region(fleet)
-        readiness = Readiness(
-            region.buf, WORD, PARKED, fleet.node, "test-local", lock=region, backend=backend
-        )
+        readiness = Readiness(channel(region), fleet.node, "test-local")
         try:
-            threading.Thread(target=publish, args=(region, backend.NAME)).start()
+            threading.Thread(target=publish, args=(region,)).start()
             assert readable(readiness.fileno(), BOUND)
             assert readiness.drain() == 1
         finally:
             readiness.close()
 
 
-def test_close_is_idempotent_joins_the_driver_and_releases_the_mapping(
-    backend: Backend,
-) -> None:
-    buf = mmap.mmap(-1, SIZE)
-    readiness = Readiness(buf, WORD, PARKED, 3, "test-close", backend=backend)
-    drivers = [t for t in threading.enumerate() if t.name == "test-close"]
-    assert len(drivers) == 1 and drivers[0].daemon
-    assert buf[PARKED + 3] == (1 if backend.PARKED else 0)  # without a lock: held for life
+def test_no_thread_runs_and_close_is_idempotent_and_removes_the_socket(shm: Shm) -> None:
+    threads = threading.active_count()
+    readiness = watch(shm)
+    path = Path(channel(shm.region).path(shm.fleet.node, 0))
+    assert threading.active_count() == threads
+    assert path.is_socket() and (path.stat().st_mode & 0o777) == 0o600
+    assert shm.region.buf[PARKED + shm.fleet.node] == 1  # bit 0: armed
     readiness.close()
     readiness.close()
-    assert not drivers[0].is_alive()
-    assert buf[PARKED + 3] == 0
+    assert not path.exists()
     with pytest.raises(FleetError, match="closed"):
         readiness.fileno()
     with pytest.raises(FleetError, match="closed"):
         readiness.drain()
     assert "closed" in repr(readiness)
-    buf.close()  # raises BufferError if the driver left the mapping exported
+    publish(shm.region)  # takes the stale bit: a missing socket is no error
+    assert shm.region.buf[PARKED + shm.fleet.node] == 0
 
 
-def test_driver_error_is_raised_by_drain(backend: Backend) -> None:
-    buf = mmap.mmap(-1, SIZE)
-    lock = threading.Lock()
-    readiness = Readiness(buf, WORD, PARKED, 0, "test-error", lock=lock, backend=backend)
+def test_two_descriptors_of_one_node_each_get_the_signal_and_the_ninth_is_refused(
+    shm: Shm,
+) -> None:
+    watched = channel(shm.region)
+    descriptors = [Readiness(watched, shm.fleet.node, f"test-{n}") for n in range(2)]
     try:
-        with lock:
-            backend.bump(buf, WORD, PARKED, CAPACITY)
-        assert readable(readiness.fileno(), BOUND)
-        buf.close()  # the driver now waits for the drain and has nothing mapped
-        assert readiness.drain() == 1
-        assert readable(readiness.fileno(), BOUND)
-        with pytest.raises(FleetError, match="driver stopped"):
-            readiness.drain()
+        publish(shm.region)
+        assert all(readable(one.fileno(), BOUND) for one in descriptors)
+        assert [one.drain() for one in descriptors] == [1, 1]
+        descriptors += [
+            Readiness(watched, shm.fleet.node, f"test-{n}") for n in range(2, SOCKETS_PER_NODE)
+        ]
+        with pytest.raises(FleetError, match=f"{SOCKETS_PER_NODE} descriptors"):
+            Readiness(watched, shm.fleet.node, "test-one-too-many")
     finally:
-        readiness.close()
+        for one in descriptors:
+            one.close()
+
+
+def test_drain_after_the_region_closed_raises_fleet_error(shm: Shm) -> None:
+    with Fleet.join(shm.name, CAPACITY) as fleet:
+        region = open_region(fleet)
+        readiness = Readiness(channel(region), fleet.node, "test-closed")
+        try:
+            publish(shm.region)
+            assert readable(readiness.fileno(), BOUND)
+            region.close()
+            with pytest.raises(FleetError, match="closed"):
+                readiness.drain()
+        finally:
+            readiness.close()
+
+
+def _watch_then_die(name: str, ready: object) -> None:
+    with Fleet.join(name, CAPACITY) as fleet:
+        Readiness(channel(open_region(fleet)), fleet.node, "test-dies")
+        ready.set()  # type: ignore[attr-defined]
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_killed_watchers_socket_is_skipped_then_replaced_by_the_nodes_next_process(
+    shm: Shm, context: Context, children: Start
+) -> None:
+    ready = context.Event()
+    child = children(_watch_then_die, shm.name, ready)
+    assert ready.wait(30)
+    child.join(30)
+    assert child.exitcode == -signal.SIGKILL
+    node = shm.fleet.node + 1  # the lowest free node, which the child held
+    path = Path(channel(shm.region).path(node, 0))
+    assert path.is_socket()  # left behind by the kill
+    publish(shm.region)  # nobody listens there: no error, the bit is taken
+    assert shm.region.buf[PARKED + node] == 0
+    with Fleet.join(shm.name, CAPACITY) as fleet:
+        assert fleet.node == node
+        readiness = Readiness(channel(open_region(fleet)), node, "test-next")
+        try:
+            publish(shm.region)
+            assert readable(readiness.fileno(), BOUND)
+        finally:
+            readiness.close()
+
+
+def test_a_path_another_user_owns_is_refused(shm: Shm) -> None:
+    path = Path(channel(shm.region).path(shm.fleet.node, 0))
+    path.touch()
+    try:
+        os.chown(path, 12345, 12345)
+    except PermissionError:
+        path.unlink()
+        pytest.skip("needs root to plant another user's file")
+    try:
+        with pytest.raises(AccessDenied, match="uid 12345"):
+            watch(shm)
+        assert shm.region.buf[PARKED + shm.fleet.node] == 0  # nothing armed
+    finally:
+        path.unlink()
 
 
 @pytest.mark.parametrize(
-    ("size", "word", "parked", "node"),
-    [(64, 2, 8, 0), (64, 64, 8, 0), (64, -4, 8, 0), (64, 0, 60, 4), (64, 0, 8, -1)],
-    ids=["misaligned-word", "word-past-end", "negative-word", "byte-past-end", "negative-node"],
-)
-def test_bad_offsets_raise_invalid_layout(
-    backend: Backend, size: int, word: int, parked: int, node: int
+    ("word", "armed", "node"),
+    [(2, 64, 0), (SIZE, 64, 0), (-4, 64, 0), (8, SIZE - 4, 0), (8, 64, -1), (8, 64, CAPACITY)],
+    ids=["misaligned-word", "word-past-end", "negative-word", "bytes-past-end", "negative-node",
+         "node-past-end"],
+)  # fmt: skip
+def test_bad_offsets_and_nodes_raise_invalid_layout(
+    shm: Shm, word: int, armed: int, node: int
 ) -> None:
-    buf = mmap.mmap(-1, size)
     with pytest.raises(InvalidLayout):
-        Readiness(buf, word, parked, node, "test-bad", backend=backend)
-    buf.close()
+        Readiness(Channel(shm.region, word, armed, CAPACITY), node, "test-bad")
 
 
-def test_non_mmap_buffer_raises_type_error(backend: Backend) -> None:
-    with pytest.raises(TypeError, match="mmap"):
-        Readiness(bytearray(64), 0, 8, 0, "test-bad", backend=backend)  # type: ignore[arg-type]
-
-
-def _checks_in_forked_child(readiness: Readiness, region: Region, backend_name: str) -> int:
+def _checks_in_forked_child(readiness: Readiness, region: Region) -> int:
     for call in (readiness.fileno, readiness.drain):
         try:
             call()
@@ -196,26 +253,24 @@ def _checks_in_forked_child(readiness: Readiness, region: Region, backend_name: 
             return 3
     readiness.close()
     readiness.close()
-    publish(region, backend_name)
+    publish(region)
     return 0
 
 
 @pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")  # 3.12+: fork with threads
-def test_forked_child_refuses_the_parents_readiness_and_leaves_it_working(
-    backend: Backend, shm: Shm
-) -> None:
-    readiness = watch(shm, backend)
+def test_forked_child_refuses_the_parents_readiness_and_leaves_it_working(shm: Shm) -> None:
+    readiness = watch(shm)
     try:
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                code = _checks_in_forked_child(readiness, shm.region, backend.NAME)
+                code = _checks_in_forked_child(readiness, shm.region)
             finally:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        assert readable(readiness.fileno(), BOUND)  # the child's bump, after its close()
+        assert readable(readiness.fileno(), BOUND)  # the child's publish, after its close()
         assert readiness.drain() == 1
     finally:
         readiness.close()

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from orbitive._core import _readiness_futex
-from orbitive._core._readiness import Backend, Readiness
+from orbitive._core._readiness import Backend
 
 from ._shared import CAPACITY, PARKED, SIZE, WORD, Job, child_publish, read_word
 from .conftest import Context, Shm, Start
@@ -134,47 +134,39 @@ def futex() -> Backend:
     return _readiness_futex
 
 
-def test_parked_byte_is_set_only_while_the_driver_sleeps(
-    futex: Backend, buf: mmap.mmap, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    calls: list[int] = []
-    wake = futex.wake_word
+def test_wake_word_wakes_the_longest_sleeper_first_and_says_how_many(futex: Backend) -> None:
+    buf = mmap.mmap(-1, SIZE)
+    order: list[int] = []
 
-    def counting_wake(mapping: mmap.mmap, offset: int) -> None:
-        calls.append(offset)
-        wake(mapping, offset)
+    def sleeper(name: int) -> None:
+        futex.wait_word(buf, WORD, 0, 30)
+        order.append(name)
 
-    monkeypatch.setattr(futex, "wake_word", counting_wake)
-    lock = threading.Lock()
-    readiness = Readiness(buf, WORD, PARKED, 2, "test-parked", lock=lock, backend=futex)
-    try:
-        assert eventually(lambda: buf[PARKED + 2] == 1)  # asleep on the word
-        with lock:
-            futex.bump(buf, WORD, PARKED, CAPACITY)
-        assert len(calls) == 1
-        assert eventually(lambda: buf[PARKED + 2] == 0)  # awake, waiting for the drain
-        with lock:
-            for _ in range(3):
-                futex.bump(buf, WORD, PARKED, CAPACITY)
-        assert len(calls) == 1  # nobody parked: no syscall
-        assert readiness.drain() == 1
-        assert eventually(lambda: readiness.drain() == 1)  # the three bumps, coalesced
-        assert eventually(lambda: buf[PARKED + 2] == 1)
-    finally:
-        readiness.close()
-    assert buf[PARKED + 2] == 0
+    sleepers = []
+    for name in range(3):
+        thread = threading.Thread(target=sleeper, args=(name,))
+        thread.start()
+        sleepers.append(thread)
+        time.sleep(0.05)  # each is asleep before the next
+    struct.pack_into("<I", buf, WORD, 1)
+    for name in range(3):
+        assert futex.wake_word(buf, WORD, 1) == 1
+        woken = name + 1
+        assert eventually(lambda: len(order) == woken)  # noqa: B023 - read at once
+    assert order == [0, 1, 2]
+    assert futex.wake_word(buf, WORD, 1) == 0  # nobody left
+    for thread in sleepers:
+        thread.join(BOUND)
+    buf.close()
 
 
-def test_two_drivers_of_one_process_share_the_parked_byte(futex: Backend, buf: mmap.mmap) -> None:
-    lock = threading.Lock()
-    first = Readiness(buf, WORD, PARKED, 1, "test-first", lock=lock, backend=futex)
-    second = Readiness(buf, WORD, PARKED, 1, "test-second", lock=lock, backend=futex)
-    try:
-        assert eventually(lambda: buf[PARKED + 1] == 1)
-        first.close()
-        time.sleep(0.05)
-        assert buf[PARKED + 1] == 1  # the second driver still sleeps on it
-    finally:
-        first.close()
-        second.close()
+def test_two_waiters_of_one_process_share_the_parked_byte(futex: Backend, buf: mmap.mmap) -> None:
+    parked = futex.PARKED
+    assert parked is not None
+    parked.hold(buf, PARKED + 1)
+    parked.hold(buf, PARKED + 1)
+    assert buf[PARKED + 1] == 1
+    parked.release(buf, PARKED + 1)
+    assert buf[PARKED + 1] == 1  # the other one still waits
+    parked.release(buf, PARKED + 1)
     assert buf[PARKED + 1] == 0

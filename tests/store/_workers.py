@@ -16,6 +16,7 @@ from multiprocessing.synchronize import Barrier
 from multiprocessing.synchronize import Lock as MpLock
 
 from orbitive.store import Lock, open_store
+from orbitive.store._shm import ShmEngine
 
 from .._processes import Channel
 
@@ -172,3 +173,47 @@ def _release(shared: Shared, slot: int, lock: Lock) -> None:
         if shared.token[slot] == lock.fencing_token:
             shared.deadline[slot] = 0.0  # stop believing before the lease goes
     lock.release()
+
+
+# -- processes taking turns on one name ---------------------------------------------------------
+
+
+def wait_in_turn(channel: Channel, url: str, name: str) -> None:
+    """Say ("waiting", node), then on "go" wait for ``name``; report ("granted", at).
+
+    Hold it until told, then release it.
+    """
+    with open_store(url) as store:
+        engine = store._backend.engine
+        assert isinstance(engine, ShmEngine)
+        channel.send(("waiting", engine._fleet.node))
+        channel.recv(None)
+        with store.lock(name, ttl=60.0, timeout=PATIENCE_S):
+            channel.send(("granted", time.monotonic()))
+            channel.recv(None)
+
+
+def take_turns(
+    channel: Channel,
+    url: str,
+    index: int,
+    barrier: Barrier,
+    seconds: float,
+    turns: SynchronizedArray[int],
+) -> None:
+    """After the barrier, take ``name`` over and over for ``seconds``; count the turns.
+
+    ``turns[index]`` counts this process's turns; ``turns[-2]`` the turns that went to
+    another process than the one before (hand-overs), ``turns[-1]`` the last holder + 1,
+    both written only while holding the lock.
+    """
+    with open_store(url) as store:
+        barrier.wait(PATIENCE_S)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with store.lock("turns", ttl=10.0, timeout=PATIENCE_S):
+                turns[index] += 1
+                if turns[-1] != index + 1:
+                    turns[-2] += 1
+                    turns[-1] = index + 1
+    channel.send("done")

@@ -1,4 +1,5 @@
-"""Network faults between a store and its server (PostgreSQL, Redis): answers stay true.
+"""Network faults between a store and its server (PostgreSQL, Redis): answers stay true,
+for named locks and for counting leases alike.
 
 Each test talks to the server through a :class:`FaultProxy` and checks the
 server's state through a second store that connects directly. A lost reply
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from orbitive.store import ErrorKind, Lock, Store, StoreError, open_store
+from orbitive.store import ErrorKind, Lock, SemaphoreLease, Store, StoreError, open_store
 from orbitive.store._network import TIMEOUT_DEFAULT_S
 
 from .._servers import TempPostgres, TempRedis
@@ -276,3 +277,144 @@ def test_every_async_call_into_a_black_hole_ends_unavailable_within_the_timeout(
             route.proxy.heal()
 
     asyncio.run(body())
+
+
+# -- counting leases: the same answers and the same bound ------------------------------------
+
+
+def held_slot(store: Store, name: str, limit: int = 2) -> SemaphoreLease:
+    lease = store.semaphore(name, limit).try_acquire("w1", LONG)
+    assert lease is not None, f"a slot of {name!r} should have been free"
+    return lease
+
+
+@pytest.mark.parametrize("arm", FAULTS.values(), ids=FAULTS.keys())
+def test_a_faulted_try_acquire_still_grants_and_the_caller_holds_what_it_was_told(
+    route: Route, proxied: Store, direct: Store, arm: Arm
+) -> None:
+    arm(route.proxy)
+    lease = proxied.semaphore("units", 2).try_acquire("w1", LONG)
+    assert route.proxy.fired == 1
+    assert lease is not None  # the retry knows the committed grant is its own
+    holders = direct.semaphore("units", 2).holders()
+    assert [(h.slot, h.owner, h.fencing_token) for h in holders] == [
+        (lease.slot, "w1", lease.fencing_token)
+    ]
+    assert lease.release()
+    stats = proxied.statistics()
+    assert (stats.acquired_count, stats.busy_count, stats.lost_count) == (1, 0, 0)
+
+
+@pytest.mark.parametrize("arm", FAULTS.values(), ids=FAULTS.keys())
+def test_a_faulted_try_acquire_on_a_full_semaphore_still_reports_it_full(
+    route: Route, proxied: Store, direct: Store, arm: Arm
+) -> None:
+    holder = held_slot(direct, "full", 1)
+    arm(route.proxy)
+    assert proxied.semaphore("full", 1).try_acquire("w2", LONG) is None
+    assert route.proxy.fired == 1
+    holders = direct.semaphore("full", 1).holders()
+    assert [h.fencing_token for h in holders] == [holder.fencing_token]
+
+
+@pytest.mark.parametrize("arm", FAULTS.values(), ids=FAULTS.keys())
+def test_a_faulted_unit_release_returns_true_and_counts_no_loss(
+    route: Route, proxied: Store, direct: Store, arm: Arm
+) -> None:
+    lease = held_slot(proxied, "release")
+    arm(route.proxy)
+    assert lease.release() is True  # the retry finds its receipt, not a missing field
+    assert route.proxy.fired == 1
+    assert direct.semaphore("release", 2).holders() == []
+    stats = proxied.statistics()
+    assert (stats.released_count, stats.lost_count) == (1, 0)
+
+
+@pytest.mark.parametrize("arm", FAULTS.values(), ids=FAULTS.keys())
+def test_a_faulted_unit_renew_keeps_the_slot_and_the_token(
+    route: Route, proxied: Store, direct: Store, arm: Arm
+) -> None:
+    lease = held_slot(proxied, "renew")
+    arm(route.proxy)
+    assert lease.renew(LONG) is True
+    assert route.proxy.fired == 1
+    (info,) = direct.semaphore("renew", 2).holders()
+    assert (info.slot, info.fencing_token) == (lease.slot, lease.fencing_token)
+    assert info.remaining_s > LONG - 5.0
+
+
+def test_every_semaphore_call_into_a_black_hole_ends_unavailable_within_the_timeout(
+    route: Route, direct: Store
+) -> None:
+    holder = held_slot(direct, "busy", 1)
+    with open_store(route.with_timeout(BOUND_S)) as store:
+        lease = held_slot(store, "mine")
+        route.proxy.black_hole()
+        sem = store.semaphore("mine", 2)
+        calls: list[Callable[[], object]] = [
+            lambda: sem.try_acquire("w2", LONG),
+            lambda: lease.renew(LONG),
+            sem.holders,
+            store.semaphores,
+            lease.release,
+            lambda: store.semaphore("busy", 1).acquire(ttl=LONG, timeout=30.0),
+        ]
+        for call in calls:
+            bounded_call(call, BOUND_S)
+        route.proxy.heal()
+        assert sem.try_acquire("w2", LONG) is not None  # a fresh connection works
+    assert holder.renew(LONG)
+
+
+@pytest.mark.parametrize("arm", FAULTS.values(), ids=FAULTS.keys())
+def test_a_faulted_try_acquire_async_still_grants_and_its_release_still_returns_true(
+    route: Route, proxied: Store, direct: Store, arm: Arm
+) -> None:
+    async def body() -> None:
+        arm(route.proxy)
+        lease = await proxied.semaphore("async-units", 2).try_acquire_async("w1", LONG)
+        assert lease is not None  # the retry knows the committed grant is its own
+        holders = direct.semaphore("async-units", 2).holders()
+        assert [h.fencing_token for h in holders] == [lease.fencing_token]
+        arm(route.proxy)
+        assert await lease.release() is True  # ... and the retried release its receipt
+        assert route.proxy.fired == 2
+
+    asyncio.run(body())
+    assert direct.semaphore("async-units", 2).holders() == []
+    assert proxied.statistics().lost_count == 0
+
+
+def test_every_async_semaphore_call_into_a_black_hole_ends_unavailable_within_the_timeout(
+    route: Route, direct: Store
+) -> None:
+    holder = held_slot(direct, "busy", 1)
+
+    async def body() -> None:
+        with open_store(route.with_timeout(BOUND_S)) as store:
+            sem = store.semaphore("mine", 2)
+            lease = await sem.try_acquire_async("w1", LONG)
+            assert lease is not None
+            route.proxy.black_hole()
+
+            async def waiting() -> object:
+                async with store.semaphore("busy", 1).acquire_async(ttl=LONG, timeout=30.0):
+                    return None
+
+            for call in (
+                lambda: sem.try_acquire_async("w2", LONG),
+                lambda: lease.renew(LONG),
+                lease.release,
+                waiting,
+            ):
+                started = time.monotonic()
+                with pytest.raises(StoreError) as caught:
+                    await call()
+                elapsed = time.monotonic() - started
+                assert caught.value.kind is ErrorKind.UNAVAILABLE, caught.value
+                assert elapsed < BOUND_S + SLACK_S, f"{elapsed:.2f} s for a {BOUND_S:g} s bound"
+            route.proxy.heal()
+            assert await sem.try_acquire_async("w2", LONG) is not None  # a fresh connection
+
+    asyncio.run(body())
+    assert holder.renew(LONG)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
 
 import psycopg
 import pytest
@@ -43,6 +45,36 @@ def test_lock_survives_the_connection_being_recycled(postgres_url: str) -> None:
         assert info is not None and info.fencing_token == lock.fencing_token
         assert kill_other_sessions(postgres_url) >= 1
         assert lock.release()
+
+
+def test_a_renewal_in_flight_at_a_slots_deadline_keeps_the_slot_from_a_grant(
+    postgres_url: str,
+) -> None:
+    """A renewal that began before the deadline and commits after a grant read the row as
+    lapsed: the grant must not replace the renewed row (two holders of one slot)."""
+    with open_store(postgres_url) as store, open_store(postgres_url) as other:
+        lease = store.semaphore("renewing", 1).try_acquire("w1", 0.5)
+        assert lease is not None
+        granted: list[object] = []
+        grant = threading.Thread(
+            target=lambda: granted.append(other.semaphore("renewing", 1).try_acquire("w2", 60.0))
+        )
+        with psycopg.connect(postgres_url) as renewal:  # the renew statement, not committed
+            renewal.execute(
+                "UPDATE orbitive_semaphores SET expires_at = clock_timestamp() + interval '60 s' "
+                "WHERE name = 'renewing' AND fencing_token = %s AND expires_at > clock_timestamp()",
+                (lease.fencing_token,),
+            )
+            time.sleep(lease.remaining() + 0.2)  # the old deadline passes
+            grant.start()
+            time.sleep(0.5)  # the grant read the lapsed row and waits for its row lock
+            assert grant.is_alive()
+            renewal.commit()
+        grant.join(10.0)
+        assert granted == [None]  # busy: the one slot is still w1's
+        (info,) = store.semaphore("renewing", 1).holders()
+        assert (info.owner, info.fencing_token) == ("w1", lease.fencing_token)
+        assert lease.release()
 
 
 def test_server_down_is_unavailable(postgres_server: TempPostgres) -> None:

@@ -1,6 +1,7 @@
 """orbitive.store under odd arguments: only documented named errors, and no state change.
 
-``open_store`` and every verb of a Store and a Lock get the odd values of
+``open_store`` and every verb of a Store, a Lock, a Semaphore and its lease get the odd
+values of
 :mod:`tests._odd` mixed with ordinary ones, on every engine. A call either returns
 or raises a named error its docstring lists; after a refusal the store's live
 locks and its counters are what they were.
@@ -25,9 +26,11 @@ from orbitive.store import (
     InvalidLockName,
     InvalidLockOwner,
     InvalidLockTtl,
+    InvalidSemaphoreLimit,
     InvalidStoreUrl,
     Lock,
     LockTimeout,
+    SemaphoreLimitMismatch,
     Store,
     StoreError,
     open_store,
@@ -77,19 +80,24 @@ def _is_str(value: object) -> bool:
 
 @pytest.fixture
 def surface_store(store: Store) -> Iterator[Store]:
-    """The engine's store, with HELD held by another owner for the whole test."""
+    """The engine's store, with HELD held by another owner for the whole test, as a lock
+    and as the one slot of a semaphore of limit 1."""
     other = store.try_lock(HELD, "someone-else", 120.0)
-    assert other is not None
+    slot = store.semaphore(HELD, 1).try_acquire("someone-else", 120.0)
+    assert other is not None and slot is not None
     yield store
     other.release()
+    slot.release()
 
 
 def snapshot(store: Store) -> tuple[object, ...]:
-    """What a refused call must leave alone: the live locks and the store's counters."""
+    """What a refused call must leave alone: the live locks, the semaphores' holders and
+    the store's counters."""
     stats = store.statistics()
     held = frozenset((info.name, info.owner, info.fencing_token) for info in store.locks())
+    slots = frozenset((i.name, i.slot, i.fencing_token) for i in store.semaphores())
     counts = (stats.acquired_count, stats.busy_count, stats.renewed_count, stats.released_count)
-    return held, counts
+    return held, slots, counts
 
 
 def refused_leaves_state(
@@ -106,7 +114,7 @@ def refused_leaves_state(
         assert snapshot(store)[0] == before[0], f"locks changed after {error!r}"
     elif error is not None:
         assert snapshot(store) == before, f"state changed after {error!r}"
-    if isinstance(result, Lock):
+    if isinstance(result, Lock):  # a SemaphoreLease too
         result.release()
     return result
 
@@ -191,6 +199,65 @@ def test_lock_renew_refuses_with_named_errors_and_no_change(
             assert not lock.lost
     finally:
         lock.release()
+
+
+limits = st.one_of(st.just(1), st.just(2), numbers, odd)
+
+
+@SETTINGS
+@given(name=names, limit=limits, owner=owners, ttl=durations)
+def test_semaphore_try_acquire_refuses_with_named_errors_and_no_change(
+    surface_store: Store, name: object, limit: object, owner: object, ttl: object
+) -> None:
+    semaphore, error = call(
+        surface_store.semaphore, name, limit, allowed=(InvalidLockName, InvalidSemaphoreLimit)
+    )
+    if error is None:  # HELD is held under limit 1: another limit is a named mismatch
+        allowed = (*GUARD_ERRORS, SemaphoreLimitMismatch)
+        verb = semaphore.try_acquire  # type: ignore[attr-defined]
+        refused_leaves_state(surface_store, verb, owner, ttl, allowed=allowed)
+
+
+@SETTINGS
+@given(
+    owner=st.one_of(st.none(), owners),
+    ttl=durations,
+    timeout=st.one_of(st.none(), numbers, odd),
+    auto_renew=st.one_of(st.booleans(), odd),
+    on_lost=st.one_of(st.none(), st.just(print), odd),
+    asynchronous=st.booleans(),
+)
+def test_semaphore_acquire_refuses_with_named_errors_and_no_change(
+    surface_store: Store,
+    owner: object,
+    ttl: object,
+    timeout: object,
+    auto_renew: object,
+    on_lost: object,
+    asynchronous: bool,
+) -> None:
+    if timeout is None or _waits(timeout):
+        timeout = 0  # one attempt: a valid wait on HELD would park the test
+    allowed = (*GUARD_ERRORS, InvalidTtl, InvalidArgumentType, LockTimeout)
+    kwargs: dict[str, Any] = {"auto_renew": auto_renew, "on_lost": on_lost}
+    semaphore = surface_store.semaphore(HELD, 1)
+    verb = semaphore.acquire_async if asynchronous else semaphore.acquire  # async: checks only
+    refused_leaves_state(surface_store, verb, owner, ttl, timeout, **kwargs, allowed=allowed)
+
+
+@SETTINGS
+@given(ttl=durations)
+def test_semaphore_lease_renew_refuses_with_named_errors_and_no_change(
+    surface_store: Store, ttl: object
+) -> None:
+    lease = surface_store.semaphore("surface/renewed", 2).try_acquire("surface-owner", 30.0)
+    assert lease is not None
+    try:
+        renewed = refused_leaves_state(surface_store, lease.renew, ttl, allowed=(InvalidLockTtl,))
+        if renewed is None:  # refused: the tenure is untouched
+            assert not lease.lost
+    finally:
+        lease.release()
 
 
 def test_a_postgres_url_urllib_cannot_split_opens_and_shows_none_of_it(postgres_url: str) -> None:

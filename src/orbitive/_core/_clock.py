@@ -59,6 +59,26 @@ def check_ttl(ttl: object, *, what: str = "ttl") -> float:
     return value
 
 
+def check_timeout(timeout: object) -> float | None:
+    """``None`` (wait forever) or a finite number of seconds ``>= 0``, as a float.
+
+    Raises:
+        InvalidTtl: anything else (also ``ValueError`` and ``TypeError``).
+    """
+    if timeout is None:
+        return None
+    if type(timeout) is float and 0.0 < timeout <= TTL_MAX_S:  # the common case, as is
+        return timeout
+    try:
+        seconds = as_seconds(timeout, "timeout")
+        return 0.0 if seconds == 0.0 else check_ttl(seconds, what="timeout")
+    except InvalidTtl as error:
+        raise InvalidTtl(
+            f"timeout must be None (wait forever) or a finite number of seconds >= 0, "
+            f"got {shown(timeout)}"
+        ) from error
+
+
 def as_seconds(ttl: object, what: str) -> float:
     """The float an int or a float (or a subclass of either) stores, unchecked.
 

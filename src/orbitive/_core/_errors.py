@@ -32,7 +32,15 @@ catch by the usual Python category)::
     |   +-- InvalidLockOwner (ValueError, TypeError)     kind INVALID_INPUT
     |   +-- InvalidLockTtl (InvalidTtl)                  kind DATABASE (duration guard)
     |   +-- InvalidStoreUrl (ValueError)                 kind INVALID_INPUT
+    |   +-- InvalidSemaphoreLimit (ValueError, TypeError) kind INVALID_INPUT
+    |   +-- SemaphoreLimitMismatch                       kind INVALID_INPUT
+    |   +-- LockNotReentrant (RuntimeError)              kind INVALID_INPUT
     +-- LockTimeout (TimeoutError)               blocking helper gave up
+    +-- client pool errors (see the section below), and the budget's:
+        +-- InvalidBudget (InvalidPoolOptions)   a bad Budget, or a total below min_idle
+        |   +-- BudgetMismatch                   another total for the budget's name
+        +-- BudgetUnavailable                    the coordinator cannot be reached
+        +-- UnsafeCoordinator                    the coordinator can forget units it granted
 
 Every error carries ``fleet``, ``node``, ``key`` and ``kind`` attributes (``None``
 when they do not apply) and survives pickling, so worker processes can return
@@ -46,6 +54,8 @@ from typing import Any, ClassVar, Final, cast
 
 __all__ = [
     "AccessDenied",
+    "BudgetMismatch",
+    "BudgetUnavailable",
     "BusyError",
     "ClientCreateError",
     "CreationBudgetError",
@@ -54,6 +64,7 @@ __all__ = [
     "ErrorKind",
     "FleetError",
     "IdExhausted",
+    "InvalidBudget",
     "InvalidEncoding",
     "InvalidLayout",
     "InvalidLockName",
@@ -61,12 +72,14 @@ __all__ = [
     "InvalidLockTtl",
     "InvalidName",
     "InvalidPoolOptions",
+    "InvalidSemaphoreLimit",
     "InvalidStoreUrl",
     "InvalidTtl",
     "KeyEmpty",
     "KeyFullError",
     "LaneFullError",
     "LayoutMismatch",
+    "LockNotReentrant",
     "LockTimeout",
     "MalformedError",
     "NamespaceEmpty",
@@ -79,12 +92,14 @@ __all__ = [
     "PoolTimeout",
     "ReadinessUnavailable",
     "RemoteRequestError",
+    "SemaphoreLimitMismatch",
     "SessionClosed",
     "StaleError",
     "StateFull",
     "StoreError",
     "TooManyRequests",
     "UnknownClient",
+    "UnsafeCoordinator",
 ]
 
 
@@ -343,6 +358,36 @@ class InvalidStoreUrl(StoreError, ValueError):
     default_kind = ErrorKind.INVALID_INPUT
 
 
+class InvalidSemaphoreLimit(StoreError, ValueError, TypeError):
+    """A semaphore limit is not an int in ``1..LIMIT_MAX`` (see ``orbitive.store``)."""
+
+    default_kind = ErrorKind.INVALID_INPUT
+
+
+class SemaphoreLimitMismatch(StoreError):
+    """A semaphore is held under another limit than the one asked for.
+
+    ``limit`` is the limit asked for, ``found`` the limit its live holders were
+    granted under. Once every holder is gone (released or lapsed), any limit is
+    accepted again.
+    """
+
+    default_kind = ErrorKind.INVALID_INPUT
+
+    def __init__(self, message: str, *, key: object = None, limit: int, found: int) -> None:
+        super().__init__(message, key=key)
+        self.limit = limit
+        self.found = found
+
+
+class LockNotReentrant(StoreError, RuntimeError):
+    """The blocking helper was asked for a name the calling thread (or asyncio task)
+    holds already in the store: store locks are not re-entrant, and the wait would
+    never end. Raised at once, before any wait."""
+
+    default_kind = ErrorKind.INVALID_INPUT
+
+
 class LockTimeout(OrbitError, TimeoutError):
     """The blocking lock helper did not get the lock within its timeout."""
 
@@ -386,3 +431,44 @@ class ClientCreateError(OrbitError):
 
 class RemoteRequestError(OrbitError):
     """Another process's handler raised while serving this process's remote request."""
+
+
+# -- a budget shared by many hosts (orbitive.clients.Budget) ----------------------
+#
+#   OrbitError
+#   +-- InvalidPoolOptions
+#   |   +-- InvalidBudget                        a bad Budget argument, or a total below
+#   |       |                                    a pool's min_idle
+#   |       +-- BudgetMismatch                   the budget's name is held under another total
+#   +-- BudgetUnavailable                        the coordinator cannot be reached (its
+#   |                                            StoreError is the __cause__)
+#   +-- UnsafeCoordinator                        the coordinator can forget the units it
+#                                                granted (a restart or a crash)
+
+
+class InvalidBudget(InvalidPoolOptions):
+    """A :class:`~orbitive.clients.Budget` argument breaks its rule, or a pool's
+    ``min_idle`` is above the budget's ``total``."""
+
+
+class BudgetMismatch(InvalidBudget):
+    """The budget's name is in use under another ``total`` (on the coordinator, or by
+    another pool of this host); ``total`` is the one asked for, ``found`` the one in use."""
+
+    def __init__(
+        self, message: str, *, total: int | None = None, found: int | None = None, **where: Any
+    ) -> None:
+        super().__init__(message, **where)
+        self.total = total
+        self.found = found
+
+
+class BudgetUnavailable(OrbitError):
+    """The budget's coordinator could not be reached when a pool started; the store's
+    error is the ``__cause__``."""
+
+
+class UnsafeCoordinator(OrbitError):
+    """The coordinator can forget units it granted: a Redis server without an append-only
+    file, or a PostgreSQL server with ``fsync`` off. A restart would then let a unit
+    be held twice."""

@@ -30,7 +30,7 @@ import os
 import re
 import struct
 import time
-from typing import Final
+from typing import Final, NamedTuple
 
 from . import _fork
 from ._access import euid
@@ -140,6 +140,35 @@ def recorded_capacity(name: str) -> int | None:
         os.close(fd)
 
 
+class Membership(NamedTuple):
+    """What a fleet's membership object says now (``orbit list``)."""
+
+    #: The capacity the fleet was created with.
+    capacity: int
+    #: The nodes live processes hold, ascending.
+    held: tuple[int, ...]
+
+
+def membership(name: str) -> Membership | None:
+    """The capacity of fleet ``name`` and the nodes live processes hold, read without
+    joining; None when it has no membership object.
+
+    Raises:
+        AccessDenied: the membership object is not ours alone.
+        LayoutMismatch: it is not a membership object of this version, or the
+            placeholder of an ``orbit clear`` (the message says what to run).
+    """
+    try:
+        fd = open_object(members_name(name), create=False)
+    except FileNotFoundError:
+        return None
+    try:
+        capacity = _read_capacity(fd, name)
+        return Membership(capacity, tuple(node for node in range(capacity) if _ofd_held(fd, node)))
+    finally:
+        os.close(fd)
+
+
 def capacity_advice(name: str) -> str:
     """What to do when fleet ``name`` is full or has another capacity (for messages)."""
     return (
@@ -207,7 +236,9 @@ def hold_membership(name: str) -> tuple[int, bool]:
         except BlockingIOError:
             os.close(fd)
             raise FleetError(
-                f"fleet {name!r} has a live member; stop it before clearing", fleet=name
+                f"fleet {name!r} has a live member; stop every member ('orbit list {name}' "
+                "shows the nodes held), then clear it",
+                fleet=name,
             ) from None
     return fd, placeholder
 

@@ -1,7 +1,7 @@
-"""Readiness on Linux: a futex on a shared u32 word, feeding a per-process eventfd.
+"""Word waits on Linux: a thread sleeps on a shared u32 word with ``futex``.
 
-Facts about futex and eventfd
------------------------------
+Facts about futex
+-----------------
 
 * **Process-shared wake-ups.** Without ``FUTEX_PRIVATE_FLAG`` the kernel keys a
   futex by the page it lives in (inode and offset for a ``/dev/shm`` mapping, the
@@ -16,27 +16,20 @@ Facts about futex and eventfd
   value *before* calling ``FUTEX_WAKE`` can therefore never be missed by a waiter
   whose compare happens later (the kernel's barriers pair the waker's store with
   the waiter's read; see the comment block at the top of ``kernel/futex/waitwake.c``).
+* **Oldest first.** ``FUTEX_WAKE(word, n)`` wakes at most ``n`` sleepers of the
+  word, in the order they went to sleep (the hash bucket's queue is ordered by
+  priority, then arrival, and every normal task has the same priority), and
+  returns how many it woke. A sleeper that dies or times out leaves the queue.
 * **Spurious wake-ups.** ``FUTEX_WAIT`` returns 0 on any wake on the word
-  (including one meant for another value, or our own ``close()``), ``EAGAIN``
-  when the word already differed and ``EINTR`` when a signal arrived. All three
-  mean "maybe changed": :func:`wait_word` returns True and the caller re-reads
-  the word. Only ``ETIMEDOUT`` means False. The timeout is relative and measured
-  on ``CLOCK_MONOTONIC``.
+  (including one meant for another value), ``EAGAIN`` when the word already
+  differed and ``EINTR`` when a signal arrived. All three mean "maybe changed":
+  :func:`wait_word` returns True and the caller re-reads the word. Only
+  ``ETIMEDOUT`` means False. The timeout is relative and measured on
+  ``CLOCK_MONOTONIC``.
 * **A wake costs a syscall even when nobody sleeps** (about 1.6 to 2.4 us through
   ctypes here). So each node has a *parked* byte next to the word, set only
-  while that node's driver may sleep; :func:`bump` skips the syscall when every
-  byte is zero. Why that cannot lose a wake is explained at :func:`bump`.
-* **eventfd coalesces.** An eventfd is a 64-bit counter: each write adds to it,
-  one read returns the sum and resets it to zero, and it is readable (for
-  ``select``, ``epoll``, asyncio) while the sum is non-zero. Ten notifications
-  before one drain read back as one number, so ``drain()`` returns a coalesced
-  count, never an event count; the events themselves live in the ring or table
-  the caller polls next. ``EFD_NONBLOCK`` makes a read of an empty counter fail
-  with ``EAGAIN`` (drained already) instead of blocking.
-* **Fork.** A child inherits the mapping (so the word stays shared) and copies of
-  the eventfd, but not the driver thread: only the thread that called ``fork``
-  exists in the child. ``EFD_CLOEXEC`` keeps the descriptor out of exec'd
-  programs.
+  while a thread of that node may sleep on it; :func:`bump` skips the syscall
+  when every byte is zero. Why that cannot lose a wake is explained at :func:`bump`.
 * **ctypes releases the GIL** around every foreign call made through a ``CDLL``
   (not ``PyDLL``), so a thread parked in ``FUTEX_WAIT`` does not stall Python.
   ``c_uint32.from_buffer`` exports the mapping's buffer for as long as the ctypes
@@ -47,7 +40,6 @@ Facts about futex and eventfd
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import math
@@ -146,15 +138,28 @@ def wait_word(buf: mmap.mmap, offset: int, expected: int, timeout: float | None)
     raise OSError(code, f"futex wait on offset {offset}: {os.strerror(code)}")
 
 
-def wake_word(buf: mmap.mmap, offset: int) -> None:
-    """Wake every thread in any process parked on the u32 at ``offset``.
+def wake_word(buf: mmap.mmap, offset: int, count: int = _WAKE_ALL) -> int:
+    """Wake up to ``count`` threads in any process parked on the u32 at ``offset``.
+
+    The longest-parked first (see the module's facts); every one by default.
+
+    Returns:
+        How many threads it woke.
 
     Raises:
         OSError: the kernel refused the call.
     """
-    code = _futex(buf, offset, _FUTEX_WAKE, _WAKE_ALL, None)
-    if code:
+    word = ctypes.c_uint32.from_buffer(buf, offset)
+    try:
+        woken: int = _syscall(  # type: ignore[misc]  # None only when probe() failed
+            _SYS_FUTEX, ctypes.byref(word), _FUTEX_WAKE, count, None, None, 0
+        )
+    finally:
+        del word  # release the export so mmap.close() can proceed
+    if woken < 0:
+        code = ctypes.get_errno()
         raise OSError(code, f"futex wake on offset {offset}: {os.strerror(code)}")
+    return woken
 
 
 def bump(buf: mmap.mmap, word_offset: int, parked_offset: int, capacity: int) -> None:
@@ -163,20 +168,18 @@ def bump(buf: mmap.mmap, word_offset: int, parked_offset: int, capacity: int) ->
     Call it inside the region's critical section (process mutex + ``flock``),
     which also makes the read-modify-write of the word safe between publishers.
 
-    Why a wake cannot be lost. A driver parks in three steps: (1) inside the same
-    critical section it sets its node's parked byte and re-reads the word, and
-    leaves if the word moved; (2) outside it, ``FUTEX_WAIT(word, seen)``; (3) it
-    clears the byte after waking. Mutual exclusion orders step (1) against this
-    function. If this bump came first, step (1) sees the new word and does not
-    sleep. If step (1) came first, this bump sees the byte and calls
-    ``FUTEX_WAKE``; that wake either finds the driver asleep, or precedes its
-    ``FUTEX_WAIT``, whose in-kernel compare then sees the new word (fact two in
-    the module essay) and returns at once. Clearing the byte late only costs a
-    spurious wake. Nothing here relies on CPU memory ordering beyond what the
-    lock gives, which matters: a plain store followed by a plain load of another
-    address may be reordered even on x86-64. A driver without access to the
-    critical section instead keeps its byte set for its whole life
-    (see ``Readiness``), so every bump wakes it.
+    Why a wake cannot be lost. A waiter parks in three steps: (1) inside the same
+    critical section it sets its node's parked byte and reads the word; (2)
+    outside it, ``FUTEX_WAIT(word, seen)``; (3) it clears the byte after waking.
+    Mutual exclusion orders step (1) against this function. If this bump came
+    first, step (1) reads the new word and the wait returns at once. If step (1)
+    came first, this bump sees the byte and calls ``FUTEX_WAKE``; that wake either
+    finds the waiter asleep, or precedes its ``FUTEX_WAIT``, whose in-kernel
+    compare then sees the new word (fact two in the module essay) and returns at
+    once. Clearing the byte late only costs a spurious wake. Nothing here relies
+    on CPU memory ordering beyond what the lock gives, which matters: a plain
+    store followed by a plain load of another address may be reordered even on
+    x86-64.
 
     Args:
         buf: the mapping holding the word and the parked bytes.
@@ -191,11 +194,11 @@ def bump(buf: mmap.mmap, word_offset: int, parked_offset: int, capacity: int) ->
 
 
 class ParkedBytes:
-    """Process-local counts of this process's drivers parked on each parked byte.
+    """Process-local counts of this process's threads parked on each parked byte.
 
-    Two Readiness objects of one process watching the same word share its node's
-    byte; it is cleared only when neither is parked. Only this process writes
-    its node's byte (each live process holds its own node).
+    Two threads of one process waiting on one word share its node's byte; it is
+    cleared only when neither waits. Only this process writes its node's byte
+    (each live process holds its own node).
     """
 
     def __init__(self) -> None:
@@ -218,65 +221,27 @@ class ParkedBytes:
                 buf[index] = 0
 
     def _after_fork_in_child(self) -> None:
-        # The parent's drivers do not exist here, and the bytes belong to its nodes.
+        # The parent's waiting threads do not exist here, and the bytes belong to its nodes.
         self._lock = threading.Lock()
         self._counts = {}
 
 
-#: The parked bytes this process has set; drivers hold their node's byte while asleep.
+#: The parked bytes this process has set; a waiter holds its node's byte while it may sleep.
 PARKED: Final = ParkedBytes()
 _fork.register(PARKED)
-
-
-def driver_wait(
-    buf: mmap.mmap, offset: int, expected: int, timeout: float, stopping: threading.Event
-) -> None:
-    """A readiness driver's sleep: the futex wait (``close()`` wakes it, not ``stopping``)."""
-    del stopping
-    wait_word(buf, offset, expected, timeout)
-
-
-class Signal:
-    """The per-process descriptor: ``eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)``."""
-
-    def __init__(self) -> None:
-        self._fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def notify(self) -> None:
-        """Make the descriptor readable; EAGAIN (counter saturated) means it already is."""
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_write(self._fd, 1)
-
-    def drain(self) -> int:
-        """Clear readability; return the coalesced count of notifications (0 if none)."""
-        try:
-            return os.eventfd_read(self._fd)
-        except BlockingIOError:
-            return 0
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = -1
 
 
 def probe() -> None:
     """Check that this process can use the backend.
 
     Raises:
-        OSError: the reason it cannot (not 64-bit Linux, no ``syscall``, no
-            ``os.eventfd``, or the kernel rejected a futex call).
+        OSError: the reason it cannot (not 64-bit Linux, no ``syscall``, or the
+            kernel rejected a futex call).
     """
     if _SYS_FUTEX is None:
         raise OSError(f"no SYS_futex number for {sys.platform} {platform.machine()} (64-bit)")
     if _syscall is None:
         raise OSError("libc has no syscall()")
-    if not hasattr(os, "eventfd"):
-        raise OSError("os.eventfd is missing")
     buf = mmap.mmap(-1, mmap.PAGESIZE)
     try:
         wake_word(buf, 0)
@@ -284,4 +249,3 @@ def probe() -> None:
             raise OSError("FUTEX_WAIT does not compare the word")
     finally:
         buf.close()
-    Signal().close()

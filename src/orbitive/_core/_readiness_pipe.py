@@ -1,4 +1,4 @@
-"""Portable readiness: poll the shared u32 word in short steps, signal through a pipe.
+"""Portable word waits: poll the shared u32 word in short steps.
 
 Where no futex is available (or ``ORBIT_READINESS=pipe`` forces this backend) a
 thread cannot sleep *on* a word in shared memory, so waiting is a bounded poll:
@@ -8,54 +8,29 @@ waiter wakes about 500 times a second (a few microseconds of CPU each). There
 is nothing to wake, so :func:`wake_word` does nothing and :func:`bump` only
 increments the word.
 
-The descriptor is a non-blocking, close-on-exec pipe (``os.pipe`` makes both
-ends non-inheritable, PEP 446): a notification writes one byte, a drain reads
-until ``EAGAIN`` and returns how many bytes it found, a coalesced count like the
-eventfd's. A full pipe (``EAGAIN`` on write) is already readable.
+The readiness descriptor does not depend on the backend (``_channel``: a
+socket the publisher writes to). The name "pipe" is kept for
+``ORBIT_READINESS=pipe``, which forces this backend.
 
-A fleet should run one backend in every process: a futex driver elsewhere is not
-woken by this module's :func:`bump` and only notices the change at its one-second
-safety timeout.
+A fleet should run one backend in every process: a futex waiter elsewhere is
+not woken by this module's :func:`bump` and only notices the change at the end
+of its own timeout.
 """
 
 from __future__ import annotations
 
-import contextlib
 import mmap
-import os
 import struct
-import threading
 import time
-from collections.abc import Callable
 from typing import Final
 
 NAME: Final = "pipe"
-#: Drivers of this backend poll, so they never set a parked byte.
+#: Waiters of this backend poll, so they never set a parked byte.
 PARKED: Final = None
 
 _U32: Final = struct.Struct("<I")
 _FIRST_STEP: Final = 0.0005
 _LONGEST_STEP: Final = 0.002
-
-
-def _poll_word(
-    buf: mmap.mmap,
-    offset: int,
-    expected: int,
-    timeout: float | None,
-    sleep: Callable[[float], object],
-) -> bool:
-    """Look at the word every step until it differs (True), or the timeout passes or
-    ``sleep`` returns True (False). The word is read once more after the last sleep."""
-    expected &= 0xFFFFFFFF
-    deadline = None if timeout is None else time.monotonic() + (timeout if timeout > 0 else 0.0)
-    step = _FIRST_STEP
-    while _U32.unpack_from(buf, offset)[0] == expected:
-        left = step if deadline is None else min(step, deadline - time.monotonic())
-        if left <= 0 or sleep(left) is True:
-            return False
-        step = min(step * 2, _LONGEST_STEP)
-    return True
 
 
 def wait_word(buf: mmap.mmap, offset: int, expected: int, timeout: float | None) -> bool:
@@ -68,15 +43,25 @@ def wait_word(buf: mmap.mmap, offset: int, expected: int, timeout: float | None)
         timeout: relative seconds (float); None waits without a bound.
 
     Returns:
-        True if the word changed; False if the timeout passed. ``time.sleep``
-        releases the GIL between looks.
+        True if the word changed; False if the timeout passed. The word is read
+        once more after the last sleep; ``time.sleep`` releases the GIL between looks.
     """
-    return _poll_word(buf, offset, expected, timeout, time.sleep)
+    expected &= 0xFFFFFFFF
+    deadline = None if timeout is None else time.monotonic() + (timeout if timeout > 0 else 0.0)
+    step = _FIRST_STEP
+    while _U32.unpack_from(buf, offset)[0] == expected:
+        left = step if deadline is None else min(step, deadline - time.monotonic())
+        if left <= 0:
+            return False
+        time.sleep(left)
+        step = min(step * 2, _LONGEST_STEP)
+    return True
 
 
-def wake_word(buf: mmap.mmap, offset: int) -> None:
-    """Nothing to do: pollers notice a change at their next look."""
-    del buf, offset
+def wake_word(buf: mmap.mmap, offset: int, count: int = 0) -> int:
+    """Nothing to do: pollers notice a change at their next look. Returns 0 (none woken)."""
+    del buf, offset, count
+    return 0
 
 
 def bump(buf: mmap.mmap, word_offset: int, parked_offset: int, capacity: int) -> None:
@@ -89,49 +74,5 @@ def bump(buf: mmap.mmap, word_offset: int, parked_offset: int, capacity: int) ->
     buf[word_offset : word_offset + 4] = _U32.pack(word)  # as _region.store
 
 
-def driver_wait(
-    buf: mmap.mmap, offset: int, expected: int, timeout: float, stopping: threading.Event
-) -> None:
-    """A readiness driver's sleep: poll, returning early once ``stopping`` is set."""
-    _poll_word(buf, offset, expected, timeout, stopping.wait)
-
-
-class Signal:
-    """The per-process descriptor: the read end of a non-blocking close-on-exec pipe."""
-
-    def __init__(self) -> None:
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._read, False)
-        os.set_blocking(self._write, False)
-
-    def fileno(self) -> int:
-        return self._read
-
-    def notify(self) -> None:
-        """Make the read end readable; EAGAIN (pipe full) means it already is."""
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._write, b"\x01")
-
-    def drain(self) -> int:
-        """Read until EAGAIN; return how many notifications were pending (coalesced)."""
-        count = 0
-        with contextlib.suppress(BlockingIOError):
-            while chunk := os.read(self._read, 4096):
-                count += len(chunk)
-        return count
-
-    def close(self) -> None:
-        for fd in (self._read, self._write):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._read = self._write = -1
-
-
 def probe() -> None:
-    """Check that this process can use the backend.
-
-    Raises:
-        OSError: a pipe cannot be made non-blocking here.
-    """
-    Signal().close()
+    """Check that this process can use the backend: polling always can."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import mmap
 import os
 import re
@@ -50,6 +51,7 @@ from ._section import (
     create_section,
     object_bytes,
     private_section,
+    recoveries,
 )
 
 SHM_DIR: Final = Path("/dev/shm")
@@ -64,6 +66,7 @@ CLOSE_WAIT: Final = 1.0
 _CORRUPT_MUTEX: Final = frozenset({errno.EINVAL, errno.EDEADLK, errno.ENOTRECOVERABLE, errno.EPERM})
 Init = Callable[[mmap.mmap], None]
 Validate = Callable[[mmap.mmap], None]
+_log = logging.getLogger("orbitive.fleet")
 
 
 def store(buf: mmap.mmap, offset: int, layout: struct.Struct, *values: object) -> None:
@@ -236,17 +239,28 @@ def listed_objects() -> list[tuple[str, int, int]]:
 
     Entries that are not our regular files, and objects still being created, are skipped.
     """
+    return sorted(
+        (fleet, int(kind), size) for fleet, kind, size in _our_objects() if kind.isdigit()
+    )
+
+
+def listed_memberships() -> list[tuple[str, int]]:
+    """(fleet, bytes) of every membership object of this user, sorted by fleet."""
+    return sorted((fleet, size) for fleet, kind, size in _our_objects() if kind == "members")
+
+
+def _our_objects() -> Iterator[tuple[str, str, int]]:
+    """(fleet, kind or ``members``, bytes) of every regular file of ours named
+    ``orbit-{fleet}-{kind}-{uid}``: no socket, no temporary name, nobody else's."""
     suffix = f"-{euid()}"
-    found = []
     for entry in os.scandir(SHM_DIR):
         if not entry.name.startswith("orbit-") or not entry.name.endswith(suffix):
             continue
         fleet, _, kind = entry.name[len("orbit-") : -len(suffix)].rpartition("-")
         with contextlib.suppress(OSError):
             st = entry.stat(follow_symlinks=False)
-            if fleet and kind.isdigit() and stat.S_ISREG(st.st_mode) and st.st_uid == euid():
-                found.append((fleet, int(kind), st.st_size))
-    return sorted(found)
+            if fleet and stat.S_ISREG(st.st_mode) and st.st_uid == euid():
+                yield fleet, kind, st.st_size
 
 
 def leftover_creations(fleet: str) -> list[str]:
@@ -356,6 +370,8 @@ class Region:
         self._thread = threading.local()
         self._closed = False
         self._close_hooks: list[Callable[[], None]] = []
+        #: Stripe mutexes the thread inside repaired, reported once it has let go.
+        self._repaired = 0
 
     # -- construction ------------------------------------------------------------
 
@@ -452,12 +468,15 @@ class Region:
                 raise FleetError(f"shm object {self.name!r} is closed")
             if self.section is not None:
                 try:
-                    self.section.acquire()
+                    repaired = self.section.acquire()
                 except OSError as error:
                     raise self._section_error(error) from error
                 if self._closed:  # closed while this thread waited for the section
                     self.section.release()
+                    self.report_repaired(repaired)
                     raise FleetError(f"shm object {self.name!r} is closed")
+                if repaired:
+                    self._repaired = repaired
         except BaseException as error:
             if self.section is not None and not isinstance(error, OrbitError):
                 # Not a failure to lock but an exception raised once the lock was taken
@@ -507,14 +526,32 @@ class Region:
             LayoutMismatch: the mutex's futex word no longer names this thread
                 (bytes forged while it held the section).
         """
+        repaired = self._repaired
         try:
             if self.section is not None:
                 self.section.release()
         except OSError as error:
             raise self._section_error(error) from error
         finally:  # inline: an exception at a call's start would leave the mutex held
+            if repaired:
+                self._repaired = 0
             self._mutex.release()
             self._thread.inside = False
+            if repaired:
+                self.report_repaired(repaired)
+
+    def report_repaired(self, count: int) -> None:
+        """Log that this process repaired ``count`` stripe mutexes of the section, whose
+        holder died inside it (``EOWNERDEAD``); called once the section is let go (the
+        C steps call it too). Nothing for 0."""
+        if count and self.section is not None:
+            _log.warning(
+                "shm object %r: a process died inside its critical section; this process "
+                "repaired %d stripe mutex(es) (EOWNERDEAD), %d repair(s) of this object in all",
+                self.name,
+                count,
+                recoveries(self.block),
+            )
 
     def holds(self) -> bool:
         """Whether this thread holds the process mutex (it is inside a step)."""

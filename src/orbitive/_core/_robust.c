@@ -70,18 +70,20 @@ static PyObject *RobustMutex_create(RobustMutex *self, PyObject *unused)
 }
 
 PyDoc_STRVAR(acquire_doc,
-"acquire() -> None: lock every stripe, waiting without the GIL; repairs EOWNERDEAD.");
+"acquire() -> int: lock every stripe, waiting without the GIL; repairs EOWNERDEAD and\n"
+"returns how many stripe mutexes it repaired (the caller reports them once it has let go).");
 
 static PyObject *RobustMutex_acquire(RobustMutex *self, PyObject *unused)
 {
     if (!ready(self))
         return NULL;
-    int rc = robust_lock_range(self->block, 0, self->stripes - 1);
+    int repaired = 0;
+    int rc = robust_lock_range(self->block, 0, self->stripes - 1, &repaired);
     if (rc != 0) {
         robust_error(rc);
         return NULL;
     }
-    Py_RETURN_NONE;
+    return PyLong_FromLong(repaired);
 }
 
 PyDoc_STRVAR(release_doc, "release() -> None: unlock every stripe.");

@@ -9,6 +9,9 @@
  * block"); the kernel's robust list hands it on when its holder dies, and the
  * next locker sees EOWNERDEAD, marks it consistent (every table step is crash-safe
  * by its own write order, so no other repair is needed) and counts the recovery.
+ * Each lock adds its repair to the caller's count, and the step reports the count
+ * once it has left the section (robust_report), so that no log handler runs inside
+ * a section.
  */
 #ifndef ORBITIVE_ROBUST_H
 #define ORBITIVE_ROBUST_H
@@ -128,13 +131,14 @@ static inline int robust_wait(pthread_mutex_t *mutex)
     }
 }
 
-/* Lock the mutex of one stripe. Tries with the GIL held, and waits
- * for another holder with the GIL released. Returns 0, or an errno value:
+/* Lock the mutex of one stripe; one repaired (EOWNERDEAD) adds 1 to *repaired. Tries
+ * with the GIL held, and waits for another holder with the GIL released. Returns 0,
+ * or an errno value:
  * EINVAL when the mutex's type word is not the one this mutex was made with
  * (corrupt bytes), EDEADLK when its futex word names this very thread, before or
  * while it waits (robust_names_me), ENOTRECOVERABLE when a holder unlocked an
  * EOWNERDEAD mutex without repairing it. */
-static inline int robust_lock(uint8_t *block, int stripe)
+static inline int robust_lock(uint8_t *block, int stripe, int *repaired)
 {
     pthread_mutex_t *mutex = robust_mutex(block, stripe);
     if (!robust_kind_ok(mutex))
@@ -147,10 +151,39 @@ static inline int robust_lock(uint8_t *block, int stripe)
     }
     if (rc == EOWNERDEAD) {
         rc = pthread_mutex_consistent(mutex);
-        if (rc == 0) /* atomic: another stripe's holder may count one at the same time */
+        if (rc == 0) { /* atomic: another stripe's holder may count one at the same time */
             __atomic_add_fetch((uint64_t *)(block + SECTION_RECOVERIES_AT), 1, __ATOMIC_RELAXED);
+            ++*repaired;
+        }
     }
     return rc;
+}
+
+/* Report the step's repairs, if any, as report(*repaired), and set *repaired to 0.
+ * A step calls it once it has left the section. The error indicator (the step's own
+ * error) is kept as it was; a report that fails is written as unraisable, since a
+ * repair is news, never the step's failure. */
+static inline void robust_report(PyObject *report, int *repaired)
+{
+    int count = *repaired;
+    if (count == 0)
+        return;
+    *repaired = 0;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *raised = PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+#endif
+    PyObject *done = PyObject_CallFunction(report, "i", count);
+    if (done == NULL)
+        PyErr_WriteUnraisable(report);
+    Py_XDECREF(done);
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(raised);
+#else
+    PyErr_Restore(type, value, trace);
+#endif
 }
 
 /* Unlock. A type word changed while this thread held the mutex is put back first
@@ -177,12 +210,12 @@ static inline int robust_unlock_range(uint8_t *block, int lo, int hi)
 }
 
 /* Lock stripes lo up to hi, in ascending order (every locker takes stripes in
- * that order, so none waits in a cycle). On a failure the stripes already taken
- * are unlocked again. Returns 0, or robust_lock's errno value. */
-static inline int robust_lock_range(uint8_t *block, int lo, int hi)
+ * that order, so none waits in a cycle), counting repairs in *repaired. On a failure
+ * the stripes already taken are unlocked again. Returns 0, or robust_lock's errno value. */
+static inline int robust_lock_range(uint8_t *block, int lo, int hi, int *repaired)
 {
     for (int stripe = lo; stripe <= hi; stripe++) {
-        int rc = robust_lock(block, stripe);
+        int rc = robust_lock(block, stripe, repaired);
         if (rc != 0) {
             robust_unlock_range(block, lo, stripe - 1);
             return rc;

@@ -203,31 +203,39 @@ class RobustMutex:
         for mutex in self._mutexes:
             _init(mutex)
 
-    def acquire(self) -> None:
+    def acquire(self) -> int:
         """Lock every stripe in ascending order, waiting without the GIL; repairs ``EOWNERDEAD``.
 
         On a failure the stripes already locked are unlocked again.
+
+        Returns:
+            How many stripe mutexes it repaired (their holder died); the caller
+            reports them once it has let the section go.
 
         Raises:
             OSError: ``EINVAL`` when a mutex's type word is corrupt, ``EDEADLK``
                 when its futex word names this very thread, before or while it
                 waits (waiting would never end), ``ENOTRECOVERABLE`` as glibc says.
         """
+        repaired = 0
         for taken, mutex in enumerate(self._mutexes):
             try:
-                self._lock(mutex)
+                repaired += self._lock(mutex)
             except OSError:
                 self._unlock_from(taken - 1)
                 raise
+        return repaired
 
-    def _lock(self, mutex: ctypes.Array[ctypes.c_char]) -> None:
+    def _lock(self, mutex: ctypes.Array[ctypes.c_char]) -> bool:
+        """Lock one stripe; True when its holder had died and it was repaired."""
         assert _libc is not None
         if mutex.raw[_KIND_AT : _KIND_AT + 4] != _KIND:
             raise robust_error(errno.EINVAL)
         rc = _libc.pthread_mutex_trylock(mutex)
         if rc == errno.EBUSY:
             rc = _wait(mutex)
-        if rc == errno.EOWNERDEAD:
+        repaired: bool = rc == errno.EOWNERDEAD
+        if repaired:
             if recovery_hook is not None:
                 recovery_hook()
             rc = _libc.pthread_mutex_consistent(mutex)
@@ -239,6 +247,7 @@ class RobustMutex:
                 self._block[at : at + 8] = (recoveries % (1 << 64)).to_bytes(8, "little")
         if rc != 0:
             raise robust_error(rc)
+        return repaired
 
     def release(self) -> None:
         """Unlock every stripe, in descending order.

@@ -80,7 +80,7 @@ class Mutex(Protocol):
     """Either twin of the robust mutex (``_robust_c.RobustMutex``, ``_robust.RobustMutex``)."""
 
     def create(self) -> None: ...
-    def acquire(self) -> None: ...
+    def acquire(self) -> int: ...
     def release(self) -> None: ...
     def release_mine(self) -> int: ...
 
@@ -117,7 +117,7 @@ class Section(Protocol):
     mechanism: int
     stripes: int
 
-    def acquire(self) -> None: ...
+    def acquire(self) -> int: ...  # how many stripe mutexes it repaired (a holder died)
     def release(self) -> None: ...
     def release_mine(self) -> None: ...
     def after_fork_in_child(self) -> None: ...
@@ -180,8 +180,9 @@ class FlockSection:
         self._waiting = 0
         self._closing = False
 
-    def acquire(self) -> None:
-        """Lock (waiting for another process's hold).
+    def acquire(self) -> int:
+        """Lock (waiting for another process's hold); returns 0 (the kernel lets a dead
+        holder's lock go: nothing to repair).
 
         Raises:
             OSError: ``EBADF`` once closed, or ``flock``'s own.
@@ -196,6 +197,7 @@ class FlockSection:
         finally:
             with self._guard:
                 self._waiting -= 1
+        return 0
 
     def release(self) -> None:
         """Unlock; after a :meth:`close` that a waiter deferred, close the descriptor too."""

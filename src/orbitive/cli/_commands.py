@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import _demo, _lock_commands, _pool_command, _run, _store_commands
+from . import _budget_command, _demo, _lock_commands, _pool_command, _run, _store_commands
 
-MODULES: list[ModuleType] = [_lock_commands, _store_commands, _pool_command, _run, _demo]
+MODULES: list[ModuleType] = [
+    _lock_commands,
+    _store_commands,
+    _pool_command,
+    _budget_command,
+    _run,
+    _demo,
+]

@@ -34,8 +34,9 @@ from tempfile import TemporaryDirectory
 
 from .. import Fleet
 from ..lock import Acquired, Fence, LockKey, LockOwner, LockTable
+from . import _children
 from ._demo_pool import run_pool_demo
-from ._lock_commands import remove_stopped_fleet_files
+from ._lock_commands import clear_stopped_fleet
 
 NAMESPACE = "orbit.demo"
 KEYS = 4
@@ -251,44 +252,44 @@ def _lock_demo(args: argparse.Namespace) -> int:
     capacity = args.workers + 2
     print(
         f"orbit demo, keyed leases: {args.workers} workers, {args.seconds:g} s, "
-        f"fleet {fleet_name!r}"
+        f"fleet {fleet_name!r}",
+        flush=True,
     )
-    with TemporaryDirectory(prefix="orbit-demo-") as tmp:
-        status = _run(fleet_name, capacity, args, str(Path(tmp) / "resource.sock"))
-    remove_stopped_fleet_files(fleet_name)
-    return status
+    try:
+        with TemporaryDirectory(prefix="orbit-demo-") as tmp:
+            return _run(fleet_name, capacity, args, str(Path(tmp) / "resource.sock"))
+    finally:  # also when interrupted, or when the reader of its output went away
+        clear_stopped_fleet(fleet_name)
 
 
 def _run(fleet_name: str, capacity: int, args: argparse.Namespace, address: str) -> int:
     ctx = multiprocessing.get_context("spawn")
     fences = {f"resource-{n}": Fence() for n in range(KEYS)}
-    listener = Listener(address, family="AF_UNIX")
-    threading.Thread(target=_serve_resource, args=(listener, fences), daemon=True).start()
-    keeper = Fleet.join(fleet_name, capacity)
-    table = LockTable(keeper)
-    out: Queue = ctx.Queue()  # type: ignore[type-arg]
-    stop_recv, stop_send = ctx.Pipe(duplex=False)
-    observer = ctx.Process(target=_observer, args=(fleet_name, capacity, stop_recv, out))
-    observer.start()
-    workers = [
-        ctx.Process(target=_worker, args=(fleet_name, capacity, address, args.seconds, out))
-        for _ in range(args.workers)
-    ]
-    try:
-        for worker in workers:
-            worker.start()
-        results = [out.get(timeout=args.seconds + 60) for _ in workers]
-        stop_send.send(None)
-        observed = out.get(timeout=30)
-    finally:
-        for process in [*workers, observer]:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-        listener.close()
-        table.unlink()
-        table.close()
-        keeper.close()
+    with (
+        Listener(address, family="AF_UNIX") as listener,
+        Fleet.join(fleet_name, capacity) as keeper,
+        LockTable(keeper),
+    ):
+        threading.Thread(target=_serve_resource, args=(listener, fences), daemon=True).start()
+        out: Queue = ctx.Queue()  # type: ignore[type-arg]
+        stop_recv, stop_send = ctx.Pipe(duplex=False)
+        observer = ctx.Process(target=_observer, args=(fleet_name, capacity, stop_recv, out))
+        workers = [
+            ctx.Process(target=_worker, args=(fleet_name, capacity, address, args.seconds, out))
+            for _ in range(args.workers)
+        ]
+        processes = [observer, *workers]
+        try:
+            for process in processes:
+                _children.start(process)
+            results = [out.get(timeout=args.seconds + 60) for _ in workers]
+            stop_send.send(None)
+            observed = out.get(timeout=30)
+        except BaseException:
+            _children.end(processes, 0.0)  # interrupted: the children stop now
+            raise
+        finally:
+            _children.end(processes, 10.0)
     return _summarise(results, observed, args.seconds)
 
 

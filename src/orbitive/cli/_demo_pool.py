@@ -27,7 +27,8 @@ from .._core._errors import OrbitError
 from .._core._fleet import Fleet
 from ..clients import ClientPool, PoolOptions
 from ..pool import Key, Pool
-from ._lock_commands import remove_stopped_fleet_files
+from . import _children
+from ._lock_commands import clear_stopped_fleet
 
 MESSAGE: Final = 64
 KEY: Final = Key.digest(b"tcp://127.0.0.1/echo")
@@ -57,6 +58,12 @@ class EchoServer(socketserver.ThreadingTCPServer):
         super().__init__(("127.0.0.1", 0), _EchoHandler)
         self.lock = threading.Lock()
         self.open_count = self.max_open = 0
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The host and port it listens on."""
+        host, port = self.socket.getsockname()
+        return host, port
 
     def opened(self) -> None:
         with self.lock:
@@ -156,31 +163,42 @@ def run_pool_demo(workers: int, seconds: float) -> int:
     """
     max_live = max(1, workers // 2)
     name = f"pool-demo-{os.getpid()}"
+    print(f"orbit demo (pool): {workers} workers, {seconds:g} s, fleet {name!r}", flush=True)
+    try:
+        with EchoServer() as echo:
+            threading.Thread(target=echo.serve_forever, daemon=True).start()
+            results, sampler = _run(name, workers, echo.address, max_live, seconds)
+            echo.shutdown()
+    finally:  # also when interrupted, or when the reader of its output went away
+        clear_stopped_fleet(name)
+    return _summarise(workers, seconds, max_live, results, sampler, echo.max_open)
+
+
+def _run(
+    name: str, workers: int, address: tuple[str, int], max_live: int, seconds: float
+) -> tuple[list[tuple[int, int, int, int, int, int]], _Sampler]:
+    """The workers' results, and the sampler that watched the key's live count."""
     context = multiprocessing.get_context("spawn")
-    with EchoServer() as echo:
-        threading.Thread(target=echo.serve_forever, daemon=True).start()
-        with Fleet.join(name, workers + 1) as fleet, Pool(fleet) as pool:
-            stop, out = context.Event(), context.Queue()
-            args = (name, workers + 1, echo.server_address, max_live, seconds, stop, out)
-            processes = [context.Process(target=_worker, args=args) for _ in range(workers)]
-            sampler = _Sampler(pool)
+    with Fleet.join(name, workers + 1) as fleet, Pool(fleet) as pool:
+        stop, out = context.Event(), context.Queue()
+        args = (name, workers + 1, address, max_live, seconds, stop, out)
+        processes = [context.Process(target=_worker, args=args) for _ in range(workers)]
+        sampler = _Sampler(pool)
+        try:
             for process in processes:
-                process.start()
-            try:
-                results = [out.get(timeout=seconds + 120.0) for _ in processes]
-            finally:
-                sampler.stop()
-                stop.set()
-                for process in processes:
-                    process.join(30.0)
-            pool.unlink()
-        echo.shutdown()
-    remove_stopped_fleet_files(name)
-    return _summarise(name, workers, seconds, max_live, results, sampler, echo.max_open)
+                _children.start(process)
+            results = [out.get(timeout=seconds + 120.0) for _ in processes]
+        except BaseException:
+            _children.end(processes, 0.0)  # interrupted: the workers stop now
+            raise
+        finally:
+            sampler.stop()
+            stop.set()
+            _children.end(processes, 30.0)
+    return results, sampler
 
 
 def _summarise(
-    name: str,
     workers: int,
     seconds: float,
     max_live: int,
@@ -190,7 +208,6 @@ def _summarise(
 ) -> int:
     columns = (sum(column) for column in zip(*results, strict=True))
     requests, echoed, errors, borrowed, created, retired = columns
-    print(f"orbit demo (pool): {workers} workers, {seconds:g} s, fleet {name!r}")
     print(f"  max_live (host-wide)      {max_live:>9,}")
     print(f"  requests                  {requests:>9,}  ({requests / seconds:,.0f}/s)")
     print(f"  on the worker's own conn  {requests - borrowed - errors:>9,}")

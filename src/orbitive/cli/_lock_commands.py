@@ -5,15 +5,25 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import selectors
 import sys
 import time
 from collections.abc import Iterator
 
-from .._core._errors import AccessDenied, FleetError, InvalidName
-from .._core._fleet import check_fleet_name, hold_membership, let_go_membership, members_name
+from .._core._errors import AccessDenied, FleetError, InvalidName, LayoutMismatch
+from .._core._fleet import (
+    check_fleet_name,
+    hold_membership,
+    let_go_membership,
+    members_name,
+    membership,
+)
 from .._core._region import (
+    CREATING,
+    SHM_DIR,
     fleet_entries,
+    listed_memberships,
     listed_objects,
     object_name,
     object_size,
@@ -37,6 +47,7 @@ KNOWN_KINDS = {
     230: "store lock state table",
     231: "store lock transition ring",
     247: "resource pool",
+    248: "budget board",
 }
 KIND_HELP = "kind number 0..255 (228/229 lock table, 230/231 store lock table, 247 resource pool)"
 #: Longest wait of ``orbit watch`` between checks of its deadline, in seconds.
@@ -74,7 +85,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_json_option(cmd)
     cmd.set_defaults(func=cmd_list)
 
-    cmd = subparsers.add_parser("clear", help="unlink a stopped fleet's SHM objects")
+    cmd = subparsers.add_parser(
+        "clear",
+        help="unlink a stopped fleet's SHM objects",
+        description=(
+            "Remove fleet FLEET's names from /dev/shm: the objects of kind K (--kind), or "
+            "(--all --yes) every object, the membership object (which records the capacity), "
+            "the client pool sockets and what dead creators left; 'orbit list FLEET' shows "
+            "them. Refused while a member of the fleet lives. This ends every lease and "
+            "restarts the fencing tokens at 1. Exit 1 when there is nothing to remove."
+        ),
+    )
     _fleet_arg(cmd)
     which = cmd.add_mutually_exclusive_group(required=True)
     which.add_argument("--kind", type=kind_number, metavar="K", help=f"only this {KIND_HELP}")
@@ -143,54 +164,106 @@ def _kinds(args: argparse.Namespace) -> range | list[int]:
     return range(256) if args.kind is None else [args.kind]
 
 
-def cmd_list(args: argparse.Namespace) -> int:
-    """Probe the exact object names of every kind (no globbing) and print what exists.
+#: One name of a fleet: its kind (a number, or ``members``), bytes (None: gone), the
+#: name, and what it holds.
+Row = tuple[int | str, int | None, str, str]
 
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Print every name of the fleet that ``orbit clear`` would remove.
+
+    The objects of each kind are probed by their exact names (no globbing); then
+    come client sockets and dead creations' temporary names, and (without
+    ``--kind``) the membership object, with the capacity and the nodes held.
     With ``--json``: ``{"fleets": [{"fleet", "objects": [{"kind", "bytes", "name",
-    "holds"}]}]}``, empty lists (and exit 1) when nothing exists.
+    "holds"}]}]}`` (``kind`` a number, or ``"members"``; ``bytes`` null for a name
+    gone meanwhile), empty lists (and exit 1) when nothing exists.
     """
     if args.fleet is None:
         return _list_fleets(args.json)
-    objects = []
+    rows: list[Row] = []
     for kind in _kinds(args):
         name = object_name(args.fleet, kind)
         size = object_size(name)
         if size is not None:
-            objects.append((kind, size, name))
+            rows.append((kind, size, name, KNOWN_KINDS.get(kind, "")))
+    shown = {object_name(args.fleet, kind) for kind in _kinds(args)}
+    for name in fleet_entries(args.fleet, _kinds(args), members=args.kind is None):
+        if name not in shown:
+            rows.append(_entry_row(args.fleet, name))
     if args.json:
-        print_json({"fleets": [_fleet_json(args.fleet, objects)] if objects else []})
+        print_json({"fleets": [_fleet_json(args.fleet, rows)] if rows else []})
     else:
-        for kind, size, name in objects:
-            print(f"{kind:>4}  {size:>12,} bytes  {name}  {KNOWN_KINDS.get(kind, '')}".rstrip())
-        if not objects:
+        for row in rows:
+            print(_row_text(row))
+        if not rows:
             print(f"fleet {args.fleet!r} has no SHM objects", file=sys.stderr)
-    return 0 if objects else 1
+    return 0 if rows else 1
 
 
-def _fleet_json(fleet: str, objects: list[tuple[int, int, str]]) -> dict[str, object]:
+def _row_text(row: Row) -> str:
+    kind, size, name, what = row
+    bytes_text = "gone" if size is None else f"{size:,} bytes"
+    return f"{kind!s:>7}  {bytes_text:>18}  {name}  {what}".rstrip()
+
+
+def _fleet_json(fleet: str, rows: list[Row]) -> dict[str, object]:
     return {
         "fleet": fleet,
         "objects": [
-            {"kind": kind, "bytes": size, "name": name, "holds": KNOWN_KINDS.get(kind)}
-            for kind, size, name in objects
+            {"kind": kind, "bytes": size, "name": name, "holds": what or None}
+            for kind, size, name, what in rows
         ],
     }
 
 
+def _entry_row(fleet: str, name: str) -> Row:
+    """The row of a name that is not a kind's object: a socket, a temporary name, the
+    membership object."""
+    kind_text = name[len(f"orbit-{fleet}-") :].partition("-")[0]
+    kind: int | str = int(kind_text) if kind_text.isdecimal() else kind_text
+    try:
+        size: int | None = os.lstat(SHM_DIR / name).st_size
+    except FileNotFoundError:
+        size = None
+    if CREATING in name:
+        what = "left by a creation whose process died"
+    elif name.endswith(".sock"):
+        what = "client pool socket of node " + name.split("-clients-")[1].partition("-")[0]
+    else:
+        what = _membership_text(fleet)
+    return kind, size, name, what
+
+
+def _membership_text(fleet: str) -> str:
+    try:
+        found = membership(fleet)
+    except LayoutMismatch as error:
+        return f"membership object: {error.message}"
+    if found is None:
+        return "membership object"
+    held = ", ".join(map(str, found.held)) or "none"
+    return f"membership object: capacity {found.capacity}, nodes held: {held}"
+
+
 def _list_fleets(as_json: bool) -> int:
     """One line per fleet of this user that has SHM objects: its kinds and bytes."""
-    fleets: dict[str, list[tuple[int, int, str]]] = {}
+    fleets: dict[str, list[Row]] = {}
     for fleet, kind, size in listed_objects():
-        fleets.setdefault(fleet, []).append((kind, size, object_name(fleet, kind)))
+        fleets.setdefault(fleet, []).append((kind, size, object_name(fleet, kind), ""))
+    for fleet, size in listed_memberships():
+        row: Row = ("members", size, members_name(fleet), "membership object")
+        fleets.setdefault(fleet, []).append(row)
     if as_json:
-        print_json({"fleets": [_fleet_json(fleet, found) for fleet, found in fleets.items()]})
+        listing = [_fleet_json(fleet, rows) for fleet, rows in sorted(fleets.items())]
+        print_json({"fleets": listing})
         return 0 if fleets else 1
     if not fleets:
         print("no fleets with SHM objects", file=sys.stderr)
         return 1
-    for fleet, objects in fleets.items():
-        kinds = ", ".join(str(kind) for kind, _, _ in objects)
-        print(f"{fleet}  kinds {kinds}  {sum(size for _, size, _ in objects):,} bytes")
+    for fleet, rows in sorted(fleets.items()):
+        kinds = ", ".join(str(row[0]) for row in rows)
+        print(f"{fleet}  kinds {kinds}  {sum(row[1] or 0 for row in rows):,} bytes")
     return 0
 
 
@@ -202,8 +275,10 @@ def cmd_clear(args: argparse.Namespace) -> int:
     the status is then 1.
     """
     if args.all and not args.yes:
-        print("orbit clear: --all needs --yes", file=sys.stderr)
-        return 2
+        raise UsageError(
+            f"--all removes every object of fleet {args.fleet!r} and ends its leases: "
+            f"run 'orbit clear {args.fleet} --all --yes'"
+        )
     if not fleet_entries(args.fleet, _kinds(args), members=args.all):
         print(f"orbit clear: {_nothing_to_clear(args)}", file=sys.stderr)
         return 1
@@ -242,15 +317,20 @@ def _exclusive_membership(fleet: str) -> Iterator[None]:
         let_go_membership(fleet, fd, placeholder)
 
 
-def remove_stopped_fleet_files(fleet: str) -> bool:
-    """Remove a fleet's membership object once no member is alive.
+def clear_stopped_fleet(fleet: str) -> bool:
+    """Remove every name of ``fleet``, as ``orbit clear FLEET --all --yes`` does, once no
+    member lives (``orbit demo``'s own fleets, whatever ended the demo).
 
     Returns:
-        True when removed; False when a member is still alive (nothing touched).
+        True when cleared; False when a member is still alive (nothing touched).
+
+    Raises:
+        AccessDenied: a name under our pattern is another user's (the others are gone).
     """
     try:
         with _exclusive_membership(fleet):
-            unlink_object(members_name(fleet))
+            for name in fleet_entries(fleet, range(256), members=True):
+                unlink_object(name)
     except FleetError:
         return False
     return True
@@ -330,7 +410,11 @@ _LEASE_HEADER = (
 
 
 def _no_table(fleet: str) -> int:
-    print(f"fleet {fleet!r} has no lock table", file=sys.stderr)
+    print(
+        f"fleet {fleet!r} has no lock table ('orbit list {fleet}' shows its kinds, "
+        "'orbit list' every fleet)",
+        file=sys.stderr,
+    )
     return 1
 
 
@@ -349,7 +433,8 @@ def _print_summary(table: LockTable) -> None:
     print(
         f"{stats.occupied_count} live of {stats.capacity} slots, "
         f"{stats.tombstone_count} tombstones, probe bound {stats.max_probe}, "
-        f"last token {stats.last_fencing_token}, "
+        f"last token {stats.last_fencing_token} (the acquisitions), "
+        f"{stats.conflicts_count} conflicts, {stats.recoveries_count} recoveries, "
         f"revision {stats.last_state_revision} (kinds {layout.state_kind}/{layout.event_kind})"
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .._core._region import object_name, object_size, read_prefix
 from ..pool import POOL_KIND
@@ -31,11 +32,19 @@ def cmd_pool(args: argparse.Namespace) -> int:
     size = object_size(name)
     if size is not None and read_prefix(name, min(size, len(MAGIC))) != MAGIC:
         held = KNOWN_KINDS.get(args.kind, "an object of another kind")
-        print(f"fleet {args.fleet!r} kind {args.kind} holds a {held}, not a pool table")
+        print(
+            f"fleet {args.fleet!r} kind {args.kind} holds a {held}, not a pool table "
+            f"('orbit list {args.fleet}' shows its kinds)",
+            file=sys.stderr,
+        )
         return 1
     observation = observe(args.fleet, args.kind)
     if observation is None:
-        print(f"fleet {args.fleet!r} has no pool table of kind {args.kind}")
+        print(
+            f"fleet {args.fleet!r} has no pool table of kind {args.kind} "
+            f"('orbit list {args.fleet}' shows its kinds, 'orbit list' every fleet)",
+            file=sys.stderr,
+        )
         return 1
     if args.json:
         print_json(as_json(observation))

@@ -13,7 +13,8 @@ CMD never outlives ``orbit run``: it starts with ``PR_SET_PDEATHSIG`` = SIGKILL
 ``orbit run`` dies, SIGKILL included. The lease of an ``orbit run`` that was killed
 cannot be released by anyone but ``orbit force-release``; it lapses at its TTL.
 
-A lost lease (a renewal found it force-released, expired or taken) signals CMD as
+A lost lease (a renewal found it force-released, expired or taken) is reported on
+stderr with its cause (orbitive's warnings are shown while CMD runs), signals CMD as
 ``--on-lost`` says (default ``term``: SIGTERM) and ``orbit run`` then exits 76 once
 CMD has ended; with ``ignore`` CMD keeps running and its own status is returned.
 """
@@ -23,13 +24,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Final
 
 from .._core._errors import LockTimeout
@@ -67,7 +71,12 @@ killed the moment orbit run dies (PR_SET_PDEATHSIG), so it never runs unlocked.
 
 exit status: CMD's own; 75 the lock is busy (no --wait, or the wait ran out);
 76 the lock was lost while CMD ran (--on-lost term or kill); 126/127 CMD cannot
-be run; 2 bad usage; 1 the store failed."""
+be run; 2 bad usage; 1 the store failed.
+
+In a crontab, write orbit's full path: cron's PATH is /usr/bin:/bin, which an
+orbit installed in a virtual environment is not on. For this orbit:
+
+  30 2 * * *  {{orbit}} run --quiet --lock reports/nightly --ttl 120 -- /opt/reports/nightly.sh || [ $? -eq 75 ]"""  # noqa: E501
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -75,7 +84,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd = subparsers.add_parser(
         "run",
         help="run a command while holding a named lock (like flock(1), with leases)",
-        description=_DESCRIPTION,
+        description=_DESCRIPTION.format(orbit=orbit_path()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     cmd.add_argument("--lock", required=True, metavar="NAME", help="the lock name")
@@ -111,6 +120,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cmd.set_defaults(func=cmd_run)
 
 
+def orbit_path() -> str:
+    """The full path of this installation's ``orbit`` script (for a crontab line).
+
+    The script that runs, else the one in the interpreter's scripts folder (the
+    virtual environment's ``bin``) when it is there, else a placeholder.
+    """
+    running = Path(sys.argv[0])
+    if running.name == "orbit":
+        return str(running.absolute())
+    beside = Path(sysconfig.get_path("scripts")) / "orbit"
+    return str(beside) if beside.is_file() else "/path/to/venv/bin/orbit"
+
+
 def _wait_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -129,7 +151,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not command:
         raise UsageError("no command given (--lock NAME --ttl S -- CMD ...)")
     supervisor = _Supervisor(_ON_LOST[args.on_lost])
-    with open_store(args.store) as store:
+    with _warnings_to_stderr(), open_store(args.store) as store:
         lock = _acquire(store, args, supervisor.lost)
         if lock is None:
             return EXIT_BUSY
@@ -138,6 +160,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     if supervisor.was_lost and supervisor.signum is not None:
         return EXIT_LOST
     return status
+
+
+@contextlib.contextmanager
+def _warnings_to_stderr() -> Iterator[None]:
+    """Show orbitive's warnings on stderr while the command runs: a lost lock's cause (its
+    TTL ran out, the store could not be reached, it was force-released) and the store
+    going away and coming back, each line prefixed ``orbit run:``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("orbit run: %(message)s"))
+    logger = logging.getLogger("orbitive")
+    level = logger.level
+    logger.addHandler(handler)
+    if level == logging.NOTSET or level > logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _acquire(

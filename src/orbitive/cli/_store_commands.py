@@ -3,15 +3,17 @@
 The store is the one :func:`~orbitive.store.open_store` opens for ``--store URL``
 (no URL: the embedded SQLite file). An ``shm://`` URL joins its fleet as one node
 for the command's duration; ``orbit locks FLEET`` reads the same leases without
-joining.
+joining. ``orbit locks`` also shows each semaphore that has holders, with each
+holder's slot, owner, token and seconds left.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from itertools import groupby
 
-from ..store import LockInfo, open_store
+from ..store import LockInfo, SlotInfo, open_store
 
 
 class UsageError(Exception):
@@ -24,8 +26,8 @@ def add_store_option(parser: argparse.ArgumentParser) -> None:
         "--store",
         default=None,
         metavar="URL",
-        help="store URL: sqlite:///path, postgresql://..., shm://FLEET (default: the SQLite "
-        "file in the user's state directory, as open_store() picks it)",
+        help="store URL: sqlite:///path, postgresql://..., redis://..., shm://FLEET "
+        "(default: the SQLite file in the user's state directory, as open_store() picks it)",
     )
 
 
@@ -65,21 +67,49 @@ def _printable(text: str) -> str:
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
+_SLOT_HEADER = f"  {'slot':>4} {'owner':<40} {'token':>8} {'left s':>10}"
+
+
+def _slot_line(info: SlotInfo) -> str:
+    return (
+        f"  {info.slot:>4} {_printable(info.owner):<40} "
+        f"{info.fencing_token:>8} {info.remaining_s:>10.3f}"
+    )
+
+
 def store_locks(url: str | None, *, as_json: bool = False) -> int:
-    """``orbit locks [--store URL]``: every live lock of the store, by name.
+    """``orbit locks [--store URL]``: every live lock of the store by name, then every
+    semaphore with holders, its holders by slot.
 
     With ``as_json``: ``{"store": URL, "locks": [{"name", "owner", "fencing_token",
-    "expires_at", "remaining_s"}]}``.
+    "expires_at", "remaining_s"}], "semaphores": [{"name", "slot", "limit", "owner",
+    "fencing_token", "expires_at", "remaining_s"}]}`` (one entry per holder).
     """
     with open_store(url) as store:
         infos = store.locks()
+        holders = store.semaphores()
         if as_json:
-            print_json({"store": store.url, "locks": [info._asdict() for info in infos]})
+            print_json(
+                {
+                    "store": store.url,
+                    "locks": [info._asdict() for info in infos],
+                    "semaphores": [holder._asdict() for holder in holders],
+                }
+            )
             return 0
         print(_HEADER)
         for info in infos:
             print(_line(info))
         print(f"{len(infos)} live lock(s) in {store.url}")
+        named = [(name, list(group)) for name, group in groupby(holders, lambda h: h.name)]
+        for name, group in named:
+            limit = max(holder.limit for holder in group)
+            print(f"\nsemaphore {_printable(name)}: {len(group)} of {limit} slot(s) held")
+            print(_SLOT_HEADER)
+            for holder in group:
+                print(_slot_line(holder))
+        if named:
+            print(f"{len(named)} semaphore(s) with holders in {store.url}")
     return 0
 
 

@@ -12,27 +12,40 @@ supervisor.
 Adapters: :mod:`orbitive.clients.psycopg` (a psycopg_pool-like
 ``ConnectionPool``) and :mod:`orbitive.clients.sqlalchemy` (a pool for
 ``create_engine``).
+
+Across hosts, a :class:`Budget` caps the pools of every host that name it:
+their live clients never exceed its ``total`` between them, with the units
+held as counting leases in PostgreSQL or Redis.
 """
 
 from __future__ import annotations
 
 from .._core._errors import (
+    BudgetMismatch,
+    BudgetUnavailable,
     ClientCreateError,
+    InvalidBudget,
     InvalidPoolOptions,
     PoolClosed,
     PoolTimeout,
     RemoteRequestError,
     TooManyRequests,
     UnknownClient,
+    UnsafeCoordinator,
 )
+from ._budget import Budget
 from ._client_pool import ClientPool
 from ._options import PoolOptions
 from ._statistics import ClientPoolStatistics
 
 __all__ = [
+    "Budget",
+    "BudgetMismatch",
+    "BudgetUnavailable",
     "ClientCreateError",
     "ClientPool",
     "ClientPoolStatistics",
+    "InvalidBudget",
     "InvalidPoolOptions",
     "PoolClosed",
     "PoolOptions",
@@ -40,12 +53,17 @@ __all__ = [
     "RemoteRequestError",
     "TooManyRequests",
     "UnknownClient",
+    "UnsafeCoordinator",
 ]
 
 for _cls in (
+    Budget,
+    BudgetMismatch,
+    BudgetUnavailable,
     ClientCreateError,
     ClientPool,
     ClientPoolStatistics,
+    InvalidBudget,
     InvalidPoolOptions,
     PoolClosed,
     PoolOptions,
@@ -53,6 +71,7 @@ for _cls in (
     RemoteRequestError,
     TooManyRequests,
     UnknownClient,
+    UnsafeCoordinator,
 ):
     _cls.__module__ = __name__
 del _cls

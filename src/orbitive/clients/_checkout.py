@@ -41,6 +41,7 @@ creates in its unit.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
@@ -60,6 +61,8 @@ from ._ledger import Entry, Family, Ledger
 from ._options import HANDOFF_GRACE_S, PoolOptions, seconds
 from ._retiring import Retiring
 from ._statistics import Counters
+
+_log = logging.getLogger("orbitive.clients")
 
 C = TypeVar("C")
 
@@ -115,7 +118,7 @@ class Checkout(Generic[C]):
         family: the pool's family in the ledger.
         retiring: the pool's closing.
         counters: the pool's counters.
-        create, close, check, reset: the pool's callables.
+        create, close, check, reset, sever: the pool's callables.
     """
 
     def __init__(
@@ -131,10 +134,14 @@ class Checkout(Generic[C]):
         close: Callable[[C], Any],
         check: Callable[[C], Any] | None,
         reset: Callable[[C], Any] | None,
+        sever: Callable[[C], Any] | None = None,
         *,
         name: str,
     ) -> None:
         self.key, self.options, self.name = key, options, name
+        self._sever = sever
+        #: How the log records name the pool: its fleet, and its label or key.
+        self.where = f"{ledger.where} ({name})"
         self._handle, self._ledger, self._family, self._retiring = handle, ledger, family, retiring
         self._counters = counters
         self._create, self._close, self._check, self._reset = create, close, check, reset
@@ -143,6 +150,9 @@ class Checkout(Generic[C]):
         self._max_lifetime, self._turn = options.max_lifetime, options.handoff_after
         self._turn_uses = options.handoff_uses or 1 << 64  # None: no bound by count
         self.closed = False
+        #: Failed creates since the last that succeeded, and when the first of them failed.
+        self._create_failures = 0
+        self._failing_since = 0.0
 
     def _check_open(self) -> None:
         """Raise PoolClosed once the pool is closed."""
@@ -332,10 +342,14 @@ class Checkout(Generic[C]):
         remaining = end - time.monotonic()
         if remaining <= 0:
             self._counters.timeouts += 1
+            cap = self._ledger.cap
+            bound = (
+                f"max_live {self._max_live} reached fleet-wide"
+                if cap >= self._max_live
+                else f"the budget lets this host hold {cap} now, max_live {self._max_live}"
+            )
             raise PoolTimeout(
-                f"no client for {self.name} within the timeout "
-                f"(max_live {self._max_live} reached fleet-wide)",
-                key=self.key,
+                f"no client for {self.name} within the timeout ({bound})", key=self.key
             )
         return min(remaining, HANDOFF_GRACE_S if is_polite else WAIT_SLICE_S)
 
@@ -349,19 +363,22 @@ class Checkout(Generic[C]):
             InvalidPoolOptions: ``create`` returned an awaitable.
         """
         try:
-            return call_sync("create", self._create)  # type: ignore[no-any-return]
+            client: C = call_sync("create", self._create)
         except BaseException as error:
             failure = self._failed_create(permit, error)
             if failure is error:
                 raise
             raise failure from error
+        if self._create_failures:
+            self.created()
+        return client
 
     async def made_async(self, permit: CreationPermit) -> C:
         """Asyncio twin of :meth:`made`. A caller cancelled or interrupted meanwhile
         leaves the create running, and its client joins the idle ones (:meth:`_adopt`)."""
         creating = started(self._create)
         try:
-            return await asyncio.shield(creating)
+            client: C = await asyncio.shield(creating)
         except BaseException as error:
             if not _raised_by(creating, error):  # the caller's interruption: it runs on
                 _when_done(creating, lambda done: self._adopt(permit, done))
@@ -370,15 +387,45 @@ class Checkout(Generic[C]):
             if failure is error:
                 raise
             raise failure from error
+        if self._create_failures:
+            self.created()
+        return client
 
     def _failed_create(self, permit: CreationPermit, error: BaseException) -> BaseException:
         """Return the claim; the error to raise (ours and a BaseException as they are, the
-        user's wrapped)."""
+        user's wrapped, and logged at WARNING on ``orbitive.clients``)."""
         permit.finish()
         if isinstance(error, OrbitError) or not isinstance(error, Exception):
             return error
-        self._counters.create_errors += 1
+        self.failed_create(error, "for a checkout")
         return ClientCreateError(f"create() failed for {self.name}: {error!r:.200}", key=self.key)
+
+    def failed_create(self, error: Exception, purpose: str) -> None:
+        """Count a ``create()`` that raised ``error`` (its claim is returned); the first of
+        a run of failures is logged at WARNING on ``orbitive.clients``, with its cause."""
+        self._counters.create_errors += 1
+        self._create_failures += 1
+        if self._create_failures == 1:
+            self._failing_since = time.monotonic()
+            _log.warning(
+                "%s: create() %s failed: %.200r; its claim on max_live is returned (later "
+                "failures are counted, not logged, until a create succeeds)",
+                self.where,
+                purpose,
+                error,
+            )
+
+    def created(self) -> None:
+        """After a ``create()`` that succeeded: if creates were failing, log (INFO) that
+        they work again, and after how many failures."""
+        failures, self._create_failures = self._create_failures, 0
+        if failures:
+            _log.info(
+                "%s: create() works again, after %d failure(s) over %.1f s",
+                self.where,
+                failures,
+                time.monotonic() - self._failing_since,
+            )
 
     def registered(self, permit: CreationPermit, client: C, *, active: bool = True) -> Entry[C]:
         """Register a created client, checked out (``active``) or idle; the permit ends
@@ -388,7 +435,9 @@ class Checkout(Generic[C]):
             PoolClosed, and the table's errors: as :meth:`~._ledger.Ledger.register`.
         """
         try:
-            entry = self._ledger.register(permit, client, self._family, self._close, active=active)
+            entry = self._ledger.register(
+                permit, client, self._family, self._close, active=active, sever=self._sever
+            )
         except BaseException:
             self._retiring.close_quietly(client, self._close)
             raise
@@ -415,7 +464,7 @@ class Checkout(Generic[C]):
             A BaseException from ``check``, once the client is handed over to be closed.
         """
         if time.monotonic() - entry.created_at >= self._max_lifetime:
-            self._retiring.retire(self._ledger.recall(entry))
+            self._retiring.retire(self._ledger.recall(self.aged(entry)))
             return False
         if self._check is None:
             return True
@@ -435,7 +484,7 @@ class Checkout(Generic[C]):
         """Asyncio twin of :meth:`usable`; a caller cancelled or interrupted during the
         check leaves it running (:meth:`outlasting`)."""
         if time.monotonic() - entry.created_at >= self._max_lifetime:
-            await self._retiring.retire_async(self._ledger.recall(entry))
+            await self._retiring.retire_async(self._ledger.recall(self.aged(entry)))
             return False
         if self._check is None:
             return True
@@ -530,10 +579,21 @@ class Checkout(Generic[C]):
         """Keep a returned client idle, or hand it over to be closed (one table step)."""
         now = time.monotonic()
         in_turn = entry.in_turn(now, self._turn, self._turn_uses)
-        if now - entry.created_at >= self._max_lifetime or not self._ledger.give_back(
-            entry, now, in_turn, self._idle_limit, self._max_live
-        ):
+        if now - entry.created_at >= self._max_lifetime:
+            self._retiring.hand_over(self.aged(entry))
+        elif not self._ledger.give_back(entry, now, in_turn, self._idle_limit, self._max_live):
             self._retiring.hand_over(entry)
+
+    def aged(self, entry: Entry[C]) -> Entry[C]:
+        """Log that ``entry``'s client is past ``max_lifetime`` and is retired (INFO on
+        ``orbitive.clients``); returns it."""
+        _log.info(
+            "%s: retiring a client %.1f s old, past max_lifetime (%g s)",
+            self.where,
+            time.monotonic() - entry.created_at,
+            self._max_lifetime,
+        )
+        return entry
 
 
 def _raised_by(running: asyncio.Future[Any], error: BaseException) -> bool:

@@ -51,10 +51,12 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Final, Generic, TypeVar, final
 
 from .._core import _fork
-from .._core._errors import InvalidPoolOptions, OrbitError, PoolClosed
+from .._core._errors import InvalidBudget, InvalidPoolOptions, OrbitError, PoolClosed
 from .._core._fleet import Fleet
 from ..pool import POOL_KIND, Pool
 from ..pool._table import Table
+from ._allowance import check_coordinator
+from ._budget import Budget
 from ._callbacks import call_async, call_sync, check_callable
 from ._checkout import Checkout
 from ._ledger import Entry, Family, Ledger
@@ -98,9 +100,25 @@ class ClientPool(Generic[C]):
         label: the key's name for people (``orbit pool``, metrics, error
             messages), 1..127 bytes of UTF-8; None: read from a str key that is
             a URL (without its password) or a plain name (see :attr:`label`).
+        budget: a :class:`Budget` shared with other hosts, or None: the
+            pools of every host that name it hold at most ``budget.total``
+            live clients between them (``max_live`` still caps this host). Its
+            pools on a host count under the budget's key (``key`` is then
+            only checked): one budget, one share per host.
+        sever: with a budget, ``sever(client)`` makes a client in use unusable
+            at once from another thread (shuts its socket down), for when the
+            host's units may lapse before the client is handed back; None:
+            such a client is retired only when handed back.
 
     Raises:
         InvalidPoolOptions: a bad key, callable, label or options object.
+        InvalidBudget: ``budget`` is not a Budget, ``options.min_idle`` is above
+            its total, or another pool of its key in this process names it
+            otherwise.
+        BudgetMismatch: the budget is held under another total (by another host,
+            or another pool of this host).
+        BudgetUnavailable: the budget's coordinator cannot be reached.
+        UnsafeCoordinator: the coordinator may forget the units it grants.
         MalformedError, FleetError, LayoutMismatch, AccessDenied: as
             :class:`~orbitive.pool.Pool`.
 
@@ -126,6 +144,8 @@ class ClientPool(Generic[C]):
         options: PoolOptions | None = None,
         kind: int = POOL_KIND,
         label: str | None = None,
+        budget: Budget | None = None,
+        sever: Callable[[C], Any] | None = None,
     ) -> None:
         self._closed = True  # until fully built
         check_callable("create", create, optional=False)
@@ -133,11 +153,21 @@ class ClientPool(Generic[C]):
         check_callable("check", check, optional=True)
         check_callable("reset", reset, optional=True)
         check_callable("handler", handler, optional=True)
+        check_callable("sever", sever, optional=True)
         if options is None:
             options = PoolOptions()
         elif type(options) is not PoolOptions:
             raise _bad_options(options)
         self.key = pool_key(key)
+        if budget is not None:
+            if type(budget) is not Budget:
+                raise InvalidBudget(
+                    f"budget must be a Budget or None, got {type(budget).__name__}", key="budget"
+                )
+            budget.check_fits(options)
+            check_coordinator(budget)
+            self.key = budget.key
+        self.budget = budget
         #: The key's name for people ("" when it has none: its digest shows instead).
         self.label = key_label(key, label)
         #: The label, or the key's digest: how messages name the pool.
@@ -148,7 +178,7 @@ class ClientPool(Generic[C]):
         self._max_lifetime, self._turn = options.max_lifetime, options.handoff_after
         self._turn_uses = options.handoff_uses or 1 << 64  # None: no bound by count
         self._create, self._close, self._check, self._reset = create, close, check, reset
-        self._handler = handler
+        self._handler, self._sever = handler, sever
         self._fleet = fleet
         self._pool = Pool(fleet, kind=kind)
         limits = (options.max_live, options.min_idle, options.idle_limit)
@@ -177,9 +207,16 @@ class ClientPool(Generic[C]):
             borrowers=self._handler is not None,
         )
         retiring = Retiring(ledger, self.counters)
+        if self.budget is not None:
+            try:
+                ledger.adopt(self.budget, self.options)
+            except BaseException:
+                retiring.release(ledger.detach(family))
+                raise
         checkout: Checkout[C] = Checkout(
             self.key, self.options, self._pool, ledger, family, retiring, self.counters,
-            self._create, self._close, self._check, self._reset, name=self.name,
+            self._create, self._close, self._check, self._reset, self._sever,
+            name=self.name,
         )  # fmt: skip
         remote: Remote[C] | None = None
         if self._handler is not None:
@@ -337,9 +374,9 @@ class ClientPool(Generic[C]):
         now = time.monotonic()
         age = now - entry.created_at
         in_turn = age < self._turn and entry.uses % self._turn_uses != 0
-        if age >= self._max_lifetime or not self._ledger.give_back(
-            entry, now, in_turn, self._idle_limit, self._max_live
-        ):
+        if age >= self._max_lifetime:
+            self._retiring.hand_over(self._checkout.aged(entry))
+        elif not self._ledger.give_back(entry, now, in_turn, self._idle_limit, self._max_live):
             self._retiring.hand_over(entry)
 
     def discard(self, client: C) -> None:
@@ -482,9 +519,11 @@ class ClientPool(Generic[C]):
         """
         self._local()
         local = self._ledger.counts()
+        allowance = self._ledger.allowance
+        budget = (0, 0, 0, 0) if allowance is None else allowance.numbers()
         return collect(
             self._pool, self._fleet, self.key, self._ledger.census(), self.options.max_live,
-            local, self.counters,
+            local, self.counters, budget,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -506,6 +545,7 @@ class ClientPool(Generic[C]):
             self._retiring.retire_all(idle)
             self._upkeep.close()
             self._retiring.shut()
+            self._resign()
         self._pool.close()
 
     async def close_async(self) -> None:
@@ -516,7 +556,15 @@ class ClientPool(Generic[C]):
             await self._retiring.retire_all_async(idle)
             await asyncio.to_thread(self._join)  # it joins the pool's threads: off the loop
             await self._retiring.wait_closing()
+            await asyncio.to_thread(self._resign)
         self._pool.close()
+
+    def _resign(self) -> None:
+        """The last pool of the key in this process closed: its steward, if it is the
+        host's, gives back the units the host no longer uses and resigns."""
+        allowance = self._ledger.allowance
+        if allowance is not None and self._ledger.left:
+            allowance.close(wait=True)
 
     def _shut(self) -> list[Entry[C]]:
         """Mark closed and let go of this process's parts, waiting for nothing; the idle
@@ -578,6 +626,8 @@ def _let_go(
         remote.close()
     retiring.release(ledger.detach(family))
     retiring.end()
+    if ledger.allowance is not None and ledger.left:
+        ledger.allowance.close(wait=False)
 
 
 def _bad_options(options: object) -> OrbitError:

@@ -56,6 +56,7 @@ use it or retire it.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -65,10 +66,12 @@ from typing import Any, Final, Generic, TypeVar, final
 
 from .._core import _fork
 from .._core._errors import (
+    BudgetMismatch,
     BusyError,
     CreationBudgetError,
     DrainingError,
     FleetError,
+    InvalidBudget,
     NotOwnerError,
     OrbitError,
     PoolClosed,
@@ -87,9 +90,14 @@ from ..pool._availability import (
     retire_idle,
 )
 from ..pool._table import Table
+from ._allowance import Allowance
+from ._budget import Budget
+from ._options import PoolOptions
 
 C = TypeVar("C")
 
+#: The cap of a key no budget limits (above any max_live, a u32).
+NO_CAP: Final = 1 << 32
 #: What a take refuses for: reserved by a borrower, closed or reset, not ours, draining.
 _REFUSED: Final = (BusyError, StaleError, NotOwnerError, DrainingError)
 
@@ -111,8 +119,9 @@ class Family(Generic[C]):
 
 @dataclass(slots=True, eq=False)
 class Entry(Generic[C]):
-    """A client, its resource id, its family, the ``close`` of the pool that created it,
-    its ``time.monotonic()`` creation and idle times, and how many checkouts it served."""
+    """A client, its resource id, its family, the ``close`` and ``sever`` of the pool that
+    created it, its ``time.monotonic()`` creation and idle times, how many checkouts it
+    served, and whether it was severed (its budget unit lapsing while it was in use)."""
 
     client: C
     rid: ResourceId
@@ -121,6 +130,8 @@ class Entry(Generic[C]):
     created_at: float
     idle_since: float = 0.0
     uses: int = 0
+    sever: Callable[[C], Any] | None = None
+    severed: bool = False
 
     def in_turn(self, now: float, turn: float, turn_uses: int) -> bool:
         """Whether the client may still serve its own process while another process waits:
@@ -137,6 +148,8 @@ class Ledger(Generic[C]):
 
     def __init__(self, fleet: Fleet, kind: int, key: Key, name: tuple[int, int, Key]) -> None:
         self.key = key
+        #: How the log records name the fleet of the key's pools.
+        self.where = f"client pool of fleet {fleet.name!r}"
         self._fleet, self._kind, self._name = fleet, kind, name
         self._handle = Pool(fleet, kind=kind)  # its own: it outlives any one ClientPool's
         self._lock = threading.Lock()
@@ -144,6 +157,14 @@ class Ledger(Generic[C]):
         self.waiters = 0  # this process's callers waiting at max_live
         self.handed_over = False  # the last return closed its client (see polite)
         self.borrowers = False  # a pool of the key serves remote requests
+        #: The key's budget on this host (:mod:`._allowance`), if its pools name one.
+        self.allowance: Allowance | None = None
+        #: The cap the budget puts on the key now (the upkeep keeps it current).
+        self.cap = NO_CAP
+        #: ``time.monotonic()`` from which a return retires its client instead of keeping
+        #: it idle: the key is over its budget's cap, or the budget's units may lapse soon.
+        self.shed_at = math.inf
+        self.left = False  # every pool of the key in this process has left
         self._generation = _fork.generation
         # The owner's take and give-back steps: one C call each where built, else Python.
         operations = self._handle._operations
@@ -204,8 +225,39 @@ class Ledger(Generic[C]):
         with self._lock:
             idle, family.idle = family.idle, []
         if last:
+            self.left = True
             self._handle.close()  # a later table step runs on a handle of its own (_settle)
         return idle
+
+    def adopt(self, budget: Budget, options: PoolOptions) -> None:
+        """Count the key's clients against ``budget`` (the first pool of it in the process
+        makes the allowance; the others must name the same budget).
+
+        Raises:
+            BudgetMismatch: another pool of the key in this process names it with
+                another total; and as :class:`~._allowance.Allowance`.
+            InvalidBudget: another pool of the key in this process names it otherwise
+                (its URL, ttl or hand-over bound).
+            BudgetUnavailable, UnsafeCoordinator: as :class:`~._allowance.Allowance`.
+        """
+        with _ledgers_lock:
+            if self.allowance is None:
+                self.allowance = Allowance(self._fleet, budget, options, self._kind)
+            elif self.allowance.budget != budget:
+                held = self.allowance.budget
+                if held.total != budget.total:
+                    raise BudgetMismatch(
+                        f"budget {budget.name!r} is held under total {held.total} by another "
+                        f"pool of this process, not {budget.total}",
+                        key=budget.name,
+                        total=budget.total,
+                        found=held.total,
+                    )
+                raise InvalidBudget(
+                    f"budget {budget.name!r}: the pools of one budget in a process must name "
+                    f"it alike, got {budget!r} and {self.allowance.budget!r}",
+                    key="budget",
+                )
 
     # -- taking and giving back ---------------------------------------------------------
 
@@ -300,11 +352,12 @@ class Ledger(Generic[C]):
     ) -> bool:
         """The table step of a return: True if ``entry`` is idle now, else the caller
         retires it (the fleet holds ``max_idle``, another process waits for its unit,
-        or its family has no pool left)."""
+        its family has no pool left, it was severed, or the key's budget sheds)."""
         family = entry.family
         with self._lock:
-            if not family.pools:
+            if not family.pools or now >= self.shed_at or entry.severed:
                 return False
+            max_live = min(max_live, self.cap)
             kept = self._give_back_unit(entry.rid, max_idle, max_live, in_turn, self.borrowers)
             if kept:
                 entry.idle_since = now
@@ -321,6 +374,7 @@ class Ledger(Generic[C]):
         close: Callable[[C], Any],
         *,
         active: bool,
+        sever: Callable[[C], Any] | None = None,
     ) -> Entry[C]:
         """Register a created client of ``family``, in use (its entry out) or idle; the
         permit ends after.
@@ -334,7 +388,7 @@ class Ledger(Generic[C]):
                 raise PoolClosed(f"client pool of key {self.key} is closed", key=self.key)
             rid = self._table().register(self.key, 1, 1 if active else 0)
             now = time.monotonic()
-            entry = Entry(client, rid, family, close, now, now, 1 if active else 0)
+            entry = Entry(client, rid, family, close, now, now, 1 if active else 0, sever)
             if active:
                 family.out[id(client)] = entry
             else:
@@ -383,6 +437,7 @@ class Ledger(Generic[C]):
         """Take out, oldest first in each family, the idle entries ``due`` names and the
         table lets go for ``reason`` (:func:`~orbitive.pool._availability.retire_idle`),
         up to the first it refuses; the caller retires them."""
+        max_live = min(max_live, self.cap)
         taken: list[Entry[C]] = []
         for family in list(self._families):
             for entry in list(family.idle):
@@ -402,21 +457,34 @@ class Ledger(Generic[C]):
     def claim(self, max_live: int) -> CreationPermit | None:
         """A creation claim under ``max_live``, fleet-wide, oldest waiting process first;
         None at the bound or while another process waited longer
-        (:func:`~orbitive.pool._availability.claim_in_turn`)."""
+        (:func:`~orbitive.pool._availability.claim_in_turn`). With a budget, under its
+        cap too, decided in the budget's section (:meth:`~._allowance.Allowance.capped`)."""
         table = self._table()
-        try:
-            return CreationPermit(table, self.key, claim_in_turn(table, self.key, max_live))
-        except CreationBudgetError:
-            return None
+
+        def claim(cap: int) -> CreationPermit | None:
+            try:
+                index = claim_in_turn(table, self.key, min(max_live, cap))
+            except CreationBudgetError:
+                return None
+            return CreationPermit(table, self.key, index)
+
+        allowance = self.allowance
+        return claim(NO_CAP) if allowance is None else allowance.capped(claim)
 
     def claim_warm(self, max_live: int, min_idle: int) -> CreationPermit | None:
         """A claim for this process's share of the ``min_idle`` deficit, or None
-        (:func:`~orbitive.pool._availability.claim_warm`)."""
+        (:func:`~orbitive.pool._availability.claim_warm`); with a budget, under its cap too."""
         table = self._table()
-        try:
-            return CreationPermit(table, self.key, claim_warm(table, self.key, max_live, min_idle))
-        except CreationBudgetError:
-            return None
+
+        def claim(cap: int) -> CreationPermit | None:
+            try:
+                index = claim_warm(table, self.key, min(max_live, cap), min_idle)
+            except CreationBudgetError:
+                return None
+            return CreationPermit(table, self.key, index)
+
+        allowance = self.allowance
+        return claim(NO_CAP) if allowance is None else allowance.capped(claim)
 
     def start_waiting(self, max_waiting: int) -> int | None:
         """Count one waiter of this process in, here and in the table; the key's version,
@@ -460,6 +528,16 @@ class Ledger(Generic[C]):
     def census(self) -> Census:
         """The key's fleet-wide live, idle, creating and waiting counts, in one step."""
         return key_census(self._table(), self.key)
+
+    def in_use(self) -> list[Entry[C]]:
+        """This process's clients of the key checked out and not severed, newest first."""
+        with self._lock:
+            out = [entry for family in self._families for entry in family.out.values()]
+        return sorted((e for e in out if not e.severed), key=lambda e: -e.created_at)
+
+    def shed(self, cap: int, at: float) -> None:
+        """The budget's cap now, and the ``time.monotonic()`` from which returns retire."""
+        self.cap, self.shed_at = cap, at
 
     def counts(self) -> tuple[int, int, int]:
         """This process's idle, checked-out and waiting counts for the key."""

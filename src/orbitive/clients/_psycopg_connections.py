@@ -1,9 +1,10 @@
 """psycopg connections as the adapter's pools handle them.
 
 A connection's key (what one host-wide budget counts), the checkout check,
-the states a returned connection may be in, and a close that waits until the
+the states a returned connection may be in, a close that waits until the
 server has ended the session, so that the pool hands the budget on only when
-the server no longer counts the connection.
+the server no longer counts the connection, and the severing of a connection
+in use whose units of a cross-host budget may lapse.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import math
 import os
 import select
+import socket
 import time
 from typing import Any, Final, cast
 
@@ -162,6 +164,27 @@ def returnable(status: int) -> bool:
     """False for a connection in an unknown state (discard it): a query still running,
     a broken socket, or closed (``UNKNOWN``)."""
     return status in (IDLE, *OPEN)
+
+
+def sever_connection(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Shut a connection's socket down, from any thread, while its owner may be using it.
+
+    A statement running on it fails at once (psycopg raises ``OperationalError``),
+    the server sees the session end, and the pool discards the connection when it
+    is handed back. The connection itself is not closed here: only the thread that
+    uses it may free libpq's state.
+    """
+    try:
+        fd = os.dup(conn.pgconn.socket)
+    except (OSError, psycopg.Error):
+        return
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # not connected any more: nothing to sever
+        pass
+    finally:
+        sock.close()  # the duplicate only
 
 
 def watch_socket(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> int:

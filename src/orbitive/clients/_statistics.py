@@ -28,6 +28,7 @@ class Counters:
     borrowed: int = 0
     queued: int = 0
     waited_s: float = 0.0
+    severed: int = 0
 
 
 @final
@@ -45,7 +46,14 @@ class ClientPoolStatistics:
     ``*_count`` counters since the pool was built (``borrowed_count``: remote
     requests another process's client served; ``queued_count``: checkouts that
     waited at ``max_live``, whatever came of it, ``waited_s`` their waits, in
-    seconds).
+    seconds; ``severed_count``: clients in use whose budget units were lapsing,
+    severed under their caller).
+
+    With a :class:`~orbitive.clients.Budget` (all 0 without): ``budget_total``,
+    the units the host holds (``budget_units``), the cap its clients keep to now
+    (``budget_cap``: the units, less those being given back, 0 once they may
+    lapse), and ``budget_lapse_ms``, how long the units are surely held by this
+    host's clock (0 when it holds none).
     """
 
     max_live: int
@@ -71,6 +79,11 @@ class ClientPoolStatistics:
     borrowed_count: int
     queued_count: int
     waited_s: float
+    severed_count: int = 0
+    budget_total: int = 0
+    budget_units: int = 0
+    budget_cap: int = 0
+    budget_lapse_ms: int = 0
 
     def as_dict(self) -> dict[str, float]:
         """The numbers by name, for a metrics exporter."""
@@ -85,10 +98,11 @@ def collect(
     max_live: int,
     local: tuple[int, int, int],
     counters: Counters,
+    budget: tuple[int, int, int, int] = (0, 0, 0, 0),
 ) -> ClientPoolStatistics:
     """The statistics of ``key``: its census, less the clients of dead lives the table
     still lists, with this process's idle, in-use and waiting counts (``local``) and
-    its counters.
+    its counters, and its ``budget`` numbers (total, units, cap, lapse in ms).
 
     Raises:
         FleetError: ``handle`` or ``fleet`` is closed.
@@ -122,4 +136,6 @@ def collect(
         counters.borrowed,
         counters.queued,
         counters.waited_s,
+        counters.severed,
+        *budget,
     )

@@ -11,11 +11,16 @@ One daemon thread per ClientPool per process. Each round:
 3. retires clients idle longer than ``idle_timeout`` (above the ``min_idle``
    floor) or older than ``max_lifetime``;
 4. refills the ``min_idle`` floor, claiming only this process's share of the
-   fleet-wide deficit (``claim_warm``).
+   fleet-wide deficit (``claim_warm``);
+5. with a budget, keeps this process within the host's share of it
+   (:meth:`~._allowance.Allowance.tend`): retires idle clients above the cap,
+   severs clients in use when the host's units may lapse, and becomes the
+   host's steward when there is none.
 
 While the process holds idle clients the thread sleeps on the key's version
 word, so a waiter elsewhere (which bumps the key when it starts waiting) is
-noticed at once; otherwise it sleeps for the interval. Rounds are at least
+noticed at once; otherwise it sleeps for the interval (with a budget, at most
+until its next stop or sever time). Rounds are at least
 :data:`MIN_ROUND_S` apart, so a busy key does not keep it spinning.
 
 The thread holds the pool's parts, never the pool: a pool dropped unclosed is
@@ -25,6 +30,8 @@ collected, and its finalizer stops the thread (:meth:`Upkeep.stop`).
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import sys
 import threading
 import time
@@ -34,12 +41,21 @@ from typing import Any, Final, Generic, TypeVar, final
 from .._core._errors import OrbitError
 from ..pool import Key, Pool
 from ..pool._availability import FOR_IDLE_TIMEOUT, FOR_LIFETIME, FOR_WAITER
+from ._allowance import Allowance
 from ._callbacks import run_anywhere
 from ._checkout import Checkout
 from ._ledger import Entry, Ledger
 from ._options import HANDOFF_GRACE_S, PoolOptions
 from ._retiring import Retiring
 from ._statistics import Counters
+
+_log = logging.getLogger("orbitive.clients")
+
+#: The retirements the upkeep logs: why, and the option that bounds them (seconds).
+_LOGGED: Final[dict[int, tuple[str, Callable[[PoolOptions], float]]]] = {
+    FOR_IDLE_TIMEOUT: ("idle longer than idle_timeout", lambda options: options.idle_timeout),
+    FOR_LIFETIME: ("past max_lifetime", lambda options: options.max_lifetime),
+}
 
 C = TypeVar("C")
 
@@ -81,6 +97,7 @@ class Upkeep(Generic[C]):
         self._create = create
         self._stop = threading.Event()
         self._last_reap = 0.0
+        self._budget_due = math.inf  # seconds from the last round to the budget's next event
         self._thread = threading.Thread(target=self._run, name="orbit-clients-upkeep", daemon=True)
         self._thread.start()
 
@@ -97,11 +114,12 @@ class Upkeep(Generic[C]):
 
     def _sleep(self) -> None:
         self._stop.wait(MIN_ROUND_S)
+        pause = max(MIN_ROUND_S, min(self.interval, self._budget_due))
         if self._ledger.holds_idle() and not self._stop.is_set():
             version = self._handle.version(self._key)
-            self._handle.wait_capacity(self._key, version, self.interval)
+            self._handle.wait_capacity(self._key, version, pause)
         else:
-            self._stop.wait(self.interval)
+            self._stop.wait(pause)
 
     def _round(self) -> None:
         now = time.monotonic()
@@ -120,11 +138,52 @@ class Upkeep(Generic[C]):
             self._retire_idle(FOR_LIFETIME, lambda e: now - e.created_at >= max_lifetime)
         if options.min_idle:
             self._refill()
+        allowance = self._ledger.allowance
+        if allowance is not None:
+            self._budget_due = self._tend(allowance)
+
+    def _tend(self, allowance: Allowance) -> float:
+        """This process's part in the budget (:meth:`~._allowance.Allowance.tend`)."""
+        ledger = self._ledger
+
+        def live() -> int:
+            counted = ledger.census()
+            return counted.live + counted.creating
+
+        def take_idle(reason: int, cap: int) -> list[Entry[C]]:
+            return ledger.idle_to_retire(lambda _: True, reason, cap, 0)
+
+        return allowance.tend(
+            live, take_idle, self._retiring.retire_all, ledger.in_use, self._sever, ledger.shed
+        )
+
+    def _sever(self, entry: Entry[C]) -> None:
+        """Sever a client in use (its ``sever``; its errors are counted): once handed back,
+        it is retired."""
+        entry.severed = True
+        if entry.sever is None:
+            return
+        try:
+            entry.sever(entry.client)
+        except Exception:
+            self._counters.close_errors += 1
+        self._counters.severed += 1
 
     def _retire_idle(self, reason: int, due: Callable[[Entry[C]], bool]) -> None:
-        """Retire idle clients, oldest first, while ``due(entry)`` and the table agrees."""
+        """Retire idle clients, oldest first, while ``due(entry)`` and the table agrees;
+        those retired for ``idle_timeout`` or ``max_lifetime`` are logged (INFO on
+        ``orbitive.clients``), how many and why."""
         options = self._options
         taken = self._ledger.idle_to_retire(due, reason, options.max_live, options.min_idle)
+        if taken and reason in _LOGGED:
+            why, bound = _LOGGED[reason]
+            _log.info(
+                "%s: retiring %d idle client(s) %s (%g s)",
+                self._checkout.where,
+                len(taken),
+                why,
+                bound(options),
+            )
         self._retiring.retire_all(taken)
 
     def _refill(self) -> None:
@@ -140,8 +199,9 @@ class Upkeep(Generic[C]):
                 permit.finish()
                 if not isinstance(error, Exception):
                     raise
-                self._counters.create_errors += 1
+                self._checkout.failed_create(error, "to refill min_idle")
                 return
+            self._checkout.created()
             self._checkout.registered(permit, client, active=False)
 
     def _report(self) -> None:

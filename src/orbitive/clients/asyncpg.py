@@ -64,6 +64,7 @@ from .._core._errors import (
 )
 from .._core._fleet import Fleet
 from ..pool import POOL_KIND
+from ._budget import Budget
 from ._client_pool import ClientPool
 from ._database import database_key, dsn_target, target_label
 from ._gate import Gate
@@ -103,6 +104,7 @@ def create_pool(
     record_class: type[Any] = asyncpg.Record,
     key: object = None,
     kind: int = POOL_KIND,
+    budget: Budget | None = None,
     **connect_kwargs: Any,
 ) -> Pool:
     """An asyncpg-like pool whose limits hold across the fleet's processes.
@@ -129,6 +131,10 @@ def create_pool(
         key: overrides the key derived from the target (see
             :mod:`orbitive.clients._database`: one database and role, one budget).
         kind: the pool table's SHM kind number.
+        budget: a :class:`~orbitive.clients.Budget` shared with other hosts (the
+            key is then the budget's); a connection in use when the host's units
+            may lapse is severed (its socket shut down: its query fails with a
+            connection error), and discarded when released.
         **connect_kwargs: ``asyncpg.connect``'s arguments (``user``,
             ``password``, ``statement_cache_size``, ``server_settings``, ...).
 
@@ -140,6 +146,8 @@ def create_pool(
             ``max_inactive_connection_lifetime`` (named with the host-wide
             equivalent), ``loop``, a hook that is not callable, a bad class, DSN,
             ``max_queries`` or options; as :class:`~orbitive.clients.ClientPool`.
+        InvalidBudget, BudgetMismatch, BudgetUnavailable, UnsafeCoordinator: as
+            :class:`~orbitive.clients.ClientPool`, when the pool is awaited.
     """
     return Pool(
         dsn,
@@ -154,6 +162,7 @@ def create_pool(
         record_class=record_class,
         key=key,
         kind=kind,
+        budget=budget,
         **connect_kwargs,
     )
 
@@ -180,6 +189,7 @@ class Pool:
         record_class: type[Any],
         key: object,
         kind: int,
+        budget: Budget | None = None,
         **connect_kwargs: Any,
     ) -> None:
         _refuse_per_process(connect_kwargs)
@@ -207,6 +217,7 @@ class Pool:
         #: The key's label: the target's user@host:port/database (or a str key's own).
         self._label = target_label(target) if key is None else key_label(key, None) or None
         self._fleet, self._options, self._kind = fleet, options, kind
+        self._budget = budget
         self._dsn, self._connect_kwargs = dsn, connect_kwargs
         self._connect = asyncpg.connect if connect is None else connect
         self._setup, self._init, self._reset = setup, init, reset
@@ -250,6 +261,8 @@ class Pool:
                 options=self._options,
                 kind=self._kind,
                 label=self._label,
+                budget=self._budget,
+                sever=_drop,
             )
             options = self._clients.options
             self._gate = Gate(options.max_live, options.max_waiting, self._clients.key)
@@ -683,7 +696,8 @@ def _check_class(name: str, value: object, base: type[Any]) -> None:
 
 
 def _drop(conn: Any) -> None:
-    """End the socket of a connection whose loop is gone, so the server ends its session."""
+    """End the socket of a connection, so the server ends its session: its loop is gone,
+    or (from any thread) its units of a budget may lapse while it is in use."""
     transport = conn._transport
     if transport is None:
         return

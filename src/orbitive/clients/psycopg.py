@@ -50,6 +50,7 @@ from .._core import _errors
 from .._core._errors import InvalidPoolOptions, OrbitError, UnknownClient, shown
 from .._core._fleet import Fleet
 from ..pool import POOL_KIND, Key
+from ._budget import Budget
 from ._client_pool import ClientPool
 from ._options import PoolOptions
 from ._psycopg_compat import (
@@ -73,6 +74,7 @@ from ._psycopg_connections import (
     connection_key,
     conninfo_label,
     returnable,
+    sever_connection,
     status,
 )
 from ._statistics import ClientPoolStatistics
@@ -333,11 +335,19 @@ class ConnectionPool(_Base):
         reconnect_failed: psycopg_pool's, refused, as ``reconnect_timeout``.
         key: overrides the key derived from conninfo and kwargs.
         kind: the pool table's SHM kind number.
+        budget: a :class:`~orbitive.clients.Budget` shared with other hosts: the
+            pools of every host that name it hold at most its ``total``
+            connections between them (the key is then the budget's). A
+            connection in use when the host's units may lapse is severed
+            (its socket is shut down): its statement fails, and it is discarded
+            when handed back.
 
     Raises:
         InvalidPoolOptions: a psycopg_pool argument whose meaning cannot carry
             over (the message names the host-wide equivalent), or any bad
             argument; and as :class:`~orbitive.clients.ClientPool`.
+        InvalidBudget, BudgetMismatch, BudgetUnavailable, UnsafeCoordinator: as
+            :class:`~orbitive.clients.ClientPool`, when the pool opens.
     """
 
     def __init__(
@@ -365,6 +375,7 @@ class ConnectionPool(_Base):
         reconnect_failed: Callable[[Any], None] | None = UNSET,
         key: object = None,
         kind: int = POOL_KIND,
+        budget: Budget | None = None,
     ) -> None:
         derived = self._setup(conninfo, kwargs, options, name, key, {
             "timeout": timeout, "max_waiting": max_waiting, "max_lifetime": max_lifetime,
@@ -379,7 +390,8 @@ class ConnectionPool(_Base):
         counted = None if check is None else self._counted(check)
         self._build = lambda: ClientPool(
             fleet, derived, self._connect, close, check=counted, reset=self._reset,
-            options=self._options, kind=kind, label=self.name,
+            options=self._options, kind=kind, label=self.name, budget=budget,
+            sever=sever_connection,
         )  # fmt: skip
         if open is None or open:
             self.open()
@@ -546,7 +558,8 @@ class AsyncConnectionPool(_Base):
     no event loop.
 
     Raises:
-        InvalidPoolOptions: as :class:`ConnectionPool`.
+        InvalidPoolOptions, InvalidBudget, BudgetMismatch, BudgetUnavailable,
+            UnsafeCoordinator: as :class:`ConnectionPool`.
     """
 
     def __init__(
@@ -575,6 +588,7 @@ class AsyncConnectionPool(_Base):
         reconnect_failed: Callable[[Any], None] | None = UNSET,
         key: object = None,
         kind: int = POOL_KIND,
+        budget: Budget | None = None,
     ) -> None:
         derived = self._setup(conninfo, kwargs, options, name, key, {
             "timeout": timeout, "max_waiting": max_waiting, "max_lifetime": max_lifetime,
@@ -588,7 +602,8 @@ class AsyncConnectionPool(_Base):
         counted = None if check is None else self._counted(check)
         self._build = lambda: ClientPool(
             fleet, derived, self._connect, close_async, check=counted, reset=self._reset,
-            options=self._options, kind=kind, label=self.name,
+            options=self._options, kind=kind, label=self.name, budget=budget,
+            sever=sever_connection,
         )  # fmt: skip
         if open is None or open:
             self._start()

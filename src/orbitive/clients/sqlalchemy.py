@@ -17,8 +17,8 @@ An existing application changes one line, the ``create_engine`` or
         fleet_options=PoolOptions(max_live=10, max_idle=4),
     )
 
-``create_engine`` hands ``fleet``, ``fleet_key``, ``fleet_options`` and
-``fleet_kind`` to the pool class (it passes on every argument the pool's
+``create_engine`` hands ``fleet``, ``fleet_key``, ``fleet_options``,
+``fleet_kind`` and ``fleet_budget`` to the pool class (it passes on every argument the pool's
 constructor names), together with the usual ``pool_pre_ping``,
 ``pool_reset_on_return`` and ``echo_pool``. SQLAlchemy keeps its own checkout
 machinery (pre-ping, reset on return, invalidation); the fleet decides how many
@@ -64,6 +64,7 @@ from .._core._bytes import exact_bytes
 from .._core._errors import ClientCreateError, InvalidPoolOptions, PoolClosed, PoolTimeout, shown
 from .._core._fleet import Fleet
 from ..pool import POOL_KIND, Key
+from ._budget import Budget
 from ._client_pool import ClientPool
 from ._database import database_key, target_label
 from ._gate import Gate
@@ -150,6 +151,16 @@ def _psycopg_socket(record: ConnectionPoolEntry) -> int:
     return adapter.watch_socket(driver)
 
 
+def _sever_record(record: ConnectionPoolEntry) -> None:
+    """Sever a psycopg connection in use (its units of a budget may lapse); a connection
+    of another driver is left to be retired when handed back."""
+    driver = record.driver_connection
+    if driver is not None and "psycopg" in sys.modules and hasattr(driver, "pgconn"):
+        from . import _psycopg_connections as adapter  # noqa: PLC0415 - only for psycopg ones
+
+        adapter.sever_connection(driver)
+
+
 def _await_gone(fd: int) -> None:
     if fd >= 0:
         from . import _psycopg_connections as adapter  # noqa: PLC0415 - only for psycopg ones
@@ -190,6 +201,10 @@ class FleetPool(Pool):
             (server, database, role), the one every API of this package derives.
         fleet_options: host-wide sizes and timeouts (:class:`PoolOptions`).
         fleet_kind: the pool table's SHM kind number.
+        fleet_budget: a :class:`~orbitive.clients.Budget` shared with other hosts
+            (the key is then the budget's). A psycopg connection in use when the
+            host's units may lapse is severed (its socket shut down); another
+            driver's is retired only when handed back.
         **kw: :class:`sqlalchemy.pool.Pool`'s own arguments.
 
     Raises:
@@ -197,6 +212,9 @@ class FleetPool(Pool):
             URL (see ``fleet_key``), or an asyncio engine (it takes
             :class:`AsyncFleetPool`); as :class:`~orbitive.clients.ClientPool`. A
             checkout raises SQLAlchemy's errors (see the module).
+        InvalidBudget, BudgetMismatch, BudgetUnavailable, UnsafeCoordinator: as
+            :class:`~orbitive.clients.ClientPool` (an :class:`AsyncFleetPool`'s at its
+            first checkout).
     """
 
     #: Whether the pool serves asyncio engines (``create_async_engine``).
@@ -209,6 +227,7 @@ class FleetPool(Pool):
         fleet_key: object = None,
         fleet_options: PoolOptions | None = None,
         fleet_kind: int = POOL_KIND,
+        fleet_budget: Budget | None = None,
         **kw: Any,
     ) -> None:
         name = type(self).__name__
@@ -229,6 +248,7 @@ class FleetPool(Pool):
             "fleet_key": fleet_key,
             "fleet_options": fleet_options,
             "fleet_kind": fleet_kind,
+            "fleet_budget": fleet_budget,
         }
         self._key = _engine_key(fleet_key, creator, dialect)
         self._label = _engine_label(fleet_key, creator, dialect)
@@ -257,6 +277,8 @@ class FleetPool(Pool):
                 options=args["fleet_options"],
                 kind=args["fleet_kind"],
                 label=self._label,
+                budget=args["fleet_budget"],
+                sever=_sever_record,
             )
         return self._clients
 

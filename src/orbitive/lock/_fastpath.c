@@ -10,7 +10,9 @@
  * expired entries, counters advanced first, one transition frame published to
  * this node's ring lane (seqlock) with the readiness word bumped, then
  * max_probe raised if the entry lies further from its home, then the slot
- * tombstoned, rewritten and made OCCUPIED last.
+ * tombstoned, rewritten and made OCCUPIED last. A release also adds one to its
+ * key's bucket word when a thread waits on a key word, and wakes the longest
+ * waiting one once the stripes are let go (lock/_key_wait.py).
  *
  * LockTable binds these methods as its own. Anything off that path (other
  * argument types, an error to raise, a fork, a closed table, the test-only
@@ -33,8 +35,12 @@
 #include "_layout.h"
 #include "_robust.h"
 #include "_slots.h"
+#include <limits.h>
+#include <linux/futex.h>
 #include <math.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the SHM layouts are little-endian; the pure-Python table is used instead"
@@ -53,6 +59,7 @@ static int enter(Steps *t, Maps *m, const Entry *e, Held *h)
 {
     h->lo = 0;
     h->hi = -1;
+    h->repaired = 0;
     if (maps_get(t, m) < 0) {
         PyErr_Clear(); /* a closed mapping: the Python operation says why */
         return 0;
@@ -60,13 +67,15 @@ static int enter(Steps *t, Maps *m, const Entry *e, Held *h)
     if (cover(t, m->s, e, h) != 0 || t->closed) { /* closed while this thread waited */
         let_go(t, h);
         maps_release(m);
+        robust_report(t->repaired, &h->repaired);
         return 0;
     }
     return 1;
 }
 
-/* Wake parked drivers (inside the section, as Ring.publish does), then leave it. */
-static int leave(Steps *t, Maps *m, Held *h, int wake)
+/* Signal armed readiness sockets (inside the section, as Ring.publish does), leave it,
+ * then wake the longest waiter on key_word (if any) while the ring is still mapped. */
+static int leave(Steps *t, Maps *m, Held *h, int wake, uint32_t *key_word)
 {
     int failed = 0;
     if (wake) {
@@ -75,7 +84,10 @@ static int leave(Steps *t, Maps *m, Held *h, int wake)
         Py_XDECREF(done);
     }
     let_go(t, h);
+    if (key_word != NULL)
+        syscall(SYS_futex, key_word, FUTEX_WAKE, 1, NULL, NULL, 0);
     maps_release(m);
+    robust_report(t->repaired, &h->repaired);
     return failed;
 }
 
@@ -127,7 +139,7 @@ static PyObject *Steps_try_acquire(Steps *t, PyObject *const *args, size_t nargs
                 write_slot(t, m.s, slot, &e, revision);
         }
     }
-    if (leave(t, &m, &h, wake) < 0) {
+    if (leave(t, &m, &h, wake, NULL) < 0) {
         Py_XDECREF(holder);
         return NULL;
     }
@@ -147,24 +159,26 @@ static PyObject *Steps_try_acquire(Steps *t, PyObject *const *args, size_t nargs
     return new_boxed(y->occupied, y->occupied_lease_at, lease);
 }
 
-PyDoc_STRVAR(release_doc,
-"release(lease) -> bool: LockTable.release in one call.");
-
-static PyObject *Steps_release(Steps *t, PyObject *const *args, size_t nargsf,
-                               PyObject *kwnames)
+/* release: -1 (a decline: *result is its result or NULL), ABSENT (not live), or DONE
+ * with *waiting the nodes waiting in the key's bucket (Ring.key_released). */
+static int release_step(Steps *t, const Call *c, PyObject *python, PyObject **result,
+                        long *waiting)
 {
     static const char *const names[] = {"lease"};
-    const Call c = {args, PyVectorcall_NARGS(nargsf), kwnames};
     PyObject *a[1];
     Entry e;
     Maps m;
     Held h;
     Py_ssize_t hint;
     uint64_t revision;
+    uint32_t *key_word = NULL;
     int outcome = ABSENT, wake = 0, rc = 0;
-    if (!usable(t) || !positional(&c, names, 1, a) || !parse_lease(t, a[0], &e, &hint) ||
-        !enter(t, &m, &e, &h))
-        return decline(t, python_release, &c);
+    *waiting = 0;
+    if (!usable(t) || !positional(c, names, 1, a) || !parse_lease(t, a[0], &e, &hint) ||
+        !enter(t, &m, &e, &h)) {
+        *result = decline(t, python, c);
+        return -1;
+    }
     e.now = now_ms();
     Py_ssize_t slot = find_tenure(t, m.s, &e, hint, &h, &rc);
     if (rc != 0) {
@@ -174,17 +188,50 @@ static PyObject *Steps_release(Steps *t, PyObject *const *args, size_t nargsf,
             outcome = EXHAUSTED;
         } else {
             outcome = publish(t, m.r, &e, RELEASED, revision, 0, 0, &wake);
-            if (outcome == DONE)
+            if (outcome == DONE) {
                 tombstone(t, m.s, slot, e.digest);
+                *waiting = key_released(t, m.r, &e, &key_word);
+            }
         }
     }
-    if (leave(t, &m, &h, wake) < 0)
-        return NULL;
-    if (outcome == DONE)
-        Py_RETURN_TRUE;
-    if (outcome == ABSENT)
-        Py_RETURN_FALSE;
-    return decline(t, python_release, &c);
+    if (leave(t, &m, &h, wake, key_word) < 0) {
+        *result = NULL;
+        return -1;
+    }
+    if (outcome == DONE || outcome == ABSENT)
+        return outcome;
+    *result = decline(t, python, c);
+    return -1;
+}
+
+PyDoc_STRVAR(release_doc,
+"release(lease) -> bool: LockTable.release in one call.");
+
+static PyObject *Steps_release(Steps *t, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames)
+{
+    const Call c = {args, PyVectorcall_NARGS(nargsf), kwnames};
+    PyObject *result;
+    long waiting;
+    int outcome = release_step(t, &c, python_release, &result, &waiting);
+    if (outcome < 0)
+        return result;
+    return PyBool_FromLong(outcome == DONE);
+}
+
+PyDoc_STRVAR(release_waking_doc,
+"release_waking(lease) -> int: LockTable.release_waking in one call.");
+
+static PyObject *Steps_release_waking(Steps *t, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames)
+{
+    const Call c = {args, PyVectorcall_NARGS(nargsf), kwnames};
+    PyObject *result;
+    long waiting;
+    int outcome = release_step(t, &c, python_release_waking, &result, &waiting);
+    if (outcome < 0)
+        return result;
+    return PyLong_FromLong(outcome == DONE ? waiting : -1);
 }
 
 PyDoc_STRVAR(renew_doc,
@@ -226,7 +273,7 @@ static PyObject *Steps_renew(Steps *t, PyObject *const *args, size_t nargsf, PyO
             }
         }
     }
-    if (leave(t, &m, &h, wake) < 0)
+    if (leave(t, &m, &h, wake, NULL) < 0)
         return NULL;
     if (outcome == DONE)
         return new_lease(t, e.key, e.owner_obj, e.lock_id, revision, acquired, e.expires, slot);
@@ -292,26 +339,29 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
     static char *names[] = {"state", "ring", "block", "capacity", "stride", "payload_max",
                             "lanes", "heads_at", "slots_at", "ring_capacity", "ring_stride",
                             "frame_bytes", "node", "id_base", "wake", "stripes", "types",
-                            "fork_module", "table", "steps_module", NULL};
+                            "fork_module", "table", "steps_module", "repaired", NULL};
     PyObject *state, *ring, *block, *wake, *types, *fork_module, *table, *steps_module;
+    PyObject *repaired;
     unsigned long long id_base;
     Steps g; /* parsed and checked here, copied into t only when consistent */
     if (t->ready) {
         PyErr_SetString(PyExc_TypeError, "Steps is initialised already");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOnnnnnnnnnnKOiOOOO", names, &state,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOnnnnnnnnnnKOiOOOOO", names, &state,
                                      &ring, &block, &g.capacity, &g.stride, &g.payload_max,
                                      &g.lanes, &g.heads_at, &g.slots_at, &g.ring_capacity,
                                      &g.ring_stride, &g.frame_bytes, &g.node, &id_base, &wake,
-                                     &g.stripes, &types, &fork_module, &table, &steps_module))
+                                     &g.stripes, &types, &fork_module, &table, &steps_module,
+                                     &repaired))
         return -1;
     int pow2 = g.capacity > 0 && !(g.capacity & (g.capacity - 1)) && g.capacity <= 1 << 20 &&
                g.ring_capacity > 0 && !(g.ring_capacity & (g.ring_capacity - 1)) &&
                g.ring_capacity <= 1 << 20;
     if (!pow2 || g.payload_max < 3 || g.payload_max > 0xFFFF ||
         g.stride < SLOT_HEADER + g.payload_max || g.stride > 1 << 17 || g.lanes < 1 ||
-        g.lanes > 0xFFFF || g.heads_at < RING_HEADER + g.lanes || g.heads_at > 1 << 30 ||
+        g.lanes > 0xFFFF || g.heads_at < RING_HEADER + ROUND64(g.lanes) + ROUND64(4 * g.lanes) ||
+        g.heads_at > 1 << 30 ||
         g.slots_at < g.heads_at + g.lanes * LANE_HEAD || g.slots_at > 1 << 30 ||
         g.frame_bytes < EVENT_HEADER + g.payload_max || g.frame_bytes > 1 << 20 ||
         g.ring_stride < FRAME_HEADER + g.frame_bytes || g.ring_stride > 1 << 21 || g.node < 0 ||
@@ -320,10 +370,11 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_ValueError, "inconsistent lock table or ring geometry");
         return -1;
     }
-    if (!PyCallable_Check(wake) || !PyModule_Check(fork_module) ||
+    if (!PyCallable_Check(wake) || !PyCallable_Check(repaired) || !PyModule_Check(fork_module) ||
         !PyModule_Check(steps_module) || parse_types(types, &t->types) < 0) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "wake must be callable and the modules modules");
+            PyErr_SetString(PyExc_TypeError,
+                            "wake and repaired must be callable and the modules modules");
         return -1;
     }
     PyObject *fork_dict = PyModule_GetDict(fork_module);
@@ -339,6 +390,7 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
     t->stride = g.stride;
     t->payload_max = g.payload_max;
     t->lanes = g.lanes;
+    t->waiting_at = RING_HEADER + ROUND64(g.lanes); /* _ring.RingGeometry.waiting_offset */
     t->heads_at = g.heads_at;
     t->slots_at = g.slots_at;
     t->ring_capacity = g.ring_capacity;
@@ -351,6 +403,7 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
     t->state = Py_NewRef(state);
     t->ring = Py_NewRef(ring);
     t->wake = Py_NewRef(wake);
+    t->repaired = Py_NewRef(repaired);
     t->fork_dict = Py_NewRef(fork_dict);
     t->generation = Py_NewRef(generation);
     t->table = Py_NewRef(table);
@@ -365,6 +418,7 @@ static int Steps_traverse(Steps *t, visitproc visit, void *arg)
 {
     Py_VISIT(t->table);
     Py_VISIT(t->wake);
+    Py_VISIT(t->repaired);
     return 0;
 }
 
@@ -372,6 +426,7 @@ static int Steps_clear(Steps *t)
 {
     Py_CLEAR(t->table);
     Py_CLEAR(t->wake);
+    Py_CLEAR(t->repaired);
     return 0;
 }
 
@@ -396,6 +451,8 @@ static PyMethodDef Steps_methods[] = {
      METH_FASTCALL | METH_KEYWORDS, try_acquire_doc},
     {"release", (PyCFunction)(void (*)(void))Steps_release, METH_FASTCALL | METH_KEYWORDS,
      release_doc},
+    {"release_waking", (PyCFunction)(void (*)(void))Steps_release_waking,
+     METH_FASTCALL | METH_KEYWORDS, release_waking_doc},
     {"renew", (PyCFunction)(void (*)(void))Steps_renew, METH_FASTCALL | METH_KEYWORDS, renew_doc},
     {"close", (PyCFunction)Steps_close, METH_NOARGS, close_doc},
     {NULL, NULL, 0, NULL},
@@ -439,8 +496,10 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     python_acquire = PyUnicode_InternFromString("try_acquire");
     python_release = PyUnicode_InternFromString("release");
     python_renew = PyUnicode_InternFromString("renew");
+    python_release_waking = PyUnicode_InternFromString("release_waking");
     if (generation_name == NULL || crash_hook_name == NULL || python_acquire == NULL ||
-        python_release == NULL || python_renew == NULL || PyType_Ready(&StepsType) < 0)
+        python_release == NULL || python_renew == NULL || python_release_waking == NULL ||
+        PyType_Ready(&StepsType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&fastpath_module);
     if (module == NULL)

@@ -7,7 +7,7 @@ step (process mutex + the state object's section, see ``_region`` and
 crash-safety invariant they keep, are in ``_steps`` (the Python reference) and
 ``_inspection`` (leases and statistics); the transition frames in ``_events``.
 
-The three hot operations, try_acquire, release and renew, are each one C call
+The hot operations, try_acquire, release (and release_waking) and renew, are each one C call
 (``_fastpath.c``, built when a compiler is present) on tables whose section is
 the robust mutex: checks, clock, the stripes of the key's probe (see
 ``_layout``), step and result objects, the same bytes in the same order as the
@@ -21,18 +21,21 @@ runs ``_try_acquire``, ``_release`` or ``_renew``.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from .._core import _fork
-from .._core._clock import TTL_MAX_S, check_ttl, monotonic_ns, ttl_ms
+from .._core._clock import TTL_MAX_S, check_timeout, check_ttl, monotonic_ns, ttl_ms
 from .._core._errors import EntryTooLarge
 from .._core._fleet import Fleet
 from .._core._readiness import Readiness
 from .._core._section import recoveries
-from . import _events, _inspection
+from . import _events, _inspection, _key_wait
 from ._inspection import LockTableStatistics
+from ._key_wait import KeyWaiter
 from ._layout import (
     CONFLICTS,
     CONFLICTS_OFFSET,
@@ -58,11 +61,14 @@ from ._types import (
 if TYPE_CHECKING:
     from ._fastpath import Steps
 
+_log = logging.getLogger("orbitive.lock")
 #: The header's counters (last token, last revision, conflicts) end here.
 CONFLICTS_END = CONFLICTS_OFFSET + CONFLICTS.size
 _T = TypeVar("_T")
 _A = TypeVar("_A")
 _B = TypeVar("_B")
+#: The holder's expiry publishes nothing: a waiter looks again this long after it.
+_EXPIRY_SLACK_S: Final = 0.001
 
 
 class LockTable:
@@ -120,9 +126,11 @@ class LockTable:
     def _refresh_node(self) -> None:
         node = self.fleet.node  # may raise in a forked child; then stay unrefreshed
         if self._fork_generation != _fork.generation:
-            self._ring.forget_readiness()  # the parent's driver thread is not ours
+            self._ring.forget_readiness()  # the parent's readiness socket is not ours
         self._fork_generation = _fork.generation
         self._node = self._reference.node = node
+        if node >= 0:  # a previous process of this node may have left its waiting slot
+            _key_wait.forget(self._ring, node)
         self._reference.id_base = (self.layout.state_kind << KIND_SHIFT) | (node << NODE_SHIFT)
         self._bind(c_steps(self._state, self._ring, self._reference, self))
 
@@ -133,7 +141,7 @@ class LockTable:
         operation of the same name with a leading underscore.
         """
         self._steps = steps
-        for name in ("try_acquire", "release", "renew"):
+        for name in ("try_acquire", "release", "release_waking", "renew"):
             if steps is None:
                 self.__dict__.pop(name, None)
             else:
@@ -256,12 +264,106 @@ class LockTable:
         return self._release(lease)
 
     def _release(self, lease: LockLease) -> bool:
+        return self._release_waking(lease) >= 0
+
+    def release_waking(self, lease: LockLease) -> int:
+        """:meth:`release`, telling whether :meth:`wait_acquire` callers were waiting.
+
+        Returns:
+            -1 when the tenure was not live (``release`` would return False), else
+            the number of nodes with threads waiting for the key; the release woke
+            the one that waited longest. A caller that found waiters and asks for
+            the key again at once passes ``queue=True`` to :meth:`wait_acquire`,
+            to take its turn behind them.
+
+        Raises:
+            As :meth:`release`.
+        """
+        return self._release_waking(lease)
+
+    def _release_waking(self, lease: LockLease) -> int:
         if self._foreign(lease):
-            return False
+            return -1
         return self._locked(self._reference.release, lease, None, 0)
 
+    def wait_acquire(
+        self,
+        key: LockKey,
+        owner: LockOwner | bytes | str,
+        ttl: float,
+        timeout: float | None = None,
+        *,
+        queue: bool = False,
+    ) -> Acquired | Occupied:
+        """Acquire ``key`` for ``owner``, waiting while another tenure holds it.
+
+        A release wakes the waiter of the key that has waited longest, in any
+        process (one wake-up, by the release itself; see ``_key_wait``): the
+        waiters of a key are served oldest first. An expiry publishes nothing:
+        the waiters look again at the holder's deadline, and then race. A caller
+        that finds the key free takes it, even while others wait, unless it
+        passes ``queue``.
+
+        Args:
+            key, owner, ttl: as for :meth:`try_acquire`.
+            timeout: seconds to wait (float); None waits forever; 0 makes one attempt.
+            queue: wait behind the current waiters first (for at most
+                ``_key_wait.QUEUE_S`` seconds), for a caller whose
+                :meth:`release_waking` just found some: it then takes its turn
+                instead of taking the key straight back.
+
+        Returns:
+            ``Acquired(lease)``, or ``Occupied(holder)`` once ``timeout`` has passed.
+
+        Raises:
+            InvalidTtl: a bad ttl or timeout. Otherwise as :meth:`try_acquire`.
+        """
+        wait_s = check_timeout(timeout)
+        if type(ttl) is not float or not 0.0 < ttl <= TTL_MAX_S:
+            ttl = check_ttl(ttl)
+        owner = self._check_entry(key, owner)
+        deadline = None if wait_s is None else time.monotonic() + wait_s
+        if not queue:  # the common case: free at once, no wait to set up
+            result = self.try_acquire(key, owner, ttl)
+            if type(result) is Acquired or wait_s == 0.0:
+                return result
+        waiter = self._key_waiter(key)
+        granted = False
+        waiter.enter()
+        try:
+            if queue and wait_s != 0.0 and waiter.others_wait():
+                waiter.queue(None if deadline is None else deadline - time.monotonic())
+            while True:
+                waiter.look()
+                result = self.try_acquire(key, owner, ttl)
+                if type(result) is Acquired:
+                    granted = True
+                    return result
+                holder = result.lease
+                left = holder.remaining() + _EXPIRY_SLACK_S
+                if deadline is not None:
+                    if deadline <= time.monotonic():
+                        return result
+                    left = min(left, deadline - time.monotonic())
+                waiter.wait(holder.lock_id, left)
+        finally:
+            waiter.leave(granted)
+
+    def _key_waiter(self, key: LockKey) -> KeyWaiter:
+        """A place in the wait queue of ``key`` for this process's node (see ``_key_wait``)."""
+        if self._fork_generation != _fork.generation:
+            self._refresh_node()
+        return KeyWaiter(self._ring, key.digest, self.fleet, self._node)
+
+    def _queue_probe(self, key: LockKey) -> Callable[[], bool]:
+        """Whether a thread of some node waits for ``key`` alone (``_key_wait.queue_probe``)."""
+        return _key_wait.queue_probe(self._ring, key.digest)
+
     def release_owned(self, key: LockKey, owner: LockOwner | bytes | str) -> bool:
-        """Release whatever live tenure of ``key`` has exactly ``owner``; False if none."""
+        """Release whatever live tenure of ``key`` has exactly ``owner``; False if none.
+
+        Like every release, it wakes the key's longest :meth:`wait_acquire` waiter.
+        """
         owner = self._check_entry(key, owner)
         return self._locked(self._reference.release_owned, key, owner, 0)
 
@@ -269,11 +371,21 @@ class LockTable:
         """Administrative, ownerless release of ``key`` (an escape hatch, not normal use).
 
         Returns:
-            True when a live entry was released; False when absent or already expired.
+            True when a live entry was released (and logged at WARNING on
+            ``orbitive.lock``: its holder has lost it); False when absent or already
+            expired.
         """
         if type(key) is not LockKey:
             raise not_a("key", "LockKey", key)
-        return self._locked(self._reference.force, key, None, 0)
+        released: bool = self._locked(self._reference.force, key, None, 0)
+        if released:
+            _log.warning(
+                "lock table of fleet %r (kind %d): key %r force-released; its holder has lost it",
+                self.fleet.name,
+                self.layout.state_kind,
+                str(key),
+            )
+        return released
 
     def current(self, key: LockKey) -> LockLease | None:
         """Authoritative lookup: the live lease of ``key``, or None."""
@@ -313,7 +425,7 @@ class LockTable:
 
         Works with ``select``, ``selectors`` and asyncio ``loop.add_reader``;
         call :meth:`drain` then :meth:`poll` when it is readable. Built on first
-        use (one driver thread per handle); a forked child gets its own.
+        use (a socket the publishers write to; no thread); a forked child gets its own.
         """
         return self._readiness().fileno()
 
@@ -325,7 +437,7 @@ class LockTable:
         if self._fork_generation != _fork.generation:
             self._refresh_node()
         name = f"orbit-lock-{self.fleet.name}-{self.layout.event_kind}"
-        return self._ring.readiness(self._node, name, self._state)
+        return self._ring.readiness(self._node, name)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -348,7 +460,7 @@ class LockTable:
         self._ring.region.unlink()
 
     def close(self) -> None:
-        """Stop this handle's readiness driver. The mappings belong to the fleet."""
+        """Close this handle's readiness descriptor. The mappings belong to the fleet."""
         self._ring.close()
         self._closed = True
 

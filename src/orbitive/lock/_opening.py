@@ -96,12 +96,13 @@ def c_steps(
         geometry.frame_bytes,
         reference.node,
         reference.id_base,
-        ring.wake,
+        ring.channel.signal,
         section.stripes,
         _TYPES,
         _fork,
         table,
         _steps,
+        state.report_repaired,
     )
     state.on_close(steps.close)
     return steps

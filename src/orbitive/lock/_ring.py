@@ -15,11 +15,17 @@ Layout (little-endian; version :data:`RING_VERSION`)::
        12    4 capacity         frames per lane, a power of two
        16    4 frame_bytes      payload capacity of one frame
        20    4 slot_stride      round_up(32 + frame_bytes, 64)
-       24    4 generation       readiness word: +1 after every publish (futex word)
+       24    4 generation       readiness word: +1 after every publish
        28    1 kind             SHM kind number of this ring
        29   35 reserved         zero
-    parked, round_up(lane_count, 64) bytes: byte n is 1 while node n has a parked driver
-    lane heads, lane_count x 64 bytes: head u64 = frames ever committed in the lane
+    armed, round_up(lane_count, 64) bytes: byte n has a bit per readiness socket of
+        node n that the next publish signals (``_core._channel``)
+    waiting, round_up(4 x lane_count, 64) bytes: u32 n is the tag of the key threads of
+        node n wait for, 0xFFFFFFFF while they wait for several keys, 0 otherwise
+        (``_key_wait``; a key's tag is its 32-bit digest, made neither 0 nor all ones)
+    lane heads, lane_count x 64 bytes: head u64 @0 = frames ever committed in the
+        lane; key word u32 @8, +1 at every release of a key of bucket n
+        (a key's bucket is its digest modulo lane_count)
     slots, lane_count x capacity x slot_stride, lane-major; one slot:
         0    8 seq              0 never written; 2c+1 writing counter c; 2c+2 committed
         8    8 counter          the lane counter c of the frame
@@ -52,19 +58,24 @@ from typing import Final
 
 from .._core._errors import InvalidLayout, LayoutMismatch
 from .._core._fleet import Fleet
-from .._core._readiness import Readiness, bump, wake_word
+from .._core._readiness import Channel, Readiness, wake_word
 from .._core._region import Region, object_name, object_size, read_prefix, store
 
 RING_MAGIC: Final = 0x4F524254
-RING_VERSION: Final = 1
+RING_VERSION: Final = 2
 HEADER_SIZE: Final = 64
 LANE_HEAD_SIZE: Final = 64
 SLOT_HEADER_SIZE: Final = 32
+#: Offset of a lane head's key word (the wait word of the keys of that bucket).
+KEY_WORD_OFFSET: Final = 8
+#: A node's waiting slot while its threads wait for more than one key.
+ANY_KEY: Final = 0xFFFFFFFF
 
 _HEADER: Final = struct.Struct("<IHHIIII")  # magic .. slot_stride (24 bytes)
 _GENERATION_OFFSET: Final = 24
 _KIND_OFFSET: Final = 28
 _U64: Final = struct.Struct("<Q")
+_U32: Final = struct.Struct("<I")
 _COUNTER_LIMIT: Final = 1 << 62  # 2c + 2 must fit a u64
 _SLOT: Final = struct.Struct("<QQQIB")  # seq, counter, ver, payload_len, frame_kind
 _unpack_u64 = _U64.unpack_from
@@ -72,6 +83,12 @@ _unpack_u64 = _U64.unpack_from
 
 def _round_up(value: int, unit: int) -> int:
     return (value + unit - 1) // unit * unit
+
+
+def key_tag(digest: int) -> int:
+    """What a waiting slot holds for the key of ``digest`` (a 32-bit CRC): never 0 nor ANY_KEY."""
+    tag = digest & ANY_KEY
+    return tag if 0 < tag < ANY_KEY else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +112,20 @@ class RingGeometry:
         return _round_up(SLOT_HEADER_SIZE + self.frame_bytes, 64)
 
     @property
-    def parked_offset(self) -> int:
+    def armed_offset(self) -> int:
         return HEADER_SIZE
 
     @property
-    def heads_offset(self) -> int:
+    def waiting_offset(self) -> int:
         return HEADER_SIZE + _round_up(self.lane_count, 64)
+
+    @property
+    def heads_offset(self) -> int:
+        return self.waiting_offset + _round_up(4 * self.lane_count, 64)
+
+    def key_word(self, digest: int) -> int:
+        """Offset of the key word of ``digest``'s bucket (``digest % lane_count``)."""
+        return self.heads_offset + (digest % self.lane_count) * LANE_HEAD_SIZE + KEY_WORD_OFFSET
 
     @property
     def slots_offset(self) -> int:
@@ -178,6 +203,9 @@ class Ring:
         self._body_offset = SLOT_HEADER_SIZE + head.size
         self.region: Region = fleet.region(geometry.kind, geometry.size, self._init, self._validate)
         self.buf = self.region.buf
+        self.channel = Channel(
+            self.region, _GENERATION_OFFSET, geometry.armed_offset, geometry.lane_count
+        )
         self._readiness: Readiness | None = None
         # Hot-path copies of the geometry.
         self._heads_offset = geometry.heads_offset
@@ -186,6 +214,8 @@ class Ring:
         self._lanes = geometry.lane_count
         lane_span = geometry.capacity * geometry.stride
         self._lane_base = [geometry.slots_offset + n * lane_span for n in range(self._lanes)]
+        self._nobody_waits = bytes(4 * self._lanes)
+        self._waiting = struct.Struct(f"<{self._lanes}I")
 
     # -- layout ------------------------------------------------------------------------
 
@@ -241,16 +271,31 @@ class Ring:
         buf[start : start + size] = body
         store(buf, slot, _U64, 2 * counter + 2)
         store(buf, head_at, _U64, counter + 1)
-        bump(buf, _GENERATION_OFFSET, HEADER_SIZE, self._lanes)
+        self.channel.bump()
         return counter
 
     def corrupt_head(self, node: int) -> LayoutMismatch:
         """The error for a lane head that shared memory holds out of range."""
         return LayoutMismatch(f"ring kind {self.geometry.kind} lane {node}: corrupt head")
 
-    def wake(self) -> None:
-        """Wake parked drivers after a frame written without :meth:`publish` (the C steps)."""
-        wake_word(self.buf, _GENERATION_OFFSET)
+    def key_released(self, digest: int) -> int:
+        """After a release of the key of ``digest``: its waiters, one of its bucket's woken.
+
+        Inside the critical section. When the waiting slots show threads waiting
+        for the key (``_key_wait``), the key word of its bucket + 1 and the thread
+        that has slept on it longest is woken (the C release does the same, once
+        it has let its stripes go). Returns how many nodes wait for the key.
+        """
+        buf, start = self.buf, self.geometry.waiting_offset
+        if buf[start : start + 4 * self._lanes] == self._nobody_waits:
+            return 0
+        tag = key_tag(digest)
+        waiting = sum(v in (tag, ANY_KEY) for v in self._waiting.unpack_from(buf, start))
+        if waiting:
+            at = self.geometry.key_word(digest)
+            store(buf, at, _U32, (_U32.unpack_from(buf, at)[0] + 1) & 0xFFFFFFFF)
+            wake_word(buf, at, 1)
+        return waiting
 
     # -- reading -----------------------------------------------------------------------
 
@@ -304,18 +349,10 @@ class Ring:
 
     # -- readiness and lifecycle -----------------------------------------------------------
 
-    def readiness(self, node: int, name: str, lock: Region | None) -> Readiness:
-        """This process's readiness descriptor for the ring (created once).
-
-        ``lock`` is the critical section every publisher holds around
-        :meth:`publish`; with it the driver parks without a lost-wake window
-        and publishers skip the wake syscall while nobody is parked.
-        """
+    def readiness(self, node: int, name: str) -> Readiness:
+        """This process's readiness descriptor for the ring (created once)."""
         if self._readiness is None:
-            g = self.geometry
-            self._readiness = Readiness(
-                self.buf, _GENERATION_OFFSET, g.parked_offset, node, name, lock=lock
-            )
+            self._readiness = Readiness(self.channel, node, name)
         return self._readiness
 
     def forget_readiness(self) -> None:
@@ -323,15 +360,18 @@ class Ring:
         self.close()
 
     def reset(self) -> None:
-        """Zero every lane head and slot (quiescent boot only); bumps readiness."""
+        """Zero every lane head and slot (quiescent boot only); signals readiness.
+
+        The key words are zeroed too: waiters on them wake at their own timeouts.
+        """
         g = self.geometry
         end = g.size
         start = g.heads_offset
         self.buf[start:end] = bytes(end - start)
-        bump(self.buf, _GENERATION_OFFSET, g.parked_offset, g.lane_count)
+        self.channel.bump()
 
     def close(self) -> None:
-        """Stop this process's readiness driver, if any; the mapping belongs to the fleet."""
+        """Close this process's readiness socket, if any; the mapping belongs to the fleet."""
         if self._readiness is not None:
             self._readiness.close()
             self._readiness = None

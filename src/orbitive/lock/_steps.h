@@ -13,21 +13,25 @@ enum { EMPTY = 0, OCCUPIED = 1, TOMBSTONE = 2 };
 enum { STATE_HEADER = 128, SLOT_HEADER = 48, MAX_PROBE_AT = 20, TOKEN_AT = 64, REVISION_AT = 72 };
 enum { CONFLICTS_AT = 80 };
 enum { RING_HEADER = 64, LANE_HEAD = 64, FRAME_HEADER = 32, EVENT_HEADER = 35 };
-enum { GENERATION_AT = 24, ACQUIRED = 1, RENEWED = 2, RELEASED = 3 };
+enum { GENERATION_AT = 24, KEY_WORD_AT = 8, ACQUIRED = 1, RENEWED = 2, RELEASED = 3 };
+#define ANY_KEY UINT32_C(0xFFFFFFFF) /* _ring.ANY_KEY */
 #define EVENT_MAGIC UINT32_C(0x4F4C434B)
 #define EVENT_VERSION 1
 #define TOKEN_MASK ((UINT64_C(1) << 40) - 1)
 #define COUNTER_LIMIT (UINT64_C(1) << 62)
 #define TTL_MAX_S 1e9 /* _clock.TTL_MAX_S */
+#define ROUND64(n) (((n) + 63) / 64 * 64) /* _ring._round_up(n, 64) */
 
 /* Step outcomes. */
 enum { DONE = 0, BUSY = 1, FULL = 2, EXHAUSTED = 3, CORRUPT = 4, ABSENT = 5 };
 
-/* The stripes a step holds: lo..hi, none while hi < lo; and the probe bound they
- * cover (max_probe as read when they were held: it may grow after, for other keys). */
+/* The stripes a step holds: lo..hi, none while hi < lo; the probe bound they cover
+ * (max_probe as read when they were held: it may grow after, for other keys); and
+ * the stripe mutexes it repaired, reported once it has let go (robust_report). */
 typedef struct {
     int lo, hi;
     Py_ssize_t span;
+    int repaired;
 } Held;
 
 /* The value types of _types.py, and where their slots live in an instance. */
@@ -41,12 +45,13 @@ typedef struct {
     PyObject *state; /* the state table's mmap */
     PyObject *ring;  /* the transition ring's mmap */
     Py_buffer block; /* the state object's section block, held for life */
-    PyObject *wake;  /* Ring.wake: called when a driver is parked */
+    PyObject *wake;  /* the ring's Channel.signal: called when a readiness socket is armed */
     PyObject *fork_dict, *generation; /* _fork's globals, and its generation at creation */
     PyObject *table, *table_dict;     /* the LockTable, and _steps's globals (crash_hook) */
+    PyObject *repaired; /* the state region's report_repaired: a dead holder's stripes */
     Types types;
     Py_ssize_t capacity, stride, payload_max;
-    Py_ssize_t lanes, heads_at, slots_at, ring_capacity, ring_stride, frame_bytes;
+    Py_ssize_t lanes, waiting_at, heads_at, slots_at, ring_capacity, ring_stride, frame_bytes;
     Py_ssize_t node, stripe_slots;
     uint64_t id_base;
     int stripes, closed, ready;
@@ -180,8 +185,8 @@ static Py_ssize_t probe(const Steps *t, uint8_t *s, const Entry *e, Py_ssize_t l
     return ~free_after(t, s, slot, mask - limit, e);
 }
 
-/* publish (Ring.publish plus bump): one lock-event frame in the node's lane.
- * *wake: a driver is parked. */
+/* publish (Ring.publish plus Channel.bump): one lock-event frame in the node's lane.
+ * *wake: a readiness socket is armed (the ring's Channel.signal signals it). */
 static int publish(const Steps *t, uint8_t *r, const Entry *e, uint8_t kind, uint64_t revision,
                    uint64_t t1, uint64_t t2, int *wake)
 {
@@ -215,7 +220,7 @@ static int publish(const Steps *t, uint8_t *r, const Entry *e, uint8_t kind, uin
     fence();
     st64(head, counter + 1);
     fence();
-    /* Sequentially consistent, and so a full barrier: the parked bytes are read after it. */
+    /* Sequentially consistent, and so a full barrier: the armed bytes are read after it. */
     __atomic_add_fetch((uint32_t *)(r + GENERATION_AT), 1, __ATOMIC_SEQ_CST);
     *wake = 0;
     for (Py_ssize_t n = 0; n < t->lanes; n++)
@@ -224,6 +229,34 @@ static int publish(const Steps *t, uint8_t *r, const Entry *e, uint8_t kind, uin
             break;
         }
     return DONE;
+}
+
+/* _ring.key_tag: what a waiting slot holds for the key of digest. */
+static uint32_t key_tag(uint64_t digest)
+{
+    uint32_t tag = (uint32_t)digest;
+    return tag != 0 && tag != ANY_KEY ? tag : 1;
+}
+
+/* Ring.key_released: after a release, the nodes waiting for e's key (their waiting slot
+ * holds its tag, or any key); when there are some, the key word of its bucket + 1, and
+ * *word set to it for one FUTEX_WAKE once the stripes are let go. The slots are read
+ * under the stripes the waiter's own attempt took, which orders them (lock/_key_wait.py). */
+static long key_released(const Steps *t, uint8_t *r, const Entry *e, uint32_t **word)
+{
+    uint32_t tag = key_tag(e->digest);
+    const uint8_t *slots = r + t->waiting_at;
+    long waiting = 0;
+    for (Py_ssize_t n = 0; n < t->lanes; n++) {
+        uint32_t v = ld32(slots + 4 * n);
+        waiting += v == tag || v == ANY_KEY;
+    }
+    if (waiting) {
+        Py_ssize_t bucket = (Py_ssize_t)(e->digest % (uint64_t)t->lanes);
+        *word = (uint32_t *)(r + t->heads_at + bucket * LANE_HEAD + KEY_WORD_AT);
+        __atomic_add_fetch(*word, 1, __ATOMIC_SEQ_CST);
+    }
+    return waiting;
 }
 
 /* The insert half of insert (raise_bound, then the slot): max_probe raised, then TOMBSTONE, rewrite, OCCUPIED last. */
@@ -312,14 +345,14 @@ static int hold(Steps *t, Held *h, Py_ssize_t home, Py_ssize_t span)
     if (h->hi >= h->lo && lo >= h->lo) {
         if (hi <= h->hi)
             return 0;
-        if ((rc = robust_lock_range(t->block.buf, h->hi + 1, hi)) != 0)
+        if ((rc = robust_lock_range(t->block.buf, h->hi + 1, hi, &h->repaired)) != 0)
             let_go(t, h);
         else
             h->hi = hi;
         return rc;
     }
     let_go(t, h);
-    if ((rc = robust_lock_range(t->block.buf, lo, hi)) == 0) {
+    if ((rc = robust_lock_range(t->block.buf, lo, hi, &h->repaired)) == 0) {
         h->lo = lo;
         h->hi = hi;
     }

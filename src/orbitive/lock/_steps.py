@@ -119,13 +119,13 @@ class ReferenceSteps:
             slot = ~slot
         return Acquired(self.insert(slot, key, owner, now, now + ms))
 
-    def release(self, lease: LockLease, _: None, __: int, now: int) -> bool:
-        """release: remove exactly ``lease``'s tenure; False when it is not live."""
+    def release(self, lease: LockLease, _: None, __: int, now: int) -> int:
+        """release: remove exactly ``lease``'s tenure; -1 when it is not live, else the
+        number of key waiters the release woke (``release_waking``)."""
         slot = self.find_tenure(lease, now)
         if slot < 0:
-            return False
-        self.remove(slot, lease)
-        return True
+            return -1
+        return self.remove(slot, lease)
 
     def renew(self, lease: LockLease, _: None, ms: int, now: int) -> LockLease | None:
         """renew: a full new window of ``ms`` milliseconds for exactly ``lease``'s tenure."""
@@ -411,10 +411,14 @@ class ReferenceSteps:
         buf[offset] = OCCUPIED
         return lease._replace(state_revision=revision, expires_at=expires / 1000.0)
 
-    def remove(self, slot: int, lease: LockLease | None = None) -> None:
-        """Release the live entry in ``slot`` (whose tenure is ``lease`` when known)."""
+    def remove(self, slot: int, lease: LockLease | None = None) -> int:
+        """Release the live entry in ``slot`` (whose tenure is ``lease`` when known).
+
+        Returns how many of the key's waiters it woke (``Ring.key_released``).
+        """
         if lease is None:
             lease = self.lease_at(slot)
         _, revision = self.next_ids(False)
         self.publish(_events.RELEASED, revision, lease, (0, 0))
         self.tombstone(slot, lease.key.digest)
+        return self.ring.key_released(lease.key.digest)

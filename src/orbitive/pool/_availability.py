@@ -62,6 +62,7 @@ FOR_WAITER: Final = 0  # another process waits at max_live
 FOR_IDLE_TIMEOUT: Final = 1  # idle too long: only above the min_idle floor
 FOR_LIFETIME: Final = 2  # too old: always
 FOR_OWN_WAITER: Final = 3  # a waiter of this node cannot use it (another kind of client): always
+FOR_CAP: Final = 4  # the key holds more than a cap from outside (a budget's units): above it
 
 #: A waiting node whose waiters have not tried to claim for this long loses its
 #: place in the queue (3 x the client pool's longest sleep, ``WAIT_SLICE_S``).
@@ -271,7 +272,9 @@ def retire_idle(table: Table, rid: ResourceId, reason: int, max_live: int, min_i
 
     ``FOR_WAITER``: another node waits and the key is at ``max_live``, and no
     waiter of this node would take the client. ``FOR_IDLE_TIMEOUT``: the
-    fleet-wide idle count is above ``min_idle``. ``FOR_LIFETIME`` and
+    fleet-wide idle count is above ``min_idle``. ``FOR_CAP``: the key's live and
+    creating clients are more than ``max_live`` (the caller passes a cap from
+    outside the table, its budget's units). ``FOR_LIFETIME`` and
     ``FOR_OWN_WAITER`` (a waiter of this node cannot use it): always. A
     drained resource (``Pool.drain``), or one whose key index is past the key
     table (damage): always. A client in use or reserved meanwhile is never
@@ -304,6 +307,8 @@ def _due(counted: Census, node: int, reason: int, max_live: int, min_idle: int) 
         )
     if reason == FOR_IDLE_TIMEOUT:
         return counted.idle > min_idle
+    if reason == FOR_CAP:
+        return counted.live + counted.creating > max_live
     return True
 
 
@@ -406,6 +411,19 @@ def _heads(waited: tuple[int | None, ...], node: int) -> bool:
     """Whether ``node`` has its place, another node has one, and none waited longer."""
     others = any(age is not None for other, age in enumerate(waited) if other != node)
     return waited[node] is not None and others and not _behind(waited, node)
+
+
+def bump(table: Table, key: Key) -> None:
+    """Bump ``key``'s version: its waiters look again (a cap from outside the table rose).
+
+    Raises:
+        KeyFullError.
+    """
+    table.enter()
+    try:
+        table.key_changed(table.find_key(key, True))
+    finally:
+        table.leave()
 
 
 def key_census(table: Table, key: Key) -> Census:

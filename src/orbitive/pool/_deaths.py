@@ -25,6 +25,7 @@ Facts this relies on:
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import threading
 from collections.abc import Callable
@@ -36,6 +37,8 @@ from . import _snapshots
 from ._stats import PoolStatistics
 from ._table import Table
 from ._values import U64_MAX, Incarnation, check_seconds
+
+_log = logging.getLogger("orbitive.pool")
 
 
 def node_dead(table: Table, node: int, incarnation: int | Incarnation) -> int:
@@ -53,10 +56,19 @@ def node_dead(table: Table, node: int, incarnation: int | Incarnation) -> int:
 
 
 def reap_dead(table: Table, fleet: Fleet) -> list[tuple[int, int]]:
-    """:meth:`Pool.reap_dead`: report every life :func:`find_dead` proves over."""
+    """:meth:`Pool.reap_dead`: report every life :func:`find_dead` proves over, and log it
+    (``orbitive.pool``: WARNING for a life that left resources behind, INFO otherwise)."""
     dead = find_dead(table, fleet)
     for node, life in dead:
-        table.node_dead(node, life)
+        closed = table.node_dead(node, life)
+        gone = "pool of fleet %r (kind %d): the process on node %d (incarnation %d) is gone"
+        if closed:
+            _log.warning(
+                gone + "; closed the %d resource(s) it left (its share of max_live is free)",
+                fleet.name, table.kind, node, life, closed,
+            )  # fmt: skip
+        else:
+            _log.info(gone + "; it left no resource", fleet.name, table.kind, node, life)
     return dead
 
 

@@ -10,7 +10,8 @@
  * _table.py are the reference and the fallback when this module is not built.
  *
  * Operations does all of that itself on its common path (the object's robust
- * mutex, _robust.h; the wall clock; the key's change, woken with FUTEX_WAKE; the
+ * mutex, _robust.h; the wall clock; the key's change, woken with FUTEX_WAKE, and
+ * the bell, whose armed readiness sockets the table's Channel.signal signals; the
  * Lease and Execution objects); anything off that path is handed to the Pool's
  * Python operation (_reserve, _accept_lease), which also raises every error.
  * Operations.take and Operations.give_back are a client pool's own checkout
@@ -60,6 +61,8 @@ typedef struct {
     Py_buffer block;      /* its section block, held for life */
     PyObject *pool;       /* the Pool: its Python operations take what this declines */
     PyObject *table;      /* the Table: Executions complete through it after a decline */
+    PyObject *signal;     /* the table's channel.signal: the bell's armed sockets */
+    PyObject *repaired;   /* the region's report_repaired: a dead holder's section */
     PyObject *fork_dict, *generation;
     PyObject *node_obj, *incarnation_obj;
     Types types;
@@ -141,13 +144,15 @@ static int enter(Operations *o, Slot *s, Py_ssize_t offset)
         PyErr_Clear(); /* a closed mapping: the Python operation says why */
         return 0;
     }
-    if (s->view.len < o->end || robust_lock(o->block.buf, 0) != 0) {
+    s->repaired = 0;
+    if (s->view.len < o->end || robust_lock(o->block.buf, 0, &s->repaired) != 0) {
         PyBuffer_Release(&s->view);
         return 0;
     }
     if (o->closed) {
         robust_unlock(o->block.buf, 0);
         PyBuffer_Release(&s->view);
+        robust_report(o->repaired, &s->repaired);
         return 0;
     }
     s->p = (uint8_t *)s->view.buf + offset;
@@ -158,6 +163,7 @@ static void leave(Operations *o, Slot *s)
 {
     robust_unlock(o->block.buf, 0);
     PyBuffer_Release(&s->view);
+    robust_report(o->repaired, &s->repaired);
 }
 
 /* time.time_ns() // 1_000_000 (_clock.wall_ms) */
@@ -180,6 +186,23 @@ static void bump(uint8_t *word, const uint8_t *parked, Py_ssize_t capacity)
     }
 }
 
+/* Channel.bump on the bell: the word + 1, then Channel.signal when a socket is armed
+ * (a signal that fails is reported as unraisable: the change itself is made). */
+static void ring_bell(const Operations *o, uint8_t *b)
+{
+    uint8_t *word = b + o->bell;
+    st32(word, ld32(word) + 1);
+    for (Py_ssize_t n = 0; n < o->fleet_capacity; n++) {
+        if (word[BELL_PARKED + n]) {
+            PyObject *done = PyObject_CallNoArgs(o->signal);
+            if (done == NULL)
+                PyErr_WriteUnraisable(o->signal);
+            Py_XDECREF(done);
+            return;
+        }
+    }
+}
+
 /* KeyTable.key_changed: the key's version and waiters, then the nodes that asked. */
 static void key_changed(const Operations *o, uint8_t *b, uint64_t index)
 {
@@ -189,7 +212,7 @@ static void key_changed(const Operations *o, uint8_t *b, uint64_t index)
     for (Py_ssize_t n = 0; n < o->fleet_capacity; n++) {
         if (interest[n]) {
             memset(interest, 0, (size_t)o->fleet_capacity);
-            bump(b + o->bell, b + o->bell + BELL_PARKED, o->fleet_capacity);
+            ring_bell(o, b);
             return;
         }
     }
@@ -304,21 +327,21 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
                             "lane_capacity", "key_base", "key_stride", "key_capacity",
                             "key_interest", "key_claims", "key_waiters", "key_members",
                             "bell", "node", "incarnation", "rid_type",
-                            "lease_type", "fork_module", "pool", "table", NULL};
-    PyObject *buf, *block, *rid_type, *lease_type, *fork_module, *pool, *table;
+                            "lease_type", "fork_module", "pool", "table", "repaired", NULL};
+    PyObject *buf, *block, *rid_type, *lease_type, *fork_module, *pool, *table, *repaired;
     Operations g; /* parsed and checked here, copied into o only when consistent */
     unsigned long long node, incarnation;
     if (o->ready) {
         PyErr_SetString(PyExc_TypeError, "Operations is initialised already");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOnnnnnnnnnnnnnKKOOOOO", names, &buf, &block,
-                                     &g.first, &g.end, &g.kind, &g.fleet_capacity,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOnnnnnnnnnnnnnKKOOOOOO", names, &buf,
+                                     &block, &g.first, &g.end, &g.kind, &g.fleet_capacity,
                                      &g.lane_capacity, &g.key_base, &g.key_stride,
                                      &g.key_capacity, &g.key_interest, &g.key_claims,
                                      &g.key_waiters, &g.key_members, &g.bell, &node,
                                      &incarnation, &rid_type, &lease_type, &fork_module, &pool,
-                                     &table))
+                                     &table, &repaired))
         return -1;
     if (g.first < 0 || g.end < g.first || g.end > (Py_ssize_t)1 << 40 ||
         (g.end - g.first) % RESOURCE_SIZE || g.kind < 0 || g.kind > 255 ||
@@ -337,9 +360,11 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_ValueError, "inconsistent pool table geometry");
         return -1;
     }
-    if (!PyModule_Check(fork_module) || parse_types(rid_type, lease_type, &o->types) < 0) {
+    if (!PyModule_Check(fork_module) || !PyCallable_Check(repaired) ||
+        parse_types(rid_type, lease_type, &o->types) < 0) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "fork_module must be a module");
+            PyErr_SetString(PyExc_TypeError,
+                            "fork_module must be a module and repaired callable");
         return -1;
     }
     PyObject *fork_dict = PyModule_GetDict(fork_module);
@@ -348,6 +373,17 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "fork_module has no generation");
         return -1;
     }
+    PyObject *channel = PyObject_GetAttrString(table, "channel");
+    PyObject *signal = channel == NULL ? NULL : PyObject_GetAttrString(channel, "signal");
+    Py_XDECREF(channel);
+    if (signal == NULL)
+        return -1;
+    if (!PyCallable_Check(signal)) {
+        Py_DECREF(signal);
+        PyErr_SetString(PyExc_TypeError, "table.channel.signal must be callable");
+        return -1;
+    }
+    Py_XSETREF(o->signal, signal); /* an earlier __init__ that failed later on */
     PyMem_Free(o->live_by_node); /* an earlier __init__ that failed later on */
     o->live_by_node = PyMem_Calloc((size_t)g.fleet_capacity, sizeof(uint32_t));
     if (o->live_by_node == NULL) {
@@ -380,6 +416,7 @@ static int Operations_init(Operations *o, PyObject *args, PyObject *kwargs)
     o->buf = Py_NewRef(buf);
     o->pool = Py_NewRef(pool);
     o->table = Py_NewRef(table);
+    o->repaired = Py_NewRef(repaired);
     o->fork_dict = Py_NewRef(fork_dict);
     o->generation = Py_NewRef(generation);
     Py_INCREF(o->types.rid);
@@ -392,6 +429,8 @@ static int Operations_traverse(Operations *o, visitproc visit, void *arg)
 {
     Py_VISIT(o->pool);
     Py_VISIT(o->table);
+    Py_VISIT(o->signal);
+    Py_VISIT(o->repaired);
     return 0;
 }
 
@@ -399,6 +438,8 @@ static int Operations_clear(Operations *o)
 {
     Py_CLEAR(o->pool);
     Py_CLEAR(o->table);
+    Py_CLEAR(o->signal);
+    Py_CLEAR(o->repaired);
     return 0;
 }
 

@@ -1,5 +1,6 @@
 """Type stub of the C steps, operations and Execution in ``_fastpath.c``."""
 
+from collections.abc import Callable
 from mmap import mmap
 from types import ModuleType, TracebackType
 
@@ -50,6 +51,7 @@ class Operations:
         fork_module: ModuleType,
         pool: object,
         table: Table,
+        repaired: Callable[[int], None],
     ) -> None: ...
     def reserve(self, rid: ResourceId, /) -> Lease: ...
     def accept(self, lease: Lease, /) -> Execution: ...

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import struct
+import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import Final
@@ -28,7 +29,7 @@ from .._core._errors import (
     MalformedError,
     OrbitError,
 )
-from .._core._readiness import bump
+from .._core._readiness import Channel, bump
 from .._core._region import Region, store
 from ._layout import (
     BELL_PARKED,
@@ -83,6 +84,10 @@ class KeyTable:
         self.member_bytes = layout.member_bytes
         self.member_mask = layout.member_mask
         self.bell = layout.bell
+        #: The bell: readiness of this table for every process that armed interest.
+        self.channel = Channel(
+            region, layout.bell, layout.bell + BELL_PARKED, layout.fleet_capacity
+        )
         self.zero_nodes = bytes(layout.fleet_capacity)
         self.claims_struct = struct.Struct(f"<{layout.fleet_capacity}I")
         self._key_shift = 64 - (layout.key_capacity.bit_length() - 1)
@@ -90,6 +95,7 @@ class KeyTable:
         self.incarnation = 0
         self.keys: dict[Key, int] = {}
         self.parked: dict[int, int] = {}
+        self._parked_mutex = threading.Lock()  # the counts and this node's parked bytes
         self.deferred: list[Callable[[], None]] = []
         self.hint = 0
         self.extras: dict[str, object] = {}  # waiting machinery, per process
@@ -145,6 +151,7 @@ class KeyTable:
         self.node = -1
         self.incarnation = 0
         self.parked = {}
+        self._parked_mutex = threading.Lock()
         self.deferred = []
         self.extras = {}
 
@@ -245,7 +252,7 @@ class KeyTable:
         interest = offset + self.key_interest
         if buf[interest : interest + capacity] != self.zero_nodes:
             buf[interest : interest + capacity] = self.zero_nodes
-            bump(buf, self.bell, self.bell + BELL_PARKED, capacity)
+            self.channel.bump()
 
     def members(self, index: int) -> int:
         """The key's member bitmap; bits past the last resource slot (damage) are dropped."""
@@ -272,8 +279,7 @@ class KeyTable:
         Raises:
             KeyFullError: no room to install the key.
         """
-        self.enter()
-        try:
+        with self:
             offset = self.key_offset(self.find_key(key, True))
             if limits is not None:
                 store(self.buf, offset + self.key_limits, KEY_LIMITS, *limits)
@@ -283,8 +289,6 @@ class KeyTable:
                 self.buf[at] = 0
                 self.buf[at + 1 : at + 1 + len(label)] = label
                 self.buf[at] = len(label)  # commit: the length last
-        finally:
-            self.leave()
 
     def count_wait(self, index: int, wait_us: int, timed_out: bool) -> None:
         """Count one finished wait at ``max_live`` on key ``index``: a timeout, or a
@@ -413,25 +417,34 @@ class KeyTable:
     # -- waiting marks ------------------------------------------------------------------
 
     def park(self, index: int, since: int) -> int:
-        """Mark this node as waiting on a key unless it changed; returns its version."""
+        """Mark this node as waiting on a key unless it changed; returns its version.
+
+        Inside the section, so that a change either sees the mark and wakes, or
+        came first and the version read here shows it (``_readiness_futex.bump``).
+        """
         with self:
             current = self.changes(index)
             if current == since:
-                self.parked[index] = self.parked.get(index, 0) + 1
-                self.buf[self.key_offset(index) + KEY_PARKED + self.node] = 1
+                with self._parked_mutex:
+                    self.parked[index] = self.parked.get(index, 0) + 1
+                    self.buf[self.key_offset(index) + KEY_PARKED + self.node] = 1
         return current
 
     def unpark(self, index: int) -> int:
-        """Undo one :meth:`park` of this process; returns the key's version."""
-        with self:
+        """Undo one :meth:`park` of this process; returns the key's version.
+
+        Outside the section, right after the wake (on the waiter's path): clearing
+        the mark late costs a change only a spurious wake, and the version is one
+        aligned u32 read.
+        """
+        with self._parked_mutex:
             count = self.parked.get(index, 0) - 1
             if count > 0:
                 self.parked[index] = count
             else:
                 self.parked.pop(index, None)
                 self.buf[self.key_offset(index) + KEY_PARKED + self.node] = 0
-            current = self.changes(index)
-        return current
+        return self.changes(index)
 
     def arm(self, indexes: list[int]) -> list[int]:
         """Ask for a bell when any of these keys changes (one-shot); their versions."""

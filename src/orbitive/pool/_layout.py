@@ -6,7 +6,7 @@ All integers are little-endian. Areas follow each other, each starting on a
 
     area        size                          content
     header      64                            geometry, epoch, checksum (below)
-    bell        round64(8 + F)                generation u32 @0; parked[F] u8 @8
+    bell        round64(8 + F)                generation u32 @0; armed[F] u8 @8
     doorbells   round64(8 * F)                incarnation u64 per node (0: none)
     bell lives  round64(8 * F)                per node: the fleet incarnation of the
                                               doorbell's process (0: none)
@@ -102,7 +102,7 @@ from .._core._region import store
 #: The default SHM kind of the pool table.
 POOL_KIND: Final = 247
 #: Bumped whenever any offset or meaning below changes.
-LAYOUT_VERSION: Final = 5
+LAYOUT_VERSION: Final = 6
 MAGIC: Final = b"POOL"
 HEADER_SIZE: Final = 64
 RESOURCE_SIZE: Final = 384
@@ -135,7 +135,7 @@ HEADER_NAMES: Final = (
 HEADER_CHECKED: Final = 60  # bytes covered by the checksum
 EPOCH_OFFSET: Final = 32
 
-BELL_PARKED: Final = 8  # parked bytes start 8 bytes into the bell area
+BELL_PARKED: Final = 8  # armed bytes (readiness sockets, ``_core._channel``) @8 of the bell
 
 KEY_HEAD: Final = struct.Struct("<B7xQQI")  # state, key_lo, key_hi, changes
 KEY_LOHI: Final = 8

@@ -111,6 +111,7 @@ def operations_for(pool: object, table: Table) -> Operations | None:
         _fork,
         pool,
         table,
+        table.region.report_repaired,
     )
 
 

@@ -469,7 +469,7 @@ class Pool:
         return self._waiting.wait(self._index(key), since, seconds)
 
     async def poll_capacity(self, key: Key, since: int, timeout: float | None = None) -> int | None:
-        """Asyncio twin of :meth:`wait_capacity` (one driver thread per process).
+        """Asyncio twin of :meth:`wait_capacity` (one readiness descriptor per process).
 
         Returns:
             The new version, or None when ``timeout`` passed first.
@@ -590,7 +590,7 @@ class Pool:
             table.reset_all()
 
     def close(self) -> None:
-        """Release this handle (the last one stops the driver thread). Idempotent.
+        """Release this handle (the last one closes the readiness descriptor). Idempotent.
 
         The mapping belongs to the fleet and is unmapped by ``fleet.close()``.
         """

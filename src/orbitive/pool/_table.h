@@ -26,10 +26,12 @@ typedef struct {
     Py_ssize_t first, end;  /* the resource area: [first, end) */
 } Steps;
 
-/* One step's view of its slot: the buffer held for the call and the slot in it. */
+/* One step's view of its slot: the buffer held for the call and the slot in it, and
+ * whether locking the section repaired its mutex (reported once the step let go). */
 typedef struct {
     Py_buffer view;
     uint8_t *p;
+    int repaired;
 } Slot;
 
 static inline uint64_t ld64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }

@@ -55,7 +55,6 @@ from .._core._readiness import bump
 from .._core._region import Region, store
 from ._keys import M64, KeyTable
 from ._layout import (
-    BELL_PARKED,
     CLOSED,
     DRAINING,
     EMPTY,
@@ -492,6 +491,6 @@ class Table(KeyTable):
                 self.buf[offset + interest : end] = bytes(end - offset - interest)
             end = self.res_base + self.fleet_capacity * self.lane_capacity * RESOURCE_SIZE
             self.buf[self.res_base : end] = bytes(end - self.res_base)
-            bump(self.buf, self.bell, self.bell + BELL_PARKED, self.fleet_capacity)
+            self.channel.bump()
             self.keys.clear()
         return epoch

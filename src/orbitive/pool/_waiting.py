@@ -8,9 +8,9 @@ Two mechanisms, both on words in the table:
   ``changes`` word. ``key_changed`` bumps the word and wakes only if some node
   is marked.
 * Asyncio tasks and a user's poll set share one readiness descriptor per
-  process, fed by one driver thread that sleeps on the table's bell word. A key
-  rings the bell only for nodes that armed ``interest`` in it; interest is
-  one-shot and re-armed for every key still waited on.
+  process, the table's bell (``_core._channel``: a socket the bell's ring
+  writes to). A key rings the bell only for nodes that armed ``interest`` in
+  it; interest is one-shot and re-armed for every key still waited on.
 
 :func:`decide` and :func:`sort_waiters` hold the logic; the drivers only read
 words, sleep and resolve.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Final, final
 
 from .._core._readiness import Readiness, wait_word
-from ._layout import BELL_PARKED, KEY_CHANGES
+from ._layout import KEY_CHANGES
 from ._table import Table
 from ._values import check_seconds, check_units
 
@@ -133,7 +133,7 @@ class Waiting:
         return found
 
     def release(self) -> None:
-        """One user fewer; the last one stops the driver thread (:meth:`close`)."""
+        """One user fewer; the last one closes the descriptor (:meth:`close`)."""
         self.users -= 1
         if self.users <= 0:
             self.close()
@@ -154,6 +154,8 @@ class Waiting:
                     wait_word(table.buf, word, since, step.timeout)
             finally:
                 current = table.unpark(index)
+            if current != since:  # woken by the change: decide's first rule, on the hot path
+                return current
             step = decide(current, since, deadline, time.monotonic())
             if isinstance(step, Changed):
                 return step.version
@@ -168,12 +170,7 @@ class Waiting:
             if self._readiness is None:
                 table = self.table
                 self._readiness = Readiness(
-                    table.buf,
-                    table.bell,
-                    table.bell + BELL_PARKED,
-                    table.node,
-                    f"orbit-pool-{table.node}-driver",
-                    lock=table.region,
+                    table.channel, table.node, f"orbit-pool-{table.region.name}-{table.node}"
                 )
             return self._readiness
 
@@ -182,7 +179,7 @@ class Waiting:
         return self.readiness().fileno()
 
     def watch(self, index: int) -> int:
-        """Start the driver, then arm interest in one key; its version."""
+        """Open the descriptor, then arm interest in one key; its version."""
         self.readiness()
         return self.table.arm([index])[0]
 
@@ -195,7 +192,7 @@ class Waiting:
     async def poll(self, index: int, since: int, timeout: float | None) -> int | None:
         """Await a change of the key's version (None after ``timeout`` seconds)."""
         loop = asyncio.get_running_loop()
-        readiness = self.readiness()  # the driver runs before interest is armed
+        readiness = self.readiness()  # armed before interest is
         current = self.table.arm([index])[0]
         if current != since:
             return current
@@ -241,7 +238,7 @@ class Waiting:
                 waiter.loop.call_soon_threadsafe(_resolve, waiter.future, version)
 
     def close(self) -> None:
-        """Stop the driver thread and close the descriptor."""
+        """Close the descriptor."""
         with self._lock:
             readiness, self._readiness = self._readiness, None
             loops, self._loops = self._loops, set()

@@ -3,7 +3,8 @@
 One contract over four engines: a SQLite file (the embedded default), PostgreSQL
 or one Redis node (several hosts) and the SHM lock table of a fleet. See
 :func:`open_store`. Asyncio code uses ``store.try_lock_async`` and
-``store.lock_async`` (an :class:`AsyncLock`).
+``store.lock_async`` (an :class:`AsyncLock`). ``store.semaphore(name, limit)`` gives
+counting leases (:class:`Semaphore`): up to ``limit`` holders of one name at once.
 
 Name rule: a lock name is a ``str`` of 1 to 255 bytes once UTF-8 encoded, with no
 control character (U+0000-U+001F, U+007F-U+009F); owners are non-empty strings of
@@ -18,26 +19,39 @@ from .._core._errors import (
     InvalidLockName,
     InvalidLockOwner,
     InvalidLockTtl,
+    InvalidSemaphoreLimit,
     InvalidStoreUrl,
+    LockNotReentrant,
     LockTimeout,
+    SemaphoreLimitMismatch,
     StoreError,
 )
-from ._engine import LockInfo
+from ._engine import LockInfo, SlotInfo
 from ._lock import Lock
 from ._lock_async import AsyncLock
+from ._semaphore import Semaphore
+from ._semaphore_lease import SemaphoreLease
+from ._semaphore_lease_async import AsyncSemaphoreLease
 from ._store import Store
 from ._url import open_store
 
 __all__ = [
     "AsyncLock",
+    "AsyncSemaphoreLease",
     "ErrorKind",
     "InvalidLockName",
     "InvalidLockOwner",
     "InvalidLockTtl",
+    "InvalidSemaphoreLimit",
     "InvalidStoreUrl",
     "Lock",
     "LockInfo",
+    "LockNotReentrant",
     "LockTimeout",
+    "Semaphore",
+    "SemaphoreLease",
+    "SemaphoreLimitMismatch",
+    "SlotInfo",
     "Store",
     "StoreError",
     "open_store",

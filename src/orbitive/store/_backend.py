@@ -15,19 +15,35 @@ import itertools
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from ._engine import Busy, ClosedEngine, Engine, Grant, StoreStatistics
 from ._engine_async import AsyncEngine
 
 #: Makes the store engine's asyncio form; ``open_store`` pairs each engine with its own.
-AsyncForm = Callable[[], AsyncEngine[Any]]
+AsyncForm = Callable[[], AsyncEngine[Any, Any]]
+#: Names of collected handles :attr:`Backend.holders` keeps before it is purged.
+_PURGE_SLACK = 64
 
 
 class Handle(Protocol):
     """What the backend asks of a handle it granted: its state, and how to stop renewing."""
 
     _released: bool
+    #: ``threading.get_ident()`` of the thread the handle was granted to.
+    _thread: int
+    #: One holder of its name at most (a lock), kept in :attr:`Backend.holders`; a
+    #: counting lease is not (its name has up to ``limit`` holders, in a namespace of
+    #: its own).
+    exclusive: ClassVar[bool]
+
+    @property
+    def owner(self) -> str:
+        """The owner string of the tenure."""
+
+    @property
+    def fencing_token(self) -> int:
+        """The tenure's fencing token."""
 
     @property
     def lost(self) -> bool:
@@ -78,6 +94,7 @@ class Backend:
         "_mutex",
         "acquisitions",
         "engine",
+        "holders",
         "kind",
         "losses",
         "monotonic",
@@ -87,8 +104,8 @@ class Backend:
         "url",
     )
 
-    def __init__(self, engine: Engine[Any], url: str, async_form: AsyncForm) -> None:
-        self.engine: Engine[Any] = engine  # a ClosedEngine once closed
+    def __init__(self, engine: Engine[Any, Any], url: str, async_form: AsyncForm) -> None:
+        self.engine: Engine[Any, Any] = engine  # a ClosedEngine once closed
         self.kind = engine.kind
         self.monotonic = engine.monotonic_clock
         self.url = url
@@ -101,8 +118,15 @@ class Backend:
         # Every handle granted here and still alive: a handle's death drops its
         # reference through the callback (set.discard, run in C, no Python frame).
         self._granted: set[weakref.ref[Handle]] = set()
+        #: The handle holding each name, granted here and not yet released (weakly,
+        #: by the reference ``_granted`` keeps): the blocking helpers refuse to wait
+        #: for a name their own thread (or asyncio task) holds, which would never be
+        #: released while they wait. A store lock is exclusive, so one handle at
+        #: most holds a name (one released, lost, lapsed or collected holds nothing,
+        #: see :meth:`holder`); names of collected handles are purged now and then.
+        self.holders: dict[str, weakref.ref[Handle]] = {}
         self._async_form = async_form
-        self._async: AsyncEngine[Any] | None = None
+        self._async: AsyncEngine[Any, Any] | None = None
 
     @property
     def closed(self) -> bool:
@@ -130,11 +154,25 @@ class Backend:
             self.refusals.add()
             return result
         lock = handle(self, name, owner, result, self.deadline(started, ttl, result))
-        self._granted.add(weakref.ref(lock, self._granted.discard))
+        ref: weakref.ref[Handle] = weakref.ref(lock, self._granted.discard)
+        self._granted.add(ref)
+        if lock.exclusive:
+            holders = self.holders
+            holders[name] = ref
+            if len(holders) > 2 * len(self._granted) + _PURGE_SLACK:
+                self.holders = {key: held for key, held in holders.items() if held() is not None}
         self.acquisitions.add()
         return lock
 
-    def asyncio(self) -> AsyncEngine[Any]:
+    def holder(self, name: str) -> Handle | None:
+        """The live handle granted here that holds ``name``, if any."""
+        ref = self.holders.get(name)
+        handle = None if ref is None else ref()
+        if handle is None or handle._released or handle.lost:
+            return None
+        return handle
+
+    def asyncio(self) -> AsyncEngine[Any, Any]:
         """The engine's asyncio form, made on first use (a closed store's refuses)."""
         found = self._async
         if found is None:

@@ -1,13 +1,22 @@
 """The engine interface: the primitives every store engine implements, and their values.
 
 Each primitive is one transaction or one table step; arguments arrive validated
-by :mod:`._base`, which owns every rule of the contract.
+by :mod:`._guards`, which owns every rule of the contract. The named-lock
+primitives act on one name; the counting-lease (semaphore) primitives act on
+the slots of one semaphore name, a namespace of its own: a semaphore and a lock
+of the same name never meet. Renew and release of counting leases take a batch
+of one owner's grants of one name, so a holder of several units renews them in
+one step. How the blocking helper waits between two attempts on a name is the
+engine's :class:`Waiter`: jittered polling by default; the SHM engine's is woken
+by the release itself.
 """
 
 from __future__ import annotations
 
 import abc
+import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import (
     Any,
@@ -20,7 +29,8 @@ from typing import (
     final,
 )
 
-from .._core._errors import ErrorKind, StoreError
+from .._core._errors import ErrorKind, SemaphoreLimitMismatch, StoreError
+from ._notifications import Subscription
 
 
 class LockInfo(NamedTuple):
@@ -46,6 +56,39 @@ class LockInfo(NamedTuple):
     remaining_s: float
 
 
+class SlotInfo(NamedTuple):
+    """A snapshot of one live holder of a semaphore (immutable).
+
+    Attributes:
+        name: the semaphore name.
+        slot: which of the ``limit`` slots it holds, ``0 <= slot < limit``.
+        limit: the limit the holder was granted under.
+        owner: the owner string the holder passed.
+        fencing_token: strictly larger than every earlier token of the name.
+        expires_at: on the engine's clock (see :attr:`LockInfo.expires_at`).
+        remaining_s: seconds left when the snapshot was read, on the engine's clock.
+    """
+
+    name: str
+    slot: int
+    limit: int
+    owner: str
+    fencing_token: int
+    expires_at: float
+    remaining_s: float
+
+
+def limit_mismatch(name: str, limit: int, found: int) -> SemaphoreLimitMismatch:
+    """The error of an acquisition of ``name`` under ``limit`` while it is held under ``found``."""
+    return SemaphoreLimitMismatch(
+        f"semaphore {name!r} is held under limit {found}, not {limit}: every user of a "
+        "name must ask for one limit (a new one is accepted once every holder is gone)",
+        key=name,
+        limit=limit,
+        found=found,
+    )
+
+
 class Grant(Protocol):
     """An engine's grant of a tenure, as the contract reads it.
 
@@ -63,6 +106,14 @@ class Grant(Protocol):
         """End of the window on the engine's clock (see :attr:`LockInfo.expires_at`)."""
 
 
+class UnitGrant(Grant, Protocol):
+    """An engine's grant of one slot of a semaphore: a :class:`Grant` that names its slot."""
+
+    @property
+    def slot(self) -> int:
+        """Which slot of the semaphore the tenure holds."""
+
+
 class Granted(NamedTuple):
     """The :class:`Grant` of the SQL engines: the token and the expiry, nothing more."""
 
@@ -70,14 +121,77 @@ class Granted(NamedTuple):
     expires_at: float
 
 
+class UnitGranted(NamedTuple):
+    """The :class:`UnitGrant` of the SQL engines: the slot, the token and the expiry."""
+
+    slot: int
+    fencing_token: int
+    expires_at: float
+
+
 _G = TypeVar("_G", bound=Grant)
+_U = TypeVar("_U", bound=UnitGrant)
+#: First pause of a polling waiter between attempts, in seconds (doubles, jittered).
+_POLL_FIRST_S = 0.002
+#: The largest attempt number the pause doubles for.
+POLL_DOUBLINGS = 20
 
 
 @final
 class Busy(NamedTuple):
-    """An engine's refusal; ``holder`` is the live lease when it was seen."""
+    """An engine's refusal; ``holder`` is the live lease when it was seen.
 
-    holder: LockInfo | None
+    For a semaphore, ``holder`` is the holder whose lease ends first (the
+    earliest a slot can free up by lapse), or None when none was seen.
+    """
+
+    holder: LockInfo | SlotInfo | None
+
+
+def poll_pause_s(busy: Busy, left: float | None, tries: int, cap_s: float) -> float:
+    """How long a polling waiter pauses after its ``tries``-th refusal, in seconds (no I/O).
+
+    Jittered doubling from 2 ms up to ``cap_s``, never past the holder's expiry nor
+    the ``left`` seconds of the caller's timeout (None: no timeout). The blocking
+    and the asyncio helpers both pause by it.
+    """
+    delay = random.uniform(0.5, 1.0) * min(cap_s, _POLL_FIRST_S * 2.0 ** min(tries, POLL_DOUBLINGS))
+    if busy.holder is not None:
+        delay = min(delay, busy.holder.remaining_s + 0.001)
+    return delay if left is None else min(delay, left)
+
+
+class Waiter:
+    """How the blocking helper waits between attempts on one name: by polling.
+
+    The helper calls :meth:`enter` once, :meth:`queue` when the engine said
+    :meth:`Engine.queues_first`, :meth:`look` before every attempt, :meth:`wait`
+    after every refusal, and :meth:`leave` at the end, granted or not. An engine
+    told of releases returns its own from :meth:`Engine.waiter`.
+    """
+
+    #: It watches for releases from :meth:`enter` and :meth:`look` on, so the
+    #: helper attempts again right after entering, before it first waits.
+    watches = False
+
+    def __init__(self, cap_s: float) -> None:
+        self._cap_s = cap_s
+
+    def enter(self) -> None:
+        """Start waiting (nothing to do when polling)."""
+
+    def queue(self, left: float | None) -> None:
+        """Wait behind the name's other waiters (for at most ``left`` seconds)."""
+
+    def look(self) -> None:
+        """Before every attempt (nothing to do when polling)."""
+
+    def wait(self, busy: Busy, left: float | None, tries: int) -> None:
+        """Pause after the ``tries``-th refusal, at most ``left`` seconds (None: no timeout)."""
+        time.sleep(poll_pause_s(busy, left, tries, self._cap_s))
+
+    def leave(self, granted: bool) -> None:
+        """Stop waiting (nothing to do when polling)."""
 
 
 @final
@@ -94,15 +208,18 @@ class StoreStatistics:
     released_count: int
 
 
-class Engine(abc.ABC, Generic[_G]):
+class Engine(abc.ABC, Generic[_G, _U]):
     """The primitives an engine implements; each is one transaction or one table step.
 
-    Generic in the engine's own :class:`Grant` type, which only the engine reads.
+    Generic in the engine's own :class:`Grant` and :class:`UnitGrant` types, which
+    only the engine reads.
 
     Arguments arrive validated. ``acquire`` grants only when no live lease holds the
     name, with a fencing token larger than any before; ``renew`` and ``release``
     act only on the exact tenure (name, owner and fencing token) and only while it
-    is live. Engines are thread-safe and notice when they run in a forked child.
+    is live. ``acquire_unit`` grants a free slot only while fewer than ``limit``
+    live leases hold the semaphore, all granted under that same limit. Engines are
+    thread-safe and notice when they run in a forked child.
     """
 
     #: Engine name shown in reprs and statistics.
@@ -141,19 +258,73 @@ class Engine(abc.ABC, Generic[_G]):
         """Remove whatever holds ``name``; True if a live lease was removed."""
 
     @abc.abstractmethod
+    def acquire_unit(self, name: str, limit: int, owner: str, ttl: float) -> _U | Busy:
+        """Grant ``owner`` the lowest free slot of semaphore ``name`` for ``ttl`` seconds.
+
+        Returns:
+            The grant, or :class:`Busy` when ``limit`` live leases hold the name.
+
+        Raises:
+            SemaphoreLimitMismatch: live holders of ``name`` were granted under
+                another limit (nothing is granted).
+        """
+
+    @abc.abstractmethod
+    def renew_units(
+        self, name: str, owner: str, grants: Sequence[_U], ttl: float
+    ) -> list[_U | None]:
+        """A new full window of ``ttl`` seconds for each tenure of ``grants``, in one step.
+
+        Returns:
+            One entry per grant, in order: the renewed grant, or None when that
+            tenure is gone.
+        """
+
+    @abc.abstractmethod
+    def release_units(self, name: str, owner: str, grants: Sequence[_U]) -> list[bool]:
+        """Remove the exact tenures of ``grants`` in one step; True for each one still live."""
+
+    @abc.abstractmethod
+    def holders(self, name: str) -> list[SlotInfo]:
+        """The live holders of semaphore ``name``, by slot."""
+
+    @abc.abstractmethod
+    def semaphores(self) -> list[SlotInfo]:
+        """Every live holder of every semaphore, by name (UTF-8 order) and slot."""
+
+    @abc.abstractmethod
     def close(self) -> None:
         """Release connections or mappings; idempotent."""
 
-    def arm(self) -> None:  # an optional hook; only engines with readiness override it
-        """Prepare for :meth:`wait` before an attempt (clear readiness); default no-op."""
+    def subscribe(self, name: str) -> Subscription | None:
+        """Wake-ups for a waiter of semaphore ``name``: released units of that name.
 
-    def wait(self, delay: float) -> None:
-        """Pause up to ``delay`` seconds, returning early if the engine signals a change."""
-        time.sleep(delay)
+        None (the default) when the engine has no notifications of its own: the
+        waiter then waits as :meth:`unit_waiter` says.
+        """
+        return None
+
+    def unit_waiter(self, name: str) -> Waiter:
+        """How a semaphore waiter without a subscription waits for ``name`` between
+        attempts (default: polling)."""
+        del name
+        return Waiter(self.poll_cap_s)
+
+    def queues_first(self, name: str) -> bool:
+        """Whether the blocking helper waits behind ``name``'s waiters before a first
+        attempt (some wait, or this thread has just handed it over to one of them);
+        default False."""
+        del name
+        return False
+
+    def waiter(self, name: str) -> Waiter:
+        """How the blocking helper waits for ``name`` between attempts (default: polling)."""
+        del name
+        return Waiter(self.poll_cap_s)
 
 
 @final
-class ClosedEngine(Engine[Any]):
+class ClosedEngine(Engine[Any, Any]):
     """The engine of a closed store: every primitive raises ``StoreError(CLOSED)``.
 
     A store swaps it in on close, so the open path needs no check of its own.
@@ -185,7 +356,19 @@ class ClosedEngine(Engine[Any]):
     def force_release(self, name: str) -> NoReturn:
         self._refuse()
 
-    def arm(self) -> NoReturn:
+    def acquire_unit(self, name: str, limit: int, owner: str, ttl: float) -> NoReturn:
+        self._refuse()
+
+    def renew_units(self, name: str, owner: str, grants: Sequence[object], ttl: float) -> NoReturn:
+        self._refuse()
+
+    def release_units(self, name: str, owner: str, grants: Sequence[object]) -> NoReturn:
+        self._refuse()
+
+    def holders(self, name: str) -> NoReturn:
+        self._refuse()
+
+    def semaphores(self) -> NoReturn:
         self._refuse()
 
     def close(self) -> None:

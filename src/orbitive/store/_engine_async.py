@@ -25,16 +25,18 @@ Cancellation facts the helpers rely on:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import ClassVar, Generic, TypeVar
 
-from ._engine import Busy, Engine, Grant
+from ._engine import Busy, Engine, Grant, UnitGrant
+from ._notifications import Subscription
 
 _G = TypeVar("_G", bound=Grant)
+_U = TypeVar("_U", bound=UnitGrant)
 _T = TypeVar("_T")
 
 
-class AsyncEngine(Generic[_G]):
+class AsyncEngine(Generic[_G, _U]):
     """The primitives the asyncio helpers await; by default, the sync ones in a thread.
 
     Arguments arrive validated, and the primitives keep the sync engine's rules
@@ -44,7 +46,7 @@ class AsyncEngine(Generic[_G]):
     #: True when no primitive ever suspends (a cancellation cannot land inside one).
     atomic: ClassVar[bool] = False
 
-    def __init__(self, engine: Engine[_G]) -> None:
+    def __init__(self, engine: Engine[_G, _U]) -> None:
         self._engine = engine
 
     @property
@@ -63,6 +65,26 @@ class AsyncEngine(Generic[_G]):
     def release(self, name: str, owner: str, grant: _G) -> Awaitable[bool]:
         """Remove the exact tenure of ``grant``; True only if it was still live."""
         return _in_thread(self._engine.release, name, owner, grant)
+
+    def acquire_unit(self, name: str, limit: int, owner: str, ttl: float) -> Awaitable[_U | Busy]:
+        """Grant ``owner`` the lowest free slot of semaphore ``name``, or report the holder
+        that ends first; ``SemaphoreLimitMismatch`` under another limit."""
+        return _in_thread(self._engine.acquire_unit, name, limit, owner, ttl)
+
+    def renew_units(
+        self, name: str, owner: str, grants: Sequence[_U], ttl: float
+    ) -> Awaitable[list[_U | None]]:
+        """A new full window for each tenure of ``grants``; None for each one gone."""
+        return _in_thread(self._engine.renew_units, name, owner, grants, ttl)
+
+    def release_units(self, name: str, owner: str, grants: Sequence[_U]) -> Awaitable[list[bool]]:
+        """Remove the exact tenures of ``grants``; True for each one still live."""
+        return _in_thread(self._engine.release_units, name, owner, grants)
+
+    def subscribe(self, name: str) -> Subscription | None:
+        """The sync engine's :meth:`~._engine.Engine.subscribe` (it never blocks): its
+        subscriptions wake asyncio waiters too."""
+        return self._engine.subscribe(name)
 
     async def wait(self, delay: float) -> None:
         """Pause up to ``delay`` seconds, returning early if the engine signals a change."""

@@ -1,31 +1,47 @@
 """The store's argument guards: the name rule, the owner rule, the duration guard.
 
 They run before any engine call, so the rules are identical on every engine
-(see the rules in :mod:`._base`'s docstring).
+(see the rules in :mod:`._store`'s docstring). ``check_timeout`` is the core's
+(the lock table's ``wait_acquire`` checks its timeout the same way).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import secrets
 import socket
 from typing import Final
 
-from .._core._clock import TTL_MAX_S, as_seconds, check_ttl
+from .._core import _fork
+from .._core._clock import TTL_MAX_S, check_timeout, check_ttl
 from .._core._errors import (
     InvalidArgumentType,
     InvalidLockName,
     InvalidLockOwner,
     InvalidLockTtl,
+    InvalidSemaphoreLimit,
     InvalidTtl,
     shown,
 )
+
+__all__ = [
+    "NAME_MAX_BYTES",
+    "OWNER_MAX_BYTES",
+    "TTL_MIN_S",
+    "check_name",
+    "check_owner",
+    "check_renewal",
+    "check_store_ttl",
+    "check_timeout",
+    "random_owner",
+]
 
 #: Longest lock name, in UTF-8 bytes.
 NAME_MAX_BYTES: Final = 255
 #: Longest owner, in UTF-8 bytes.
 OWNER_MAX_BYTES: Final = 255
+#: Largest semaphore limit (holders of one name at once).
+LIMIT_MAX: Final = 4096
 #: Shortest lease, in seconds; a shorter positive ttl counts as this on every engine.
 TTL_MIN_S: Final = 0.001
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -98,6 +114,19 @@ def _check_owner_fully(owner: object) -> str:
     return owner
 
 
+def check_limit(limit: object) -> int:
+    """Return ``limit`` if it is an int in ``1..LIMIT_MAX`` (bools refused).
+
+    Raises:
+        InvalidSemaphoreLimit: any other value (also ``ValueError`` and ``TypeError``).
+    """
+    if type(limit) is int and 1 <= limit <= LIMIT_MAX:
+        return limit
+    raise InvalidSemaphoreLimit(
+        f"semaphore limit must be an int in 1..{LIMIT_MAX}, got {shown(limit)}"
+    )
+
+
 def check_store_ttl(ttl: object) -> float:
     """The store duration guard: a finite ttl > 0 seconds, else ``StoreError(DATABASE)``.
 
@@ -118,24 +147,6 @@ def check_store_ttl(ttl: object) -> float:
     return value if value >= TTL_MIN_S else TTL_MIN_S
 
 
-def check_timeout(timeout: object) -> float | None:
-    """``None`` (wait forever) or a finite number of seconds ``>= 0``.
-
-    Raises:
-        InvalidTtl: anything else (also ``ValueError`` and ``TypeError``).
-    """
-    if timeout is None:
-        return None
-    try:
-        seconds = as_seconds(timeout, "timeout")
-        return 0.0 if seconds == 0.0 else check_ttl(seconds, what="timeout")
-    except InvalidTtl as error:
-        raise InvalidTtl(
-            f"timeout must be None (wait forever) or a finite number of seconds >= 0, "
-            f"got {shown(timeout)}"
-        ) from error
-
-
 def check_renewal(auto_renew: object, on_lost: object) -> None:
     """The blocking helpers' ``auto_renew`` (a bool) and ``on_lost`` (callable or None).
 
@@ -148,6 +159,21 @@ def check_renewal(auto_renew: object, on_lost: object) -> None:
         raise InvalidArgumentType(f"on_lost must be callable or None, got {shown(on_lost)}")
 
 
+class _OwnerPrefix:
+    """``"host:pid:"`` of this process, read once (again in a forked child)."""
+
+    def __init__(self) -> None:
+        self.text = f"{socket.gethostname()}:{os.getpid()}:"
+
+    def _after_fork_in_child(self) -> None:
+        self.text = f"{socket.gethostname()}:{os.getpid()}:"
+
+
+_PREFIX: Final = _OwnerPrefix()
+_fork.register(_PREFIX)
+
+
 def random_owner() -> str:
-    """A fresh owner naming this host and process: ``"host:pid:hex"``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    """A fresh owner naming this host and process: ``"host:pid:hex"`` (8 random hex digits,
+    from ``os.urandom``: no generator state a fork would copy)."""
+    return _PREFIX.text + os.urandom(4).hex()

@@ -3,32 +3,34 @@ the sync verbs that make one (one attempt; the blocking wait).
 
 :class:`Tenure` holds what both handles share (identity, window, and how an
 engine's answer to a renew or a release changes the handle); :class:`Lock` is the
-thread-safe handle of :meth:`Store.try_lock` and :meth:`Store.lock`, renewed in a
-background thread by :class:`_Renewer`. :func:`attempt` and :func:`wait_for` are
-the verbs; :func:`next_pause` is the pause between attempts, which the asyncio
-twin (:mod:`._lock_async`: ``AsyncLock`` and the same verbs) shares.
+thread-safe handle of :meth:`Store.try_lock` and :meth:`Store.lock`, renewed by
+the process's one renewer thread (:mod:`._renewer`). :func:`attempt` and
+:func:`wait_for` are the verbs; :func:`time_left` and :func:`refuse_reentry`,
+the timeout and the re-entry checks between attempts, are shared with the asyncio
+twin (:mod:`._lock_async`: ``AsyncLock`` and the same verbs).
+
+Store locks are not re-entrant: a blocking helper asked to wait for a name its own
+thread (or asyncio task) holds through the same store raises
+:class:`LockNotReentrant` at once rather than wait for itself (``timeout=0``,
+which never waits, makes its one attempt), and a timeout's message says when the
+holder is this very process.
 """
 
 from __future__ import annotations
 
-import random
+import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, ClassVar
 
-from .._core._errors import LockTimeout, StoreError
-from ._backend import Backend
-from ._engine import Busy, Grant, LockInfo
+from .._core._errors import LockNotReentrant, LockTimeout
+from ._backend import Backend, Handle
+from ._engine import Busy, Engine, Grant, LockInfo, SlotInfo
 from ._guards import check_store_ttl
+from ._renewer import RENEWER
 
-#: A renewer that cannot reach the engine retries at least this often, in seconds.
-_RENEW_RETRY_MIN_S: Final = 0.01
-#: First pause of a waiter between attempts, in seconds (doubles, jittered).
-_WAIT_FIRST_S: Final = 0.002
-#: The largest attempt number the pause doubles for.
-ATTEMPT_MAX: Final = 20
-
+_log = logging.getLogger("orbitive.store")
 
 # -- the lock handles ----------------------------------------------------------------------
 
@@ -42,6 +44,9 @@ class Tenure:
     the engine answered; a handle is marked released only once the engine said so.
     """
 
+    #: A lock: one holder of its name at most (see :attr:`Backend.holders`).
+    exclusive: ClassVar[bool] = True
+
     __slots__ = (
         "__weakref__",
         "_backend",
@@ -52,6 +57,8 @@ class Tenure:
         "_on_lost",
         "_owner",
         "_released",
+        "_renew_at",
+        "_thread",
     )
 
     def __init__(
@@ -65,6 +72,8 @@ class Tenure:
         self._released = False
         self._lost = False
         self._on_lost: Callable[[Any], object] | None = None
+        self._thread = threading.get_ident()  # the thread it was granted to
+        self._renew_at = 0.0  # the renewer's: when it renews next (0: it does not)
 
     @property
     def name(self) -> str:
@@ -104,18 +113,27 @@ class Tenure:
         self._deadline = self._backend.deadline(started, ttl, renewed)
         return True
 
-    def _count_renew(self, held: bool) -> bool:
-        """Count a settled renew (outside any mutex) and call back on a loss; returns held."""
+    def _count_renew(self, held: bool, *, unreachable: bool = False) -> bool:
+        """Count a settled renew (outside any mutex); on a loss (``unreachable``: the
+        renewer could not reach the engine in time) log it and call back. Returns held."""
         if held:
             self._backend.renewals.add()
         else:
             self._backend.losses.add()
+            if unreachable:
+                self._log_lost("the store could not be reached to renew it before its TTL ran out")
+            else:
+                self._log_lost(self._why_gone("renewed"))
             self._notify_lost()
         return held
 
     def _settle_release(self, released: bool) -> bool:
         """Record a release the engine answered; True if it was newly counted as lost."""
         self._released = True
+        holders = self._backend.holders
+        ref = holders.get(self._name)
+        if ref is not None and ref() is self:
+            del holders[self._name]
         newly_lost = not released and not self._lost
         self._lost = self._lost or not released
         return newly_lost
@@ -125,15 +143,40 @@ class Tenure:
             self._backend.releases.add()
         elif newly_lost:
             self._backend.losses.add()
+            self._log_lost(self._why_gone("released"))
         return released
+
+    def _why_gone(self, verb: str) -> str:
+        """Why the engine no longer had the lease when it was to be ``verb``."""
+        if self.remaining() > 0.0:
+            return (
+                "the store no longer had it while its TTL had time left: it was "
+                "force-released, or the store's clock ran ahead"
+            )
+        return f"its TTL ran out before it was {verb}"
+
+    def _held_thing(self) -> str:
+        """What this handle holds, as a log record names it (a semaphore lease: its slot)."""
+        return f"lock {self._name!r}"
+
+    def _log_lost(self, why: str) -> None:
+        _log.warning(
+            "store %s: %s (owner %r, fencing token %d) is lost: %s",
+            self._backend.url,
+            self._held_thing(),
+            self._owner,
+            self._grant.fencing_token,
+            why,
+        )
 
     def _stop_renewer(self) -> None:
         """Stop background renewal (the store is closing); each handle kind has its own."""
 
-    def _mark_lost(self) -> None:
-        """The renewer could not reach the engine before the window closed."""
+    def _mark_lost(self, *, unreachable: bool) -> None:
+        """The renewer could not reach the engine before the window closed
+        (``unreachable``), or came too late to renew it."""
         if self._flag_lost():
-            self._count_renew(False)
+            self._count_renew(False, unreachable=unreachable)
 
     def _flag_lost(self) -> bool:
         """Flag the lease lost unless it already was (or was released); True if it is news."""
@@ -165,14 +208,13 @@ class Lock(Tenure):
     manager to release on exit. Thread-safe.
     """
 
-    __slots__ = ("_mutex", "_renewer")
+    __slots__ = ("_mutex",)
 
     def __init__(
         self, backend: Backend, name: str, owner: str, grant: Grant, deadline: float
     ) -> None:
         super().__init__(backend, name, owner, grant, deadline)
         self._mutex = threading.Lock()
-        self._renewer: _Renewer | None = None
 
     def renew(self, ttl: float) -> bool:
         """Set a new full window of ``ttl`` seconds from now (not added to what is left).
@@ -199,9 +241,17 @@ class Lock(Tenure):
             if self._released or self._lost:
                 return False
             started = time.monotonic()
-            renewed = self._backend.engine.renew(self._name, self._owner, self._grant, ttl)
+            renewed = self._renew_step(self._backend.engine, ttl)
             held = self._settle_renew(started, ttl, renewed)
         return self._count_renew(held)
+
+    def _renew_step(self, engine: Engine[Any, Any], ttl: float) -> Grant | None:
+        """The engine step that renews this tenure (a semaphore lease renews its slot)."""
+        return engine.renew(self._name, self._owner, self._grant, ttl)
+
+    def _release_step(self, engine: Engine[Any, Any]) -> bool:
+        """The engine step that releases this tenure (a semaphore lease frees its slot)."""
+        return engine.release(self._name, self._owner, self._grant)
 
     def release(self) -> bool:
         """Give the lock up (stopping any background renewal).
@@ -216,78 +266,34 @@ class Lock(Tenure):
 
         Store contract: "release removes only the owner's own tenure".
         """
-        self._stop_renewer()
+        if self._renew_at:
+            RENEWER.cancel(self)
         with self._mutex:
             if self._released:
                 return False
-            released = self._backend.engine.release(self._name, self._owner, self._grant)
+            released = self._release_step(self._backend.engine)
             newly_lost = self._settle_release(released)
         return self._count_release(released, newly_lost)
 
-    def _start_renewer(self, ttl: float, on_lost: Callable[[Lock], None] | None) -> None:
+    def _start_renewer(self, ttl: float, on_lost: Callable[[Any], object] | None) -> None:
         self._on_lost = on_lost
-        self._renewer = _Renewer(self, ttl)
-        self._renewer.start()
+        RENEWER.add(self, ttl)
 
     def _stop_renewer(self) -> None:
-        renewer = self._renewer
-        if renewer is not None:
-            renewer.stop()
+        if self._renew_at:
+            RENEWER.cancel(self)
 
-    def _mark_lost(self) -> None:
+    def _mark_lost(self, *, unreachable: bool) -> None:
         with self._mutex:
             newly_lost = self._flag_lost()
         if newly_lost:
-            self._count_renew(False)
+            self._count_renew(False, unreachable=unreachable)
 
     def __enter__(self) -> Lock:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def renew_retry_s(ttl: float, left: float) -> float | None:
-    """When a renewer retries after a transient engine error, in seconds (None: too late).
-
-    Well before the window closes: a quarter of what is ``left``, at most a third of
-    the ``ttl``, at least :data:`_RENEW_RETRY_MIN_S`.
-    """
-    if left <= 0.0:
-        return None
-    return max(min(ttl / 3.0, left / 4.0), _RENEW_RETRY_MIN_S)
-
-
-class _Renewer(threading.Thread):
-    """Renews a lock at about a third of its ttl until stopped or the lease is lost."""
-
-    def __init__(self, lock: Lock, ttl: float) -> None:
-        super().__init__(name=f"orbitive-renew-{lock.name[:32]}", daemon=True)
-        self._lock = lock
-        self._ttl = ttl
-        self._stopped = threading.Event()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        if threading.current_thread() is not self:
-            self.join()
-
-    def run(self) -> None:
-        interval = self._ttl / 3.0
-        while not self._stopped.wait(interval):
-            try:
-                if not self._lock._renew(self._ttl):
-                    return  # lost: _renew flagged it and called back
-                interval = self._ttl / 3.0
-                continue
-            except StoreError:
-                retry = renew_retry_s(self._ttl, self._lock.remaining())
-                if retry is not None:
-                    interval = retry
-                    continue
-            if not self._stopped.is_set():
-                self._lock._mark_lost()
-            return
 
 
 # -- the sync verbs ------------------------------------------------------------------------
@@ -300,45 +306,105 @@ def attempt(backend: Backend, name: str, owner: str, ttl: float) -> Lock | Busy:
 
 
 def wait_for(backend: Backend, name: str, owner: str, ttl: float, timeout: float | None) -> Lock:
-    """Attempt, pause, attempt again until granted.
+    """Attempt, wait as the engine's waiter does, attempt again until granted.
+
+    A caller that finds threads waiting for ``name``, or that has just handed it to
+    one of them (shm), waits behind them first: it takes its turn instead of taking
+    the name before the waiter a release woke.
 
     Raises:
         LockTimeout: still held elsewhere after ``timeout`` seconds.
+        LockNotReentrant: this very thread holds ``name`` in the store (at once).
         StoreError: as the engine raises.
     """
-    engine = backend.engine
     started = time.monotonic()
-    tries = 0
-    while True:
-        engine.arm()
-        result = attempt(backend, name, owner, ttl)
-        if not isinstance(result, Busy):
+    engine = backend.engine
+    if name in backend.holders and timeout != 0.0:  # it would wait: for this very thread?
+        refuse_reentry(backend, name, threading.get_ident())
+    queue = timeout != 0.0 and engine.queues_first(name)
+    result: Lock | Busy | None = None
+    if not queue:  # the usual case: one attempt before any waiting is set up
+        result = backend.admit(Lock, name, owner, ttl, started, engine.acquire(name, owner, ttl))
+        if type(result) is not Busy:
             return result
-        engine.wait(next_pause(name, result, started, timeout, tries, engine.poll_cap_s))
-        tries = min(tries + 1, ATTEMPT_MAX)
+        time_left(backend, name, result, started, timeout)  # timeout 0: that was the one
+    waiter = engine.waiter(name)
+    granted = False
+    waiter.enter()
+    try:
+        if queue:
+            waiter.queue(timeout)
+        fresh = queue or waiter.watches  # attempt again at once, now that it watches
+        tries = 0
+        while True:
+            if fresh:
+                waiter.look()
+                result = attempt(backend, name, owner, ttl)
+                if type(result) is Lock:
+                    granted = True
+                    return result
+            assert isinstance(result, Busy)
+            waiter.wait(result, time_left(backend, name, result, started, timeout), tries)
+            tries += 1
+            fresh = True
+    finally:
+        waiter.leave(granted)
 
 
-def next_pause(
-    name: str, busy: Busy, started: float, timeout: float | None, tries: int, cap_s: float
-) -> float:
-    """How long a waiter pauses after its ``tries``-th refusal, in seconds (no I/O).
+def refuse_reentry(backend: Backend, name: str, thread: int, task: object = None) -> None:
+    """Raise when this store granted ``name`` to this very thread (sync) or asyncio ``task``.
 
-    Jittered doubling from :data:`_WAIT_FIRST_S` up to the engine's ``cap_s``, never
-    past the holder's expiry nor the end of the ``timeout`` counted from ``started``
-    (``time.monotonic()``). The blocking and the asyncio waits both pause by it.
+    (Another store object, even on the same URL, is another client: its holder may
+    be released by anyone, so waiting for it is no self-deadlock.)
 
     Raises:
-        LockTimeout: the timeout has run out.
+        LockNotReentrant: it did; the message names the handle's owner and token.
     """
-    left = None if timeout is None else started + timeout - time.monotonic()
-    if left is not None and left <= 0.0:
-        raise LockTimeout(_busy_message(name, busy.holder, timeout), key=name)
-    delay = random.uniform(0.5, 1.0) * min(cap_s, _WAIT_FIRST_S * 2.0**tries)
-    if busy.holder is not None:
-        delay = min(delay, busy.holder.remaining_s + 0.001)
-    return delay if left is None else min(delay, left)
+    holder = backend.holder(name)
+    if holder is None:
+        return
+    mine = holder._thread == thread if task is None else getattr(holder, "_task", None) is task
+    if not mine:
+        return
+    who = "thread" if task is None else "asyncio task"
+    raise LockNotReentrant(
+        f"lock {name!r} in store {backend.url!r} is held by this very {who} (owner "
+        f"{holder.owner!r}, token {holder.fencing_token}): store locks are not re-entrant, "
+        "and waiting for it would never end; use the handle you hold, or release it first",
+        key=name,
+    )
 
 
-def _busy_message(name: str, holder: LockInfo | None, timeout: float | None) -> str:
+def time_left(
+    backend: Backend, name: str, busy: Busy, started: float, timeout: float | None
+) -> float | None:
+    """Seconds left of the ``timeout`` counted from ``started`` (None: no timeout).
+
+    Raises:
+        LockTimeout: none is left; the message names the holder (for a semaphore, its
+            limit), and says when it is this very process (another thread or task,
+            through this store).
+    """
+    if timeout is None:
+        return None
+    left = started + timeout - time.monotonic()
+    if left > 0.0:
+        return left
+    raise LockTimeout(_busy_message(backend, name, busy.holder, timeout), key=name)
+
+
+def _busy_message(
+    backend: Backend, name: str, holder: LockInfo | SlotInfo | None, timeout: float | None
+) -> str:
+    if type(holder) is SlotInfo:
+        return f"semaphore {name!r}: all {holder.limit} slots still held after {timeout or 0.0:g} s"
     who = "another owner" if holder is None else f"{holder.owner!r}"
+    mine = backend.holder(name)
+    if holder is not None and mine is not None and mine.fencing_token == holder.fencing_token:
+        who += f" in this very process ({_thread_name(mine)}, through this store)"
     return f"lock {name!r} still held by {who} after {timeout or 0.0:g} s"
+
+
+def _thread_name(handle: Handle) -> str:
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    return f"thread {names.get(handle._thread, handle._thread)!r}"

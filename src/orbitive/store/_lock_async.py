@@ -2,9 +2,9 @@
 :mod:`._lock` (``try_lock_async``, ``lock_async``'s :class:`Acquiring`).
 
 A thin driver over the engine's asyncio form (:mod:`._engine_async`): the
-guards, the pause between attempts (:func:`._lock.next_pause`) and the state of
-a handle (:class:`._lock.Tenure`) are the sync twin's, so both follow one
-contract. Nothing here blocks the event loop.
+guards, the checks between attempts (:func:`._lock.time_left`,
+:func:`._lock.refuse_reentry`) and the state of a handle (:class:`._lock.Tenure`)
+are the sync twin's, so both follow one contract. Nothing here blocks the event loop.
 
 Cancellation, the rules these functions keep:
 
@@ -28,18 +28,21 @@ Timeline of a cancelled acquire on a thread-backed engine::
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .._core._errors import StoreError
 from ._backend import Backend
-from ._engine import Busy, Grant
+from ._engine import Busy, Grant, poll_pause_s
 from ._engine_async import AsyncEngine, run_to_completion
 from ._guards import check_store_ttl
-from ._lock import ATTEMPT_MAX, Tenure, next_pause, renew_retry_s
+from ._lock import Tenure, refuse_reentry, time_left
+from ._renewer_async import LoopRenewer, renewer_of
 
 _T = TypeVar("_T")
+_L = TypeVar("_L", bound="AsyncLock")
 
 
 class AsyncLock(Tenure):
@@ -51,14 +54,16 @@ class AsyncLock(Tenure):
     the design's API list.
     """
 
-    __slots__ = ("_releasing", "_renewer")
+    __slots__ = ("_releasing", "_renewer", "_renewing", "_task")
 
     def __init__(
         self, backend: Backend, name: str, owner: str, grant: Grant, deadline: float
     ) -> None:
         super().__init__(backend, name, owner, grant, deadline)
+        self._task = asyncio.current_task()  # the task it was granted to
         self._releasing = False  # an engine release is in flight
-        self._renewer: asyncio.Task[None] | None = None
+        self._renewer: LoopRenewer | None = None  # the loop's that renews it
+        self._renewing: asyncio.Task[None] | None = None  # its renewal in flight
 
     async def renew(self, ttl: float) -> bool:
         """Set a new full window of ``ttl`` seconds from now (not added to what is left).
@@ -86,8 +91,7 @@ class AsyncLock(Tenure):
             return False
         engine = self._backend.asyncio()
         started = time.monotonic()
-        step = engine.renew(self._name, self._owner, self._grant, ttl)
-        renewed, cancelled = await _settled(engine, step)
+        renewed, cancelled = await _settled(engine, self._renew_step(engine, ttl))
         if self._released or self._releasing:  # a release overtook it: no loss to report
             held = False
         else:
@@ -118,8 +122,7 @@ class AsyncLock(Tenure):
         engine = self._backend.asyncio()
         self._releasing = True
         try:
-            step = engine.release(self._name, self._owner, self._grant)
-            released, cancelled = await _settled(engine, step)
+            released, cancelled = await _settled(engine, self._release_step(engine))
         finally:
             self._releasing = False
         outcome = self._count_release(released, self._settle_release(released))
@@ -130,42 +133,35 @@ class AsyncLock(Tenure):
     renew_async = renew
     release_async = release
 
+    def _renew_step(self, engine: AsyncEngine[Any, Any], ttl: float) -> Awaitable[Grant | None]:
+        """The engine step that renews this tenure (a semaphore lease renews its slot)."""
+        return engine.renew(self._name, self._owner, self._grant, ttl)
+
+    def _release_step(self, engine: AsyncEngine[Any, Any]) -> Awaitable[bool]:
+        """The engine step that releases this tenure (a semaphore lease frees its slot)."""
+        return engine.release(self._name, self._owner, self._grant)
+
     def _start_renewer(self, ttl: float, on_lost: Callable[[AsyncLock], object] | None) -> None:
         self._on_lost = on_lost
-        self._renewer = asyncio.get_running_loop().create_task(
-            self._keep_renewing(ttl), name=f"orbitive-renew-{self._name[:32]}"
-        )
-
-    async def _keep_renewing(self, ttl: float) -> None:
-        """Renew every ``ttl / 3`` until released or lost; retry an unreachable engine."""
-        interval = ttl / 3.0
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                if not await self._renew(ttl):
-                    return  # lost: _renew flagged it and called back
-                interval = ttl / 3.0
-            except StoreError:
-                retry = renew_retry_s(ttl, self.remaining())
-                if retry is None:
-                    self._mark_lost()
-                    return
-                interval = retry
+        self._renewer = renewer_of(asyncio.get_running_loop())
+        self._renewer.add(self, ttl)
 
     async def _stop_renewal(self) -> None:
-        """Cancel the renewal task and wait until it ended (a renew in flight completes)."""
-        task, self._renewer = self._renewer, None
-        if task is None or task.done():  # done: lost, or its loop ended (asyncio.run cancels)
+        """Renew no more, and wait until a renewal in flight ended (it completes)."""
+        renewer, self._renewer = self._renewer, None
+        if renewer is None:
             return
-        task.cancel()
-        if task.get_loop() is asyncio.get_running_loop():
-            await asyncio.wait((task,))
+        if not renewer.runs_here():  # released from another loop than it renews in
+            renewer.cancel_soon(self)
+            return
+        renewer.cancel(self)
+        await LoopRenewer.settle(self)
 
     def _stop_renewer(self) -> None:
-        """Cancel the renewal task from any thread (the store is closing); no waiting."""
-        task, self._renewer = self._renewer, None
-        if task is not None and not task.get_loop().is_closed():
-            task.get_loop().call_soon_threadsafe(task.cancel)
+        """Renew no more, from any thread (the store is closing); no waiting."""
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.cancel_soon(self)
 
     async def __aenter__(self) -> AsyncLock:
         return self
@@ -175,7 +171,7 @@ class AsyncLock(Tenure):
 
 
 async def _settled(
-    engine: AsyncEngine[Any], step: Awaitable[_T]
+    engine: AsyncEngine[Any, Any], step: Awaitable[_T]
 ) -> tuple[_T, asyncio.CancelledError | None]:
     """The step's result and any cancellation that arrived during it (see the module)."""
     if engine.atomic:
@@ -188,13 +184,32 @@ async def attempt(backend: Backend, name: str, owner: str, ttl: float) -> AsyncL
     cancel-safe (a grant that arrives with a cancellation is released again)."""
     engine = backend.asyncio()
     started = time.monotonic()
-    result, cancelled = await _settled(engine, engine.acquire(name, owner, ttl))
-    handle = backend.admit(AsyncLock, name, owner, ttl, started, result)
+    return await admit(
+        backend, AsyncLock, name, owner, ttl, started, engine.acquire(name, owner, ttl)
+    )
+
+
+async def admit(
+    backend: Backend,
+    handle: type[_L],
+    name: str,
+    owner: str,
+    ttl: float,
+    started: float,
+    step: Awaitable[Grant | Busy],
+) -> _L | Busy:
+    """The ``handle`` of the grant ``step`` brings (requested at ``started``), or its refusal.
+
+    Cancel-safe: a grant that arrives with a cancellation is released again, then the
+    cancellation is raised.
+    """
+    result, cancelled = await _settled(backend.asyncio(), step)
+    granted = backend.admit(handle, name, owner, ttl, started, result)
     if cancelled is not None:
-        if type(handle) is AsyncLock:
-            await _discard(handle, cancelled)
+        if type(granted) is not Busy:
+            await _discard(granted, cancelled)
         raise cancelled
-    return handle
+    return granted
 
 
 async def _discard(lock: AsyncLock, cancelled: asyncio.CancelledError) -> None:
@@ -207,55 +222,42 @@ async def _discard(lock: AsyncLock, cancelled: asyncio.CancelledError) -> None:
         raise cancelled from error
 
 
-class Acquiring:
+class Acquiring(Generic[_L]):
     """What :meth:`Store.lock_async` returns: await it, or ``async with`` it.
 
-    ``await`` gives the held :class:`AsyncLock`; ``async with`` holds it for the
-    block and releases it on exit (a loss of the lease does not raise there).
+    ``await`` gives the held handle; ``async with`` holds it for the block and
+    releases it on exit (a loss of the lease does not raise there). ``wait`` makes
+    the coroutine that waits for the handle (an :class:`AsyncLock`, or a
+    semaphore's lease).
     """
 
-    __slots__ = (
-        "_auto_renew",
-        "_backend",
-        "_lock",
-        "_name",
-        "_on_lost",
-        "_owner",
-        "_timeout",
-        "_ttl",
-    )
+    __slots__ = ("_auto_renew", "_lock", "_on_lost", "_ttl", "_wait")
 
     def __init__(
         self,
-        backend: Backend,
-        name: str,
-        owner: str,
+        wait: Callable[[], Awaitable[_L]],
         ttl: float,
-        timeout: float | None,
         auto_renew: bool,
-        on_lost: Callable[[AsyncLock], object] | None,
+        on_lost: Callable[[_L], object] | None,
     ) -> None:
-        self._backend = backend
-        self._name = name
-        self._owner = owner
+        self._wait = wait
         self._ttl = ttl
-        self._timeout = timeout
         self._auto_renew = auto_renew
-        self._on_lost = on_lost
-        self._lock: AsyncLock | None = None
+        self._on_lost: Callable[[Any], object] | None = on_lost
+        self._lock: _L | None = None
 
-    async def _acquire(self) -> AsyncLock:
-        lock = await wait_for(self._backend, self._name, self._owner, self._ttl, self._timeout)
+    async def _acquire(self) -> _L:
+        lock = await self._wait()
         if self._auto_renew:
             lock._start_renewer(self._ttl, self._on_lost)
         else:
             lock._on_lost = self._on_lost
         return lock
 
-    def __await__(self) -> Generator[Any, None, AsyncLock]:
+    def __await__(self) -> Generator[Any, None, _L]:
         return self._acquire().__await__()
 
-    async def __aenter__(self) -> AsyncLock:
+    async def __aenter__(self) -> _L:
         self._lock = await self._acquire()
         return self._lock
 
@@ -272,15 +274,19 @@ async def wait_for(
 
     Raises:
         LockTimeout: still held elsewhere after ``timeout`` seconds.
+        LockNotReentrant: this very task holds ``name`` in the store (at once).
         StoreError: as the engine raises.
         asyncio.CancelledError: the task was cancelled; no lock is left behind.
     """
     started = time.monotonic()
+    if name in backend.holders and timeout != 0.0:  # it would wait: for this very task?
+        refuse_reentry(backend, name, threading.get_ident(), asyncio.current_task())
     tries = 0
     while True:
         result = await attempt(backend, name, owner, ttl)
         if not isinstance(result, Busy):
             return result
         engine = backend.asyncio()
-        await engine.wait(next_pause(name, result, started, timeout, tries, engine.poll_cap_s))
-        tries = min(tries + 1, ATTEMPT_MAX)
+        left = time_left(backend, name, result, started, timeout)
+        await engine.wait(poll_pause_s(result, left, tries, engine.poll_cap_s))
+        tries += 1

@@ -35,6 +35,19 @@ Facts this engine relies on:
 * A psycopg connection must not be used across ``fork``: a forked child points
   its copy of the socket at ``/dev/null`` before dropping it (so nothing it
   sends reaches the parent's session) and connects anew on first use.
+* Semaphores are rows of ``orbitive_semaphores``, one per held slot, keyed by
+  name and slot, with the limit each was granted under. The grant function
+  ``orbitive_semaphore_acquire`` first takes a transaction-scoped advisory lock
+  on the name's hash (two names that collide only wait for each other), so the
+  grants of one name are serialised: the count of live rows, the limit check and
+  the choice of the lowest free slot see every earlier grant, and the token,
+  drawn from ``orbitive_lock_fence`` under that lock, is larger than every
+  earlier token of the name. Renew and release take no lock beyond their rows.
+* A release of semaphore units sends ``NOTIFY orbitive_semaphore`` with the
+  name as payload, delivered at commit; the engine's listening connection
+  (see ``_notifications``) wakes the waiters of that name. Stores on other
+  schemas of the database hear the same channel: a waiter woken by another
+  store's release only attempts once more.
 """
 
 from __future__ import annotations
@@ -42,14 +55,25 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from .._core import _fork
 from .._core._errors import ErrorKind, StoreError
-from ._engine import Busy, Engine, Granted, LockInfo
+from ._engine import (
+    Busy,
+    Engine,
+    Granted,
+    LockInfo,
+    SlotInfo,
+    UnitGranted,
+    limit_mismatch,
+)
+from ._health import Reachability
 from ._network import Deadline, attempt_id, gave_up, timed_out, unavailable
+from ._notifications import Notifications, Subscription
 
 if TYPE_CHECKING:
     import psycopg
@@ -61,6 +85,13 @@ _T = TypeVar("_T")
 #: libpq's smallest connect timeout, in whole seconds.
 CONNECT_TIMEOUT_MIN_S: Final = 2
 _SCHEMA_LOCK: Final = 0x6F72_6269_7374_6F72  # "orbistor": serialises schema creation only
+#: First key of the two-key advisory lock that serialises the grants of one semaphore
+#: name (the second is the name's hash); the two-key space never meets the one-key one.
+_SEMAPHORE_LOCK: Final = 0x6F72_6273  # "orbs"
+#: The channel a release of semaphore units notifies, with the name as payload.
+CHANNEL: Final = "orbitive_semaphore"
+#: A listening connection that heard nothing for this long is probed, in seconds.
+_LISTENER_PROBE_S: Final = 5.0
 _EPOCH: Final = "extract(epoch FROM l.expires_at)::float8"
 _LEFT: Final = "extract(epoch FROM l.expires_at - clock_timestamp())::float8"
 # The acquire step as a server-side function: one round trip, one transaction.
@@ -115,6 +146,104 @@ BEGIN
     RETURN live IS NULL
         AND EXISTS (SELECT 1 FROM orbitive_lock_receipts WHERE attempt = p_attempt);
 END $$"""
+_UNIT_EPOCH: Final = "extract(epoch FROM s.expires_at)::float8"
+_UNIT_LEFT: Final = "extract(epoch FROM s.expires_at - clock_timestamp())::float8"
+_UNIT_ROW: Final = (
+    f"s.slot, s.semaphore_limit, s.owner, s.fencing_token, {_UNIT_EPOCH}, {_UNIT_LEFT}"
+)
+# The grant of a semaphore slot as a server-side function: serialised per name by the
+# advisory lock, then one read of the name's live rows (count, another limit, a retry of
+# this attempt, the slots taken) and the write of the lowest free slot. Renewals do not
+# take the advisory lock: one that began before a slot's deadline and commits after the
+# read keeps its slot (the write replaces only a lapsed row), and the grant reads again.
+_UNIT_ACQUIRE_FUNCTION: Final = f"""
+CREATE OR REPLACE FUNCTION orbitive_semaphore_acquire(
+    p_name text, p_limit integer, p_owner text, p_ttl float8, p_attempt text)
+RETURNS TABLE (outcome text, unit_slot integer, unit_limit integer, holder text,
+               token bigint, expires float8, remaining float8)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t timestamptz;
+    live integer;
+    other integer;
+    mine integer;
+    taken integer[];
+    free integer;
+BEGIN
+    PERFORM pg_advisory_xact_lock({_SEMAPHORE_LOCK}, hashtext(p_name));
+    LOOP
+        t := clock_timestamp();
+        SELECT count(*), max(s.semaphore_limit) FILTER (WHERE s.semaphore_limit <> p_limit),
+               min(s.slot) FILTER (WHERE s.attempt = p_attempt), array_agg(s.slot)
+        INTO live, other, mine, taken
+        FROM orbitive_semaphores AS s WHERE s.name = p_name AND s.expires_at > t;
+        IF mine IS NOT NULL THEN  -- a retry whose first try committed
+            RETURN QUERY SELECT 'granted', {_UNIT_ROW} FROM orbitive_semaphores AS s
+            WHERE s.name = p_name AND s.slot = mine;
+            RETURN;
+        END IF;
+        IF other IS NOT NULL THEN
+            RETURN QUERY SELECT 'mismatch', NULL::integer, other, NULL::text, NULL::bigint,
+                NULL::float8, NULL::float8;
+            RETURN;
+        END IF;
+        IF live >= p_limit THEN
+            RETURN QUERY SELECT 'busy', {_UNIT_ROW} FROM orbitive_semaphores AS s
+            WHERE s.name = p_name AND s.expires_at > t ORDER BY s.expires_at LIMIT 1;
+            RETURN;
+        END IF;
+        free := 0;
+        WHILE free = ANY(taken) LOOP
+            free := free + 1;
+        END LOOP;
+        RETURN QUERY
+        INSERT INTO orbitive_semaphores AS s (name, slot, semaphore_limit, owner,
+                                              fencing_token, acquired_at, expires_at, attempt)
+        VALUES (p_name, free, p_limit, p_owner, nextval('orbitive_lock_fence'), t,
+                t + make_interval(secs => p_ttl), p_attempt)
+        ON CONFLICT (name, slot) DO UPDATE
+        SET semaphore_limit = EXCLUDED.semaphore_limit, owner = EXCLUDED.owner,
+            fencing_token = EXCLUDED.fencing_token, acquired_at = EXCLUDED.acquired_at,
+            expires_at = EXCLUDED.expires_at, attempt = EXCLUDED.attempt
+        WHERE s.expires_at <= EXCLUDED.acquired_at
+        RETURNING 'granted', {_UNIT_ROW};
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END LOOP;
+END $$"""
+# Release a batch of one owner's units of one name, one DELETE per unit; a receipt of the
+# attempt keeps the answer for a retry (which removes nothing and reads it), and the
+# name is notified when a live unit was freed.
+_UNIT_RELEASE_FUNCTION: Final = f"""
+CREATE OR REPLACE FUNCTION orbitive_semaphore_release(
+    p_name text, p_owner text, p_slots integer[], p_tokens bigint[], p_attempt text)
+RETURNS boolean[] LANGUAGE plpgsql AS $$
+DECLARE
+    done boolean[] := '{{}}';
+    live boolean;
+BEGIN
+    FOR at IN 1 .. coalesce(array_length(p_slots, 1), 0) LOOP
+        live := NULL;
+        DELETE FROM orbitive_semaphores AS s
+        WHERE s.name = p_name AND s.slot = p_slots[at] AND s.owner = p_owner
+          AND s.fencing_token = p_tokens[at]
+        RETURNING s.expires_at > clock_timestamp() INTO live;
+        done := done || coalesce(live, false);
+    END LOOP;
+    IF true = ANY(done) THEN
+        INSERT INTO orbitive_semaphore_receipts (attempt, released) VALUES (p_attempt, done);
+        PERFORM pg_notify('{CHANNEL}', p_name);
+        IF random() < 0.01 THEN
+            DELETE FROM orbitive_semaphore_receipts
+            WHERE done_at < clock_timestamp() - interval '1 hour';
+        END IF;
+        RETURN done;
+    END IF;
+    RETURN coalesce(
+        (SELECT r.released FROM orbitive_semaphore_receipts AS r WHERE r.attempt = p_attempt),
+        done);
+END $$"""
 _SCHEMA: Final = (
     """CREATE TABLE IF NOT EXISTS orbitive_locks (
         name text PRIMARY KEY,
@@ -132,6 +261,26 @@ _SCHEMA: Final = (
     "CREATE SEQUENCE IF NOT EXISTS orbitive_lock_fence AS bigint",
     _ACQUIRE_FUNCTION,
     _RELEASE_FUNCTION,
+    """CREATE TABLE IF NOT EXISTS orbitive_semaphores (
+        name text NOT NULL,
+        slot integer NOT NULL CHECK (slot >= 0),
+        semaphore_limit integer NOT NULL CHECK (semaphore_limit > slot),
+        owner text NOT NULL CHECK (owner <> ''),
+        fencing_token bigint NOT NULL CHECK (fencing_token > 0),
+        acquired_at timestamptz NOT NULL,
+        expires_at timestamptz NOT NULL CHECK (expires_at > acquired_at),
+        attempt text NOT NULL,
+        PRIMARY KEY (name, slot)
+    )""",
+    """CREATE TABLE IF NOT EXISTS orbitive_semaphore_receipts (
+        attempt text PRIMARY KEY,
+        released boolean[] NOT NULL,
+        done_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    )""",
+    "CREATE INDEX IF NOT EXISTS orbitive_semaphore_receipts_done "
+    "ON orbitive_semaphore_receipts (done_at)",
+    _UNIT_ACQUIRE_FUNCTION,
+    _UNIT_RELEASE_FUNCTION,
 )
 _ACQUIRE: Final = "SELECT * FROM orbitive_lock_acquire(%(name)s, %(owner)s, %(ttl)s, %(attempt)s)"
 _RENEW: Final = f"""
@@ -145,6 +294,23 @@ _RELEASE: Final = (
 _LIVE: Final = f"""
 SELECT name, owner, fencing_token, {_EPOCH}, {_LEFT} FROM orbitive_locks AS l
 WHERE expires_at > clock_timestamp()"""
+_UNIT_ACQUIRE: Final = (
+    "SELECT * FROM orbitive_semaphore_acquire(%(name)s, %(limit)s, %(owner)s, %(ttl)s, %(attempt)s)"
+)
+_UNIT_RENEW: Final = f"""
+UPDATE orbitive_semaphores AS s
+SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
+FROM unnest(%(slots)s::integer[], %(tokens)s::bigint[]) AS u(slot, token)
+WHERE s.name = %(name)s AND s.slot = u.slot AND s.owner = %(owner)s
+  AND s.fencing_token = u.token AND s.expires_at > clock_timestamp()
+RETURNING s.slot, {_UNIT_EPOCH}"""
+_UNIT_RELEASE: Final = (
+    "SELECT orbitive_semaphore_release(%(name)s, %(owner)s, %(slots)s::integer[], "
+    "%(tokens)s::bigint[], %(attempt)s)"
+)
+_UNITS_LIVE: Final = f"""
+SELECT s.name, {_UNIT_ROW} FROM orbitive_semaphores AS s
+WHERE s.expires_at > clock_timestamp()"""
 
 
 def _psycopg() -> tuple[ModuleType, type[DeadlineConnection]]:
@@ -160,8 +326,12 @@ def _psycopg() -> tuple[ModuleType, type[DeadlineConnection]]:
     return psycopg, DeadlineConnection
 
 
-class PostgresEngine(Engine[Granted]):
-    """Named locks as rows of one PostgreSQL table, timed by the server's clock."""
+class PostgresEngine(Engine[Granted, UnitGranted]):
+    """Named locks and semaphores as rows of PostgreSQL tables, timed by the server's clock.
+
+    It is also the :class:`~._notifications.Channel` of its own notifications: a
+    second connection, used only by their thread, that listens on :data:`CHANNEL`.
+    """
 
     kind = "postgres"
     poll_cap_s = 0.1
@@ -170,10 +340,14 @@ class PostgresEngine(Engine[Granted]):
         self._pg, self._connection_class = _psycopg()
         self._conninfo = conninfo
         self._timeout = timeout
+        self._reachability = Reachability("postgres store")
         self._mutex = threading.Lock()
         self._conn: DeadlineConnection | None = None
         self._closed = False
         self._run(_ensure_schema, retry=False)
+        self._listener: DeadlineConnection | None = None
+        self._heard = 0.0  # time.monotonic() the listener last heard from the server
+        self._notifications = Notifications(self)
         _fork.register(self)
 
     # -- the primitives ---------------------------------------------------------------------
@@ -214,6 +388,72 @@ class PostgresEngine(Engine[Granted]):
         rows = self._run(lambda conn: conn.execute(_LIVE + " ORDER BY name").fetchall())
         return [LockInfo(*row) for row in rows]
 
+    def acquire_unit(self, name: str, limit: int, owner: str, ttl: float) -> UnitGranted | Busy:
+        params = {"name": name, "limit": limit, "owner": owner, "ttl": ttl, "attempt": attempt_id()}
+        row = self._run(lambda conn: conn.execute(_UNIT_ACQUIRE, params).fetchone())
+        return unit_outcome(name, limit, row)
+
+    def renew_units(
+        self, name: str, owner: str, grants: Sequence[UnitGranted], ttl: float
+    ) -> list[UnitGranted | None]:
+        params = unit_params(name, owner, grants, ttl=ttl)
+        rows = self._run(lambda conn: conn.execute(_UNIT_RENEW, params).fetchall())
+        return renewed_units(grants, rows)
+
+    def release_units(self, name: str, owner: str, grants: Sequence[UnitGranted]) -> list[bool]:
+        params = unit_params(name, owner, grants, attempt=attempt_id())
+        row = self._run(lambda conn: conn.execute(_UNIT_RELEASE, params).fetchone())
+        return released_units(grants, row)
+
+    def holders(self, name: str) -> list[SlotInfo]:
+        sql = _UNITS_LIVE + " AND s.name = %(name)s"
+        return slot_infos(self._run(lambda conn: conn.execute(sql, {"name": name}).fetchall()))
+
+    def semaphores(self) -> list[SlotInfo]:
+        return slot_infos(self._run(lambda conn: conn.execute(_UNITS_LIVE).fetchall()))
+
+    def subscribe(self, name: str) -> Subscription:
+        return self._notifications.subscribe(name)
+
+    # -- the listening connection (the Channel of the notifications' thread) -----------------
+
+    def listen(self) -> None:
+        """Connect a second connection and ``LISTEN`` on :data:`CHANNEL`, within the timeout."""
+        if self._closed:
+            raise StoreError("postgres store is closed", kind=ErrorKind.CLOSED)
+        deadline = Deadline(self._timeout)
+        seconds = max(CONNECT_TIMEOUT_MIN_S, math.ceil(self._timeout))
+        conn = self._connection_class.connect(
+            self._conninfo, autocommit=True, connect_timeout=seconds
+        )
+        self._listener = conn
+        conn.deadline = deadline.at
+        conn.execute(f"LISTEN {CHANNEL}")
+        conn.deadline = None
+        self._heard = time.monotonic()
+
+    def receive(self, timeout: float) -> list[str]:
+        """Names notified within ``timeout`` seconds; a silent connection is probed."""
+        conn = self._listener
+        if conn is None:
+            raise StoreError("postgres store: not listening", kind=ErrorKind.UNAVAILABLE)
+        names = [notify.payload for notify in conn.notifies(timeout=timeout, stop_after=1)]
+        now = time.monotonic()
+        if names:
+            self._heard = now
+        elif now - self._heard > _LISTENER_PROBE_S:  # silent network: a probe must come back
+            conn.deadline = now + self._timeout
+            conn.execute("SELECT 1")
+            conn.deadline = None
+            self._heard = time.monotonic()
+        return names
+
+    def hang_up(self) -> None:
+        """Close the listening connection; idempotent."""
+        conn, self._listener = self._listener, None
+        if conn is not None:
+            conn.close()
+
     # -- connection, retries, errors ----------------------------------------------------------
 
     def _run(self, step: Callable[[psycopg.Connection[Any]], _T], *, retry: bool = True) -> _T:
@@ -223,27 +463,30 @@ class PostgresEngine(Engine[Granted]):
         Every step is one transaction and safe to repeat: a lease belongs to no
         connection, and the grant and release recognise their own attempt.
         """
-        deadline = Deadline(self._timeout)
-        if not self._mutex.acquire(timeout=max(deadline.left(), 0.0)):
-            raise timed_out(self.kind, deadline)
-        try:
-            failure: BaseException | None = None
-            for _ in deadline.attempts():
-                conn = self._connection(deadline)
-                conn.deadline = deadline.at
-                try:
-                    return step(conn)
-                except self._pg.OperationalError as error:
-                    self._drop()
-                    failure = error
-                except self._pg.Error as error:
-                    raise StoreError(f"postgres store: {error}", kind=ErrorKind.DATABASE) from error
-                if not retry:
-                    break
-            assert failure is not None  # the loop either returned or failed at least once
-            raise gave_up(self.kind, deadline, failure) from failure
-        finally:
-            self._mutex.release()
+        with self._reachability:
+            deadline = Deadline(self._timeout)
+            if not self._mutex.acquire(timeout=max(deadline.left(), 0.0)):
+                raise timed_out(self.kind, deadline)
+            try:
+                failure: BaseException | None = None
+                for _ in deadline.attempts():
+                    conn = self._connection(deadline)
+                    conn.deadline = deadline.at
+                    try:
+                        return step(conn)
+                    except self._pg.OperationalError as error:
+                        self._drop()
+                        failure = error
+                    except self._pg.Error as error:
+                        raise StoreError(
+                            f"postgres store: {error}", kind=ErrorKind.DATABASE
+                        ) from error
+                    if not retry:
+                        break
+                assert failure is not None  # the loop either returned or failed at least once
+                raise gave_up(self.kind, deadline, failure) from failure
+            finally:
+                self._mutex.release()
 
     def _connection(self, deadline: Deadline) -> DeadlineConnection:
         if self._closed:
@@ -267,22 +510,82 @@ class PostgresEngine(Engine[Granted]):
 
     def _after_fork_in_child(self) -> None:
         conn, self._conn = self._conn, None
+        listener, self._listener = self._listener, None
         self._mutex = threading.Lock()
-        if conn is not None and not conn.closed:
-            devnull = os.open(os.devnull, os.O_RDWR)
-            try:
-                os.dup2(devnull, conn.fileno())  # the parent's session never sees our goodbye
-            finally:
-                os.close(devnull)
-            conn.close()
+        for inherited in (conn, listener):
+            if inherited is not None and not inherited.closed:
+                forget_in_child(inherited)
 
     def close(self) -> None:
         with self._mutex:
             self._closed = True
             self._drop()
+        self._notifications.close()
 
     def __repr__(self) -> str:
         return "<PostgresEngine>"
+
+
+def forget_in_child(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Drop a connection a forked child inherited without the parent's session noticing.
+
+    The child's copy of the socket is pointed at ``/dev/null`` first, so the
+    goodbye the close sends never reaches the server.
+    """
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(devnull, conn.fileno())
+    finally:
+        os.close(devnull)
+    conn.pgconn.finish()
+
+
+def unit_outcome(name: str, limit: int, row: tuple[Any, ...] | None) -> UnitGranted | Busy:
+    """What ``orbitive_semaphore_acquire`` answered, as a grant or a refusal.
+
+    Raises:
+        SemaphoreLimitMismatch: the live holders of ``name`` have another limit.
+    """
+    if row is None:  # busy, but its holders were released between the count and the read
+        return Busy(None)
+    outcome, slot, found, holder, token, expires_at, remaining = row
+    if outcome == "granted":
+        return UnitGranted(slot, token, expires_at)
+    if outcome == "mismatch":
+        raise limit_mismatch(name, limit, found)
+    return Busy(SlotInfo(name, slot, found, holder, token, expires_at, remaining))
+
+
+def unit_params(
+    name: str, owner: str, grants: Sequence[UnitGranted], **more: object
+) -> dict[str, object]:
+    """The parameters of a batch statement on ``grants`` (slots and tokens as arrays)."""
+    slots = [grant.slot for grant in grants]
+    tokens = [grant.fencing_token for grant in grants]
+    return {"name": name, "owner": owner, "slots": slots, "tokens": tokens, **more}
+
+
+def renewed_units(
+    grants: Sequence[UnitGranted], rows: list[tuple[Any, ...]]
+) -> list[UnitGranted | None]:
+    """Each grant renewed to the expiry its row came back with, or None without a row."""
+    expiries = dict(rows)
+    return [
+        grant._replace(expires_at=expiries[grant.slot]) if grant.slot in expiries else None
+        for grant in grants
+    ]
+
+
+def released_units(grants: Sequence[UnitGranted], row: tuple[Any, ...] | None) -> list[bool]:
+    """The release function's answer, one bool per grant."""
+    released = None if row is None else row[0]
+    return [bool(flag) for flag in released] if released else [False] * len(grants)
+
+
+def slot_infos(rows: list[tuple[Any, ...]]) -> list[SlotInfo]:
+    """Holder rows (name first) as snapshots, by name (UTF-8 order) and slot."""
+    infos = [SlotInfo(*row) for row in rows]
+    return sorted(infos, key=lambda info: (info.name.encode(), info.slot))
 
 
 def _ensure_schema(conn: psycopg.Connection[Any]) -> None:

@@ -28,16 +28,30 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._core import _fork
 from .._core._errors import ErrorKind, StoreError
-from ._engine import Busy, Granted, LockInfo
+from ._engine import Busy, Granted, LockInfo, UnitGranted
 from ._engine_async import AsyncEngine
 from ._network import Deadline, attempt_id, gave_up, timed_out
-from ._postgres import _ACQUIRE, _RELEASE, _RENEW, CONNECT_TIMEOUT_MIN_S, PostgresEngine
+from ._postgres import (
+    _ACQUIRE,
+    _RELEASE,
+    _RENEW,
+    _UNIT_ACQUIRE,
+    _UNIT_RELEASE,
+    _UNIT_RENEW,
+    CONNECT_TIMEOUT_MIN_S,
+    PostgresEngine,
+    forget_in_child,
+    released_units,
+    renewed_units,
+    unit_outcome,
+    unit_params,
+)
 from ._postgres_wait import AsyncDeadlineConnection
 
 if TYPE_CHECKING:
@@ -46,14 +60,17 @@ if TYPE_CHECKING:
 _Loop = asyncio.AbstractEventLoop
 
 
-class PostgresAsyncEngine(AsyncEngine[Granted]):
-    """Named locks as rows of one PostgreSQL table, through ``psycopg.AsyncConnection``."""
+class PostgresAsyncEngine(AsyncEngine[Granted, UnitGranted]):
+    """Named locks and semaphores as rows of PostgreSQL tables, through
+    ``psycopg.AsyncConnection`` (waiters hear releases through the sync engine's
+    listening connection)."""
 
     def __init__(self, engine: PostgresEngine) -> None:
         super().__init__(engine)
         self._pg = engine._pg
         self._conninfo = engine._conninfo
         self._timeout = engine._timeout
+        self._reachability = engine._reachability  # one server: its sync form's state
         self._mutex = threading.Lock()  # guards the map of connections, never awaited
         self._connections: dict[_Loop, AsyncDeadlineConnection] = {}
         self._closed = False
@@ -85,36 +102,60 @@ class PostgresAsyncEngine(AsyncEngine[Granted]):
         row = await self._fetch(_RELEASE, params)
         return row is not None and bool(row[0])
 
+    async def acquire_unit(
+        self, name: str, limit: int, owner: str, ttl: float
+    ) -> UnitGranted | Busy:
+        params = {"name": name, "limit": limit, "owner": owner, "ttl": ttl, "attempt": attempt_id()}
+        return unit_outcome(name, limit, await self._fetch(_UNIT_ACQUIRE, params))
+
+    async def renew_units(
+        self, name: str, owner: str, grants: Sequence[UnitGranted], ttl: float
+    ) -> list[UnitGranted | None]:
+        rows = await self._rows(_UNIT_RENEW, unit_params(name, owner, grants, ttl=ttl))
+        return renewed_units(grants, rows)
+
+    async def release_units(
+        self, name: str, owner: str, grants: Sequence[UnitGranted]
+    ) -> list[bool]:
+        params = unit_params(name, owner, grants, attempt=attempt_id())
+        return released_units(grants, await self._fetch(_UNIT_RELEASE, params))
+
     async def _fetch(self, sql: str, params: dict[str, object]) -> tuple[Any, ...] | None:
-        """One statement, its first row, within the call timeout; a broken connection is
+        """The first row of :meth:`_rows`, or None."""
+        rows = await self._rows(sql, params)
+        return rows[0] if rows else None
+
+    async def _rows(self, sql: str, params: dict[str, object]) -> list[tuple[Any, ...]]:
+        """One statement, its rows, within the call timeout; a broken connection is
         replaced and the statement retried while time is left (it is safe to repeat)."""
-        deadline = Deadline(self._timeout)
-        failure: BaseException | None = None
-        for _ in deadline.attempts():
-            try:
-                conn = await self._connection(deadline)
-            except StoreError as error:  # no connection this attempt: the next one may make it
-                if error.kind is not ErrorKind.UNAVAILABLE:
-                    raise
-                failure = error.__cause__ or error  # the driver's reason, wrapped once below
-                continue
-            conn.deadline = deadline.at
-            try:
-                return await self._execute(conn, sql, params)
-            except self._pg.OperationalError as error:  # also the wait's timeout
-                self._drop(conn)
-                failure = error
-            except self._pg.Error as error:
-                raise StoreError(f"postgres store: {error}", kind=ErrorKind.DATABASE) from error
-        assert failure is not None  # the loop either returned or failed at least once
-        raise gave_up("postgres", deadline, failure) from failure
+        with self._reachability:
+            deadline = Deadline(self._timeout)
+            failure: BaseException | None = None
+            for _ in deadline.attempts():
+                try:
+                    conn = await self._connection(deadline)
+                except StoreError as error:  # no connection this attempt: the next one may make it
+                    if error.kind is not ErrorKind.UNAVAILABLE:
+                        raise
+                    failure = error.__cause__ or error  # the driver's reason, wrapped once below
+                    continue
+                conn.deadline = deadline.at
+                try:
+                    return await self._execute(conn, sql, params)
+                except self._pg.OperationalError as error:  # also the wait's timeout
+                    self._drop(conn)
+                    failure = error
+                except self._pg.Error as error:
+                    raise StoreError(f"postgres store: {error}", kind=ErrorKind.DATABASE) from error
+            assert failure is not None  # the loop either returned or failed at least once
+            raise gave_up("postgres", deadline, failure) from failure
 
     @staticmethod
     async def _execute(
         conn: AsyncDeadlineConnection, sql: str, params: dict[str, object]
-    ) -> tuple[Any, ...] | None:
+    ) -> list[tuple[Any, ...]]:
         cursor = await conn.execute(sql, params)
-        return await cursor.fetchone()
+        return await cursor.fetchall()
 
     async def _connection(self, deadline: Deadline) -> AsyncDeadlineConnection:
         if self._closed:
@@ -167,14 +208,9 @@ class PostgresAsyncEngine(AsyncEngine[Granted]):
     def _after_fork_in_child(self) -> None:
         connections, self._connections = list(self._connections.values()), {}
         self._mutex = threading.Lock()
-        devnull = os.open(os.devnull, os.O_RDWR)
-        try:
-            for conn in connections:
-                if not conn.closed:
-                    os.dup2(devnull, conn.fileno())  # the parent's session never sees our goodbye
-                    conn.pgconn.finish()
-        finally:
-            os.close(devnull)
+        for conn in connections:
+            if not conn.closed:
+                forget_in_child(conn)
 
     def __repr__(self) -> str:
         return "<PostgresAsyncEngine>"

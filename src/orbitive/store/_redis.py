@@ -30,7 +30,8 @@ Facts this engine relies on:
   quarter of the call timeout, so two attempts of connect plus command fit.
 * The pool counts every ``Connection`` it makes against its limit and forgets
   one only when it is released to it, which the engine never does: so the
-  engine makes exactly one per process, never one per reconnect (one per
+  engine makes exactly one per process (two with semaphore waiters, see below),
+  never one per reconnect (one per
   reconnect ran out of the limit after about 50 failed calls, and every call
   after was refused with "Too many connections").
 * ``locks()`` walks the prefix with ``SCAN`` and reads each batch of keys in
@@ -42,6 +43,20 @@ Facts this engine relies on:
 * After ``fork`` the child drops the inherited connection: redis-py closes its
   socket without ``shutdown`` in a process other than its creator, so the
   parent's session lives on; the child makes its own on first use.
+* A semaphore is one hash ``{prefix}sem:{name}``: the field ``limit`` holds the
+  limit its holders were granted under, and each held slot is a field (its
+  number) holding ``"EXPIRES_MS TOKEN ATTEMPT OWNER"``. A hash field has no
+  expiry of its own before Redis 7.4, so the scripts read the server's clock
+  (``TIME``) and compare; the grant deletes the lapsed fields it meets, and the
+  key expires (``PEXPIREAT``) when its last lease would. Each script runs
+  atomically, so the count, the limit check and the choice of the lowest free
+  slot see every earlier grant; tokens come from the same ``{prefix}fence``.
+* A release of semaphore units publishes the name on the channel
+  ``{prefix}semaphores``; the engine's subscribed connection (see
+  ``_notifications``) wakes the waiters of that name. Pub/Sub needs no server
+  setting, unlike keyspace notifications (which are Pub/Sub messages too).
+  The subscribed connection is the engine's second ``Connection``, also made
+  once per process and reconnected in place.
 """
 
 from __future__ import annotations
@@ -50,14 +65,17 @@ import hashlib
 import math
 import re
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from .._core import _fork
 from .._core._errors import ErrorKind, InvalidStoreUrl, StoreError
-from ._engine import Busy, Engine, LockInfo
+from ._engine import Busy, Engine, LockInfo, SlotInfo, limit_mismatch
+from ._health import Reachability
 from ._network import Deadline, attempt_id, gave_up, timed_out
+from ._notifications import Notifications, Subscription
 
 if TYPE_CHECKING:
     from redis.connection import ConnectionPool
@@ -130,7 +148,168 @@ for _, key in ipairs(KEYS) do
 end
 return out
 """
+# The server's clock in milliseconds, as every semaphore script reads it.
+_NOW: Final = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+"""
+# KEYS[1] semaphore hash, KEYS[2] fence counter; ARGV[1] limit, ARGV[2] owner,
+# ARGV[3] ttl ms, ARGV[4] attempt -> {1, slot, token, expires_at ms} granted (also to a
+# retry of this attempt), {0, slot, token, expires_at ms, remaining ms, owner} for the
+# holder that ends first, {-1, limit found} when the holders have another limit.
+_UNIT_ACQUIRE: Final = (
+    _NOW
+    + """
+if tonumber(ARGV[3]) < 1 then
+    return redis.error_reply('orbitive: a semaphore lease needs a ttl of at least 1 ms')
+end
+local limit = tonumber(ARGV[1])
+local fields = redis.call('HGETALL', KEYS[1])
+local live, count, found = {}, 0, nil
+local first = nil
+for at = 1, #fields, 2 do
+    local field, value = fields[at], fields[at + 1]
+    if field == 'limit' then
+        found = tonumber(value)
+    else
+        local expires, token, attempt, owner = string.match(value, '^(%d+) (%d+) (%x+) (.*)$')
+        if not expires then
+            return redis.error_reply('orbitive: ' .. KEYS[1] .. ' does not hold a semaphore')
+        end
+        expires = tonumber(expires)
+        if expires <= now then
+            redis.call('HDEL', KEYS[1], field)
+        elseif attempt == ARGV[4] then
+            return {1, tonumber(field), tonumber(token), expires}
+        else
+            count = count + 1
+            live[tonumber(field)] = true
+            if first == nil or expires < first[3] then
+                first = {tonumber(field), tonumber(token), expires, owner}
+            end
+        end
+    end
+end
+if count > 0 and found ~= limit then
+    return {-1, found or 0}
+end
+if count >= limit then
+    return {0, first[1], first[2], first[3], first[3] - now, first[4]}
+end
+local slot = 0
+while live[slot] do
+    slot = slot + 1
+end
+local token = redis.call('INCR', KEYS[2])
+local expires = now + tonumber(ARGV[3])
+local value = string.format('%d %d %s %s', expires, token, ARGV[4], ARGV[2])
+redis.call('HSET', KEYS[1], slot, value, 'limit', limit)
+if redis.call('PEXPIRETIME', KEYS[1]) < expires then
+    redis.call('PEXPIREAT', KEYS[1], expires)
+end
+return {1, slot, token, expires}
+"""
+)
+# KEYS[1] semaphore hash; ARGV[1] ttl ms, then (slot, "TOKEN ATTEMPT OWNER") per grant
+# -> the new expires_at ms per grant, 0 for a tenure that is gone.
+_UNIT_RENEW: Final = (
+    _NOW
+    + """
+if tonumber(ARGV[1]) < 1 then
+    return redis.error_reply('orbitive: a semaphore lease needs a ttl of at least 1 ms')
+end
+local out, latest = {}, 0
+for at = 2, #ARGV, 2 do
+    local renewed = 0
+    local value = redis.call('HGET', KEYS[1], ARGV[at])
+    if value then
+        local expires, rest = string.match(value, '^(%d+) (.*)$')
+        if rest == ARGV[at + 1] and tonumber(expires) > now then
+            renewed = now + tonumber(ARGV[1])
+            redis.call('HSET', KEYS[1], ARGV[at], string.format('%d %s', renewed, rest))
+            latest = renewed
+        end
+    end
+    out[#out + 1] = renewed
+end
+if latest > 0 and redis.call('PEXPIRETIME', KEYS[1]) < latest then
+    redis.call('PEXPIREAT', KEYS[1], latest)
+end
+return out
+"""
+)
+# KEYS[1] semaphore hash, KEYS[2] receipt; ARGV[1] receipt ms, ARGV[2] channel,
+# ARGV[3] name, then (slot, "TOKEN ATTEMPT OWNER") per grant -> "1 0 ..." (1: was live).
+_UNIT_RELEASE: Final = (
+    """
+local done = redis.call('GET', KEYS[2])
+if done then
+    return done
+end
+"""
+    + _NOW
+    + """
+local out, freed = {}, false
+for at = 4, #ARGV, 2 do
+    local released = '0'
+    local value = redis.call('HGET', KEYS[1], ARGV[at])
+    if value then
+        local expires, rest = string.match(value, '^(%d+) (.*)$')
+        if rest == ARGV[at + 1] then
+            redis.call('HDEL', KEYS[1], ARGV[at])
+            if tonumber(expires) > now then
+                released = '1'
+                freed = true
+            end
+        end
+    end
+    out[#out + 1] = released
+end
+if redis.call('HLEN', KEYS[1]) == 1 then
+    redis.call('DEL', KEYS[1])
+end
+local answer = table.concat(out, ' ')
+if freed then
+    redis.call('SET', KEYS[2], answer, 'PX', ARGV[1])
+    redis.call('PUBLISH', ARGV[2], ARGV[3])
+end
+return answer
+"""
+)
+# KEYS: semaphore hashes -> {key, slot, limit, owner, token, expires_at ms, remaining ms,
+# key, ...} for the live holders among them; keys that hold no hash are skipped.
+_UNITS: Final = (
+    _NOW
+    + """
+local out = {}
+for _, key in ipairs(KEYS) do
+    local fields = redis.pcall('HGETALL', key)
+    if type(fields) == 'table' then
+        local limit = 0
+        for at = 1, #fields, 2 do
+            if fields[at] == 'limit' then
+                limit = tonumber(fields[at + 1])
+            end
+        end
+        for at = 1, #fields, 2 do
+            local value = fields[at + 1]
+            local expires, token, _, owner = string.match(value, '^(%d+) (%d+) (%x+) (.*)$')
+            if fields[at] ~= 'limit' and expires and tonumber(expires) > now then
+                local row = {key, tonumber(fields[at]), limit, owner, tonumber(token),
+                             tonumber(expires), tonumber(expires) - now}
+                for _, item in ipairs(row) do
+                    out[#out + 1] = item
+                end
+            end
+        end
+    end
+end
+return out
+"""
+)
 _GLOB: Final = str.maketrans({char: "\\" + char for char in "\\*?[]"})
+#: A subscribed connection that heard nothing for this long is pinged, in seconds.
+_LISTENER_PROBE_S: Final = 5.0
 
 
 class RedisGrant(NamedTuple):
@@ -154,6 +333,11 @@ def _redis() -> ModuleType:
     return redis
 
 
+def _tenures(grants: Sequence[RedisUnit]) -> list[object]:
+    """The script arguments naming ``grants``: slot and stored value, grant by grant."""
+    return [part for grant in grants for part in (grant.slot, grant.value)]
+
+
 def _ms(seconds: float) -> int:
     """Whole milliseconds, rounded down: a lease never outlasts its ttl."""
     return math.floor(seconds * 1000.0)
@@ -170,12 +354,43 @@ def _script(source: str) -> _Script:
     return _Script(source, hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest())
 
 
-_SCRIPTS: Final = tuple(map(_script, (_ACQUIRE, _RENEW, _RELEASE, _FORCE, _SNAPSHOT)))
-_ACQUIRE_SCRIPT, _RENEW_SCRIPT, _RELEASE_SCRIPT, _FORCE_SCRIPT, _SNAPSHOT_SCRIPT = _SCRIPTS
+_SCRIPTS: Final = tuple(
+    map(
+        _script,
+        (
+            _ACQUIRE,
+            _RENEW,
+            _RELEASE,
+            _FORCE,
+            _SNAPSHOT,
+            _UNIT_ACQUIRE,
+            _UNIT_RENEW,
+            _UNIT_RELEASE,
+            _UNITS,
+        ),
+    )
+)
+_ACQUIRE_SCRIPT, _RENEW_SCRIPT, _RELEASE_SCRIPT, _FORCE_SCRIPT, _SNAPSHOT_SCRIPT = _SCRIPTS[:5]
+_UNIT_ACQUIRE_SCRIPT, _UNIT_RENEW_SCRIPT, _UNIT_RELEASE_SCRIPT, _UNITS_SCRIPT = _SCRIPTS[5:]
 
 
-class RedisEngine(Engine[RedisGrant]):
-    """Named locks as expiring keys of one Redis node, timed by the server's clock."""
+class RedisUnit(NamedTuple):
+    """A Redis tenure of a semaphore slot: slot, token, expiry (server epoch s), the value
+    ``"TOKEN ATTEMPT OWNER"`` its field holds after the expiry."""
+
+    slot: int
+    fencing_token: int
+    expires_at: float
+    value: str
+
+
+class RedisEngine(Engine[RedisGrant, RedisUnit]):
+    """Named locks and semaphores as keys of one Redis node, timed by the server's clock.
+
+    It is also the :class:`~._notifications.Channel` of its own notifications: a
+    second connection, used only by their thread, subscribed to the semaphores'
+    channel.
+    """
 
     kind = "redis"
 
@@ -200,11 +415,18 @@ class RedisEngine(Engine[RedisGrant]):
             self._conn: Any = self._pool.make_connection()
         except (ValueError, TypeError, self._errors) as error:  # redis-py's verdict on the URL
             raise InvalidStoreUrl(f"redis store URL refused: {error}") from None
+        self._reachability = Reachability("redis store")
         self._mutex = threading.Lock()
         self._closed = False
         self._prefix = prefix
         self._lease_prefix = f"{prefix}lock:"
+        self._unit_prefix = f"{prefix}sem:"
+        self._channel = f"{prefix}semaphores"
         self._fence = f"{prefix}fence"
+        self._subscriber: Any = None  # the listening Connection, made once per process
+        self._heard = 0.0  # time.monotonic() the subscriber last heard from the server
+        self._pinged = 0.0  # time.monotonic() of an unanswered PING, or 0
+        self._notifications = Notifications(self)
         try:
             self._check_version()
             for script in _SCRIPTS:
@@ -261,6 +483,94 @@ class RedisEngine(Engine[RedisGrant]):
         infos = {info.name: info for batch in self._scan(pattern) for info in self._infos(batch)}
         return sorted(infos.values(), key=lambda info: info.name.encode())
 
+    def acquire_unit(self, name: str, limit: int, owner: str, ttl: float) -> RedisUnit | Busy:
+        attempt = attempt_id()
+        keys = (self._unit_prefix + name, self._fence)
+        reply = self._eval(_UNIT_ACQUIRE_SCRIPT, keys, limit, owner, _ms(ttl), attempt)
+        if reply[0] == 1:
+            _, slot, token, expires_ms = reply
+            return RedisUnit(slot, token, expires_ms / 1000.0, f"{token} {attempt} {owner}")
+        if reply[0] == -1:
+            raise limit_mismatch(name, limit, reply[1])
+        _, slot, token, expires_ms, left_ms, holder = reply
+        return Busy(
+            SlotInfo(name, slot, limit, holder, token, expires_ms / 1000.0, left_ms / 1000.0)
+        )
+
+    def renew_units(
+        self, name: str, owner: str, grants: Sequence[RedisUnit], ttl: float
+    ) -> list[RedisUnit | None]:
+        keys = (self._unit_prefix + name,)
+        reply = self._eval(_UNIT_RENEW_SCRIPT, keys, _ms(ttl), *_tenures(grants))
+        return [
+            grant._replace(expires_at=expires_ms / 1000.0) if expires_ms else None
+            for grant, expires_ms in zip(grants, reply, strict=True)
+        ]
+
+    def release_units(self, name: str, owner: str, grants: Sequence[RedisUnit]) -> list[bool]:
+        keys = (self._unit_prefix + name, self._receipt())
+        args = (self._receipt_ms, self._channel, name, *_tenures(grants))
+        reply = self._eval(_UNIT_RELEASE_SCRIPT, keys, *args)
+        return [flag == "1" for flag in str(reply).split()]
+
+    def holders(self, name: str) -> list[SlotInfo]:
+        return self._units((self._unit_prefix + name,))
+
+    def semaphores(self) -> list[SlotInfo]:
+        pattern = self._unit_prefix.translate(_GLOB) + "*"
+        # SCAN may return a key twice: one snapshot per name and slot.
+        found = {
+            (info.name, info.slot): info
+            for batch in self._scan(pattern)
+            for info in self._units(batch)
+        }
+        return sorted(found.values(), key=lambda info: (info.name.encode(), info.slot))
+
+    def subscribe(self, name: str) -> Subscription:
+        return self._notifications.subscribe(name)
+
+    # -- the subscribed connection (the Channel of the notifications' thread) -----------------
+
+    def listen(self) -> None:
+        """Subscribe a second connection to the semaphores' channel."""
+        if self._closed:
+            raise StoreError("redis store is closed", kind=ErrorKind.CLOSED)
+        if self._subscriber is None:  # one per process, as the engine's own (see the docstring)
+            self._subscriber = self._pool.make_connection()
+        self._subscriber.send_command("SUBSCRIBE", self._channel)
+        self._subscriber.read_response(push_request=True)
+        self._heard, self._pinged = time.monotonic(), 0.0
+
+    def receive(self, timeout: float) -> list[str]:
+        """Names published within ``timeout`` seconds. A connection silent for a while is
+        pinged; one that leaves the ping unanswered for a call timeout counts as broken.
+
+        Raises:
+            redis.TimeoutError: the ping went unanswered. redis.ConnectionError: broken.
+        """
+        conn = self._subscriber
+        names: list[str] = []
+        heard = ready = conn.can_read(timeout=timeout)
+        while ready:
+            message = conn.read_response(push_request=True)
+            if message[0] == "message":
+                names.append(message[2])
+            ready = conn.can_read(timeout=0)
+        now = time.monotonic()
+        if heard:
+            self._heard, self._pinged = now, 0.0
+        elif self._pinged and now - self._pinged > self._timeout:
+            raise self._transient[1]("no reply to PING on the subscribed connection")
+        elif not self._pinged and now - self._heard > _LISTENER_PROBE_S:
+            conn.send_command("PING")
+            self._pinged = now
+        return names
+
+    def hang_up(self) -> None:
+        """Close the subscribed connection's socket; the same ``Connection`` listens again."""
+        if self._subscriber is not None:
+            self._subscriber.disconnect()
+
     # -- reading leases -----------------------------------------------------------------------
 
     def _scan(self, pattern: str) -> Iterator[tuple[str, ...]]:
@@ -287,6 +597,20 @@ class RedisEngine(Engine[RedisGrant]):
             infos.append(LockInfo(name, owner, int(token), expires_ms / 1000.0, left_ms / 1000.0))
         return infos
 
+    def _units(self, keys: tuple[str, ...]) -> list[SlotInfo]:
+        """Snapshots of the live semaphore holders among the hashes ``keys``, by slot."""
+        reply = self._eval(_UNITS_SCRIPT, keys)
+        cut = len(self._unit_prefix)
+        infos = []
+        for at in range(0, len(reply), 7):
+            key, slot, limit, owner, token, expires_ms, left_ms = reply[at : at + 7]
+            infos.append(
+                SlotInfo(
+                    key[cut:], slot, limit, owner, token, expires_ms / 1000.0, left_ms / 1000.0
+                )
+            )
+        return sorted(infos, key=lambda info: info.slot)
+
     # -- the connection, retries, errors ------------------------------------------------------
 
     def _receipt(self) -> str:
@@ -303,23 +627,26 @@ class RedisEngine(Engine[RedisGrant]):
         a new one while time is left. Every command is safe to repeat: the scripts
         recognise their own attempt. NOSCRIPT loads ``script`` and sends it again.
         """
-        deadline = Deadline(self._timeout)
-        if not self._mutex.acquire(timeout=max(deadline.left(), 0.0)):
-            raise timed_out(self.kind, deadline)
-        try:
-            failure: BaseException | None = None
-            for _ in deadline.attempts():
-                try:
-                    return self._exchange(command, script)
-                except self._transient as error:
-                    self._disconnect()
-                    failure = error
-                except self._errors as error:
-                    raise StoreError(f"redis store: {error}", kind=ErrorKind.DATABASE) from error
-            assert failure is not None  # the loop either returned or failed at least once
-            raise gave_up(self.kind, deadline, failure) from failure
-        finally:
-            self._mutex.release()
+        with self._reachability:
+            deadline = Deadline(self._timeout)
+            if not self._mutex.acquire(timeout=max(deadline.left(), 0.0)):
+                raise timed_out(self.kind, deadline)
+            try:
+                failure: BaseException | None = None
+                for _ in deadline.attempts():
+                    try:
+                        return self._exchange(command, script)
+                    except self._transient as error:
+                        self._disconnect()
+                        failure = error
+                    except self._errors as error:
+                        raise StoreError(
+                            f"redis store: {error}", kind=ErrorKind.DATABASE
+                        ) from error
+                assert failure is not None  # the loop either returned or failed at least once
+                raise gave_up(self.kind, deadline, failure) from failure
+            finally:
+                self._mutex.release()
 
     def _exchange(self, command: tuple[object, ...], script: _Script | None) -> Any:
         conn = self._connection()
@@ -353,9 +680,13 @@ class RedisEngine(Engine[RedisGrant]):
     def _after_fork_in_child(self) -> None:
         self._mutex = threading.Lock()
         self._drop()  # in a child, redis-py closes the socket without shutdown
-        self._pool.reset()  # the child's pool counts only the connection it makes
+        subscriber, self._subscriber = self._subscriber, None
+        if subscriber is not None:
+            subscriber.disconnect()
+        self._pool.reset()  # the child's pool counts only the connections it makes
 
     def close(self) -> None:
+        self._notifications.close()
         with self._mutex:
             self._closed = True
             self._drop()

@@ -20,17 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 
 from .._core import _fork
 from .._core._errors import StoreError
 from ..lock import LockLease
 from ._engine import Busy
 from ._engine_async import AsyncEngine
-from ._shm import ShmEngine
+from ._notifications import Subscription
+from ._shm import ShmEngine, ShmUnit
 
 
-class ShmAsyncEngine(AsyncEngine[LockLease]):
-    """Named locks in the SHM lock table, for asyncio code."""
+class ShmAsyncEngine(AsyncEngine[LockLease, ShmUnit]):
+    """Named locks and semaphores in the SHM lock table, for asyncio code."""
 
     atomic = True
 
@@ -50,6 +52,21 @@ class ShmAsyncEngine(AsyncEngine[LockLease]):
 
     async def release(self, name: str, owner: str, grant: LockLease) -> bool:
         return self._shm.release(name, owner, grant)
+
+    async def acquire_unit(self, name: str, limit: int, owner: str, ttl: float) -> ShmUnit | Busy:
+        return self._shm.acquire_unit(name, limit, owner, ttl)
+
+    async def renew_units(
+        self, name: str, owner: str, grants: Sequence[ShmUnit], ttl: float
+    ) -> list[ShmUnit | None]:
+        return self._shm.renew_units(name, owner, grants, ttl)
+
+    async def release_units(self, name: str, owner: str, grants: Sequence[ShmUnit]) -> list[bool]:
+        return self._shm.release_units(name, owner, grants)
+
+    def subscribe(self, name: str) -> Subscription | None:
+        """None: a semaphore waiter waits on the table's readiness, as a lock waiter does."""
+        return None
 
     async def wait(self, delay: float) -> None:
         """Until the table signals a transition, or ``delay`` seconds."""
@@ -91,7 +108,7 @@ class ShmAsyncEngine(AsyncEngine[LockLease]):
     def _ring(self, loop: asyncio.AbstractEventLoop) -> None:
         """The descriptor is readable: clear it and wake the loop's waiters."""
         try:
-            self._shm.arm()  # drains the descriptor
+            self._shm.drain()
         except StoreError:  # closed: stop watching; each waiter's next attempt says so
             with self._mutex:
                 waiters = self._forget(loop) if loop in self._waiting else set()

@@ -21,7 +21,12 @@ Facts this engine relies on:
 Invariant: a new token is ``orbitive_fence.last_token + 1``, and triggers copy
 every token written back into that single row within the same statement; a
 released row is deleted but the counter never goes back, so tokens strictly
-increase per file.
+increase per file, across locks and semaphores.
+
+Semaphores are rows of ``orbitive_semaphores``, one per held slot, keyed by name
+and slot; the limit each was granted under is stored with it. A grant reads the
+name's live rows and writes the lowest free slot in one ``BEGIN IMMEDIATE``
+transaction, so grants of every process are serialised by the write lock.
 """
 
 from __future__ import annotations
@@ -32,14 +37,23 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final, TypeVar
 
 from .._core import _fork
 from .._core._access import open_checked
 from .._core._errors import AccessDenied, ErrorKind, InvalidStoreUrl, StoreError
-from ._engine import Busy, Engine, Granted, LockInfo
+from ._engine import (
+    Busy,
+    Engine,
+    Granted,
+    LockInfo,
+    SlotInfo,
+    UnitGranted,
+    limit_mismatch,
+)
+from ._health import Reachability
 
 _T = TypeVar("_T")
 
@@ -69,6 +83,22 @@ _SCHEMA: Final = (
     """CREATE TRIGGER IF NOT EXISTS orbitive_fence_on_update
         AFTER UPDATE OF fencing_token ON orbitive_locks
         BEGIN UPDATE orbitive_fence SET last_token = NEW.fencing_token WHERE id = 1; END""",
+    """CREATE TABLE IF NOT EXISTS orbitive_semaphores (
+        name TEXT NOT NULL,
+        slot INTEGER NOT NULL CHECK (slot >= 0),
+        semaphore_limit INTEGER NOT NULL CHECK (semaphore_limit > slot),
+        owner TEXT NOT NULL CHECK (owner <> ''),
+        fencing_token INTEGER NOT NULL CHECK (fencing_token > 0),
+        acquired_at REAL NOT NULL,
+        expires_at REAL NOT NULL CHECK (expires_at > acquired_at),
+        PRIMARY KEY (name, slot)
+    ) WITHOUT ROWID""",
+    """CREATE TRIGGER IF NOT EXISTS orbitive_fence_on_unit_insert
+        AFTER INSERT ON orbitive_semaphores
+        BEGIN UPDATE orbitive_fence SET last_token = NEW.fencing_token WHERE id = 1; END""",
+    """CREATE TRIGGER IF NOT EXISTS orbitive_fence_on_unit_update
+        AFTER UPDATE OF fencing_token ON orbitive_semaphores
+        BEGIN UPDATE orbitive_fence SET last_token = NEW.fencing_token WHERE id = 1; END""",
 )
 # One statement grants: insert, or take over an expired row, with the next token.
 _GRANT: Final = """INSERT INTO orbitive_locks
@@ -89,12 +119,31 @@ _RELEASE: Final = (
 )
 _FORCE: Final = "DELETE FROM orbitive_locks WHERE name = ? RETURNING expires_at"
 _LIVE: Final = "SELECT name, owner, fencing_token, expires_at FROM orbitive_locks"
+# A semaphore slot: insert, or take over a lapsed row, with the next token.
+_UNIT_GRANT: Final = """INSERT INTO orbitive_semaphores
+    SELECT ?1, ?2, ?3, ?4, last_token + 1, ?5, ?6 FROM orbitive_fence WHERE id = 1
+    ON CONFLICT (name, slot) DO UPDATE SET semaphore_limit = excluded.semaphore_limit,
+        owner = excluded.owner, fencing_token = excluded.fencing_token,
+        acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+    RETURNING fencing_token"""
+_UNIT_RENEW: Final = (
+    "UPDATE orbitive_semaphores SET expires_at = ? WHERE name = ? AND slot = ? "
+    "AND owner = ? AND fencing_token = ? AND expires_at > ?"
+)
+_UNIT_RELEASE: Final = (
+    "DELETE FROM orbitive_semaphores WHERE name = ? AND slot = ? AND owner = ? "
+    "AND fencing_token = ? RETURNING expires_at"
+)
+_UNITS_LIVE: Final = (
+    "SELECT name, slot, semaphore_limit, owner, fencing_token, expires_at "
+    "FROM orbitive_semaphores WHERE expires_at > ?"
+)
 
 #: Connections inherited across fork: kept referenced, never closed, never used.
 _abandoned: list[sqlite3.Connection] = []
 
 
-class SqliteEngine(Engine[Granted]):
+class SqliteEngine(Engine[Granted, UnitGranted]):
     """Named locks in one SQLite file (WAL, ``BEGIN IMMEDIATE`` for every write)."""
 
     kind = "sqlite"
@@ -102,6 +151,7 @@ class SqliteEngine(Engine[Granted]):
 
     def __init__(self, path: Path, *, private: bool) -> None:
         self._path = path
+        self._reachability = Reachability(f"sqlite store {str(path)!r}")
         self._mutex = threading.Lock()
         self._cur: sqlite3.Cursor | None = None
         self._closed = False
@@ -155,11 +205,56 @@ class SqliteEngine(Engine[Granted]):
     def locks(self) -> list[LockInfo]:
         return self._run(lambda cur: _read(cur, " WHERE expires_at > ? ORDER BY name"))
 
+    def acquire_unit(self, name: str, limit: int, owner: str, ttl: float) -> UnitGranted | Busy:
+        def step(cur: sqlite3.Cursor) -> UnitGranted | Busy:
+            with _write(cur) as now:
+                live = _units(cur, " AND name = ? ORDER BY slot", now, name)
+                slot = _free_slot(name, limit, live)
+                if type(slot) is Busy:
+                    return slot
+                row = cur.execute(_UNIT_GRANT, (name, slot, limit, owner, now, now + ttl))
+                token = row.fetchone()[0]
+            return UnitGranted(slot, token, now + ttl)
+
+        return self._run(step)
+
+    def renew_units(
+        self, name: str, owner: str, grants: Sequence[UnitGranted], ttl: float
+    ) -> list[UnitGranted | None]:
+        def step(cur: sqlite3.Cursor) -> list[UnitGranted | None]:
+            renewed: list[UnitGranted | None] = []
+            with _write(cur) as now:
+                for grant in grants:
+                    params = (now + ttl, name, grant.slot, owner, grant.fencing_token, now)
+                    changed = cur.execute(_UNIT_RENEW, params).rowcount == 1
+                    renewed.append(grant._replace(expires_at=now + ttl) if changed else None)
+            return renewed
+
+        return self._run(step)
+
+    def release_units(self, name: str, owner: str, grants: Sequence[UnitGranted]) -> list[bool]:
+        def step(cur: sqlite3.Cursor) -> list[bool]:
+            released = []
+            with _write(cur) as now:
+                for grant in grants:
+                    params = (name, grant.slot, owner, grant.fencing_token)
+                    rows = cur.execute(_UNIT_RELEASE, params).fetchall()
+                    released.append(bool(rows) and rows[0][0] > now)
+            return released
+
+        return self._run(step)
+
+    def holders(self, name: str) -> list[SlotInfo]:
+        return self._run(lambda cur: _units(cur, " AND name = ? ORDER BY slot", time.time(), name))
+
+    def semaphores(self) -> list[SlotInfo]:
+        return self._run(lambda cur: _units(cur, " ORDER BY name, slot", time.time()))
+
     # -- connection, retries, errors ----------------------------------------------------------
 
     def _run(self, step: Callable[[sqlite3.Cursor], _T]) -> _T:
         """Run one transaction step, retrying a busy database within the budget."""
-        with self._mutex:
+        with self._reachability, self._mutex:
             deadline = 0.0
             while True:
                 try:
@@ -230,6 +325,30 @@ def _read(cur: sqlite3.Cursor, where: str, *params: object) -> list[LockInfo]:
     now = time.time()
     rows = cur.execute(_LIVE + where, (*params, now)).fetchall()
     return [LockInfo(name, owner, token, exp, exp - now) for name, owner, token, exp in rows]
+
+
+def _units(cur: sqlite3.Cursor, where: str, now: float, *params: object) -> list[SlotInfo]:
+    """The live semaphore holders the ``where`` clause picks (``now`` is time.time())."""
+    rows = cur.execute(_UNITS_LIVE + where, (now, *params)).fetchall()
+    return [
+        SlotInfo(name, slot, limit, owner, token, exp, exp - now)
+        for name, slot, limit, owner, token, exp in rows
+    ]
+
+
+def _free_slot(name: str, limit: int, live: list[SlotInfo]) -> int | Busy:
+    """The lowest slot no live holder has, or Busy with the holder that ends first.
+
+    Raises:
+        SemaphoreLimitMismatch: a live holder was granted under another limit.
+    """
+    for holder in live:
+        if holder.limit != limit:
+            raise limit_mismatch(name, limit, holder.limit)
+    if len(live) >= limit:
+        return Busy(min(live, key=lambda holder: holder.expires_at))
+    taken = {holder.slot for holder in live}
+    return next(slot for slot in range(limit) if slot not in taken)
 
 
 def _ensure_schema(cur: sqlite3.Cursor) -> None:

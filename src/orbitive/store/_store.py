@@ -29,13 +29,15 @@ Timeline of a renew (why it is a *new full window*, not an extension)::
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from . import _lock, _lock_async
 from ._backend import AsyncForm, Backend
-from ._engine import Engine, LockInfo, StoreStatistics
+from ._engine import Engine, LockInfo, SlotInfo, StoreStatistics
 from ._guards import (
+    check_limit,
     check_name,
     check_owner,
     check_renewal,
@@ -45,6 +47,9 @@ from ._guards import (
 )
 from ._lock import Lock
 from ._lock_async import Acquiring, AsyncLock
+from ._semaphore import Semaphore
+
+_log = logging.getLogger("orbitive.store")
 
 
 class Store:
@@ -55,7 +60,7 @@ class Store:
     it without blocking the event loop).
     """
 
-    def __init__(self, engine: Engine[Any], url: str, async_form: AsyncForm) -> None:
+    def __init__(self, engine: Engine[Any, Any], url: str, async_form: AsyncForm) -> None:
         self._backend = Backend(engine, url, async_form)
 
     @property
@@ -100,24 +105,32 @@ class Store:
     ) -> Lock:
         """Wait for ``name`` and hold it, renewing in the background; use with ``with``.
 
-        Waiting is by bounded, jittered polling (SQLite, PostgreSQL, Redis) or by the lock
-        table's readiness descriptor (shm), and never past the holder's expiry.
+        Waiting is by bounded, jittered polling (SQLite, PostgreSQL, Redis), or in the
+        name's queue (shm: a release wakes the waiter that has waited longest, in any
+        process, and a caller that finds waiters, or has just handed the name to one,
+        waits behind them before it asks); never past the holder's expiry.
 
         Args:
             name: the lock name (see :meth:`try_lock`).
             owner: the owner; None makes a fresh ``"host:pid:random"`` one.
             ttl: lease length in seconds; renewed every ``ttl / 3`` when ``auto_renew``.
             timeout: seconds to wait; None waits forever; 0 makes exactly one attempt.
-            auto_renew: renew in a background thread until released or lost.
-            on_lost: called with the lock when a renew finds the lease lost (from
-                the renewer thread under ``auto_renew``); :attr:`Lock.lost` turns
-                True either way, and leaving the ``with`` block does not raise.
+            auto_renew: renew until released or lost, by the process's one renewer
+                thread (which every auto-renewed lock of every store shares).
+            on_lost: called with the lock when a renew finds the lease lost, or when
+                a renewal comes due after its window closed (a stalled process); from
+                the renewer thread under ``auto_renew``, so keep it short.
+                :attr:`Lock.lost` turns True either way, and leaving the ``with``
+                block does not raise.
 
         Returns:
             The held :class:`Lock`; leaving its ``with`` block releases it.
 
         Raises:
-            LockTimeout: still held elsewhere after ``timeout`` seconds.
+            LockTimeout: still held elsewhere after ``timeout`` seconds (the message
+                says when the holder is another thread of this process).
+            LockNotReentrant: this very thread holds ``name`` through this store,
+                and the call would wait for it (store locks are not re-entrant).
             InvalidTtl: a negative, NaN or non-number ``timeout``.
             InvalidArgumentType: ``auto_renew`` not a bool, or ``on_lost`` not
                 callable (checked before any attempt).
@@ -133,7 +146,8 @@ class Store:
         name, ttl = check_name(name), check_store_ttl(ttl)
         owner = random_owner() if owner is None else check_owner(owner)
         wait_s = check_timeout(timeout)
-        check_renewal(auto_renew, on_lost)
+        if on_lost is not None or type(auto_renew) is not bool:  # else nothing to check
+            check_renewal(auto_renew, on_lost)
         lock = _lock.wait_for(self._backend, name, owner, ttl, wait_s)
         if auto_renew:
             lock._start_renewer(ttl, on_lost)
@@ -173,7 +187,7 @@ class Store:
         *,
         auto_renew: bool = True,
         on_lost: Callable[[AsyncLock], object] | None = None,
-    ) -> Acquiring:
+    ) -> Acquiring[AsyncLock]:
         """:meth:`lock` for asyncio code: waits without blocking the loop, renews in a task.
 
         ``async with store.lock_async(name, ttl=30.0, timeout=10.0) as lock:`` holds
@@ -188,7 +202,8 @@ class Store:
             owner: the owner; None makes a fresh ``"host:pid:random"`` one.
             ttl: lease length in seconds (float), as for :meth:`lock`.
             timeout: seconds to wait; None waits forever; 0 makes exactly one attempt.
-            auto_renew: renew every ``ttl / 3`` in an asyncio task until released or lost.
+            auto_renew: renew every ``ttl / 3`` until released or lost, by the event
+                loop's one renewer task (which every auto-renewed lock of the loop shares).
             on_lost: called in the event loop with the lock when a renew finds the
                 lease lost; :attr:`AsyncLock.lost` turns True either way. It must not
                 block; leaving the ``async with`` block does not raise for a loss.
@@ -199,6 +214,8 @@ class Store:
 
         Raises:
             LockTimeout: (when awaited) still held elsewhere after ``timeout`` seconds.
+            LockNotReentrant: (when awaited) this very task holds ``name`` through this
+                store, and the call would wait for it.
             InvalidTtl: a negative, NaN or non-number ``timeout``.
             InvalidArgumentType: ``auto_renew`` not a bool, or ``on_lost`` not callable.
             StoreError: as for :meth:`try_lock`.
@@ -216,7 +233,13 @@ class Store:
         owner = random_owner() if owner is None else check_owner(owner)
         wait_s = check_timeout(timeout)
         check_renewal(auto_renew, on_lost)
-        return Acquiring(self._backend, name, owner, ttl, wait_s, auto_renew, on_lost)
+        backend = self._backend
+        return Acquiring(
+            lambda: _lock_async.wait_for(backend, name, owner, ttl, wait_s),
+            ttl,
+            auto_renew,
+            on_lost,
+        )
 
     def inspect(self, name: str) -> LockInfo | None:
         """The live lease on ``name``, or None.
@@ -238,16 +261,60 @@ class Store:
         """Administratively remove whatever lease holds ``name``.
 
         Returns:
-            True if a live lease was removed. Its holder's renew and release then
-            return False; the next acquisition gets a larger fencing token.
+            True if a live lease was removed (logged at WARNING on ``orbitive.store``).
+            Its holder's renew and release then return False; the next acquisition
+            gets a larger fencing token.
 
         Raises:
             InvalidLockName: bad name. StoreError: ``UNAVAILABLE`` or ``CLOSED``.
         """
-        return self._backend.engine.force_release(check_name(name))
+        released = self._backend.engine.force_release(check_name(name))
+        if released:
+            _log.warning(
+                "store %s: lock %r force-released; its holder has lost it",
+                self._backend.url,
+                name,
+            )
+        return released
+
+    def semaphore(self, name: str, limit: int) -> Semaphore:
+        """Counting leases of ``name``: up to ``limit`` holders at once.
+
+        Nothing is asked of the engine here; the limit is checked against the live
+        holders' at each acquisition. Semaphore names follow the lock name rule and
+        are a namespace of their own: semaphore ``"x"`` and lock ``"x"`` are unrelated.
+
+        Args:
+            name: the semaphore name (1..255 UTF-8 bytes, no control characters).
+            limit: how many holders at once, an int in ``1..4096``.
+
+        Returns:
+            A :class:`Semaphore` (``try_acquire``, ``acquire``, their asyncio forms,
+            ``holders``).
+
+        Raises:
+            InvalidLockName: the name breaks the rule (``kind == INVALID_INPUT``).
+            InvalidSemaphoreLimit: not an int in ``1..4096`` (``kind == INVALID_INPUT``,
+                also ``ValueError`` and ``TypeError``).
+
+        Example::
+
+            sem = store.semaphore("payments-api", limit=5)
+            lease = sem.try_acquire("worker-1", ttl=30.0)   # None when all 5 are held
+        """
+        return Semaphore(self._backend, check_name(name), check_limit(limit))
+
+    def semaphores(self) -> list[SlotInfo]:
+        """Every live holder of every semaphore in the store, by name and slot.
+
+        Raises:
+            StoreError: ``UNAVAILABLE`` or ``CLOSED``.
+        """
+        return self._backend.engine.semaphores()
 
     def statistics(self) -> StoreStatistics:
-        """Counters of this Store object (this process), and locks it holds now."""
+        """Counters of this Store object (this process): named locks and semaphore leases
+        alike, and the handles it holds now."""
         return self._backend.statistics()
 
     def close(self) -> None:

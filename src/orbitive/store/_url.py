@@ -102,7 +102,7 @@ def open_store(url: str | None = None) -> Store:
 
 
 #: What a URL opens: the engine, the URL as shown (password removed), the asyncio form.
-_Opened = tuple[Engine[Any], str, AsyncForm]
+_Opened = tuple[Engine[Any, Any], str, AsyncForm]
 
 
 def _engine_for(url: object) -> _Opened:
@@ -303,3 +303,14 @@ def _redacted(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def open_engine(url: str) -> Engine[Any, Any]:
+    """The engine a store URL opens, without a :class:`Store` around it: for a caller
+    that speaks the engine's primitives itself (the client pool's budget renews and
+    releases batches of one owner's counting leases).
+
+    Raises:
+        As :func:`open_store`.
+    """
+    return _engine_for(url)[0]

@@ -26,6 +26,9 @@ def wrapper(pool: Any = None, missing: bool = False, **database: Any) -> Any:
     return ConnectionHandler({"default": settings})["default"]
 
 
+#: A budget's arguments as OPTIONS["pool"]["budget"] gives them.
+BUDGET = {"url": "postgresql://coord@127.0.0.1:9/app", "name": "main-db", "total": 4}
+
 BAD_POOLS = [
     (True, "must be a dict with a 'fleet' name"),
     ("web", "must be a dict with a 'fleet' name"),
@@ -50,6 +53,12 @@ BAD_POOLS = [
     ({"fleet": "web", "timeout": "10"}, "timeout must be seconds as a float"),
     ({"fleet": "web", "idle_timeout": math.inf}, "idle_timeout must be finite seconds"),
     ({"fleet": "web", "handoff_uses": 0}, "handoff_uses must be an int in 1.."),
+    ({"fleet": "web", "budget": "main-db"}, "['budget'] must be a dict of Budget's arguments"),
+    ({"fleet": "web", "budget": {"url": "postgresql://db/app", "name": "db"}}, "needs total"),
+    ({"fleet": "web", "budget": {**BUDGET, "ttll": 5}}, "unknown key 'ttll'; it takes url"),
+    ({"fleet": "web", "budget": {**BUDGET, "url": "sqlite:///x.db"}}, "PostgreSQL or Redis URL"),
+    ({"fleet": "web", "budget": {**BUDGET, "total": 0}}, "budget total must be an int in 1.."),
+    ({"fleet": "web", "max_live": 8, "min_idle": 5, "budget": BUDGET}, "below the pool's min_idle"),
 ]
 
 
@@ -73,7 +82,11 @@ def test_persistent_connections_are_refused_as_djangos_own_pool_refuses_them(age
         wrapper({"fleet": "web"}, CONN_MAX_AGE=age)
 
 
-@pytest.mark.parametrize("pool", [False, None, {"fleet": "web"}, {"fleet": "web", "timeout": 2}])
+@pytest.mark.parametrize(
+    "pool",
+    [False, None, {"fleet": "web"}, {"fleet": "web", "timeout": 2},
+     {"fleet": "web", "budget": {**BUDGET, "ttl": 5.0}}],
+)  # fmt: skip
 def test_good_settings_build_the_wrapper_without_connecting(pool: Any) -> None:
     built = wrapper(pool)
     assert isinstance(built, DatabaseWrapper)

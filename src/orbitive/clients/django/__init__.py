@@ -24,7 +24,10 @@ limits hold across every process of a fleet::
   (callers of one process), ``timeout`` (seconds a checkout waits),
   ``idle_timeout``, ``max_lifetime``, ``handoff_after`` (seconds, floats) and
   ``handoff_uses``, as :class:`~orbitive.clients.PoolOptions` (``timeout`` is
-  its ``acquire_timeout``).
+  its ``acquire_timeout``);
+* ``budget``: one connection budget shared with other hosts, a dict of
+  :class:`~orbitive.clients.Budget`'s arguments (``url``, ``name`` and
+  ``total`` required; ``ttl``, ``handover_within``).
 
 False or None opens every connection directly, as without a pool. Anything
 else raises ``ImproperlyConfigured`` when Django builds the connection (the

@@ -18,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..._core._errors import InvalidCapacity, InvalidName, InvalidPoolOptions
 from ..._core._fleet import _check_capacity, check_fleet_name
+from .._budget import Budget
 from .._options import PoolOptions
 
 #: ``OPTIONS["pool"]`` key -> the :class:`PoolOptions` field it sets.
@@ -33,8 +34,10 @@ _OPTION_FIELDS: Final = {
     "handoff_uses": "handoff_uses",
 }
 #: Every key ``OPTIONS["pool"]`` takes.
-KEYS: Final = ("fleet", "fleet_capacity", *_OPTION_FIELDS)
+KEYS: Final = ("fleet", "fleet_capacity", *_OPTION_FIELDS, "budget")
 
+#: The keys of ``OPTIONS["pool"]["budget"]``: :class:`Budget`'s arguments, required first.
+_BUDGET_ARGUMENTS: Final = ("url", "name", "total", "ttl", "handover_within")
 #: psycopg_pool's arguments that do not carry over, and what to use instead.
 _PSYCOPG_POOL_ONLY: Final = {
     "min_size": "min_idle (a warm floor the fleet keeps between its processes)",
@@ -59,11 +62,14 @@ class PoolSettings:
         fleet_capacity: the fleet's node count, an int in 1..4096, or None: the
             fleet's own, or 64 for a new fleet (as ``Fleet.join`` takes it).
         options: the host-wide sizes and timeouts.
+        budget: one connection budget shared with other hosts (``"budget"``: a dict
+            of :class:`~orbitive.clients.Budget`'s arguments), or None.
     """
 
     fleet: str
     fleet_capacity: int | None
     options: PoolOptions
+    budget: Budget | None = None
 
 
 def pool_settings(settings_dict: Mapping[str, Any], alias: str) -> PoolSettings | None:
@@ -140,7 +146,37 @@ def _checked(given: dict[Any, Any], where: str) -> PoolSettings:
             _check_capacity(capacity)
         fields = {_OPTION_FIELDS[name]: given[name] for name in _OPTION_FIELDS if name in given}
         pool_options = PoolOptions(**fields)
+        budget = _budget(given.get("budget"), where, pool_options)
     except (InvalidName, InvalidCapacity, InvalidPoolOptions) as error:
         message = str(error).replace("acquire_timeout", "timeout")
         raise ImproperlyConfigured(f"{where}: {message}") from error
-    return PoolSettings(fleet, capacity, pool_options)
+    return PoolSettings(fleet, capacity, pool_options, budget)
+
+
+def _budget(given: object, where: str, options: PoolOptions) -> Budget | None:
+    """``"budget"``: None, or a dict of Budget's arguments that fits ``options``.
+
+    Raises:
+        ImproperlyConfigured: not a dict, or an argument Budget does not take.
+        InvalidBudget: as :class:`~orbitive.clients.Budget` and its ``check_fits``.
+    """
+    if given is None:
+        return None
+    if not isinstance(given, dict):
+        raise ImproperlyConfigured(
+            f"{where}['budget'] must be a dict of Budget's arguments, such as "
+            f"{{'url': 'postgresql://app@db/main', 'name': 'main-db', 'total': 20}}, "
+            f"got {given!r:.60}"
+        )
+    unknown = set(given) - set(_BUDGET_ARGUMENTS)
+    if unknown:
+        raise ImproperlyConfigured(
+            f"{where}['budget'] has an unknown key {min(unknown, key=str)!r:.60}; it "
+            f"takes {', '.join(_BUDGET_ARGUMENTS)}"
+        )
+    missing = [name for name in _BUDGET_ARGUMENTS[:3] if name not in given]
+    if missing:
+        raise ImproperlyConfigured(f"{where}['budget'] needs {', '.join(missing)}")
+    budget = Budget(**given)
+    budget.check_fits(options)
+    return budget

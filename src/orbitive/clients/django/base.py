@@ -106,6 +106,7 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
             configure=self._configure if _CONFIGURES_ONCE else None,
             check=check_connection if self.settings_dict["CONN_HEALTH_CHECKS"] else None,
             key=_key(self.alias, params),
+            budget=settings.budget,
         )
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:

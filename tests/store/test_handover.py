@@ -1,0 +1,105 @@
+"""Processes taking turns on one name through the blocking API (``shm://``).
+
+The order is stated in ``store/_shm.py``: a release wakes the waiter that has
+waited longest, and a caller that finds waiters, or that has just handed the
+name over, waits behind them before it asks, so the name goes round in turn.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from multiprocessing.connection import wait
+
+from orbitive.lock._key_wait import QUEUE_S
+from orbitive.store import Store, open_store
+from orbitive.store._shm import ShmEngine
+
+from .._processes import Child, Processes
+from ._workers import CTX, PATIENCE_S, take_turns, wait_in_turn
+
+PROCESSES = 8
+SECONDS = 2.0
+
+
+def _parked(store: Store, child: Child) -> Child:
+    """Let a started :func:`wait_in_turn` child wait, and return it once it waits."""
+    said, node = child.recv()
+    assert said == "waiting"
+    child.send("go")
+    engine = store._backend.engine
+    assert isinstance(engine, ShmEngine)
+    ring = engine._table._ring
+    at = ring.geometry.waiting_offset + 4 * node
+    deadline = time.monotonic() + PATIENCE_S
+    while int.from_bytes(ring.buf[at : at + 4], "little") == 0:
+        assert time.monotonic() < deadline, "the child never waited"
+        time.sleep(0.002)
+    time.sleep(0.05)  # asleep, behind the earlier ones
+    return child
+
+
+def test_waiters_are_served_oldest_first(shm_url: str) -> None:
+    with Processes("fork") as processes, open_store(shm_url) as store:
+        held = store.lock("turn", ttl=60.0, timeout=0)
+        started = [processes.start(wait_in_turn, shm_url, "turn") for _ in range(4)]
+        waiters = [_parked(store, child) for child in started]
+        held.release()
+        order: list[Child] = []
+        for _ in waiters:
+            left = {child.channel._conn: child for child in waiters if child not in order}
+            assert wait(list(left), PATIENCE_S)
+            time.sleep(0.1)  # a second one granted at once would show by now
+            ready = [left[conn] for conn in wait(list(left), 0)]  # type: ignore[index]
+            assert len(ready) == 1, "exactly one waiter holds the name at a time"
+            assert ready[0].recv()[0] == "granted"
+            order.append(ready[0])
+            ready[0].send("release")
+        assert order == waiters
+
+
+def test_a_caller_that_finds_a_waiter_does_not_overtake_it(shm_url: str) -> None:
+    """The release wakes the waiter; a caller arriving before it runs waits behind it."""
+    with Processes("fork") as processes, open_store(shm_url) as store:
+        held = store.lock("turn", ttl=60.0, timeout=0)
+        waiter = _parked(store, processes.start(wait_in_turn, shm_url, "turn"))
+        os.kill(waiter.pid, signal.SIGSTOP)  # woken by the release, it cannot run yet
+        try:
+            held.release()
+            assert store.inspect("turn") is None  # free, yet the woken waiter is next
+            took: list[float] = []
+
+            def newcomer() -> None:  # another thread: it released nothing
+                started = time.monotonic()
+                with store.lock("turn", ttl=60.0, timeout=PATIENCE_S):
+                    took.append(time.monotonic() - started)
+
+            thread = threading.Thread(target=newcomer)
+            thread.start()
+            thread.join(PATIENCE_S)
+        finally:
+            os.kill(waiter.pid, signal.SIGCONT)
+        # It queued behind the stopped waiter for its whole bounded turn, then took it.
+        assert took and took[0] >= 0.9 * QUEUE_S, took
+        said, _ = waiter.recv()  # and the waiter, running again, is served next
+        assert said == "granted"
+        waiter.send("release")
+
+
+def test_eight_processes_taking_turns_share_them_fairly(shm_url: str) -> None:
+    turns = CTX.Array("q", PROCESSES + 2, lock=False)
+    barrier = CTX.Barrier(PROCESSES)
+    with Processes("fork") as processes:
+        workers = [
+            processes.start(take_turns, shm_url, index, barrier, SECONDS, turns)
+            for index in range(PROCESSES)
+        ]
+        for worker in workers:
+            assert worker.recv(PATIENCE_S) == "done"
+    counts = list(turns[:PROCESSES])
+    handed = turns[PROCESSES]
+    assert min(counts) >= 1, counts
+    assert min(counts) / max(counts) >= 0.5, counts  # generous: the target is 0.8
+    assert handed / sum(counts) >= 0.5, (handed, counts)  # turns go round, not back
