@@ -28,7 +28,12 @@ def test_statements_bound_to_sequences_use_bare_placeholders() -> None:
     """The engine binds tuples, so its statements use bare ``?`` placeholders only: a sequence
     bound to numbered (``?1``) or named ones is deprecated from Python 3.12 (a warning, an
     error under this suite's ``filterwarnings``) and refused from 3.14."""
-    statements = [_sqlite._GRANT, _sqlite._HOLDER, _sqlite._RENEW, _sqlite._RELEASE, _sqlite._FORCE]
+    statements = [
+        value
+        for name, value in vars(_sqlite).items()
+        if name.lstrip("_").isupper() and isinstance(value, str) and "?" in value
+    ]
+    assert len(statements) >= 9  # the locks' and the semaphores' statements
     for statement in statements:
         assert "?" in statement
         assert re.search(r"\?\d|[:@$][A-Za-z_]", statement) is None, statement

@@ -121,7 +121,7 @@ _FORCE: Final = "DELETE FROM orbitive_locks WHERE name = ? RETURNING expires_at"
 _LIVE: Final = "SELECT name, owner, fencing_token, expires_at FROM orbitive_locks"
 # A semaphore slot: insert, or take over a lapsed row, with the next token.
 _UNIT_GRANT: Final = """INSERT INTO orbitive_semaphores
-    SELECT ?1, ?2, ?3, ?4, last_token + 1, ?5, ?6 FROM orbitive_fence WHERE id = 1
+    SELECT ?, ?, ?, ?, last_token + 1, ?, ? FROM orbitive_fence WHERE id = 1
     ON CONFLICT (name, slot) DO UPDATE SET semaphore_limit = excluded.semaphore_limit,
         owner = excluded.owner, fencing_token = excluded.fencing_token,
         acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
