@@ -106,6 +106,14 @@ ADDITIONS = {
         "InvalidStoreUrl",
         "LockNotReentrant",  # the blocking helper asked for a name the caller holds
         "LockTimeout",
+        # Counting leases (api.md: store.semaphore(name, limit)): the handle and its
+        # asyncio twin, the slot snapshot, and their named errors.
+        "Semaphore",
+        "SemaphoreLease",
+        "AsyncSemaphoreLease",
+        "SlotInfo",
+        "InvalidSemaphoreLimit",
+        "SemaphoreLimitMismatch",
     },
 }
 PUBLIC_MODULES = sorted(API_NAMES)

@@ -368,14 +368,22 @@ class SemaphoreLimitMismatch(StoreError):
     """A semaphore is held under another limit than the one asked for.
 
     ``limit`` is the limit asked for, ``found`` the limit its live holders were
-    granted under. Once every holder is gone (released or lapsed), any limit is
-    accepted again.
+    granted under (0 when not given). Once every holder is gone (released or
+    lapsed), any limit is accepted again.
     """
 
     default_kind = ErrorKind.INVALID_INPUT
 
-    def __init__(self, message: str, *, key: object = None, limit: int, found: int) -> None:
-        super().__init__(message, key=key)
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: ErrorKind | None = None,
+        key: object = None,
+        limit: int = 0,
+        found: int = 0,
+    ) -> None:
+        super().__init__(message, kind=kind, key=key)
         self.limit = limit
         self.found = found
 
