@@ -34,7 +34,7 @@ RACE_LIMIT = 3
 CHURNERS = 8
 OPS_EACH = 1000
 #: A churner is killed after every so many operations (a random number in this range).
-KILL_EVERY = (400, 800)
+KILL_EVERY = (200, 500)
 KILLS_MIN = 8
 
 
