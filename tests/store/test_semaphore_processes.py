@@ -34,7 +34,7 @@ RACE_LIMIT = 3
 CHURNERS = 8
 OPS_EACH = 1000
 #: A churner is killed after every so many operations (a random number in this range).
-KILL_EVERY = (200, 500)
+KILL_EVERY = (400, 800)
 KILLS_MIN = 8
 
 
@@ -59,20 +59,23 @@ def test_random_operations_with_sigkills_never_exceed_the_limit_or_reuse_a_token
     store_url: str,
 ) -> None:
     open_store(store_url).close()
-    budget = Budget.create(CHURNERS, OPS_EACH)
     rng = random.Random(23)
+    next_kill = rng.randint(*KILL_EVERY)
+    budget = Budget.create(CHURNERS, OPS_EACH, allowed=next_kill)
     kills = 0
     with Processes("fork") as procs:
         observer = procs.start(observe, store_url, budget)
         assert observer.recv(PATIENCE_S) == "ready"
         churners = [procs.start(churn, store_url, seat, 0, budget) for seat in range(CHURNERS)]
         assert [churner.recv(PATIENCE_S) for churner in churners] == ["ready"] * CHURNERS
-        next_kill = rng.randint(*KILL_EVERY)
         started = time.monotonic()
         while not budget.spent() and time.monotonic() - started < PATIENCE_S:
             time.sleep(rng.uniform(0.002, 0.02))
             seats = [seat for seat in range(CHURNERS) if budget.done[seat] < OPS_EACH - 50]
-            if budget.total < next_kill or not seats:
+            if not seats:
+                budget.allowed.value = CHURNERS * OPS_EACH  # the rest runs without kills
+                continue
+            if budget.total < next_kill:
                 continue
             seat = rng.choice(seats)
             assert churners[seat].kill() == -signal.SIGKILL
@@ -80,6 +83,7 @@ def test_random_operations_with_sigkills_never_exceed_the_limit_or_reuse_a_token
             churners[seat] = procs.start(churn, store_url, seat, kills, budget)
             assert churners[seat].recv(PATIENCE_S) == "ready"
             next_kill += rng.randint(*KILL_EVERY)
+            budget.allowed.value = next_kill
         assert [churner.recv(PATIENCE_S) for churner in churners] == ["done"] * CHURNERS
         budget.stop.value = 1
         broken, snapshots, most, highest = observer.recv(PATIENCE_S)
