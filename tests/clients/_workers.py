@@ -305,7 +305,8 @@ def counted_waiter(channel: Channel, fleet_name: str, capacity: int) -> None:
 def fake_borrower(channel: Channel, fleet_name: str, capacity: int, max_live: int) -> None:
     """Send remote-mode requests on the fake key until told to stop.
 
-    Reports (requests served, errors, how many ran on another process's client).
+    Told "count", it answers how many requests ran on another process's client so far;
+    told "stop", it reports (requests served, errors, that count).
     """
     from ._fakes import FakeClient, close, echo  # noqa: PLC0415 - spawn imports this lean
 
@@ -317,7 +318,9 @@ def fake_borrower(channel: Channel, fleet_name: str, capacity: int, max_live: in
         )  # fmt: skip
         channel.send("ready")
         ok, errors = 0, []
-        while not _told(channel):
+        while (message := _message(channel)) != "stop":
+            if message == "count":
+                channel.send(pool.statistics().borrowed_count)
             try:
                 assert pool.request(b"ping") == b"ping"
                 ok += 1
@@ -328,13 +331,12 @@ def fake_borrower(channel: Channel, fleet_name: str, capacity: int, max_live: in
         channel.send((ok, errors, borrowed))
 
 
-def _told(channel: Channel) -> bool:
-    """Whether the test has sent a message (without waiting for one)."""
+def _message(channel: Channel) -> object:
+    """The test's message if it has sent one, else None (without waiting)."""
     try:
-        channel.recv(0)
+        return channel.recv(0)
     except TimeoutError:
-        return False
-    return True
+        return None
 
 
 def fake_churner(channel: Channel, fleet_name: str, capacity: int, max_live: int) -> None:
