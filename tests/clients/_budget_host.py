@@ -3,7 +3,9 @@
 The test starts it in a mount namespace of its own with a private ``/dev/shm``
 (see ``_budget_hosts``), so its fleet shares no memory with the other hosts'.
 It forks ``workers`` processes; each joins the host's fleet, opens a psycopg
-``ConnectionPool`` naming the budget, and runs what the host's mode file says:
+``ConnectionPool`` naming the budget (with the config's ``connection_class``,
+``module:name``, if it gives one: ``bench/budget_bench.py`` runs a design
+without a budget so), and runs what the host's mode file says:
 
 * ``busy``: one request after another (``with pool.connection()``, one
   statement), counting successes, errors and each request's latency;
@@ -23,6 +25,7 @@ No test framework is imported here.
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import json
 import multiprocessing
 import os
@@ -60,24 +63,34 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
+def open_pool(config: dict[str, Any], fleet: Fleet) -> ConnectionPool:
+    """The worker's pool, as the config says.
+
+    Raises:
+        OrbitError: the pool refused to open (a budget's named errors).
+    """
+    budget = Budget(**config["budget"]) if config["budget"] is not None else None
+    module, _, name = (config.get("connection_class") or "psycopg:Connection").partition(":")
+    return ConnectionPool(
+        config["db"],
+        fleet=fleet,
+        connection_class=getattr(importlib.import_module(module), name),
+        kwargs={"application_name": config["tag"]},
+        options=PoolOptions(**config["options"]),
+        budget=budget,
+    )
+
+
 def work(config: dict[str, Any], index: int) -> None:
     """One worker of the host (see the module); SIGUSR1 dumps its threads' stacks to stderr."""
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     folder = Path(config["folder"])
     stats_path = folder / f"stats-{index}.json"
     fleet = Fleet.join(config["fleet"], CAPACITY)
-    budget = Budget(**config["budget"]) if config["budget"] is not None else None
-    options = PoolOptions(**config["options"])
     counts: dict[str, Any] = {"ok": 0, "errors": {}, "first_ok_at": None, "busy_at": None}
     latencies: list[float] = []
     try:
-        pool = ConnectionPool(
-            config["db"],
-            fleet=fleet,
-            kwargs={"application_name": config["tag"]},
-            options=options,
-            budget=budget,
-        )
+        pool = open_pool(config, fleet)
     except OrbitError as error:
         write_json(stats_path, {"refused": f"{type(error).__name__}: {error}"})
         return

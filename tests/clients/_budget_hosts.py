@@ -137,6 +137,8 @@ class Host:
         statement: what one request runs.
         timeout: a request's checkout timeout, seconds.
         link: a network namespace to run in (the URLs must then name its outside address).
+        connection_class: the pools' ``connection_class`` as ``module:name`` (None:
+            ``psycopg.Connection``).
     """
 
     def __init__(
@@ -151,6 +153,7 @@ class Host:
         statement: str = "SELECT pg_sleep(0.002)",
         timeout: float = 20.0,
         link: Link | None = None,
+        connection_class: str | None = None,
     ) -> None:
         self.name = name
         self.folder = Path(tempfile.mkdtemp(prefix=f"orbit-host-{name}-"))
@@ -167,6 +170,7 @@ class Host:
             "workers": workers,
             "statement": statement,
             "timeout": timeout,
+            "connection_class": connection_class,
         }
         command = [sys.executable, "-m", "tests.clients._budget_host", json.dumps(self.config)]
         if ISOLATED:
