@@ -1,36 +1,68 @@
-"""One budget across hosts against static per-host caps, and what the coordinator pays (issue 23).
+"""One budget across hosts against session advisory-lock slots and static per-host caps,
+and what each costs the coordinator (issue 23).
 
-Run: ``.venv/bin/python bench/budget_bench.py [--rounds N] [--seconds S]
-[--statement SQL]`` (as root: each host gets a private ``/dev/shm``).
+Run: ``.venv/bin/python bench/budget_bench.py [--rounds N] [--seconds S] [--warmup S]
+[--statement SQL] [--checkouts N] [--pairs N] [--slice S]`` (as root: each host gets
+a private ``/dev/shm``).
 
-Six simulated hosts (``tests/clients/_budget_hosts.py``) of four worker processes
-each run against one throw-away durable PostgreSQL server, each worker sending
-one request after another (default ``SELECT pg_sleep(0.02)``):
+First, what **one checkout costs when a unit must be taken**, in round trips
+counted by a TCP proxy (``bench/_round_trips.py``) in front of the coordinator
+and of the capped server, and in ms, by a pool in this process: budget (the
+host holds no unit: the steward takes one, then the connection is opened),
+slots (open, then take a slot), and a plain connect.
+
+Then nine simulated hosts (``tests/clients/_budget_hosts.py``) of four worker
+processes each run against one throw-away durable PostgreSQL server, each
+worker sending one request after another (default ``SELECT pg_sleep(0.02)``):
 
 * **budget**: three hosts with ``max_live=4`` sharing ``Budget(total=6)``, whose
   coordinator is the same server (database ``coord``, so its statements can be
   counted apart);
-* **static**: three hosts with ``max_live=2`` each and no budget, PgBouncer's way
+* **slots**: three hosts with ``max_live=4`` whose connections each hold one of
+  six session advisory locks (``bench/_slot_connection.py``: a creation opens a
+  session, tries the six slots in one statement, and closes it and polls again
+  every 50 ms when none is free), with ``idle_timeout`` set to the budget's
+  ``handover_within`` (2 s), the only way an idle host lets its slots go;
+* **static**: three hosts with ``max_live=2`` each and neither, PgBouncer's way
   (a fixed share of the same six connections per host).
 
-Each round runs, interleaved (so both see the same machine load), the **even**
-load (all three hosts busy) and the **skewed** one (host ``a`` busy, the other
-two idle, holding what they held) for both. A phase turns its hosts busy, waits
-``--warmup`` seconds (a budget host takes units, idle hosts hand theirs over
-within ``handover_within``, 2 s), then counts requests for ``--seconds``. It
-prints requests per second, the p99 latency (the highest of the busy workers'
-p99s over the whole busy spell, warm-up included: in the even load that follows
-a skewed one, hosts ``b`` and ``c`` wait for host ``a`` to hand units over) and
-the peak of the variant's connections in ``pg_stat_activity`` (sampled every 5
-ms; idle hosts keep their idle connections), and the budget's throughput over
-the static one.
+Each round runs, interleaved (so all three see the same machine load), the
+**even** load (all three hosts busy) and the **skewed** one (host ``a`` busy,
+the other two idle, holding what they held), one variant after the other. A
+phase turns its hosts busy, waits ``--warmup`` seconds (default 4: twice
+``handover_within``, so the even load that follows a skewed one is counted once
+host ``a`` has handed its units over, in its steady state), then counts for
+``--seconds``:
 
-Then the **coordinator's cost**: transactions per second per host on the
-coordinator's database (``pg_stat_database``; each coordinator call is one
-transaction), with the budget hosts steady (all busy), churning (the busy host
-changes every second, so units move) and idle. The server flushes these counts
-about once a second, so a window of ``--seconds`` is good to about one second's
-worth.
+* requests per second, and p99 latency (the highest of the busy workers' p99s
+  over the whole busy spell, warm-up included);
+* peak connections of the variant in ``pg_stat_activity``, sampled every 5 ms
+  (a refused slot session lives a few ms, so this is a lower bound of its
+  momentary overshoot);
+* sessions opened per second on the capped database (``pg_stat_database.sessions``):
+  a budget host's reconnects as units move, a slot host's refused connects;
+* units the budget hosts gave back (their census every 0.1 s: hand-overs), in the
+  warm-up and per second in the window;
+* busy workers that completed no request in the window (starved);
+* coordination statements per second: the budget's transactions on ``coord``
+  (``pg_stat_database``; each coordinator call is one transaction); for slots,
+  one ``pg_try_advisory_lock`` statement per session opened.
+
+The server flushes those counts about once a second, so both reads of a window
+come 1.1 s after its ends while the hosts keep the phase's mode. Then each
+round's ratio to static; the median and range over the rounds (with the load
+average at each round).
+
+Then the **even load in its steady state**, budget against static: each warmed
+up busy for twice ``handover_within``, then ``--pairs`` pairs of ``--slice``
+second slices, one variant's then the other's (the order alternating), each
+counted after 0.5 s; the median, quartiles and range of the pairs' ratios.
+Between its slices a budget host keeps its units and idle clients (nobody
+waits), so each slice starts where the last ended, hand-overs done.
+
+Then the **coordinator's cost** of the budget: transactions per second per host
+on ``coord``, with the budget hosts steady (all busy), churning (the busy host
+changes every second, so units move) and idle.
 
 Targets (issue 23): skewed, the budget wins by the ratio demand allows (4 / 2 =
 2x here: host ``a`` may use ``max_live=4`` of the total, a static host 2; the
@@ -42,42 +74,52 @@ from __future__ import annotations
 import argparse
 import contextlib
 import secrets
+import statistics
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._round_trips import RoundTripProxy
+from bench._slot_connection import TOTAL, SlotConnection
+from orbitive import Fleet
+from orbitive.clients import Budget, PoolOptions
+from orbitive.clients.psycopg import ConnectionPool
 from tests._servers import DURABLE_POSTGRES, TempPostgres
-from tests.clients._budget_hosts import Host
+from tests.clients._budget_hosts import HANDOVER, Host
 from tests.clients._sampling import ServerConnections
 
 #: Targets of issue 23: the budget's throughput over the static caps'.
 EVEN_TARGET = 0.95
 SKEWED_TARGET = 1.9  # the 2x that demand allows here, less 5 %
+#: Seconds the server may take to flush a backend's counts.
+FLUSH_S = 1.1
+#: Seconds a steady-state slice runs before it is counted.
+LEAD_S = 0.5
+#: Seconds between two looks at the budget hosts' units.
+SAMPLE_S = 0.1
+LOADS = {"even": ("busy", "busy", "busy"), "skewed": ("busy", "idle", "idle")}
 
 
 class Variant:
-    """Three hosts of one kind (budget or static) and the tag of their connections."""
+    """Three hosts of one kind and the tag of their connections."""
 
-    def __init__(self, name: str, db: str, budget: dict[str, object] | None, max_live: int,
-                 statement: str) -> None:  # fmt: skip
+    def __init__(self, name: str, db: str, statement: str, max_live: int, *,
+                 budget: dict[str, object] | None = None, connection_class: str | None = None,
+                 idle_timeout: float | None = None) -> None:  # fmt: skip
         self.name, self.tag = name, f"bench-{name}-{secrets.token_hex(3)}"
-        options = {"max_live": max_live}
+        options: dict[str, object] = {"max_live": max_live}
+        if idle_timeout is not None:
+            options["idle_timeout"] = idle_timeout
         self.hosts = [
-            Host(
-                f"{name}-{host}",
-                db=db,
-                budget=budget,
-                options=options,
-                tag=self.tag,
-                statement=statement,
-                timeout=60.0,
-            )
+            Host(f"{name}-{host}", db=db, budget=budget, options=options, tag=self.tag,
+                 statement=statement, timeout=60.0, connection_class=connection_class)
             for host in "abc"
-        ]
+        ]  # fmt: skip
 
     def modes(self, *modes: str) -> None:
         for host, mode in zip(self.hosts, modes, strict=True):
@@ -97,6 +139,16 @@ class Variant:
         ]
         return 1000 * max((float(report.get("p99", 0.0)) for report in reports), default=0.0)
 
+    def done(self, busy: tuple[str, ...]) -> list[int]:
+        """Requests each worker of the busy hosts completed so far (every worker reports
+        once its host is ready)."""
+        return [
+            int(report.get("ok", 0))
+            for host, mode in zip(self.hosts, busy, strict=True)
+            if mode == "busy"
+            for report in host.stats()
+        ]
+
     def errors(self) -> dict[str, int]:
         found: dict[str, int] = {}
         for host in self.hosts:
@@ -105,35 +157,117 @@ class Variant:
         return found
 
 
-def phase(variant: Variant, db: str, busy: tuple[str, ...], warmup: float, seconds: float
-          ) -> tuple[float, float, int]:  # fmt: skip
-    """Requests per second, p99 in ms and peak connections of one phase."""
+@dataclass
+class Phase:
+    """What one phase of one variant measured."""
+
+    rate: float  # requests per second
+    p99_ms: float
+    peak: int  # connections in pg_stat_activity
+    connects: float  # sessions opened per second on the capped database
+    coordination: float  # the budget's coordinator transactions (slots: lock statements) per s
+    handed: int  # units the budget hosts gave back in the warm-up, seen every SAMPLE_S
+    gives: float  # units the budget hosts gave back per second in the window, the same
+    starved: int  # busy workers that completed no request in the window
+
+
+def units_given(variant: Variant, seconds: float) -> int:
+    """Units the variant's hosts gave back over ``seconds``, as their census shows them
+    every :data:`SAMPLE_S` (0 for hosts without a budget)."""
+    given = 0
+    last: list[int | None] = [None] * len(variant.hosts)
+    deadline = time.monotonic() + seconds
+    while True:
+        for index, host in enumerate(variant.hosts):
+            found = host.census().get("budget_units")
+            if isinstance(found, (int, float)):
+                units, seen = int(found), last[index]
+                given += max(0, seen - units) if seen is not None else 0
+                last[index] = units
+        if time.monotonic() >= deadline:
+            return given
+        time.sleep(SAMPLE_S)
+
+
+class Counters:
+    """The server's cumulative counts, read over a connection to a database of its own."""
+
+    def __init__(self, url: str) -> None:
+        self._conn = psycopg.connect(url.rsplit("/", 1)[0] + "/watch", autocommit=True)
+
+    def read(self) -> tuple[int, int]:
+        """(sessions opened on ``postgres``, transactions on ``coord``) so far."""
+        rows: dict[str, int] = dict(self._conn.execute(
+            "SELECT datname, CASE WHEN datname = 'coord' THEN xact_commit + xact_rollback "
+            "ELSE sessions END FROM pg_stat_database WHERE datname IN ('postgres', 'coord')"
+        ).fetchall())  # fmt: skip
+        return int(rows.get("postgres", 0)), int(rows.get("coord", 0))
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def phase(variant: Variant, db: str, counters: Counters, busy: tuple[str, ...], warmup: float,
+          seconds: float) -> Phase:  # fmt: skip
+    """Measure one phase of ``variant`` (see the module)."""
     with ServerConnections(db, variant.tag) as witness:
         variant.modes(*busy)
-        time.sleep(warmup)
-        before, started = variant.successes(), time.monotonic()
-        time.sleep(seconds)
+        handed = units_given(variant, warmup)
+        before, started, each = variant.successes(), time.monotonic(), variant.done(busy)
+        time.sleep(FLUSH_S)
+        sessions_0, xacts_0 = counters.read()
+        gives = units_given(variant, seconds - FLUSH_S)
         done, ended = variant.successes(), time.monotonic()
+        starved = sum(1 for was, now in zip(each, variant.done(busy), strict=True) if now == was)
         p99 = variant.p99_ms(busy)
+        time.sleep(FLUSH_S)
+        sessions_1, xacts_1 = counters.read()
         variant.modes("idle", "idle", "idle")
-    return (done - before) / (ended - started), p99, witness.highest
+    elapsed = ended - started
+    connects = (sessions_1 - sessions_0) / elapsed
+    coordination = connects if variant.name == "slots" else 0.0
+    if variant.name == "budget":
+        coordination = (xacts_1 - xacts_0) / elapsed
+    rate = (done - before) / elapsed
+    return Phase(
+        rate, p99, witness.highest, connects, coordination, handed, gives / elapsed, starved
+    )
 
 
-def coordinator_xacts(db: str) -> int:
-    """Transactions committed and rolled back on the coordinator's database so far."""
-    with psycopg.connect(db, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'coord'"
-        ).fetchone()
-    return int(row[0]) if row else 0
+def steady_even(variants: list[Variant], pairs: int, slice_s: float) -> list[float]:
+    """The even load in its steady state: each variant warmed up busy, then ``pairs``
+    times a slice of ``slice_s`` seconds of each in turn (the order alternating), each
+    counted after a lead of :data:`LEAD_S`; the ratio of each pair's rates, first over
+    second.
+
+    Between its slices a budget host holds its units and its idle clients (no host
+    waits), and a static host its connections, so each slice starts where the last
+    one ended."""
+    for variant in variants:
+        variant.modes("busy", "busy", "busy")
+        time.sleep(2 * HANDOVER)  # every hand-over of the phases before settled
+        variant.modes("idle", "idle", "idle")
+    ratios = []
+    for number in range(pairs):
+        rates = {}
+        for variant in variants if number % 2 == 0 else variants[::-1]:
+            variant.modes("busy", "busy", "busy")
+            time.sleep(LEAD_S)
+            before, started = variant.successes(), time.monotonic()
+            time.sleep(slice_s)
+            rates[variant.name] = (variant.successes() - before) / (time.monotonic() - started)
+            variant.modes("idle", "idle", "idle")
+            time.sleep(0.2)
+        ratios.append(rates[variants[0].name] / rates[variants[1].name])
+    return ratios
 
 
-def coordinator_rate(db: str, variant: Variant, schedule: Sequence[tuple[str, ...]], seconds: float
-                     ) -> float:  # fmt: skip
+def coordinator_rate(counters: Counters, variant: Variant,
+                     schedule: Sequence[tuple[str, ...]], seconds: float) -> float:  # fmt: skip
     """Coordinator transactions per second per host while ``schedule`` plays, one step a
     second, for ``seconds``."""
     time.sleep(1.5)  # let the counts of the phase before be flushed
-    before, started = coordinator_xacts(db), time.monotonic()
+    before, started = counters.read()[1], time.monotonic()
     step = 0
     while time.monotonic() - started < seconds:
         variant.modes(*schedule[step % len(schedule)])
@@ -142,7 +276,43 @@ def coordinator_rate(db: str, variant: Variant, schedule: Sequence[tuple[str, ..
     variant.modes("idle", "idle", "idle")
     time.sleep(1.5)  # the counts of the window flushed (about once a second)
     elapsed = time.monotonic() - started - 1.5
-    return (coordinator_xacts(db) - before) / elapsed / len(variant.hosts)
+    return (counters.read()[1] - before) / elapsed / len(variant.hosts)
+
+
+def checkout_costs(pg: TempPostgres, coord: str, repeat: int) -> None:
+    """Round trips and ms of one checkout that must take a unit, per design (see the module)."""
+    print(f"one checkout that must take a unit (median of {repeat}; round trips on its path, "
+          "and in the second after it)")  # fmt: skip
+    print(f"{'design':<8} {'coord RT':>8} {'server RT':>9} {'ms':>7} {'coord RT 1 s':>12}")
+    coord_port = int(coord.rsplit(":", 1)[1].split("/", maxsplit=1)[0])
+    with RoundTripProxy(coord_port) as to_coord, RoundTripProxy(pg.port) as to_server:
+        db = f"postgresql://postgres@127.0.0.1:{to_server.port}/postgres"
+        coord_url = f"postgresql://postgres@127.0.0.1:{to_coord.port}/coord"
+        for design in ("budget", "slots", "plain"):
+            seen: list[tuple[int, int, float, int]] = []
+            for _ in range(repeat):
+                fleet = Fleet.join(f"bench-checkout-{secrets.token_hex(4)}", 4)
+                budget = None
+                if design == "budget":
+                    budget = Budget(coord_url, name=f"checkout-{secrets.token_hex(4)}",
+                                    total=TOTAL)  # fmt: skip
+                with ConnectionPool(
+                    db, fleet=fleet, options=PoolOptions(max_live=1), budget=budget,
+                    connection_class=SlotConnection if design == "slots" else psycopg.Connection,
+                ) as pool:  # fmt: skip
+                    time.sleep(1.0)  # the steward's first round done
+                    to_coord.reset()
+                    to_server.reset()
+                    started = time.perf_counter()
+                    with pool.connection():
+                        took = time.perf_counter() - started
+                        coord_rt, server_rt = to_coord.round_trips, to_server.round_trips
+                    time.sleep(1.0)
+                    seen.append((coord_rt, server_rt, 1000 * took, to_coord.round_trips))
+                fleet.close()
+            median = [statistics.median(run[i] for run in seen) for i in range(4)]
+            print(f"{design:<8} {median[0]:>8g} {median[1]:>9g} {median[2]:>7.1f} "
+                  f"{median[3]:>12g}")  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -151,62 +321,103 @@ def server() -> Iterator[TempPostgres]:
     try:
         with psycopg.connect(started.url, autocommit=True) as conn:
             conn.execute("CREATE DATABASE coord")
+            conn.execute("CREATE DATABASE watch")
         yield started
     finally:
         started.stop()
 
 
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def report(results: dict[tuple[str, str], list[Phase]], names: list[str], rounds: int) -> None:
+    """Per load and variant: the median of the rounds (p99, peak and starved workers: the
+    highest), then each round's ratios to static."""
+    print(f"{'load':<7} {'variant':<7} {'req/s':>7} {'p99 ms':>7} {'peak':>5} "
+          f"{'conn/s':>7} {'coord/s':>8} {'handed':>6} {'gives/s':>7} {'starved':>7}")  # fmt: skip
+    for load in LOADS:
+        for name in names:
+            runs = results[(name, load)]
+            print(f"{load:<7} {name:<7} {statistics.median(r.rate for r in runs):>7.1f} "
+                  f"{max(r.p99_ms for r in runs):>7.0f} {max(r.peak for r in runs):>5} "
+                  f"{statistics.median(r.connects for r in runs):>7.1f} "
+                  f"{statistics.median(r.coordination for r in runs):>8.1f} "
+                  f"{statistics.median(r.handed for r in runs):>6g} "
+                  f"{statistics.median(r.gives for r in runs):>7.2f} "
+                  f"{max(r.starved for r in runs):>7}")  # fmt: skip
+    for load in LOADS:
+        for name in names[:-1]:
+            ratios = [
+                mine.rate / static.rate
+                for mine, static in zip(results[(name, load)], results[("static", load)],
+                                        strict=True)
+            ]  # fmt: skip
+            target = EVEN_TARGET if load == "even" else SKEWED_TARGET
+            median = statistics.median(ratios)
+            verdict = "ok" if median >= target else "MISSES"
+            print(f"{load:<7} {name} / static: median {median:.2f}x, range "
+                  f"{min(ratios):.2f}..{max(ratios):.2f} over {rounds} rounds "
+                  f"(target {target:g}x: {verdict}); rounds: "
+                  + " ".join(f"{ratio:.2f}" for ratio in ratios))  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--warmup", type=float, default=2.5)
+    parser.add_argument("--warmup", type=float, default=2 * HANDOVER)
     parser.add_argument("--statement", default="SELECT pg_sleep(0.02)")
+    parser.add_argument("--checkouts", type=int, default=5, help="repeats of the checkout cost")
+    parser.add_argument("--pairs", type=int, default=24, help="steady even-load slice pairs")
+    parser.add_argument("--slice", type=float, default=2.0, help="seconds of each slice")
     args = parser.parse_args()
     with server() as pg:
         db = pg.url
         coord = db.rsplit("/", 1)[0] + "/coord"
-        budget = {"url": coord, "name": "bench-db", "total": 6}
+        counters = Counters(db)
         variants: list[Variant] = []
         try:
-            variants.append(Variant("budget", db, budget, 4, args.statement))
-            variants.append(Variant("static", db, None, 2, args.statement))
+            checkout_costs(pg, coord, args.checkouts)
+            budget = {"url": coord, "name": "bench-db", "total": TOTAL}
+            variants.append(Variant("budget", db, args.statement, 4, budget=budget))
+            slots = "bench._slot_connection:SlotConnection"
+            variants.append(Variant("slots", db, args.statement, 4, idle_timeout=HANDOVER,
+                                    connection_class=slots))  # fmt: skip
+            variants.append(Variant("static", db, args.statement, 2))
             for variant in variants:
                 for host in variant.hosts:
                     host.wait_ready()
-            loads = {"even": ("busy", "busy", "busy"), "skewed": ("busy", "idle", "idle")}
-            results: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
-            for _ in range(args.rounds):
-                for load, busy in loads.items():
+            names = [variant.name for variant in variants]
+            results: dict[tuple[str, str], list[Phase]] = {}
+            print(f"{args.rounds} rounds, {args.seconds:g} s each after {args.warmup:g} s, "
+                  f"interleaved; 3 hosts x 4 workers per variant; {args.statement!r}")  # fmt: skip
+            for number in range(args.rounds):
+                print(f"round {number + 1}: load average {loadavg()}", flush=True)
+                for load, busy in LOADS.items():
                     for variant in variants:
                         time.sleep(0.5)
-                        measured = phase(variant, db, busy, args.warmup, args.seconds)
+                        measured = phase(variant, db, counters, busy, args.warmup, args.seconds)
                         results.setdefault((variant.name, load), []).append(measured)
-            print(f"{args.rounds} rounds, {args.seconds:g} s each after {args.warmup:g} s, "
-                  f"interleaved; 3 hosts x 4 workers; {args.statement!r}")  # fmt: skip
-            print(f"{'load':<7} {'variant':<8} {'req/s':>8} {'p99 ms':>8} {'peak conns':>10}")
-            for load in loads:
-                rates = {}
-                for variant in variants:
-                    runs = results[(variant.name, load)]
-                    rate = sum(run[0] for run in runs) / len(runs)
-                    rates[variant.name] = rate
-                    p99 = max(run[1] for run in runs)
-                    peak = max(run[2] for run in runs)
-                    print(f"{load:<7} {variant.name:<8} {rate:>8.1f} {p99:>8.1f} {peak:>10}")
-                ratio = rates["budget"] / rates["static"]
-                target = EVEN_TARGET if load == "even" else SKEWED_TARGET
-                verdict = "ok" if ratio >= target else "MISSES"
-                print(f"{load:<7} budget / static {ratio:.2f}x (target {target:g}x: {verdict})")
+            print(f"load average at the end {loadavg()}")
+            report(results, names, args.rounds)
+            print(f"steady even load, budget / static, {args.pairs} pairs of {args.slice:g} s "
+                  f"slices after {LEAD_S:g} s: load average {loadavg()}")  # fmt: skip
+            ratios = steady_even([variants[0], variants[2]], args.pairs, args.slice)
+            quartiles = statistics.quantiles(ratios, n=4)
+            verdict = "ok" if statistics.median(ratios) >= EVEN_TARGET else "MISSES"
+            print(f"  median {statistics.median(ratios):.3f}x, quartiles {quartiles[0]:.3f}.."
+                  f"{quartiles[2]:.3f}, range {min(ratios):.2f}..{max(ratios):.2f} (target "
+                  f"{EVEN_TARGET:g}x: {verdict}); load average {loadavg()}")  # fmt: skip
             churn = [("busy", "idle", "idle"), ("idle", "busy", "idle"), ("idle", "idle", "busy")]
             schedules = {
                 "steady": [("busy", "busy", "busy")],
                 "churn": churn,
                 "idle": [("idle", "idle", "idle")],
             }
-            print("coordinator transactions per second per host (budget ttl 10 s, hand-over 2 s)")
+            print("budget coordinator transactions per second per host (ttl 10 s, hand-over 2 s)")
             for label, schedule in schedules.items():
-                rate = coordinator_rate(db, variants[0], schedule, 2 * args.seconds)
+                rate = coordinator_rate(counters, variants[0], schedule, 2 * args.seconds)
                 print(f"  {label:<7} {rate:>6.2f}")
             for variant in variants:
                 assert not variant.errors(), f"{variant.name}: {variant.errors()}"
@@ -214,6 +425,7 @@ def main() -> None:
             for variant in variants:
                 for host in variant.hosts:
                     host.stop()
+            counters.close()
 
 
 if __name__ == "__main__":
