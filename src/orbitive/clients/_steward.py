@@ -25,8 +25,11 @@ census of the budget's key on the host:
    them. Demand decides the shares: an idle host keeps nothing beyond its
    floor, and saturated hosts converge to equal shares.
 4. **Post** the host's numbers (units held, in use, idle, waiting, need) when
-   they change, at most every ``handover_within / 4``, and at least every
-   ``ttl / 4`` (a post lives ``ttl``).
+   the ones the other hosts decide by change (units held, and whether it needs
+   any), at most every ``handover_within / 4``, and at least every ``ttl / 4``
+   (a post lives ``ttl``). Clients in use, idle and waiting move with every
+   request; posting each move cost a busy host two statements a round for
+   nothing another host reads (``orbit budget`` shows them as of the last post).
 
 The thread sleeps on the key's version word (a new waiter, a client created or
 retired wakes it) until its next renewal, post or look is due. A coordinator
@@ -75,7 +78,7 @@ class Steward:
         self._pool = Pool(fleet, kind=kind)  # its own: the thread outlives no pool's handle
         self._coordinator: Coordinator | None = None
         self._posted: Posted | None = None
-        self._post_sent: tuple[int, ...] = ()
+        self._post_sent: tuple[int, bool] | None = None  # units held and need > 0, posted
         self._renewed_at = 0  # boot ns the last renewal that succeeded was sent
         self._posted_at = self._looked_at = self._tried_at = 0
         self._needing: list[Post] = []  # the other hosts that needed units at the last look
@@ -279,18 +282,19 @@ class Steward:
         need: int,
         now: int,
     ) -> None:
-        """Post the host's numbers when they changed (at most every look), and at least
-        every ``ttl / 4``."""
-        waiting = sum(census.waiters)
-        numbers = (len(units), census.live - census.idle, census.idle, waiting, need)
+        """Post the host's numbers when the units held or whether it needs any changed (at
+        most every look), and at least every ``ttl / 4``."""
+        decisive = (len(units), need > 0)
         age = now - self._posted_at
-        changed = numbers != self._post_sent and age >= _ns(self.budget.look_every)
+        changed = decisive != self._post_sent and age >= _ns(self.budget.look_every)
         if self._posted is not None and not changed and age < _ns(self.budget.renew_every):
             return
+        waiting = sum(census.waiters)
+        numbers = (len(units), census.live - census.idle, census.idle, waiting, need)
         post = Post(record.host, record.total, record.max_live, *numbers)
         posted = coordinator.post(post, self._posted)
         if posted is not None:
-            self._posted, self._post_sent, self._posted_at = posted, numbers, now
+            self._posted, self._post_sent, self._posted_at = posted, decisive, now
             self._write(post=[posted[0], coordinator.pack(posted[1])])
 
     def _next_due(self, census: Census, record: Record, units: list[Any], demand: int) -> float:
