@@ -44,6 +44,8 @@ host ``a`` has handed its units over, in its steady state), then counts for
 * units the budget hosts gave back (their census every 0.1 s: hand-overs), in the
   warm-up and per second in the window;
 * busy workers that completed no request in the window (starved);
+* CPU ms per request of the server (its postmaster, the backends it reaped and
+  those alive) and of every process of the variant's hosts (``/proc``);
 * coordination statements per second: the budget's transactions on ``coord``
   (``pg_stat_database``; each coordinator call is one transaction); for slots,
   one ``pg_try_advisory_lock`` statement per session opened.
@@ -73,6 +75,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import secrets
 import statistics
 import sys
@@ -169,6 +173,7 @@ class Phase:
     handed: int  # units the budget hosts gave back in the warm-up, seen every SAMPLE_S
     gives: float  # units the budget hosts gave back per second in the window, the same
     starved: int  # busy workers that completed no request in the window
+    cpu_ms: float  # CPU ms of the server and the variant's hosts per request
 
 
 def units_given(variant: Variant, seconds: float) -> int:
@@ -189,11 +194,45 @@ def units_given(variant: Variant, seconds: float) -> int:
         time.sleep(SAMPLE_S)
 
 
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """CPU seconds ``pid`` used (``children``: with its children reaped so far); 0 once
+    it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    if children:
+        ticks += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(postmaster: int) -> float:
+    """CPU seconds of the server: its postmaster, every backend it reaped, and those alive."""
+    alive = 0.0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdecimal():
+            with contextlib.suppress(OSError, IndexError):
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == postmaster:
+                    alive += cpu_seconds(int(entry.name))
+    return cpu_seconds(postmaster, children=True) + alive
+
+
 class Counters:
     """The server's cumulative counts, read over a connection to a database of its own."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, postmaster: int) -> None:
         self._conn = psycopg.connect(url.rsplit("/", 1)[0] + "/watch", autocommit=True)
+        self._postmaster = postmaster
+
+    def cpu(self, variant: Variant) -> float:
+        """CPU seconds the server and the variant's hosts (every process) used so far."""
+        hosts = sum(
+            cpu_seconds(int(pid), children=True)
+            for host in variant.hosts
+            for pid in json.loads((host.folder / "pids.json").read_text())
+        )
+        return hosts + server_cpu(self._postmaster)
 
     def read(self) -> tuple[int, int]:
         """(sessions opened on ``postgres``, transactions on ``coord``) so far."""
@@ -214,10 +253,12 @@ def phase(variant: Variant, db: str, counters: Counters, busy: tuple[str, ...], 
         variant.modes(*busy)
         handed = units_given(variant, warmup)
         before, started, each = variant.successes(), time.monotonic(), variant.done(busy)
+        cpu = counters.cpu(variant)
         time.sleep(FLUSH_S)
         sessions_0, xacts_0 = counters.read()
         gives = units_given(variant, seconds - FLUSH_S)
         done, ended = variant.successes(), time.monotonic()
+        cpu = counters.cpu(variant) - cpu
         starved = sum(1 for was, now in zip(each, variant.done(busy), strict=True) if now == was)
         p99 = variant.p99_ms(busy)
         time.sleep(FLUSH_S)
@@ -230,7 +271,15 @@ def phase(variant: Variant, db: str, counters: Counters, busy: tuple[str, ...], 
         coordination = (xacts_1 - xacts_0) / elapsed
     rate = (done - before) / elapsed
     return Phase(
-        rate, p99, witness.highest, connects, coordination, handed, gives / elapsed, starved
+        rate,
+        p99,
+        witness.highest,
+        connects,
+        coordination,
+        handed,
+        gives / elapsed,
+        starved,
+        1000 * cpu / max(1, done - before),
     )
 
 
@@ -334,8 +383,8 @@ def loadavg() -> str:
 def report(results: dict[tuple[str, str], list[Phase]], names: list[str], rounds: int) -> None:
     """Per load and variant: the median of the rounds (p99, peak and starved workers: the
     highest), then each round's ratios to static."""
-    print(f"{'load':<7} {'variant':<7} {'req/s':>7} {'p99 ms':>7} {'peak':>5} "
-          f"{'conn/s':>7} {'coord/s':>8} {'handed':>6} {'gives/s':>7} {'starved':>7}")  # fmt: skip
+    print(f"{'load':<7} {'variant':<7} {'req/s':>7} {'p99 ms':>7} {'peak':>5} {'conn/s':>7} "
+          f"{'coord/s':>8} {'handed':>6} {'gives/s':>7} {'starved':>7} {'cpu ms':>6}")  # fmt: skip
     for load in LOADS:
         for name in names:
             runs = results[(name, load)]
@@ -345,7 +394,8 @@ def report(results: dict[tuple[str, str], list[Phase]], names: list[str], rounds
                   f"{statistics.median(r.coordination for r in runs):>8.1f} "
                   f"{statistics.median(r.handed for r in runs):>6g} "
                   f"{statistics.median(r.gives for r in runs):>7.2f} "
-                  f"{max(r.starved for r in runs):>7}")  # fmt: skip
+                  f"{max(r.starved for r in runs):>7} "
+                  f"{statistics.median(r.cpu_ms for r in runs):>6.2f}")  # fmt: skip
     for load in LOADS:
         for name in names[:-1]:
             ratios = [
@@ -356,10 +406,17 @@ def report(results: dict[tuple[str, str], list[Phase]], names: list[str], rounds
             target = EVEN_TARGET if load == "even" else SKEWED_TARGET
             median = statistics.median(ratios)
             verdict = "ok" if median >= target else "MISSES"
+            cpu = [
+                mine.cpu_ms / static.cpu_ms
+                for mine, static in zip(results[(name, load)], results[("static", load)],
+                                        strict=True)
+            ]  # fmt: skip
             print(f"{load:<7} {name} / static: median {median:.2f}x, range "
                   f"{min(ratios):.2f}..{max(ratios):.2f} over {rounds} rounds "
                   f"(target {target:g}x: {verdict}); rounds: "
-                  + " ".join(f"{ratio:.2f}" for ratio in ratios))  # fmt: skip
+                  + " ".join(f"{ratio:.2f}" for ratio in ratios)
+                  + f"; CPU per request: median {statistics.median(cpu):.2f}x, rounds: "
+                  + " ".join(f"{ratio:.2f}" for ratio in cpu))  # fmt: skip
 
 
 def main() -> None:
@@ -375,7 +432,8 @@ def main() -> None:
     with server() as pg:
         db = pg.url
         coord = db.rsplit("/", 1)[0] + "/coord"
-        counters = Counters(db)
+        assert pg.process is not None
+        counters = Counters(db, pg.process.pid)
         variants: list[Variant] = []
         try:
             checkout_costs(pg, coord, args.checkouts)
