@@ -254,9 +254,9 @@ def phase(variant: Variant, db: str, counters: Counters, busy: tuple[str, ...], 
         handed = units_given(variant, warmup)
         before, started, each = variant.successes(), time.monotonic(), variant.done(busy)
         cpu = counters.cpu(variant)
-        time.sleep(FLUSH_S)
+        gives = units_given(variant, FLUSH_S)
         sessions_0, xacts_0 = counters.read()
-        gives = units_given(variant, seconds - FLUSH_S)
+        gives += units_given(variant, seconds - FLUSH_S)
         done, ended = variant.successes(), time.monotonic()
         cpu = counters.cpu(variant) - cpu
         starved = sum(1 for was, now in zip(each, variant.done(busy), strict=True) if now == was)
