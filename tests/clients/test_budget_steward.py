@@ -22,8 +22,9 @@ TTL = 10.0
 def test_a_host_that_cannot_get_more_units_posts_only_when_its_units_or_need_change(
     fleet: Fleet, durable_postgres_server: TempPostgres
 ) -> None:
-    """Four callers always busy and two that come and go make the host's clients in use
-    and waiting move all the time, while it holds the whole total (2) and needs more.
+    """Six callers always busy and two that come and go make the host's clients in use
+    and waiting move all the time, while it holds the whole total (2) and needs more
+    (at least four callers want a client even while two are between requests).
     The other hosts decide by units held and need alone, so the host posts again only
     when they change, or after ttl / 4 to keep its post alive: each post takes a new
     slot of the posts' semaphore, whose fencing token grows by one per post."""
@@ -43,7 +44,8 @@ def test_a_host_that_cannot_get_more_units_posts_only_when_its_units_or_need_cha
 
     options = PoolOptions(max_live=8)
     pool = ConnectionPool(db, fleet=fleet, options=options, budget=budget)
-    threads = [threading.Thread(target=work, args=(pause,)) for pause in (0, 0, 0, 0, 0.03, 0.07)]
+    pauses = (0, 0, 0, 0, 0, 0, 0.03, 0.07)
+    threads = [threading.Thread(target=work, args=(pause,)) for pause in pauses]
     try:
         for thread in threads:
             thread.start()
