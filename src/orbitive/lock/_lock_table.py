@@ -367,7 +367,9 @@ class LockTable:
 
         What the store's semaphores replace a marker with (``store/_shm.py``): the check
         and the change are one critical section, so no acquisition of a key of
-        ``unless`` falls between them.
+        ``unless`` falls between them. A process killed inside it leaves the old
+        tenure, the new one, or the key free (the release and the acquisition each
+        keep the steps' crash invariant).
 
         Returns:
             ``Acquired(lease)`` of the new tenure (a larger fencing token); ``Occupied``

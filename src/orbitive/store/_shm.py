@@ -54,7 +54,8 @@ what makes two limits meet:
   as it is: other grants may already rely on it, and a name without a marker
   says nothing about its held slots, so a plain acquisition of the absent
   marker would check none of them. A marker ends only by a replacement, or by
-  lapsing.
+  lapsing (or with its replacer killed inside that step, when no slot of the
+  old limit is held: the name is free).
 * An acquisition that finds every slot held reads the marker once more: a marker
   of another limit (a replacement that raced with its first look) is refused, so
   a full semaphore of another limit never answers as a full one of this limit.
