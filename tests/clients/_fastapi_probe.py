@@ -6,9 +6,11 @@
 * ``/probe``: this worker's pid, the event loop's worst lag since the last
   ``?reset=1`` (a task that sleeps :data:`PERIOD_S` and measures how late it
   wakes; started by the first call), the worst lag net of the time the loop's
-  thread stood runnable in the kernel's run queue meanwhile (``blocked``: what
-  held the loop itself, as a blocking call would, apart from a machine whose
-  other processes keep both CPUs busy), and the key's fleet-wide counts;
+  thread ran on a CPU or stood runnable in the kernel's run queue meanwhile
+  (``blocked``: the time the loop's thread slept in the kernel, as a blocking
+  call makes it sleep, apart from a burst of ready requests that keeps the loop
+  busy or a machine whose other processes keep both CPUs busy), and the key's
+  fleet-wide counts;
 * ``/slow``: one use of the example's pool running ``pg_sleep(0.02)``: a load of
   these waits for the cap while the CPU stays mostly idle, so a late probe there
   means a blocked loop, not a busy one;
@@ -36,20 +38,21 @@ _worst = {"lag": 0.0, "blocked": 0.0}
 _probe: list[asyncio.Task[None]] = []
 
 
-def _run_queue_s() -> float:
-    """Seconds this thread has waited, runnable, for a CPU (``/proc`` schedstat)."""
+def _scheduled_s() -> float:
+    """Seconds this thread has run on a CPU or waited, runnable, for one (``/proc`` schedstat)."""
     with open("/proc/thread-self/schedstat") as stat:
-        return int(stat.read().split()[1]) / 1e9
+        on_cpu, run_queue, _ = stat.read().split()
+        return (int(on_cpu) + int(run_queue)) / 1e9
 
 
 async def _measure() -> None:
     loop = asyncio.get_running_loop()
     while True:
-        start, queued = loop.time(), _run_queue_s()
+        start, scheduled = loop.time(), _scheduled_s()
         await asyncio.sleep(PERIOD_S)
         lag = loop.time() - start - PERIOD_S
         _worst["lag"] = max(_worst["lag"], lag)
-        _worst["blocked"] = max(_worst["blocked"], lag - (_run_queue_s() - queued))
+        _worst["blocked"] = max(_worst["blocked"], lag - (_scheduled_s() - scheduled))
 
 
 def _counts() -> dict[str, int]:

@@ -6,6 +6,11 @@ worker processes whose psycopg pools name one budget. The coordinator is the
 PostgreSQL server being capped (or Redis), and ``pg_stat_activity``, sampled
 every 5 ms, is the witness: it never shows more of the budget's connections
 than ``total``.
+
+Each test runs several hosts of five processes and holds them to bounds in seconds:
+they are marked slow, so they run in the whole suite on the default interpreter and
+not beside two other interpreters' suites (``scripts/test-pythons``) on a loaded
+machine. Waits for a state to settle are patient; the bounds are asserted apart.
 """
 
 from __future__ import annotations
@@ -21,6 +26,11 @@ import pytest
 from .._servers import DURABLE_POSTGRES, ServerUnavailable, TempPostgres, TempRedis
 from ._budget_hosts import HANDOVER, ISOLATED, NETNS, TTL, Host, Link, wait_for
 from ._sampling import ServerConnections
+
+pytestmark = pytest.mark.slow
+
+#: How long a test waits for a state to settle (not a bound: those are asserted apart).
+SETTLE_S = 20.0
 
 
 @pytest.fixture(params=["postgres", "redis"])
@@ -80,16 +90,16 @@ def test_an_idle_host_hands_its_units_to_a_waiting_host_within_the_bound(
     b.wait_ready()
     with ServerConnections(db, tag) as witness:
         a.mode("busy")
-        wait_for(lambda: a.census().get("budget_units") == 4, 20.0)
+        wait_for(lambda: a.census().get("budget_units") == 4, SETTLE_S)
         a.mode("idle")  # a's workers stop, holding four idle connections and every unit
-        wait_for(lambda: a.census().get("idle") == 4, 5.0)
+        wait_for(lambda: a.census().get("idle") == 4, SETTLE_S)
         started = time.monotonic()
         b.mode("busy")
         served = wait_for(lambda: b.first_success_at() is not None, 10.0)
         assert (b.first_success_at() or served) - started <= HANDOVER
-        drained = wait_for(lambda: a.census().get("idle") == 0, 5.0)
+        drained = wait_for(lambda: a.census().get("idle") == 0, SETTLE_S)
         assert drained - started <= HANDOVER + 1.0
-        wait_for(lambda: b.census().get("budget_units") == 4, 5.0)  # demand decides
+        wait_for(lambda: b.census().get("budget_units") == 4, SETTLE_S)  # demand decides
     assert witness.highest <= 4
     assert b.errors() == {}
 
@@ -106,8 +116,8 @@ def test_the_units_of_a_killed_host_are_taken_by_the_others_within_ttl(
     with ServerConnections(db, tag) as witness:
         a.mode("busy")
         b.mode("busy")
-        wait_for(lambda: a.census().get("budget_units", 0) >= 1, 20.0)
-        wait_for(lambda: b.census().get("budget_units", 0) >= 1, 20.0)
+        wait_for(lambda: a.census().get("budget_units", 0) >= 1, SETTLE_S)
+        wait_for(lambda: b.census().get("budget_units", 0) >= 1, SETTLE_S)
         time.sleep(1.0)
         held = a.census()["budget_units"]
         assert held >= 1
@@ -115,7 +125,7 @@ def test_the_units_of_a_killed_host_are_taken_by_the_others_within_ttl(
         a.kill()  # every process of host a, SIGKILL
         recovered = wait_for(lambda: b.census().get("budget_units") == 4, TTL + 5.0)
         assert recovered - killed <= TTL + 1.0, f"{recovered - killed:.2f} s"
-        wait_for(lambda: b.census().get("live") == 4, 5.0)
+        wait_for(lambda: b.census().get("live") == 4, SETTLE_S)
     assert witness.highest <= 4
     assert b.errors() == {}
 

@@ -24,6 +24,13 @@ from ._engine_async import AsyncEngine
 AsyncForm = Callable[[], AsyncEngine[Any, Any]]
 #: Names of collected handles :attr:`Backend.holders` keeps before it is purged.
 _PURGE_SLACK = 64
+#: The share of a ttl and the seconds a handle takes off its local deadline when the
+#: engine's clock is not this host's ``time.monotonic()`` (SQLite's ``time.time()``,
+#: PostgreSQL's and Redis's server clocks): the rate error between two clocks, and a
+#: step of the engine's wall clock (an NTP correction, a virtual machine's clock sync),
+#: as Redlock allows for them (its ``CLOCK_DRIFT_FACTOR`` and 2 ms).
+CLOCK_DRIFT_FACTOR = 0.01
+CLOCK_DRIFT_S = 0.002
 
 
 class Handle(Protocol):
@@ -134,9 +141,16 @@ class Backend:
         return isinstance(self.engine, ClosedEngine)
 
     def deadline(self, started: float, ttl: float, grant: Grant) -> float:
-        """The local ``time.monotonic()`` deadline of a grant requested at ``started``."""
+        """The local ``time.monotonic()`` deadline of a grant requested at ``started``.
+
+        Never later than the engine's expiry: on SHM's clock (this host's monotonic
+        clock) the grant's own expiry when sooner; on another clock ``started + ttl``
+        less :data:`CLOCK_DRIFT_FACTOR` of ``ttl`` and :data:`CLOCK_DRIFT_S`.
+        """
         deadline = started + ttl
-        if self.monotonic and grant.expires_at < deadline:  # min() costs a call
+        if not self.monotonic:
+            return deadline - ttl * CLOCK_DRIFT_FACTOR - CLOCK_DRIFT_S
+        if grant.expires_at < deadline:  # min() costs a call
             return grant.expires_at
         return deadline
 
