@@ -242,6 +242,55 @@ def test_state_revision_is_unchanged_by_lookups_and_refused_operations(table: Lo
     assert revision(table) == start + 1
 
 
+# -- replace: a key taken for another owner, unless other keys are held (store semaphores) ---
+
+SLOTS = tuple(LockKey("tests.table", f"slot:{index}") for index in range(3))
+#: More keys than an eighth of the default table's 256 slots: looked for in one pass.
+MANY = tuple(LockKey("tests.table", f"slot:{index}") for index in range(40))
+
+
+@pytest.mark.parametrize("unless", [SLOTS, MANY], ids=["probed", "one-pass"])
+def test_replace_takes_the_key_for_another_owner_when_no_key_of_unless_is_held(
+    table: LockTable, unless: tuple[LockKey, ...]
+) -> None:
+    old = acquire(table, KEY, ALICE)
+    acquire(table, unless[-1], BOB, ttl=0.01)  # expired: not held
+    acquire(table, OTHER, BOB)  # held, but not one of unless
+    time.sleep(0.03)
+    table.poll()
+    start = revision(table)
+    result = table._replace(old, BOB, 5.0, unless)
+    assert isinstance(result, Acquired)
+    new = result.lease
+    assert (new.key, new.owner) == (KEY, BOB) and new.fencing_token > old.fencing_token
+    assert 4.0 < new.remaining() <= 5.0
+    assert table.current(KEY) == new and revision(table) == start + 2
+    transitions = [(event.transition, event.lock_id) for event in table.poll().events]
+    assert transitions == [("released", old.lock_id), ("acquired", new.lock_id)]
+    assert not table.release(old) and table.renew(old, 1.0) is None
+
+
+@pytest.mark.parametrize("unless", [SLOTS, MANY], ids=["probed", "one-pass"])
+def test_replace_changes_nothing_while_a_key_of_unless_is_held(
+    table: LockTable, unless: tuple[LockKey, ...]
+) -> None:
+    old = acquire(table, KEY, ALICE)
+    holder = acquire(table, unless[-1], BOB)
+    start = revision(table)
+    assert table._replace(old, BOB, 30.0, unless) == Occupied(holder)
+    assert table.current(KEY) == old and revision(table) == start
+
+
+def test_replace_of_a_tenure_that_is_not_live_changes_nothing(table: LockTable) -> None:
+    old = acquire(table, KEY, ALICE)
+    assert table.release(old)
+    assert table._replace(old, BOB, 30.0, ()) is None
+    successor = acquire(table, KEY, ALICE)
+    start = revision(table)
+    assert table._replace(old, BOB, 30.0, ()) is None  # the same owner, another tenure
+    assert table.current(KEY) == successor and revision(table) == start
+
+
 # -- lookups --------------------------------------------------------------------------------
 
 

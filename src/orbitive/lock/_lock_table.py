@@ -359,6 +359,34 @@ class LockTable:
         """Whether a thread of some node waits for ``key`` alone (``_key_wait.queue_probe``)."""
         return _key_wait.queue_probe(self._ring, key.digest)
 
+    def _replace(
+        self, lease: LockLease, owner: LockOwner, ttl: float, unless: tuple[LockKey, ...]
+    ) -> Acquired | Occupied | None:
+        """In one step: end exactly ``lease``'s tenure and take its key for ``owner`` for
+        ``ttl`` seconds, unless a key of ``unless`` is held.
+
+        What the store's semaphores replace a marker with (``store/_shm.py``): the check
+        and the change are one critical section, so no acquisition of a key of
+        ``unless`` falls between them. A process killed inside it leaves the old
+        tenure, the new one, or the key free (the release and the acquisition each
+        keep the steps' crash invariant).
+
+        Returns:
+            ``Acquired(lease)`` of the new tenure (a larger fencing token); ``Occupied``
+            with the lease of a held key of ``unless``; None when ``lease``'s tenure is
+            no longer live. Both refusals change nothing.
+
+        Raises:
+            InvalidTtl: bad ttl. InvalidArgumentType: ``lease`` is not a LockLease.
+            EntryTooLarge: the key and ``owner`` exceed ``payload_max``.
+            IdExhausted, LayoutMismatch, FleetError: as for :meth:`try_acquire`.
+        """
+        ttl = check_ttl(ttl)
+        if self._foreign(lease):
+            return None
+        owner = self._check_entry(lease.key, owner)
+        return self._locked(self._reference.replace, lease, (owner, unless), ttl_ms(ttl))
+
     def release_owned(self, key: LockKey, owner: LockOwner | bytes | str) -> bool:
         """Release whatever live tenure of ``key`` has exactly ``owner``; False if none.
 

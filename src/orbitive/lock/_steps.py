@@ -160,6 +160,44 @@ class ReferenceSteps:
         slot = self.probe(key, now)
         return None if slot < 0 else self.lease_at(slot)
 
+    def replace(
+        self, lease: LockLease, change: tuple[LockOwner, tuple[LockKey, ...]], ms: int, now: int
+    ) -> Acquired | Occupied | None:
+        """replace: end exactly ``lease``'s tenure and take its key for the owner of ``change``
+        for ``ms`` milliseconds, unless a key of ``change`` is held (its holder, Occupied)
+        or the tenure is not live (None); either refusal changes nothing."""
+        owner, unless = change
+        slot = self.find_tenure(lease, now)
+        if slot < 0:
+            return None
+        held = self.first_live(unless, now)
+        if held >= 0:
+            return Occupied(self.lease_at(held))
+        self.remove(slot, lease)
+        return Acquired(self.insert(~self.probe(lease.key, now), lease.key, owner, now, now + ms))
+
+    def first_live(self, keys: tuple[LockKey, ...], now: int) -> int:
+        """Slot of a live entry of one of ``keys``, else -1.
+
+        A probe per key, or, for more keys than an eighth of the slots, one pass over
+        every slot (a probe costs several slot reads; the pass reads each slot once).
+        """
+        if len(keys) * 8 <= self.mask + 1:
+            for key in keys:
+                slot = self.probe(key, now)
+                if slot >= 0:
+                    return slot
+            return -1
+        digests = {key.ident: key.digest for key in keys}
+        buf, stride = self.buf, self.stride
+        for slot in range(self.mask + 1):
+            fields = self.read_live(slot, now)
+            if fields is not None:
+                start = HEADER_SIZE + slot * stride + SLOT_HEADER_SIZE
+                if digests.get(buf[start : start + fields[1] + fields[2]]) == fields[4]:
+                    return slot
+        return -1
+
     # -- slot primitives, in the order of their C twins --------------------------------
 
     def read_live(self, slot: int, now: int) -> tuple[int, ...] | None:

@@ -32,18 +32,36 @@ application opens on the same fleet.
 A semaphore of limit N is N keys of the namespace :data:`SEMAPHORE_NAMESPACE`,
 one per slot (label ``name NUL slot``), and one marker key (label ``name``)
 whose owner is the limit, as text. The table's steps each act on one key, so
-the count needs no more: at most N keys, at most N holders. The marker is what
-makes two limits meet:
+the count needs no more: at most N keys, at most N holders. A slot key does not
+say under which limit it was taken; the marker says it for all of them, and is
+what makes two limits meet:
 
-* An acquisition takes (or finds) the marker first: held under another limit,
-  it is refused, unless no slot of that limit is held any more (the slow path:
-  one table read per slot), when the marker is replaced. It then takes the
-  lowest free slot, and checks the marker again after, renewing it when it ends
-  before the new lease: a replacement that raced with the grant is seen by one
-  of the two sides, which gives back what it took and raises.
+* An acquisition takes (or finds) the marker first, then the lowest free slot,
+  then checks the marker again: it is granted if the marker still says its
+  limit (renewed when it ends before the new lease), else it gives the slot back
+  and raises ``SemaphoreLimitMismatch``.
+* A marker of another limit is replaced in one table step
+  (``LockTable._replace``, the slow path): that step ends the marker's exact
+  tenure and takes the marker for the new limit only if no slot below the old
+  limit is held; else it changes nothing and the acquisition is refused. The
+  check and the change being one step, a grant of the old limit is on one side
+  of it: its slot taken before, the replacement sees the slot and is refused;
+  taken after, the grant's own check sees the new marker and the slot is given
+  back. So no holder of the old limit outlives a replacement, and no grant of
+  the new limit can be mistaken for one (none exists before the replacement).
+  A replacement that finds the marker changed meanwhile looks again.
+* Nothing gives a marker back. An acquisition that backs off leaves the marker
+  as it is: other grants may already rely on it, and a name without a marker
+  says nothing about its held slots, so a plain acquisition of the absent
+  marker would check none of them. A marker ends only by a replacement, or by
+  lapsing (or with its replacer killed inside that step, when no slot of the
+  old limit is held: the name is free).
 * An acquisition that finds every slot held reads the marker once more: a marker
   of another limit (a replacement that raced with its first look) is refused, so
   a full semaphore of another limit never answers as a full one of this limit.
+  In such a race a slot may be held for a moment by a client of the old limit
+  that took it before its check: an acquisition that finds the slots full
+  meanwhile answers busy (refusing is safe, mixing is not).
 * The marker lives :data:`_MARKER_SPAN` times the ttl of the grant or renewal
   that last extended it, so it outlasts every lease whose holders use one ttl.
   Holders of one semaphore that use very different ttls can, in a race between
@@ -288,7 +306,7 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
             now = self._cover(marker.key, marker, last, _span(ttl))
         except (OrbitError, ValueError) as error:
             raise self._failure(error) from error
-        if now.owner.value != marker.owner.value:  # a takeover sees these leases and backs off
+        if now.owner.value != marker.owner.value:  # it lapsed, and another limit took it
             now = marker
         return [
             None
@@ -343,31 +361,27 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
         return ShmUnit(slot, lease.fencing_token, lease.expires_at, lease, now)
 
     def _take_over(self, keys: _Semaphore, marker: LockLease, span: float) -> LockLease:
-        """Replace the marker of another limit none of whose slots is held (slow path).
+        """The marker for this limit in place of ``marker``, of another limit (slow path):
+        replaced in one table step that finds no slot of that limit held, or found
+        already replaced for this limit.
 
         Raises:
-            SemaphoreLimitMismatch: a slot of the marker's limit is held, before the
-                replacement or after it (then the new marker is given back).
+            SemaphoreLimitMismatch: a slot of the marker's limit is held, or the marker
+                is now held under a third limit whose slots are held.
         """
-        table, name, limit, found = self._table, keys.name, len(keys.slots), _limit_of(marker)
-        if self._held_under(name, found):
-            raise limit_mismatch(name, limit, found)
-        table.release(marker)  # the exact tenure: a marker made meanwhile stays
-        result = table.try_acquire(keys.marker, keys.limit_owner, span)
-        mine = result.lease
-        if type(result) is not Acquired:
-            if mine.owner.value == keys.limit_value:
-                return mine
-            raise limit_mismatch(name, limit, _limit_of(mine))
-        if self._held_under(name, found):  # a holder of the old limit got in meanwhile
-            table.release(mine)
-            raise limit_mismatch(name, limit, found)
-        return mine
-
-    def _held_under(self, name: str, limit: int) -> bool:
-        """True if a slot of ``name`` below ``limit`` is held (one table read per slot)."""
-        current, slots = self._table.current, self._semaphores[name, limit].slots
-        return any(current(key) for key in slots)
+        table, name, limit = self._table, keys.name, len(keys.slots)
+        while True:
+            found = _limit_of(marker)
+            others = self._semaphores[name, found].slots
+            result = table._replace(marker, keys.limit_owner, span, others)
+            if type(result) is Acquired:
+                return result.lease
+            if result is not None:  # a holder of the marker's limit
+                raise limit_mismatch(name, limit, found)
+            result = table.try_acquire(keys.marker, keys.limit_owner, span)  # it changed
+            marker = result.lease
+            if type(result) is Acquired or marker.owner.value == keys.limit_value:
+                return marker
 
     def _cover(self, key: LockKey, marker: LockLease, lease: LockLease, span: float) -> LockLease:
         """The semaphore's marker now: ``marker`` renewed when it ended before ``lease``,
