@@ -59,6 +59,19 @@ class EchoServer(socketserver.ThreadingTCPServer):
         self.lock = threading.Lock()
         self.open_count = self.max_open = 0
 
+    def serve(self) -> None:
+        """:meth:`serve_forever`, for a thread of its own. A run interrupted while that
+        thread started may close the server before it serves: that ends it quietly.
+
+        Raises:
+            ValueError: from ``serve_forever`` while the server is open.
+        """
+        try:
+            self.serve_forever()
+        except ValueError:  # its socket's descriptor is -1: closed before it was watched
+            if self.fileno() != -1:
+                raise
+
     @property
     def address(self) -> tuple[str, int]:
         """The host and port it listens on."""
@@ -166,9 +179,13 @@ def run_pool_demo(workers: int, seconds: float) -> int:
     print(f"orbit demo (pool): {workers} workers, {seconds:g} s, fleet {name!r}", flush=True)
     try:
         with EchoServer() as echo:
-            threading.Thread(target=echo.serve_forever, daemon=True).start()
-            results, sampler = _run(name, workers, echo.address, max_live, seconds)
-            echo.shutdown()
+            serving = threading.Thread(target=echo.serve, daemon=True)
+            try:
+                serving.start()
+                results, sampler = _run(name, workers, echo.address, max_live, seconds)
+            finally:  # interrupted too: a started serving loop ends before the socket closes
+                if serving.ident is not None:
+                    echo.shutdown()
     finally:  # also when interrupted, or when the reader of its output went away
         clear_stopped_fleet(name)
     return _summarise(workers, seconds, max_live, results, sampler, echo.max_open)
