@@ -21,8 +21,10 @@ import time
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
+import pytest
+
 from orbitive import Fleet, OrbitError
-from orbitive.lock import Acquired, LockKey, LockLayout, LockOwner, LockTable, _steps
+from orbitive.lock import Acquired, LockKey, LockLayout, LockOwner, LockTable, _key_wait, _steps
 from orbitive.lock._ring import Ring, RingGeometry
 from orbitive.pool import Key, Pool
 
@@ -434,17 +436,23 @@ def cycle_key(
     channel.send(cycles)
 
 
-def wait_for_key(channel: Channel, name: str, capacity: int, label: str) -> None:
-    """Join, say ("waiting", node), and once told wait for the key ``label``; report
+def wait_for_key(
+    channel: Channel, name: str, capacity: int, label: str, queue_s: float = 0.0
+) -> None:
+    """Join, say ("waiting", node), and once told wait for the key ``label`` (behind its
+    waiters first, for at most ``queue_s`` seconds, when that is not 0); report
     ("granted", at). Then hold it until told, release it and say how many nodes were
     waiting then.
     """
+    if queue_s:
+        pytest.MonkeyPatch().setattr(_key_wait, "QUEUE_S", queue_s)
     with Fleet.join(name, capacity) as fleet:
         table = LockTable(fleet)
         key = LockKey("tests.children", label)
         channel.send(("waiting", fleet.node))
         channel.recv(None)
-        result = table.wait_acquire(key, LockOwner(f"waiter-{fleet.node}".encode()), 60.0, 30.0)
+        owner = LockOwner(f"waiter-{fleet.node}".encode())
+        result = table.wait_acquire(key, owner, 60.0, 30.0, queue=bool(queue_s))
         channel.send(
             ("granted", time.monotonic()) if isinstance(result, Acquired) else ("timed out",)
         )

@@ -13,7 +13,7 @@ import pytest
 
 from orbitive import Fleet
 from orbitive._core._errors import InvalidTtl
-from orbitive.lock import Acquired, LockKey, LockOwner, LockTable, Occupied
+from orbitive.lock import Acquired, LockKey, LockOwner, LockTable, Occupied, _key_wait
 from orbitive.lock._key_wait import WAIT_CAP_S, queue_probe
 from orbitive.lock._ring import ANY_KEY, key_tag
 
@@ -184,6 +184,51 @@ def test_queue_takes_its_turn_behind_the_waiters(processes: Processes, holder: L
     assert child.recv() == ("released", 1)  # the test process was waiting then
     again.join(10.0)
     assert mine and mine[0] > child_got
+
+
+def test_a_caller_queued_behind_a_waiter_that_has_come_and_gone_does_not_wait(
+    processes: Processes, holder: LockTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiter a release woke may hold the key and release it before the caller that
+    released reads the key word: that release is the one it waits for."""
+    monkeypatch.setattr(_key_wait, "QUEUE_S", 60.0)  # a missed release: a sleep of WAIT_CAP_S
+    held = hold(holder, "k")
+    child, _ = start_waiter(processes, holder, "k")
+    assert holder.release_waking(held.lease) == 1
+    mine = holder._key_waiter(key("k"))
+    mine.enter()  # as the store's caller does once its release found a waiter
+    try:
+        granted_at(child)
+        child.send("release")
+        assert child.recv() == ("released", 1)  # this node was marked: the word moved
+        started = time.monotonic()
+        mine.queue(None)
+        assert time.monotonic() - started < WOKEN_BOUND
+    finally:
+        mine.leave(False)
+
+
+def test_callers_queued_at_once_do_not_wait_for_each_other(
+    processes: Processes, holder: LockTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queued caller shows ANY_KEY, so another one does not wait behind it while the
+    key is free; a release still wakes it."""
+    monkeypatch.setattr(_key_wait, "QUEUE_S", 60.0)
+    mine = holder._key_waiter(key("k"))
+    mine.enter()  # this node waits for "k": the child's queued call waits behind it
+    try:
+        child = processes.start(wait_for_key, holder.fleet.name, CAPACITY, "k", 60.0)
+        node = wait_parked(holder, child)
+        assert slot(holder, node) == ANY_KEY  # queued, not refused
+        started = time.monotonic()
+        mine.queue(None)
+        assert time.monotonic() - started < WOKEN_BOUND
+    finally:
+        mine.leave(False)
+    got = hold(holder, "k")
+    released = time.monotonic()
+    assert holder.release_waking(got.lease) == 1
+    assert granted_at(child) - released < WOKEN_BOUND
 
 
 def test_a_dead_nodes_waiting_slot_is_forgotten_by_a_queued_caller(holder: LockTable) -> None:

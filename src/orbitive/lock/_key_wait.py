@@ -81,12 +81,24 @@ class _Slots:
     def release(self, buf: mmap.mmap, at: int, tag: int) -> None:
         with self._lock:
             tags = self._tags[(id(buf), at)]
-            tags[tag] -= 1
-            if tags[tag] <= 0:
-                del tags[tag]
+            self._drop(tags, tag)
             if not tags:
                 del self._tags[(id(buf), at)]
             self._write(buf, at, tags)
+
+    def swap(self, buf: mmap.mmap, at: int, old: int, new: int) -> None:
+        """One thread's mark changes from ``old`` to ``new`` in one write: never unmarked."""
+        with self._lock:
+            tags = self._tags[(id(buf), at)]
+            tags[new] += 1
+            self._drop(tags, old)
+            self._write(buf, at, tags)
+
+    @staticmethod
+    def _drop(tags: collections.Counter[int], tag: int) -> None:
+        tags[tag] -= 1
+        if tags[tag] <= 0:
+            del tags[tag]
 
     def reset(self, buf: mmap.mmap, at: int) -> None:
         """Zero a slot a previous process of this node left, unless our own threads wait."""
@@ -170,21 +182,33 @@ class KeyWaiter:
         return wait_word(self._buf, self._word, self._seen, bound)
 
     def others_wait(self) -> bool:
-        """Whether another node's slot says it waits for the key."""
-        return bool(waiting_nodes(self._ring, self._digest, self._node))
+        """Whether another node's slot says its threads wait for the key alone: they were
+        refused it (a node queueing, or waiting for several keys, shows ``ANY_KEY``)."""
+        return bool(waiting_nodes(self._ring, self._digest, self._node, alone=True))
 
     def queue(self, timeout: float | None) -> None:
-        """Before a first attempt: wait for a release of the key, at most :data:`QUEUE_S`
-        or ``timeout`` seconds (a caller that has just woken a waiter takes its turn).
+        """Before a first attempt, after :meth:`enter`: wait behind the key's waiters for
+        its next release, at most :data:`QUEUE_S` or ``timeout`` seconds (a caller that
+        has just woken a waiter takes its turn).
 
-        A wait that runs out found the waiters' slots stale, or their holder slow:
-        the slots of dead nodes are zeroed (their processes were killed waiting).
+        Meanwhile the node's slot shows ``ANY_KEY``: a release still wakes this thread,
+        but other callers queueing do not wait behind it, so two of them never wait
+        for each other while the key is free. The word is read before the slots: a
+        release after that read ends the wait at once. A wait that runs out found the
+        waiters' slots stale, or their holder slow: the slots of dead nodes are zeroed
+        (their processes were killed waiting).
         """
-        self.look()
-        if not self.wait(None, QUEUE_S if timeout is None else min(QUEUE_S, timeout)):
-            for node in waiting_nodes(self._ring, self._digest, self._node):
-                if not self._fleet.is_alive(node):
-                    forget(self._ring, node)
+        SLOTS.swap(self._buf, self._slot, self._tag, ANY_KEY)
+        try:
+            self.look()
+            if self.others_wait() and not self.wait(
+                None, QUEUE_S if timeout is None else min(QUEUE_S, timeout)
+            ):
+                for node in waiting_nodes(self._ring, self._digest, self._node):
+                    if not self._fleet.is_alive(node):
+                        forget(self._ring, node)
+        finally:
+            SLOTS.swap(self._buf, self._slot, ANY_KEY, self._tag)
 
     def leave(self, granted: bool) -> None:
         """Stop waiting; a waiter leaving without the key passes on a wake it may have had."""
@@ -200,12 +224,14 @@ class KeyWaiter:
         return value
 
 
-def waiting_nodes(ring: Ring, digest: int, node: int) -> list[int]:
-    """The nodes other than ``node`` whose slot says they wait for the key of ``digest``."""
+def waiting_nodes(ring: Ring, digest: int, node: int, *, alone: bool = False) -> list[int]:
+    """The nodes other than ``node`` whose slot says they wait for the key of ``digest``:
+    it holds the key's tag, or ``ANY_KEY`` unless ``alone``."""
     geometry = ring.geometry
     tag = key_tag(digest)
+    marks = (tag,) if alone else (tag, ANY_KEY)
     slots = struct.unpack_from(f"<{geometry.lane_count}I", ring.buf, geometry.waiting_offset)
-    return [n for n, v in enumerate(slots) if n != node and v in (tag, ANY_KEY)]
+    return [n for n, v in enumerate(slots) if n != node and v in marks]
 
 
 def queue_probe(ring: Ring, digest: int) -> Callable[[], bool]:
