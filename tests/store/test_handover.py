@@ -13,7 +13,11 @@ import threading
 import time
 from multiprocessing.connection import wait
 
+import pytest
+
+from orbitive.lock import _key_wait
 from orbitive.lock._key_wait import QUEUE_S
+from orbitive.lock._ring import ANY_KEY, key_tag
 from orbitive.store import Store, open_store
 from orbitive.store._shm import ShmEngine
 
@@ -86,6 +90,46 @@ def test_a_caller_that_finds_a_waiter_does_not_overtake_it(shm_url: str) -> None
         said, _ = waiter.recv()  # and the waiter, running again, is served next
         assert said == "granted"
         waiter.send("release")
+
+
+def test_a_caller_whose_release_woke_a_queued_caller_waits_for_its_turn(
+    shm_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller woken was still queueing (not refused): the releaser asking again at
+    once waits behind it all the same."""
+    queue_s = 1.0
+    monkeypatch.setattr(_key_wait, "QUEUE_S", queue_s)  # the child's, forked, too
+    with Processes("fork") as processes, open_store(shm_url) as store:
+        engine = store._backend.engine
+        assert isinstance(engine, ShmEngine)
+        ring = engine._table._ring
+        slots = ring.geometry.waiting_offset
+        stale = slots + 4 * (engine._fleet.capacity - 1)  # a node nobody holds
+        held = store.lock("turn", ttl=60.0, timeout=0)
+        # A slot saying a thread waits for "turn": the child queues behind it.
+        ring.buf[stale : stale + 4] = key_tag(engine._keys["turn"].digest).to_bytes(4, "little")
+        child = processes.start(wait_in_turn, shm_url, "turn")
+        said, node = child.recv()
+        assert said == "waiting"
+        child.send("go")
+        at = slots + 4 * node
+        deadline = time.monotonic() + PATIENCE_S
+        while int.from_bytes(ring.buf[at : at + 4], "little") != ANY_KEY:
+            assert time.monotonic() < deadline, "the child never queued"
+            time.sleep(0.002)
+        ring.buf[stale : stale + 4] = bytes(4)  # now only the queued child waits
+        os.kill(child.pid, signal.SIGSTOP)  # woken by the release, it cannot run yet
+        try:
+            held.release()
+            started = time.monotonic()
+            with store.lock("turn", ttl=60.0, timeout=PATIENCE_S):
+                took = time.monotonic() - started
+        finally:
+            os.kill(child.pid, signal.SIGCONT)
+        assert took >= 0.9 * queue_s, took  # it queued behind the woken child
+        said, _ = child.recv()
+        assert said == "granted"
+        child.send("release")
 
 
 def test_eight_processes_taking_turns_share_them_fairly(shm_url: str) -> None:

@@ -28,6 +28,14 @@ wake costs a syscall; a wake lost with a waiter killed after its wake costs the
 others their timeout (at most :data:`WAIT_CAP_S`). Order is kept among waiters
 that wait less than that: a sleep that runs out re-queues at the back.
 
+Queueing. A caller that has just released the key, or that finds threads refused
+it, waits behind them before its first attempt (:meth:`KeyWaiter.queue`, at most
+:data:`QUEUE_S`), so a woken waiter is not overtaken. One whose release woke a
+waiter waits for that waiter's own release (the word moving past what its
+release left), watching the word briefly before it sleeps; any other waits only
+behind slots holding the key's tag, since a queueing caller's slot shows
+``ANY_KEY`` and two queueing callers must not wait for each other.
+
 Timeline of three processes on one key::
 
     A holds; B parks (t=1), C parks (t=2)    queue: B, C
@@ -42,6 +50,7 @@ import collections
 import mmap
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Final
 
@@ -59,6 +68,13 @@ WAIT_CAP_S: Final = 2.0
 #: (:meth:`KeyWaiter.queue`), in seconds: long enough for a woken waiter to run on a
 #: busy host, short enough to bound what a waiter killed after its wake costs.
 QUEUE_S: Final = 0.05
+#: How long a caller whose release woke a waiter watches the key word before it
+#: sleeps, in seconds: about one hand-over between two running processes. Measured
+#: (docs/benchmarks.md, issue 25): 20 us kept the turns going round (about 99%
+#: hand-overs) without each costing a sleep and a wake-up; 0 halved the throughput
+#: at 2 and 4 processes, 100 us took CPU from the woken process at 8.
+HANDED_SPIN_S: Final = 20e-6
+_HANDED_SPIN_NS: Final = round(HANDED_SPIN_S * 1e9)
 _U32: Final = struct.Struct("<I")
 
 
@@ -186,10 +202,9 @@ class KeyWaiter:
         refused it (a node queueing, or waiting for several keys, shows ``ANY_KEY``)."""
         return bool(waiting_nodes(self._ring, self._digest, self._node, alone=True))
 
-    def queue(self, timeout: float | None) -> None:
+    def queue(self, timeout: float | None, handed: int | None = None) -> None:
         """Before a first attempt, after :meth:`enter`: wait behind the key's waiters for
-        its next release, at most :data:`QUEUE_S` or ``timeout`` seconds (a caller that
-        has just woken a waiter takes its turn).
+        its next release, at most :data:`QUEUE_S` or ``timeout`` seconds.
 
         Meanwhile the node's slot shows ``ANY_KEY``: a release still wakes this thread,
         but other callers queueing do not wait behind it, so two of them never wait
@@ -197,11 +212,28 @@ class KeyWaiter:
         release after that read ends the wait at once. A wait that runs out found the
         waiters' slots stale, or their holder slow: the slots of dead nodes are zeroed
         (their processes were killed waiting).
+
+        Args:
+            timeout: seconds (float), or None.
+            handed: for a caller whose own release woke a waiter, the key word that
+                release left (:func:`handed_word`). It waits while the word still holds
+                that (the woken waiter has not released yet) behind any waiter, queued
+                ones too, since its release woke one of them; it watches the word for
+                :data:`HANDED_SPIN_S` before it sleeps. Without it, it waits only behind
+                the threads that were refused the key.
         """
         SLOTS.swap(self._buf, self._slot, self._tag, ANY_KEY)
         try:
             self.look()
-            if self.others_wait() and not self.wait(
+            if handed is None:
+                behind = self.others_wait()
+            else:
+                behind = (
+                    self._seen == handed
+                    and bool(waiting_nodes(self._ring, self._digest, self._node))
+                    and not self._moves_within(_HANDED_SPIN_NS)
+                )
+            if behind and not self.wait(
                 None, QUEUE_S if timeout is None else min(QUEUE_S, timeout)
             ):
                 for node in waiting_nodes(self._ring, self._digest, self._node):
@@ -218,6 +250,16 @@ class KeyWaiter:
         SLOTS.release(self._buf, self._slot, self._tag)
         if not granted and self._read() != self._seen:
             wake_word(self._buf, self._word, 1)
+
+    def _moves_within(self, ns: int) -> bool:
+        """Watch the key word on the CPU for up to ``ns`` nanoseconds: whether it moved
+        from what :meth:`look` saw."""
+        read, seen, now = self._read, self._seen, time.perf_counter_ns
+        end = now() + ns
+        while read() == seen:
+            if now() >= end:
+                return False
+        return True
 
     def _read(self) -> int:
         value: int = _U32.unpack_from(self._buf, self._word)[0]
@@ -252,6 +294,24 @@ def queue_probe(ring: Ring, digest: int) -> Callable[[], bool]:
         return at >= 0
 
     return queued
+
+
+def word_reader(ring: Ring, digest: int) -> Callable[[], int]:
+    """A read of the key word of ``digest``'s bucket, made once per key."""
+    at = ring.geometry.key_word(digest)
+    buf, unpack = ring.buf, _U32.unpack_from
+
+    def read() -> int:
+        value: int = unpack(buf, at)[0]
+        return value
+
+    return read
+
+
+def handed_word(before: int) -> int:
+    """The key word a release that woke waiters left, given the word read before it
+    (such a release adds one)."""
+    return (before + 1) & 0xFFFFFFFF
 
 
 def forget(ring: Ring, node: int) -> None:

@@ -359,6 +359,10 @@ class LockTable:
         """Whether a thread of some node waits for ``key`` alone (``_key_wait.queue_probe``)."""
         return _key_wait.queue_probe(self._ring, key.digest)
 
+    def _word_reader(self, key: LockKey) -> Callable[[], int]:
+        """A read of ``key``'s wait word (``_key_wait.word_reader``)."""
+        return _key_wait.word_reader(self._ring, key.digest)
+
     def _replace(
         self, lease: LockLease, owner: LockOwner, ttl: float, unless: tuple[LockKey, ...]
     ) -> Acquired | Occupied | None:

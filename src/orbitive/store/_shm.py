@@ -90,7 +90,7 @@ from .._core._errors import (
 from .._core._fleet import CAPACITY_DEFAULT, Fleet
 from .._core._section import object_bytes
 from ..lock import Acquired, LockKey, LockLayout, LockLease, LockOwner, LockTable
-from ..lock._key_wait import KeyWaiter
+from ..lock._key_wait import KeyWaiter, handed_word
 from ..lock._layout import EVENT_HEADER_SIZE, STORE_EVENT_KIND, STORE_STATE_KIND
 from ..lock._types import TOKEN_MASK
 from ._engine import Busy, Engine, LockInfo, SlotInfo, Waiter, limit_mismatch, poll_pause_s
@@ -200,8 +200,13 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
         self._queued: _Cache[str, Callable[[], bool]] = _Cache(
             lambda name: self._table._queue_probe(self._keys[name])
         )
+        self._words: _Cache[str, Callable[[], int]] = _Cache(
+            lambda name: self._table._word_reader(self._keys[name])
+        )
         self._closed = False
-        self._handed = threading.local()  # .name: what this thread last handed to a waiter
+        # .name, .word: what this thread last handed to a waiter, and the key word its
+        # release left; .after: that word, from queues_first to the waiter it makes.
+        self._handed = threading.local()
 
     def _failure(self, error: Exception) -> Exception:
         """What a failed table call raises: ``StoreError(CLOSED)`` once this engine
@@ -228,11 +233,12 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
 
     def release(self, name: str, owner: str, grant: LockLease) -> bool:
         try:
+            before = self._words[name]()
             waiting = self._table.release_waking(grant)
         except (OrbitError, ValueError) as error:
             raise self._failure(error) from error
         if waiting > 0:  # handed to a waiter: this thread's next wait for it queues first
-            self._handed.name = name
+            self._handed.name, self._handed.word = name, handed_word(before)
         return waiting >= 0
 
     def inspect(self, name: str) -> LockInfo | None:
@@ -413,11 +419,14 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
 
     def queues_first(self, name: str) -> bool:
         """Whether a thread waits for ``name`` (alone: ``_key_wait.queue_probe``), or this
-        thread's last release of it woke a waiter that still waits."""
+        thread's last release of it woke a waiter (its :meth:`waiter` then waits for
+        that waiter's release)."""
         handed = getattr(self._handed, "name", None)
+        self._handed.after = None
         if handed is not None:
             self._handed.name = None
-            if handed == name and self._key_waiter(name).others_wait():
+            if handed == name:
+                self._handed.after = self._handed.word
                 return True
         try:
             return self._queued[name]()
@@ -426,7 +435,9 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
 
     def waiter(self, name: str) -> Waiter:
         """A place in ``name``'s wait queue: woken by the release itself (``_key_wait``)."""
-        return ShmWaiter(self._key_waiter(name))
+        handed: int | None = getattr(self._handed, "after", None)
+        self._handed.after = None
+        return ShmWaiter(self._key_waiter(name), handed)
 
     def _key_waiter(self, name: str) -> KeyWaiter:
         try:
@@ -455,15 +466,16 @@ class ShmWaiter(Waiter):
 
     watches = True
 
-    def __init__(self, waiter: KeyWaiter) -> None:
+    def __init__(self, waiter: KeyWaiter, handed: int | None) -> None:
         super().__init__(ShmEngine.poll_cap_s)
         self._waiter = waiter
+        self._handed = handed  # the key word this thread's release left (_key_wait.queue)
 
     def enter(self) -> None:
         self._waiter.enter()
 
     def queue(self, left: float | None) -> None:
-        self._waiter.queue(left)
+        self._waiter.queue(left, self._handed)
 
     def look(self) -> None:
         self._waiter.look()
