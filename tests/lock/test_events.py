@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import selectors
+import threading
 
 from orbitive import Fleet
 from orbitive.lock import (
@@ -187,3 +190,25 @@ def assert_event_is(event: LockEvent, result: Acquired, node: int) -> None:
     assert (event.key, event.owner, event.lock_id) == (lease.key, lease.owner, lease.lock_id)
     assert event.state_revision == lease.state_revision
     assert event.node == node
+
+
+def test_threads_asking_for_the_descriptor_at_once_share_one(table: LockTable) -> None:
+    """The descriptor is built once whichever threads ask first: none is left unclosed
+    (a ResourceWarning at collection) or holding a readiness bit of the node."""
+    before = len(os.listdir("/proc/self/fd"))
+    threads_n = 8
+    barrier = threading.Barrier(threads_n)
+    seen: list[int] = []
+
+    def ask() -> None:
+        barrier.wait(10.0)
+        seen.append(table.fileno())
+
+    threads = [threading.Thread(target=ask) for _ in range(threads_n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10.0)
+    gc.collect()
+    assert len(seen) == threads_n and len(set(seen)) == 1
+    assert len(os.listdir("/proc/self/fd")) - before <= 2  # its socket (and a pair's end)

@@ -53,9 +53,11 @@ from __future__ import annotations
 
 import mmap
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Final
 
+from .._core import _fork
 from .._core._errors import InvalidLayout, LayoutMismatch
 from .._core._fleet import Fleet
 from .._core._readiness import Channel, Readiness, wake_word
@@ -207,6 +209,8 @@ class Ring:
             self.region, _GENERATION_OFFSET, geometry.armed_offset, geometry.lane_count
         )
         self._readiness: Readiness | None = None
+        self._readiness_lock = threading.Lock()  # threads may ask for it at once
+        _fork.register(self)
         # Hot-path copies of the geometry.
         self._heads_offset = geometry.heads_offset
         self._stride = geometry.stride
@@ -350,10 +354,15 @@ class Ring:
     # -- readiness and lifecycle -----------------------------------------------------------
 
     def readiness(self, node: int, name: str) -> Readiness:
-        """This process's readiness descriptor for the ring (created once)."""
-        if self._readiness is None:
-            self._readiness = Readiness(self.channel, node, name)
-        return self._readiness
+        """This process's readiness descriptor for the ring (created once, whichever
+        threads ask first)."""
+        found = self._readiness
+        if found is None:
+            with self._readiness_lock:
+                found = self._readiness
+                if found is None:
+                    found = self._readiness = Readiness(self.channel, node, name)
+        return found
 
     def forget_readiness(self) -> None:
         """Drop the descriptor (a forked child's copy); the next call builds a new one."""
@@ -372,6 +381,12 @@ class Ring:
 
     def close(self) -> None:
         """Close this process's readiness socket, if any; the mapping belongs to the fleet."""
-        if self._readiness is not None:
-            self._readiness.close()
-            self._readiness = None
+        with self._readiness_lock:
+            readiness, self._readiness = self._readiness, None
+        if readiness is not None:
+            readiness.close()
+
+    def _after_fork_in_child(self) -> None:
+        # A parent thread may have held the lock at the fork; the descriptor is
+        # dropped by the table's first call in the child (forget_readiness).
+        self._readiness_lock = threading.Lock()
