@@ -153,32 +153,36 @@ def test_acquire_async_times_out_naming_the_semaphore(store: Store) -> None:
     run(body())
 
 
-def woken_after_release(store: Store) -> float:
-    """Seconds from a release in another thread to the async waiter holding the slot,
-    once the waiter's pauses have reached their cap (as in the sync suite)."""
-    holder = store.semaphore("wake", 1).try_acquire("w1", LONG)
-    assert holder is not None
-    released: list[float] = []
+def woken_after_releases(store: Store, rounds: int) -> list[float]:
+    """Seconds from each release in another thread to its async waiter holding the
+    slot: ``rounds`` names and waiters of one loop, released as in the sync suite."""
+    names = [f"wake-{n}" for n in range(rounds)]
+    holders = [store.semaphore(name, 1).try_acquire("w1", LONG) for name in names]
+    released: dict[str, float] = {}
 
     def release_later() -> None:
         time.sleep(2.0)
-        released.append(time.monotonic())
-        assert holder.release()
+        for name, holder in zip(names, holders, strict=True):
+            released[name] = time.monotonic()
+            assert holder is not None and holder.release()
+            time.sleep(0.33)
 
-    async def body() -> float:
-        async with store.semaphore("wake", 1).acquire_async(ttl=LONG, timeout=20.0):
+    async def wait(name: str) -> float:
+        async with store.semaphore(name, 1).acquire_async(ttl=LONG, timeout=20.0):
             return time.monotonic()
+
+    async def body() -> list[float]:
+        return list(await asyncio.gather(*(wait(name) for name in names)))
 
     thread = threading.Thread(target=release_later)
     thread.start()
     woken = run(body())
     thread.join()
-    return woken - released[0]
+    return [at - released[name] for name, at in zip(names, woken, strict=True)]
 
 
 def test_an_async_waiter_is_woken_by_a_release_from_another_thread(store: Store) -> None:
-    for round_no in range(3):  # as in the sync suite: three rounds
-        late = woken_after_release(store)
+    for round_no, late in enumerate(woken_after_releases(store, 3)):  # as in the sync suite
         assert late < WOKEN_S, f"round {round_no}: woken {late:.3f} s after the release"
 
 

@@ -453,31 +453,37 @@ def test_a_lease_without_renewal_lapses_and_a_refused_renewal_calls_on_lost(stor
     assert lost == [lease]  # a refused renewal calls back
 
 
-def woken_after_release(store: Store) -> float:
-    """Seconds from a release to the waiter holding the slot, once the waiter's pauses
-    have reached their cap (1 s while notifications arrive; 50 ms on SQLite, which polls)."""
-    holder = held(store, "wake", 1, ttl=LONG)
-    woken: list[float] = []
+def woken_after_releases(store: Store, rounds: int) -> list[float]:
+    """Seconds from each release to its waiter holding the slot: ``rounds`` names, each
+    held, each with a waiter whose pauses have reached their cap (1 s while
+    notifications arrive; 50 ms on SQLite, which polls), released a third of that cap
+    apart (waiters polling in step could not all be on time)."""
+    names = [f"wake-{n}" for n in range(rounds)]
+    holders = [held(store, name, 1, ttl=LONG) for name in names]
+    woken: dict[str, float] = {}
 
-    def wait() -> None:
-        with store.semaphore("wake", 1).acquire(ttl=LONG, timeout=20.0):
-            woken.append(time.monotonic())
+    def wait(name: str) -> None:
+        with store.semaphore(name, 1).acquire(ttl=LONG, timeout=20.0):
+            woken[name] = time.monotonic()
 
-    waiter = threading.Thread(target=wait)
-    waiter.start()
+    waiters = [threading.Thread(target=wait, args=(name,)) for name in names]
+    for waiter in waiters:
+        waiter.start()
     time.sleep(2.0)
-    released = time.monotonic()
-    assert holder.release()
-    waiter.join(20.0)
-    assert len(woken) == 1
-    return woken[0] - released
+    late: list[float] = []
+    for name, holder, waiter in zip(names, holders, waiters, strict=True):
+        released = time.monotonic()
+        assert holder.release()
+        waiter.join(20.0)
+        late.append(woken[name] - released)
+        time.sleep(0.33)
+    return late
 
 
 def test_a_waiter_is_woken_by_a_release_not_by_its_next_poll(store: Store) -> None:
     # Woken by polling, a waiter would hold the slot a uniform 0-1 s after the release:
-    # under the bound in each of three rounds with a chance of about 1 in 50.
-    for round_no in range(3):
-        late = woken_after_release(store)
+    # under the bound in each of three rounds with a chance of about 1 in 125.
+    for round_no, late in enumerate(woken_after_releases(store, 3)):
         assert late < WOKEN_S, f"round {round_no}: woken {late:.3f} s after the release"
 
 
