@@ -205,7 +205,8 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
         )
         self._closed = False
         # .name, .word: what this thread last handed to a waiter, and the key word its
-        # release left; .after: that word, from queues_first to the waiter it makes.
+        # release left; .after: that word, from queues_first to the waiter made right
+        # after it (which takes it).
         self._handed = threading.local()
 
     def _failure(self, error: Exception) -> Exception:
@@ -422,7 +423,6 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
         thread's last release of it woke a waiter (its :meth:`waiter` then waits for
         that waiter's release)."""
         handed = getattr(self._handed, "name", None)
-        self._handed.after = None
         if handed is not None:
             self._handed.name = None
             if handed == name:
