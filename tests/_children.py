@@ -24,14 +24,26 @@ from typing import Any
 import pytest
 
 from orbitive import Fleet, OrbitError
-from orbitive.lock import Acquired, LockKey, LockLayout, LockOwner, LockTable, _key_wait, _steps
+from orbitive.lock import (
+    Acquired,
+    LockKey,
+    LockLayout,
+    LockLease,
+    LockOwner,
+    LockTable,
+    _key_wait,
+    _steps,
+)
 from orbitive.lock._ring import Ring, RingGeometry
 from orbitive.pool import Key, Pool
 
 from ._processes import Channel, Child, Processes
+from ._ptrace import trace_me
 
 #: The key the race and crash scenarios fight over.
 KEY = LockKey("tests.children", "contended")
+#: The namespace of the keys a renewing holder is killed with (``renew_stopping_at``).
+RENEWED_NAMESPACE = "tests.renewed"
 #: A second key, for what a child does on its own.
 OTHER_KEY = LockKey("tests.children", "other")
 #: How many keys :func:`race_many` fights over, in how many rounds.
@@ -175,21 +187,14 @@ def race_round(table: LockTable, barrier: Barrier, owner: bytes, round_: int) ->
 
 
 def stop_in_critical_section(channel: Channel, name: str, capacity: int, operation: str) -> None:
-    """Acquire or renew KEY, stopping (SIGSTOP) after its slot went TOMBSTONE.
+    """Acquire KEY, stopping (SIGSTOP) after its slot went TOMBSTONE.
 
-    Operation "raise-bound" acquires KEY and stops after max_probe was raised for
-    it, before its slot changed (the test makes KEY's home slot taken first).
-    Sends ``("held", lease)`` first for "renew", then ``"stopped"`` from inside the
-    table's critical section (the flock is held); the test SIGKILLs it there.
+    Operation "raise-bound" stops after max_probe was raised for KEY instead, before
+    its slot changed (the test makes KEY's home slot taken first). Sends
+    ``"stopped"`` from inside the table's critical section; the test SIGKILLs it there.
     """
     stop_at = "bound_raised" if operation == "raise-bound" else "tombstoned"
     table = LockTable(Fleet.join(name, capacity))
-    lease = None
-    if operation == "renew":
-        result = table.try_acquire(KEY, LockOwner(b"victim"), ttl=60.0)
-        assert isinstance(result, Acquired)
-        lease = result.lease
-        channel.send(("held", lease))
 
     def hook(point: str) -> None:
         if point == stop_at:
@@ -197,11 +202,48 @@ def stop_in_critical_section(channel: Channel, name: str, capacity: int, operati
             os.kill(os.getpid(), signal.SIGSTOP)
 
     _steps.crash_hook = hook
-    if lease is None:
-        table.try_acquire(KEY, LockOwner(b"victim"), ttl=60.0)
-    else:
-        table.renew(lease, 60.0)
+    table.try_acquire(KEY, LockOwner(b"victim"), ttl=60.0)
     channel.send("finished")  # only reached if the test let it continue
+
+
+def _renewed_holder(
+    channel: Channel, name: str, capacity: int, label: str, ttl: float
+) -> tuple[LockTable, LockLease]:
+    """Take the key ``label`` of ``RENEWED_NAMESPACE`` for ``ttl`` seconds; send its lease."""
+    table = LockTable(Fleet.join(name, capacity))
+    result = table.try_acquire(LockKey(RENEWED_NAMESPACE, label), LockOwner(b"victim"), ttl)
+    assert isinstance(result, Acquired)
+    channel.send(result.lease)
+    return table, result.lease
+
+
+def renew_stopping_at(
+    channel: Channel, name: str, capacity: int, label: str, ttl: float, point: str
+) -> None:
+    """Take a key and send its lease, then renew it on the Python steps, stopping (SIGSTOP)
+    at the crash hook's ``point`` after sending ``"stopped"``; the test SIGKILLs it there."""
+    table, lease = _renewed_holder(channel, name, capacity, label, ttl)
+
+    def hook(reached: str) -> None:
+        if reached == point:
+            channel.send("stopped")
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    _steps.crash_hook = hook
+    table.renew(lease, ttl)
+    channel.send("finished")  # only reached if the point was never passed
+
+
+def renew_traced(channel: Channel, name: str, capacity: int, label: str, ttl: float) -> None:
+    """Take a key and send its lease and whether the C steps run, then let the test trace
+    this process (``PTRACE_TRACEME``), stop, renew the key once and stop again: the test
+    runs the renewal one instruction at a time."""
+    table, lease = _renewed_holder(channel, name, capacity, label, ttl)
+    channel.send(table._steps is not None)
+    trace_me()
+    os.kill(os.getpid(), signal.SIGSTOP)
+    table.renew(lease, ttl)
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def stop_in_a_section_owning_a_resource(channel: Channel, name: str, capacity: int) -> None:

@@ -10,9 +10,11 @@
  * expired entries, counters advanced first, one transition frame published to
  * this node's ring lane (seqlock) with the readiness word bumped, then
  * max_probe raised if the entry lies further from its home, then the slot
- * tombstoned, rewritten and made OCCUPIED last. A release also adds one to its
- * key's bucket word when a thread waits on a key word, and wakes the longest
- * waiting one once the stripes are let go (lock/_key_wait.py).
+ * tombstoned, written and made OCCUPIED last; a renewal rewrites its live entry in
+ * place instead (the revision, then the expiry, each one aligned 8-byte store), so
+ * that a kill at any instruction leaves the old expiry or the new one. A release
+ * also adds one to its key's bucket word when a thread waits on a key word, and
+ * wakes the longest waiting one once the stripes are let go (lock/_key_wait.py).
  *
  * LockTable binds these methods as its own. Anything off that path (other
  * argument types, an error to raise, a fork, a closed table, the test-only
@@ -263,14 +265,8 @@ static PyObject *Steps_renew(Steps *t, PyObject *const *args, size_t nargsf, PyO
             outcome = EXHAUSTED;
         } else {
             outcome = publish(t, m.r, &e, RENEWED, revision, acquired, e.expires, &wake);
-            if (outcome == DONE) { /* rewrite: TOMBSTONE, revision and expiry, OCCUPIED */
-                p[0] = TOMBSTONE;
-                fence();
-                st64(p + 24, revision);
-                st64(p + 40, e.expires);
-                fence();
-                p[0] = OCCUPIED;
-            }
+            if (outcome == DONE)
+                rewrite(p, revision, e.expires);
         }
     }
     if (leave(t, &m, &h, wake, NULL) < 0)
@@ -359,7 +355,8 @@ static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
                g.ring_capacity > 0 && !(g.ring_capacity & (g.ring_capacity - 1)) &&
                g.ring_capacity <= 1 << 20;
     if (!pow2 || g.payload_max < 3 || g.payload_max > 0xFFFF ||
-        g.stride < SLOT_HEADER + g.payload_max || g.stride > 1 << 17 || g.lanes < 1 ||
+        g.stride < SLOT_HEADER + g.payload_max || g.stride > 1 << 17 || g.stride % 8 ||
+        g.lanes < 1 ||
         g.lanes > 0xFFFF || g.heads_at < RING_HEADER + ROUND64(g.lanes) + ROUND64(4 * g.lanes) ||
         g.heads_at > 1 << 30 ||
         g.slots_at < g.heads_at + g.lanes * LANE_HEAD || g.slots_at > 1 << 30 ||

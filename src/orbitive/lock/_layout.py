@@ -36,9 +36,12 @@ probe stops at EMPTY or after ``max_probe + 1`` slots: ``max_probe`` is raised t
 entry's displacement ``(slot - home) & (capacity - 1)`` before the entry is written
 (it only grows until a reset), and a value above ``capacity - 1`` reads as
 ``capacity - 1``.
-Invariant (crash safety, lease contract, "tombstone before rewrite"): a slot is set
-TOMBSTONE before any of its bytes change and OCCUPIED only after all of them
-are written, all inside the critical section.
+Invariant (crash safety, lease contract, "tombstone before rewrite"): a slot that
+holds no live entry is set TOMBSTONE before any of its bytes change and OCCUPIED
+only after all of them are written, all inside the critical section. A renewal
+rewrites its live entry in place, OCCUPIED throughout: the state_revision, then
+the expires_at_ms, each one aligned 8-byte store (slots start 8-aligned), so a
+holder killed inside its renewal keeps the key until its old or its new expiry.
 
 Stripes. The state's section block has :attr:`LockLayout.stripes` robust
 mutexes; stripe ``i`` guards the ``stripe_slots`` slots from ``i * stripe_slots``

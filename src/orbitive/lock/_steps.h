@@ -290,6 +290,17 @@ static void write_slot(const Steps *t, uint8_t *s, Py_ssize_t slot, const Entry 
     p[0] = OCCUPIED;
 }
 
+/* rewrite: renew the live entry at p in place, OCCUPIED throughout: the revision, then
+ * the expiry, each one aligned 8-byte store (a slot starts 128 + a multiple of the
+ * stride, itself a multiple of 8, past the page-aligned mapping), so a process killed
+ * at any instruction leaves the entry live with its old expiry or its new one. */
+static void rewrite(uint8_t *p, uint64_t revision, uint64_t expires)
+{
+    __atomic_store_n((uint64_t *)(p + 24), revision, __ATOMIC_RELAXED);
+    fence();
+    __atomic_store_n((uint64_t *)(p + 40), expires, __ATOMIC_RELAXED);
+}
+
 /* -- counters --------------------------------------------------------------------- */
 
 static uint64_t load64(const uint8_t *p)

@@ -10,9 +10,13 @@ order of writes, under the same names (``read_live``, ``holds_key``,
 everything it declines, and while the test-only :data:`crash_hook` is set.
 
 Invariant (lease contract, "Crash-safe"): the counters are advanced first, then the
-transition is published, then the slot is set TOMBSTONE, rewritten, and set
-OCCUPIED last. A process killed anywhere in that sequence leaves the key absent
-or intact, never half-written, and the kernel releases its lock; at worst a
+transition is published, then the slot changes. An insert sets its slot (which
+holds no live entry) TOMBSTONE, writes it, and sets it OCCUPIED last; a renewal
+rewrites its live entry in place, the revision and then the expiry, each one
+aligned 8-byte store; a release sets the slot TOMBSTONE. A process killed
+anywhere in that sequence leaves no entry half-written, and a live entry live
+until the old expiry or the new one: a holder killed inside its own renewal keeps
+its key until the expiry it held. The kernel releases its lock; at worst a
 fencing token and a revision are consumed.
 """
 
@@ -63,7 +67,9 @@ _EVENT_VERSION: Final = _events.EVENT_VERSION
 
 #: Test-only hook, called with a point name inside the critical section
 #: ("bound_raised": after max_probe was raised for an insert, before its slot changes;
-#: "tombstoned": after the slot went TOMBSTONE, before it is rewritten).
+#: "tombstoned": after an insert's slot went TOMBSTONE, before it is written;
+#: "published" and "revision_stored": a renewal's, after its transition was published
+#: and after the entry's revision was stored, before its expiry is).
 crash_hook: Callable[[str], None] | None = None
 
 
@@ -435,18 +441,24 @@ class ReferenceSteps:
         return slot if slot >= 0 and self.owner_is(slot, key, lease.owner, lease.lock_id) else -1
 
     def rewrite(self, slot: int, now: int, expires: int) -> LockLease:
-        """Renew the live entry in ``slot``: new revision and a full new window."""
+        """Renew the live entry in ``slot``: new revision and a full new window.
+
+        In place, the entry OCCUPIED throughout: the revision, then the expiry, each
+        an 8-byte copy to an 8-aligned offset (glibc's ``memcpy`` of 8 bytes stores
+        whole words), so a process killed anywhere leaves the entry live with its
+        old expiry or its new one, never a key absent before the expiry it held.
+        """
         lease = self.lease_at(slot)
         _, revision = self.next_ids(False)
         acquired: int = _unpack_slot(self.buf, HEADER_SIZE + slot * self.stride)[7]
         self.publish(_events.RENEWED, revision, lease, (acquired, expires))
-        buf, offset = self.buf, HEADER_SIZE + slot * self.stride
-        buf[offset] = TOMBSTONE
         if crash_hook is not None:
-            crash_hook("tombstoned")
+            crash_hook("published")
+        buf, offset = self.buf, HEADER_SIZE + slot * self.stride
         store(buf, offset + _REVISION_OFFSET, _U64, revision)
+        if crash_hook is not None:
+            crash_hook("revision_stored")
         store(buf, offset + _EXPIRES_OFFSET, _U64, expires)
-        buf[offset] = OCCUPIED
         return lease._replace(state_revision=revision, expires_at=expires / 1000.0)
 
     def remove(self, slot: int, lease: LockLease | None = None) -> int:

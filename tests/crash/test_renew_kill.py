@@ -1,0 +1,135 @@
+"""A holder killed inside its own renewal keeps its key until the expiry it held.
+
+On the Python steps the renewing holder stops at each crash-hook point its renewal
+passes and is SIGKILLed there. On the C steps it is run through one renewal an
+instruction at a time (``ptrace``): after every instruction its entry must still read
+as its live tenure (what a kill there would leave), and a holder is SIGKILLed right
+after each store its renewal makes to the entry. After each kill a successor's
+``try_acquire`` is refused, naming the killed tenure with an expiry no earlier than
+the one it held, until that expiry; then it is granted, with a larger token.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from orbitive.lock import Acquired, LockKey, LockLease, LockOwner, LockTable, Occupied, _steps
+from orbitive.lock._layout import HEADER_SIZE, OCCUPIED, SLOT, SLOT_HEADER_SIZE
+
+from .._children import RENEWED_NAMESPACE, renew_stopping_at, renew_traced
+from .._processes import Child, Processes
+from .._ptrace import single_step, wait_stopped
+
+SURVIVOR = LockOwner(b"survivor")
+#: The killed holders' ttl: long enough to outlast a renewal run one instruction at a
+#: time on a busy machine, short enough to wait out.
+TTL = 2.0
+
+
+def _refused(table: LockTable, lease: LockLease) -> float:
+    """A successor is refused ``lease``'s key, held by that very tenure until at least its
+    expiry; returns the expiry the entry holds."""
+    got = table.try_acquire(lease.key, SURVIVOR, 30.0)
+    left = lease.expires_at - time.monotonic()
+    assert isinstance(got, Occupied), f"{lease.key}: a successor got in {left:.3f} s early"
+    assert got.lease.lock_id == lease.lock_id, got.lease
+    assert got.lease.expires_at >= lease.expires_at, (got.lease, lease)
+    return got.lease.expires_at
+
+
+def _held_until_expiry(table: LockTable, held: dict[LockLease, float]) -> None:
+    """Each killed holder's key (its lease: the expiry the entry holds) is refused to a
+    successor until that expiry, and granted after it with a larger token."""
+    time.sleep(max(0.0, min(held.values()) - 0.05 - time.monotonic()))
+    for lease, ends in held.items():
+        assert _refused(table, lease) == ends
+    for lease, ends in sorted(held.items(), key=lambda item: item[1]):
+        time.sleep(max(0.0, ends + 0.01 - time.monotonic()))
+        taken = table.try_acquire(lease.key, SURVIVOR, 30.0)
+        assert isinstance(taken, Acquired), taken
+        assert taken.lease.fencing_token > lease.fencing_token
+
+
+def _renewal_points(table: LockTable, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The crash-hook points a renewal on the Python steps passes, in order."""
+    points: list[str] = []
+    monkeypatch.setattr(_steps, "crash_hook", points.append)
+    got = table.try_acquire(LockKey(RENEWED_NAMESPACE, "probe"), SURVIVOR, 30.0)
+    assert isinstance(got, Acquired)
+    del points[:]
+    assert table.renew(got.lease, 30.0) is not None
+    monkeypatch.setattr(_steps, "crash_hook", None)
+    assert table.release(got.lease)
+    return points
+
+
+def test_a_holder_killed_at_every_hook_of_its_renewal_keeps_the_key_until_its_expiry(
+    processes: Processes,
+    shared_table: LockTable,
+    fleet_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    points = _renewal_points(shared_table, monkeypatch)
+    assert points, "a renewal passes no crash-hook point"
+    held = {}
+    for point in points:
+        victim = processes.start(renew_stopping_at, fleet_name, 4, point, TTL, point)
+        lease: LockLease = victim.recv()
+        assert victim.recv() == "stopped"
+        assert victim.kill() == -signal.SIGKILL
+        held[lease] = _refused(shared_table, lease)
+    _held_until_expiry(shared_table, held)
+
+
+def _entry_header(table: LockTable, slot: int) -> bytes:
+    at = HEADER_SIZE + slot * table.layout.slot_size
+    return bytes(table._buf[at : at + SLOT_HEADER_SIZE])
+
+
+def _step_through_renewal(
+    table: LockTable, victim: Child, lease: LockLease, stores: int | None
+) -> list[bytes]:
+    """Run ``victim``'s renewal of ``lease`` one instruction at a time, checking after each
+    that its entry reads as that tenure, live until at least its expiry; stop after its
+    ``stores``-th store to the entry (None: at the renewal's end). Returns the entry's
+    header after each store."""
+    wait_stopped(victim.pid)
+    last = _entry_header(table, lease.slot)
+    seen: list[bytes] = []
+    expires_ms = round(lease.expires_at * 1000)
+    while len(seen) != stores and single_step(victim.pid):
+        header = _entry_header(table, lease.slot)
+        if header == last:
+            continue
+        state, _, _, _, _, lock_id, _, _, expires = SLOT.unpack(header)
+        assert (state, lock_id) == (OCCUPIED, lease.lock_id) and expires >= expires_ms, (
+            f"store {len(seen) + 1} of the renewal left {SLOT.unpack(header)}"
+        )
+        seen.append(header)
+        last = header
+    return seen
+
+
+def test_a_holder_killed_at_any_instruction_of_its_c_renewal_keeps_the_key_until_its_expiry(
+    processes: Processes, shared_table: LockTable, fleet_name: str
+) -> None:
+    victim = processes.start(renew_traced, fleet_name, 4, "traced", TTL)
+    lease: LockLease = victim.recv()
+    if not victim.recv():
+        pytest.skip("the C steps are not built")
+    stores = _step_through_renewal(shared_table, victim, lease, None)
+    assert stores, "the renewal never wrote its entry"
+    assert SLOT.unpack(stores[-1])[8] > round(lease.expires_at * 1000)  # it was renewed
+    assert victim.kill() == -signal.SIGKILL
+    held = {lease: _refused(shared_table, lease)}
+    for count in range(1, len(stores)):  # killed right after each store but the last
+        victim = processes.start(renew_traced, fleet_name, 4, f"killed-{count}", TTL)
+        lease = victim.recv()
+        assert victim.recv()
+        assert len(_step_through_renewal(shared_table, victim, lease, count)) == count
+        assert victim.kill() == -signal.SIGKILL
+        held[lease] = _refused(shared_table, lease)
+    _held_until_expiry(shared_table, held)
