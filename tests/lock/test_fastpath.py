@@ -108,8 +108,8 @@ class Op:
 
     @classmethod
     def draw(cls, rng: random.Random, leases: int, keys: list[LockKey] = KEYS) -> Op:
-        kind = rng.choice(["acquire"] * 5 + ["release"] * 3 + ["renew", "force"])
-        if kind in ("release", "renew") and leases:
+        kind = rng.choice(["acquire"] * 5 + ["release"] * 2 + ["handing", "renew", "force"])
+        if kind in ("release", "handing", "renew") and leases:
             return cls(kind, index=rng.randrange(leases))
         if kind == "force":
             return cls(kind, rng.choice(keys))
@@ -119,6 +119,8 @@ class Op:
     def run(self, table: LockTable, leases: list[LockLease]) -> object:
         if self.kind == "release":
             return table.release(leases[self.index])
+        if self.kind == "handing":
+            return table._release_handing(leases[self.index])
         if self.kind == "renew":
             return table.renew(leases[self.index], 60.0)
         if self.kind == "force":
@@ -183,6 +185,25 @@ def test_c_and_python_steps_agree_on_the_probe_bound_under_churn_near_full(
     fast = churn_pair[0]
     bound = int.from_bytes(fast._buf[MAX_PROBE_OFFSET : MAX_PROBE_OFFSET + 4], "little")
     assert 4 < bound < CHURN.capacity  # entries sat past the homes' run, the bound followed
+
+
+def test_c_and_python_releases_that_find_a_waiter_leave_the_same_key_word(
+    pair: tuple[LockTable, LockTable],
+) -> None:
+    geometry = pair[0]._ring.geometry
+    for table in pair:  # node 1 shows a thread waiting for any key: every release wakes
+        at = geometry.waiting_offset + 4
+        table._ring.buf[at : at + 4] = bytes([255] * 4)
+    releases: dict[int, int] = {}  # per key word (offset)
+    for n in range(3 * len(KEYS)):
+        key = KEYS[n % len(KEYS)]
+        word_at = geometry.key_word(key.digest)
+        releases[word_at] = releases.get(word_at, 0) + 1
+        for table in pair:
+            got = table.try_acquire(key, OWNERS[0], 60.0)
+            assert isinstance(got, Acquired)
+            assert table._release_handing(got.lease) == (1, releases[word_at])
+            assert table._release_handing(got.lease) == (-1, 0)
 
 
 def test_release_of_a_lease_with_impossible_fields_is_false(table: LockTable) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import struct
 import threading
@@ -184,6 +185,38 @@ def test_queue_takes_its_turn_behind_the_waiters(processes: Processes, holder: L
     assert child.recv() == ("released", 1)  # the test process was waiting then
     again.join(10.0)
     assert mine and mine[0] > child_got
+
+
+def test_a_caller_whose_release_woke_a_queued_caller_waits_for_its_turn(
+    processes: Processes, holder: LockTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller woken was still queueing (its slot ANY_KEY, never refused): the releaser
+    asking again at once with ``queue=True`` waits behind it all the same, for its own
+    release (the key word its release left), as the SHM store's lock does."""
+    queue_s = 1.0
+    monkeypatch.setattr(_key_wait, "QUEUE_S", queue_s)
+    held = hold(holder, "k")
+    stale = holder._ring.geometry.waiting_offset + 4 * (CAPACITY - 1)  # a node nobody holds
+    # A slot saying a thread waits for "k" alone: the child's queued call waits behind it.
+    holder._ring.buf[stale : stale + 4] = key_tag(key("k").digest).to_bytes(4, "little")
+    child = processes.start(wait_for_key, holder.fleet.name, CAPACITY, "k", queue_s)
+    node = wait_parked(holder, child)
+    assert slot(holder, node) == ANY_KEY  # queued, not refused
+    holder._ring.buf[stale : stale + 4] = bytes(4)  # now only the queued child waits
+    os.kill(child.pid, signal.SIGSTOP)  # woken by the release, it cannot run yet
+    try:
+        assert holder.release_waking(held.lease) == 1
+        started = time.monotonic()
+        got = holder.wait_acquire(key("k"), HOLDER, 60.0, 10.0, queue=True)
+        took = time.monotonic() - started
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+    assert isinstance(got, Acquired)
+    assert took >= 0.9 * queue_s, took  # it queued behind the woken child
+    assert holder.release(got.lease)
+    granted_at(child)
+    child.send("release")
+    assert child.recv() == ("released", 0)
 
 
 def test_a_caller_queued_behind_a_waiter_that_has_come_and_gone_does_not_wait(

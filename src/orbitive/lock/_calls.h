@@ -38,7 +38,7 @@ static void maps_release(Maps *m)
 
 /* Names interned at import: globals read per call, and the Python operations. */
 static PyObject *generation_name, *crash_hook_name;
-static PyObject *python_acquire, *python_release, *python_renew, *python_release_waking;
+static PyObject *python_acquire, *python_release, *python_renew, *python_release_handing;
 
 /* A call as it came: positional arguments, then the values of its keywords. */
 typedef struct {

@@ -1,7 +1,9 @@
 /* orbitive.lock._fastpath: the lock table's hot operations, each one C call.
  *
  * Steps.try_acquire, Steps.release and Steps.renew are LockTable's public
- * operations of the same names on their common path: argument checks, the
+ * operations of the same names on their common path, and Steps.release_handing its
+ * _release_handing (a release telling the waiters it found and the key word it left,
+ * for release_waking and the SHM store's release): argument checks, the
  * clock, the stripes of the section the key's probe reads (robust mutexes in
  * the object's section block, _robust.h; lock/_layout.py "Stripes"), the table
  * step and the result objects. The step is byte for byte what ReferenceSteps in
@@ -14,7 +16,8 @@
  * place instead (the revision, then the expiry, each one aligned 8-byte store), so
  * that a kill at any instruction leaves the old expiry or the new one. A release
  * also adds one to its key's bucket word when a thread waits on a key word, and
- * wakes the longest waiting one once the stripes are let go (lock/_key_wait.py).
+ * wakes the longest waiting one once the stripes are let go (lock/_key_wait.py);
+ * the word it left is what the releaser's next wait for the key waits past.
  *
  * LockTable binds these methods as its own. Anything off that path (other
  * argument types, an error to raise, a fork, a closed table, the test-only
@@ -162,9 +165,10 @@ static PyObject *Steps_try_acquire(Steps *t, PyObject *const *args, size_t nargs
 }
 
 /* release: -1 (a decline: *result is its result or NULL), ABSENT (not live), or DONE
- * with *waiting the nodes waiting in the key's bucket (Ring.key_released). */
+ * with *waiting the nodes waiting for the key and *left the key word as the release
+ * left it (Ring.key_released). */
 static int release_step(Steps *t, const Call *c, PyObject *python, PyObject **result,
-                        long *waiting)
+                        long *waiting, uint32_t *left)
 {
     static const char *const names[] = {"lease"};
     PyObject *a[1];
@@ -176,6 +180,7 @@ static int release_step(Steps *t, const Call *c, PyObject *python, PyObject **re
     uint32_t *key_word = NULL;
     int outcome = ABSENT, wake = 0, rc = 0;
     *waiting = 0;
+    *left = 0;
     if (!usable(t) || !positional(c, names, 1, a) || !parse_lease(t, a[0], &e, &hint) ||
         !enter(t, &m, &e, &h)) {
         *result = decline(t, python, c);
@@ -192,7 +197,7 @@ static int release_step(Steps *t, const Call *c, PyObject *python, PyObject **re
             outcome = publish(t, m.r, &e, RELEASED, revision, 0, 0, &wake);
             if (outcome == DONE) {
                 tombstone(t, m.s, slot, e.digest);
-                *waiting = key_released(t, m.r, &e, &key_word);
+                *waiting = key_released(t, m.r, &e, &key_word, left);
             }
         }
     }
@@ -215,25 +220,29 @@ static PyObject *Steps_release(Steps *t, PyObject *const *args, size_t nargsf,
     const Call c = {args, PyVectorcall_NARGS(nargsf), kwnames};
     PyObject *result;
     long waiting;
-    int outcome = release_step(t, &c, python_release, &result, &waiting);
+    uint32_t left;
+    int outcome = release_step(t, &c, python_release, &result, &waiting, &left);
     if (outcome < 0)
         return result;
     return PyBool_FromLong(outcome == DONE);
 }
 
-PyDoc_STRVAR(release_waking_doc,
-"release_waking(lease) -> int: LockTable.release_waking in one call.");
+PyDoc_STRVAR(release_handing_doc,
+"release_handing(lease) -> (int, int): LockTable._release_handing in one call.");
 
-static PyObject *Steps_release_waking(Steps *t, PyObject *const *args, size_t nargsf,
-                                      PyObject *kwnames)
+static PyObject *Steps_release_handing(Steps *t, PyObject *const *args, size_t nargsf,
+                                       PyObject *kwnames)
 {
     const Call c = {args, PyVectorcall_NARGS(nargsf), kwnames};
     PyObject *result;
     long waiting;
-    int outcome = release_step(t, &c, python_release_waking, &result, &waiting);
+    uint32_t left;
+    int outcome = release_step(t, &c, python_release_handing, &result, &waiting, &left);
     if (outcome < 0)
         return result;
-    return PyLong_FromLong(outcome == DONE ? waiting : -1);
+    if (outcome != DONE)
+        return Py_BuildValue("(ii)", -1, 0);
+    return Py_BuildValue("(lk)", waiting, (unsigned long)left);
 }
 
 PyDoc_STRVAR(renew_doc,
@@ -448,8 +457,8 @@ static PyMethodDef Steps_methods[] = {
      METH_FASTCALL | METH_KEYWORDS, try_acquire_doc},
     {"release", (PyCFunction)(void (*)(void))Steps_release, METH_FASTCALL | METH_KEYWORDS,
      release_doc},
-    {"release_waking", (PyCFunction)(void (*)(void))Steps_release_waking,
-     METH_FASTCALL | METH_KEYWORDS, release_waking_doc},
+    {"release_handing", (PyCFunction)(void (*)(void))Steps_release_handing,
+     METH_FASTCALL | METH_KEYWORDS, release_handing_doc},
     {"renew", (PyCFunction)(void (*)(void))Steps_renew, METH_FASTCALL | METH_KEYWORDS, renew_doc},
     {"close", (PyCFunction)Steps_close, METH_NOARGS, close_doc},
     {NULL, NULL, 0, NULL},
@@ -493,9 +502,9 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     python_acquire = PyUnicode_InternFromString("try_acquire");
     python_release = PyUnicode_InternFromString("release");
     python_renew = PyUnicode_InternFromString("renew");
-    python_release_waking = PyUnicode_InternFromString("release_waking");
+    python_release_handing = PyUnicode_InternFromString("_release_handing");
     if (generation_name == NULL || crash_hook_name == NULL || python_acquire == NULL ||
-        python_release == NULL || python_renew == NULL || python_release_waking == NULL ||
+        python_release == NULL || python_renew == NULL || python_release_handing == NULL ||
         PyType_Ready(&StepsType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&fastpath_module);

@@ -216,7 +216,7 @@ class KeyWaiter:
         Args:
             timeout: seconds (float), or None.
             handed: for a caller whose own release woke a waiter, the key word that
-                release left (:func:`handed_word`). It waits while the word still holds
+                release left (``LockTable._release_handing``). It waits while the word still holds
                 that (the woken waiter has not released yet) behind any waiter, queued
                 ones too, since its release woke one of them; it watches the word for
                 :data:`HANDED_SPIN_S` before it sleeps. Without it, it waits only behind
@@ -294,24 +294,6 @@ def queue_probe(ring: Ring, digest: int) -> Callable[[], bool]:
         return at >= 0
 
     return queued
-
-
-def word_reader(ring: Ring, digest: int) -> Callable[[], int]:
-    """A read of the key word of ``digest``'s bucket, made once per key."""
-    at = ring.geometry.key_word(digest)
-    buf, unpack = ring.buf, _U32.unpack_from
-
-    def read() -> int:
-        value: int = unpack(buf, at)[0]
-        return value
-
-    return read
-
-
-def handed_word(before: int) -> int:
-    """The key word a release that woke waiters left, given the word read before it
-    (such a release adds one)."""
-    return (before + 1) & 0xFFFFFFFF
 
 
 def forget(ring: Ring, node: int) -> None:

@@ -7,7 +7,8 @@ step (process mutex + the state object's section, see ``_region`` and
 crash-safety invariant they keep, are in ``_steps`` (the Python reference) and
 ``_inspection`` (leases and statistics); the transition frames in ``_events``.
 
-The hot operations, try_acquire, release (and release_waking) and renew, are each one C call
+The hot operations, try_acquire, release, renew and ``_release_handing`` (the release
+under release_waking and the SHM store's release), are each one C call
 (``_fastpath.c``, built when a compiler is present) on tables whose section is
 the robust mutex: checks, clock, the stripes of the key's probe (see
 ``_layout``), step and result objects, the same bytes in the same order as the
@@ -15,13 +16,14 @@ Python steps of ``_steps``, which hold the whole section (every stripe). The
 Python steps are the reference; they run when the C module is missing, for
 observers, for anything the C call declines (other argument types, errors to
 raise, a fork, a closed fleet), and while the test-only ``_steps.crash_hook`` is
-set. A C call declines to this class's public method of the same name, which
-runs ``_try_acquire``, ``_release`` or ``_renew``.
+set. A C call declines to this class's method of the same name, which runs
+``_try_acquire``, ``_release``, ``_renew`` or ``_release_waking``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -69,6 +71,13 @@ _A = TypeVar("_A")
 _B = TypeVar("_B")
 #: The holder's expiry publishes nothing: a waiter looks again this long after it.
 _EXPIRY_SLACK_S: Final = 0.001
+#: The table's methods the C steps bind over (``_bind``), and the step of each.
+_BOUND: Final = (
+    ("try_acquire", "try_acquire"),
+    ("release", "release"),
+    ("renew", "renew"),
+    ("_release_handing", "release_handing"),
+)
 
 
 class LockTable:
@@ -120,6 +129,9 @@ class LockTable:
         section = self._state.section
         stripes = 1 if section is None else section.stripes
         self._reference = ReferenceSteps(fleet.name, self._buf, self._ring, self.layout, stripes)
+        # .key, .word: the key this thread's last release_waking handed to a waiter, and
+        # the key word that release left (taken by its next wait_acquire(queue=True)).
+        self._handed = threading.local()
         self._refresh_node()
         self._closed = False
 
@@ -135,17 +147,18 @@ class LockTable:
         self._bind(c_steps(self._state, self._ring, self._reference, self))
 
     def _bind(self, steps: Steps | None) -> None:
-        """Make the C operations this table's own try_acquire, release and renew (None: unbind).
+        """Make the C operations this table's own try_acquire, release, renew and
+        _release_handing (None: unbind).
 
         Each then is one C call, which hands anything off its path to the Python
         operation of the same name with a leading underscore.
         """
         self._steps = steps
-        for name in ("try_acquire", "release", "release_waking", "renew"):
+        for name, step in _BOUND:
             if steps is None:
                 self.__dict__.pop(name, None)
             else:
-                self.__dict__[name] = getattr(steps, name)
+                self.__dict__[name] = getattr(steps, step)
 
     # -- argument checks ---------------------------------------------------------------
 
@@ -264,7 +277,7 @@ class LockTable:
         return self._release(lease)
 
     def _release(self, lease: LockLease) -> bool:
-        return self._release_waking(lease) >= 0
+        return self._release_waking(lease)[0] >= 0
 
     def release_waking(self, lease: LockLease) -> int:
         """:meth:`release`, telling whether :meth:`wait_acquire` callers were waiting.
@@ -279,11 +292,25 @@ class LockTable:
         Raises:
             As :meth:`release`.
         """
+        waiting, word = self._release_handing(lease)
+        if waiting > 0:  # this thread's next wait_acquire(key, queue=True) waits past it
+            self._handed.key, self._handed.word = lease.key, word
+        return waiting
+
+    def _release_handing(self, lease: LockLease) -> tuple[int, int]:
+        """:meth:`release_waking`'s release (the C step binds over it): ``(-1, 0)`` when
+        the tenure was not live, else the number of nodes waiting for the key and the
+        key word (``_key_wait``) as the release left it: what the releaser's next wait
+        for the key waits past (``KeyWaiter.queue``).
+
+        Raises:
+            As :meth:`release`.
+        """
         return self._release_waking(lease)
 
-    def _release_waking(self, lease: LockLease) -> int:
+    def _release_waking(self, lease: LockLease) -> tuple[int, int]:
         if self._foreign(lease):
-            return -1
+            return -1, 0
         return self._locked(self._reference.release, lease, None, 0)
 
     def wait_acquire(
@@ -310,7 +337,10 @@ class LockTable:
             queue: wait behind the current waiters first (for at most
                 ``_key_wait.QUEUE_S`` seconds), for a caller whose
                 :meth:`release_waking` just found some: it then takes its turn
-                instead of taking the key straight back.
+                instead of taking the key straight back. When this thread's last
+                :meth:`release_waking` was of ``key`` and woke a waiter, it waits
+                for that waiter's own release (watching the key word briefly
+                before it sleeps), as the SHM store's lock does.
 
         Returns:
             ``Acquired(lease)``, or ``Occupied(holder)`` once ``timeout`` has passed.
@@ -323,6 +353,7 @@ class LockTable:
             ttl = check_ttl(ttl)
         owner = self._check_entry(key, owner)
         deadline = None if wait_s is None else time.monotonic() + wait_s
+        handed = self._handed_word(key) if queue else None
         if not queue:  # the common case: free at once, no wait to set up
             result = self.try_acquire(key, owner, ttl)
             if type(result) is Acquired or wait_s == 0.0:
@@ -331,8 +362,8 @@ class LockTable:
         granted = False
         waiter.enter()
         try:
-            if queue and wait_s != 0.0 and waiter.others_wait():
-                waiter.queue(None if deadline is None else deadline - time.monotonic())
+            if queue and wait_s != 0.0 and (handed is not None or waiter.others_wait()):
+                waiter.queue(None if deadline is None else deadline - time.monotonic(), handed)
             while True:
                 waiter.look()
                 result = self.try_acquire(key, owner, ttl)
@@ -359,9 +390,15 @@ class LockTable:
         """Whether a thread of some node waits for ``key`` alone (``_key_wait.queue_probe``)."""
         return _key_wait.queue_probe(self._ring, key.digest)
 
-    def _word_reader(self, key: LockKey) -> Callable[[], int]:
-        """A read of ``key``'s wait word (``_key_wait.word_reader``)."""
-        return _key_wait.word_reader(self._ring, key.digest)
+    def _handed_word(self, key: LockKey) -> int | None:
+        """The key word this thread's last :meth:`release_waking` left, when that release
+        was of ``key`` and woke a waiter; taken once."""
+        handed = self._handed
+        last: LockKey | None = getattr(handed, "key", None)
+        if last is None:
+            return None
+        handed.key = None
+        return handed.word if last == key else None
 
     def _replace(
         self, lease: LockLease, owner: LockOwner, ttl: float, unless: tuple[LockKey, ...]

@@ -240,21 +240,26 @@ static uint32_t key_tag(uint64_t digest)
 
 /* Ring.key_released: after a release, the nodes waiting for e's key (their waiting slot
  * holds its tag, or any key); when there are some, the key word of its bucket + 1, and
- * *word set to it for one FUTEX_WAKE once the stripes are let go. The slots are read
- * under the stripes the waiter's own attempt took, which orders them (lock/_key_wait.py). */
-static long key_released(const Steps *t, uint8_t *r, const Entry *e, uint32_t **word)
+ * *word set to it for one FUTEX_WAKE once the stripes are let go. *left: the key word
+ * as the release left it. The slots are read under the stripes the waiter's own
+ * attempt took, which orders them (lock/_key_wait.py). */
+static long key_released(const Steps *t, uint8_t *r, const Entry *e, uint32_t **word,
+                         uint32_t *left)
 {
     uint32_t tag = key_tag(e->digest);
     const uint8_t *slots = r + t->waiting_at;
+    Py_ssize_t bucket = (Py_ssize_t)(e->digest % (uint64_t)t->lanes);
+    uint32_t *key_word = (uint32_t *)(r + t->heads_at + bucket * LANE_HEAD + KEY_WORD_AT);
     long waiting = 0;
     for (Py_ssize_t n = 0; n < t->lanes; n++) {
         uint32_t v = ld32(slots + 4 * n);
         waiting += v == tag || v == ANY_KEY;
     }
     if (waiting) {
-        Py_ssize_t bucket = (Py_ssize_t)(e->digest % (uint64_t)t->lanes);
-        *word = (uint32_t *)(r + t->heads_at + bucket * LANE_HEAD + KEY_WORD_AT);
-        __atomic_add_fetch(*word, 1, __ATOMIC_SEQ_CST);
+        *word = key_word;
+        *left = __atomic_add_fetch(key_word, 1, __ATOMIC_SEQ_CST);
+    } else {
+        *left = __atomic_load_n(key_word, __ATOMIC_RELAXED);
     }
     return waiting;
 }

@@ -55,6 +55,7 @@ _unpack_counters = COUNTERS.unpack_from
 _unpack_conflicts = CONFLICTS.unpack_from
 _unpack_max_probe = MAX_PROBE.unpack_from
 _U64: Final = struct.Struct("<Q")
+_U32: Final = struct.Struct("<I")
 _REVISION_OFFSET: Final = 24
 _EXPIRES_OFFSET: Final = 40
 _REVISION_MAX: Final = (1 << 64) - 1
@@ -125,12 +126,13 @@ class ReferenceSteps:
             slot = ~slot
         return Acquired(self.insert(slot, key, owner, now, now + ms))
 
-    def release(self, lease: LockLease, _: None, __: int, now: int) -> int:
-        """release: remove exactly ``lease``'s tenure; -1 when it is not live, else the
-        number of key waiters the release woke (``release_waking``)."""
+    def release(self, lease: LockLease, _: None, __: int, now: int) -> tuple[int, int]:
+        """release: remove exactly ``lease``'s tenure; ``(-1, 0)`` when it is not live,
+        else the number of nodes waiting for the key and the key word the release left
+        (``LockTable._release_handing``)."""
         slot = self.find_tenure(lease, now)
         if slot < 0:
-            return -1
+            return -1, 0
         return self.remove(slot, lease)
 
     def renew(self, lease: LockLease, _: None, ms: int, now: int) -> LockLease | None:
@@ -461,14 +463,19 @@ class ReferenceSteps:
         store(buf, offset + _EXPIRES_OFFSET, _U64, expires)
         return lease._replace(state_revision=revision, expires_at=expires / 1000.0)
 
-    def remove(self, slot: int, lease: LockLease | None = None) -> int:
+    def remove(self, slot: int, lease: LockLease | None = None) -> tuple[int, int]:
         """Release the live entry in ``slot`` (whose tenure is ``lease`` when known).
 
-        Returns how many of the key's waiters it woke (``Ring.key_released``).
+        Returns how many nodes wait for the key (``Ring.key_released``: when some do,
+        the key word went up by one and its longest waiter was woken), and the key
+        word as the release left it.
         """
         if lease is None:
             lease = self.lease_at(slot)
         _, revision = self.next_ids(False)
         self.publish(_events.RELEASED, revision, lease, (0, 0))
-        self.tombstone(slot, lease.key.digest)
-        return self.ring.key_released(lease.key.digest)
+        digest = lease.key.digest
+        self.tombstone(slot, digest)
+        waiting = self.ring.key_released(digest)
+        word: int = _U32.unpack_from(self.ring.buf, self.ring.geometry.key_word(digest))[0]
+        return waiting, word

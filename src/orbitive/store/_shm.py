@@ -90,7 +90,7 @@ from .._core._errors import (
 from .._core._fleet import CAPACITY_DEFAULT, Fleet
 from .._core._section import object_bytes
 from ..lock import Acquired, LockKey, LockLayout, LockLease, LockOwner, LockTable
-from ..lock._key_wait import KeyWaiter, handed_word
+from ..lock._key_wait import KeyWaiter
 from ..lock._layout import EVENT_HEADER_SIZE, STORE_EVENT_KIND, STORE_STATE_KIND
 from ..lock._types import TOKEN_MASK
 from ._engine import Busy, Engine, LockInfo, SlotInfo, Waiter, limit_mismatch, poll_pause_s
@@ -200,9 +200,6 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
         self._queued: _Cache[str, Callable[[], bool]] = _Cache(
             lambda name: self._table._queue_probe(self._keys[name])
         )
-        self._words: _Cache[str, Callable[[], int]] = _Cache(
-            lambda name: self._table._word_reader(self._keys[name])
-        )
         self._closed = False
         # .name, .word: what this thread last handed to a waiter, and the key word its
         # release left; .after: that word, from queues_first to the waiter made right
@@ -234,12 +231,11 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
 
     def release(self, name: str, owner: str, grant: LockLease) -> bool:
         try:
-            before = self._words[name]()
-            waiting = self._table.release_waking(grant)
+            waiting, word = self._table._release_handing(grant)
         except (OrbitError, ValueError) as error:
             raise self._failure(error) from error
         if waiting > 0:  # handed to a waiter: this thread's next wait for it queues first
-            self._handed.name, self._handed.word = name, handed_word(before)
+            self._handed.name, self._handed.word = name, word
         return waiting >= 0
 
     def inspect(self, name: str) -> LockInfo | None:
