@@ -151,7 +151,8 @@ class LockTable:
         _release_handing (None: unbind).
 
         Each then is one C call, which hands anything off its path to the Python
-        operation of the same name with a leading underscore.
+        operation of the same name with a leading underscore (``_release_waking``
+        for ``_release_handing``).
         """
         self._steps = steps
         for name, step in _BOUND:
