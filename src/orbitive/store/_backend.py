@@ -7,6 +7,10 @@ closed), the engine's asyncio form (made on first use), the counters behind
 handle (:mod:`._lock`) and the asyncio one (:mod:`._lock_async`) both reach the
 store through it, so neither needs the :class:`Store` class, and the import graph
 runs one way: ``_store`` -> ``_lock_async`` -> ``_lock`` -> ``_backend`` -> the engines.
+
+In a forked child the backend's mutex and each live handle's are new: the
+parent's renewer thread holds a handle's mutex for a whole renewal (a round trip
+to the engine), and the child must not inherit it held.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, TypeVar
 
+from .._core import _fork
 from ._engine import Busy, ClosedEngine, Engine, Grant, StoreStatistics
 from ._engine_async import AsyncEngine
 
@@ -59,6 +64,9 @@ class Handle(Protocol):
     def _stop_renewer(self) -> None:
         """Stop background renewal (the store is closing)."""
 
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: replace what a parent's thread may have held at the fork."""
+
 
 _H = TypeVar("_H", bound=Handle)
 
@@ -95,6 +103,7 @@ class Backend:
     """
 
     __slots__ = (
+        "__weakref__",
         "_async",
         "_async_form",
         "_granted",
@@ -134,6 +143,12 @@ class Backend:
         self.holders: dict[str, weakref.ref[Handle]] = {}
         self._async_form = async_form
         self._async: AsyncEngine[Any, Any] | None = None
+        _fork.register(self)
+
+    def _after_fork_in_child(self) -> None:
+        self._mutex = threading.Lock()  # a parent's thread may have held it at the fork
+        for handle in self.handles():
+            handle._after_fork_in_child()
 
     @property
     def closed(self) -> bool:

@@ -172,6 +172,9 @@ class Tenure:
     def _stop_renewer(self) -> None:
         """Stop background renewal (the store is closing); each handle kind has its own."""
 
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: replace what a parent's thread may have held (no lock here)."""
+
     def _mark_lost(self, *, unreachable: bool) -> None:
         """The renewer could not reach the engine before the window closed
         (``unreachable``), or came too late to renew it."""
@@ -282,6 +285,9 @@ class Lock(Tenure):
     def _stop_renewer(self) -> None:
         if self._renew_at:
             RENEWER.cancel(self)
+
+    def _after_fork_in_child(self) -> None:
+        self._mutex = threading.Lock()  # the parent's renewer may have been renewing it
 
     def _mark_lost(self, *, unreachable: bool) -> None:
         with self._mutex:
