@@ -196,10 +196,10 @@ class ClientPool(Generic[C]):
             self._pool.close()
             raise
         self.counters = Counters()
-        # Each event loop's queue of asyncio checkouts (getconn_async).
-        self._gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Gate] = (
-            weakref.WeakKeyDictionary()
-        )
+        # Each event loop's queue of asyncio checkouts (getconn_async), and its leave.
+        self._gates: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[Gate, Callable[[], None]]
+        ] = weakref.WeakKeyDictionary()
         self._release: weakref.finalize[Any, Any] | None = None
         self._start_local()
         self._closed = False
@@ -488,9 +488,11 @@ class ClientPool(Generic[C]):
         if self._remote is not None:
             await self._remote.serve_async()
         loop = asyncio.get_running_loop()
-        gate = self._gates.get(loop)
-        if gate is None:
-            gate = self._gates[loop] = Gate(self._max_live, self.options.max_waiting, self.key)
+        found = self._gates.get(loop)
+        if found is None:
+            gate = Gate(self._max_live, self.options.max_waiting, self.key)
+            found = self._gates[loop] = (gate, leaver(gate, loop))
+        gate, leave = found
         try:
             left = await gate.enter(wait)
         except PoolTimeout:
@@ -504,7 +506,7 @@ class ClientPool(Generic[C]):
         except BaseException:  # cancelled or failed: its place goes to the next in turn
             gate.leave()
             raise
-        entry.on_return = leaver(gate, loop)  # no await since the checkout: no cancel between
+        entry.on_return = leave  # no await since the checkout: no cancel in between
         return entry.client
 
     async def putconn_async(self, client: C) -> None:
