@@ -13,6 +13,7 @@ import contextlib
 import io
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ import pytest
 from orbitive import Fleet
 from orbitive._core._region import CREATING, SHM_DIR, object_name
 from orbitive.cli import main
+from orbitive.store import open_store
 
 from .._capabilities import NEEDS_ROOT
 from .._processes import Channel, Processes
@@ -109,3 +111,39 @@ def test_clear_removes_the_socket_of_a_killed_remote_owner(
     assert sockets[0].exists()  # a SIGKILL leaves it
     assert main(["clear", fleet_name, "--all", "--yes"]) == 0
     assert not sockets[0].exists()
+
+
+def semaphore_waiter(channel: Channel, url: str) -> None:
+    """Wait for the only slot of semaphore "one" of the SHM store at ``url`` (held by
+    the test): the wait watches the table's readiness socket until the process dies."""
+    with open_store(url) as store:
+        channel.send("open")
+        store.semaphore("one", 1).acquire("waiter", 30.0)
+
+
+def test_clear_removes_the_readiness_socket_of_a_killed_waiter(
+    fleet_name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"shm://{fleet_name}?capacity=4"
+    with Processes("spawn") as started, open_store(url) as store:
+        held = store.semaphore("one", 1).try_acquire("holder", 30.0)
+        assert held is not None
+        waiter = started.start(semaphore_waiter, url)
+        assert waiter.recv(60) == "open"
+        deadline = time.monotonic() + 30.0
+        while not (sockets := readiness_sockets(fleet_name)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(sockets) == 1  # the waiter's: the test's store made none
+        assert waiter.kill() == -signal.SIGKILL
+        held.release()
+    assert sockets[0].exists()  # a SIGKILL leaves it
+    assert main(["list", fleet_name]) == 0
+    listed = [line for line in capsys.readouterr().out.splitlines() if sockets[0].name in line]
+    assert len(listed) == 1 and listed[0].endswith("readiness socket of node 1")
+    assert main(["clear", fleet_name, "--all", "--yes"]) == 0
+    assert list(SHM_DIR.glob(f"orbit-{fleet_name}-*")) == []
+
+
+def readiness_sockets(fleet: str) -> list[Path]:
+    """The readiness sockets of ``fleet`` in ``/dev/shm``."""
+    return [path for path in SHM_DIR.glob(f"orbit-{fleet}-*") if path.is_socket()]

@@ -27,6 +27,7 @@ from orbitive.clients import (
 )
 from orbitive.clients._coordinator import Coordinator
 from orbitive.clients.psycopg import ConnectionPool
+from orbitive.store._network import split_timeout
 
 from .._servers import TempPostgres, TempRedis
 from .conftest import CAPACITY
@@ -43,6 +44,12 @@ UNREACHABLE_REDIS = "redis://127.0.0.1:9/0?timeout=1"
         ({"url": "shm://fleet"}, "url"),
         ({"url": 5}, "url"),
         ({"url": "postgresql://db/app?timeout=5", "ttl": 10.0}, "url"),
+        ({"url": "postgresql://db/app?timeout=-1"}, "url"),
+        ({"url": "postgresql://db/app?timeout=0"}, "url"),
+        ({"url": "postgresql://db/app?timeout=0.01"}, "url"),
+        ({"url": "redis://db/0?timeout=0.049"}, "url"),
+        ({"url": "postgresql://db/app?timeout=nan"}, "url"),
+        ({"url": "postgresql://db/app?timeout=1&timeout=2"}, "url"),
         ({"name": ""}, "name"),
         ({"name": "a\nb"}, "name"),
         ({"name": "x" * 201}, "name"),
@@ -65,6 +72,21 @@ def test_a_budget_value_breaking_its_rule_is_refused_by_name(
     with pytest.raises(InvalidBudget) as raised:
         Budget(**given)
     assert raised.value.key == key
+
+
+@pytest.mark.parametrize("timeout", ["0.05", "0.3", "2.5"])
+@pytest.mark.parametrize("scheme", ["postgresql", "redis"])
+def test_a_timeout_the_budget_accepts_is_one_its_coordinator_store_accepts(
+    scheme: str, timeout: str
+) -> None:
+    budget = Budget(f"{scheme}://db/0?timeout={timeout}", name="main-db", total=4, ttl=10.0)
+    assert split_timeout(budget.store_url()) == (f"{scheme}://db/0", float(timeout))
+    assert budget.call_timeout == float(timeout)
+
+
+def test_a_timeout_below_the_store_bound_names_the_range() -> None:
+    with pytest.raises(InvalidBudget, match=r"timeout=0.01 must be seconds in 0.05..1 \(ttl / 4\)"):
+        Budget("redis://db/0?timeout=0.01", name="main-db", total=4, ttl=4.0)
 
 
 def test_the_repr_hides_the_password() -> None:

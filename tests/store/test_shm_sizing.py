@@ -6,8 +6,15 @@ import pytest
 
 from orbitive import CapacityMismatch, Fleet
 from orbitive.lock import LockKey, LockTable
-from orbitive.store import ErrorKind, InvalidStoreUrl, StoreError, open_store
-from orbitive.store._shm import SHM_CAPACITY_DEFAULT, STORE_LAYOUT, footprint
+from orbitive.store import (
+    ErrorKind,
+    InvalidSemaphoreLimit,
+    InvalidStoreUrl,
+    LockTimeout,
+    StoreError,
+    open_store,
+)
+from orbitive.store._shm import SHM_CAPACITY_DEFAULT, SHM_LIMIT_MAX, STORE_LAYOUT, footprint
 
 from .._fleets import fleet_files
 
@@ -67,3 +74,41 @@ def test_a_full_fleet_is_unavailable_and_the_message_says_what_to_do(fleet_name:
     message = str(caught.value)
     assert "all 1 nodes are held" in message
     assert "gunicorn master" in message and f"orbit clear {fleet_name} --all --yes" in message
+
+
+def test_a_semaphore_limit_past_half_the_table_is_refused_when_it_is_made(fleet_name: str) -> None:
+    with open_store(f"shm://{fleet_name}?capacity=2") as store:
+        for limit in (SHM_LIMIT_MAX + 1, STORE_LAYOUT.capacity, 4096):
+            with pytest.raises(InvalidSemaphoreLimit) as caught:
+                store.semaphore("wide", limit)
+            assert caught.value.kind is ErrorKind.INVALID_INPUT
+            message = str(caught.value)
+            assert f"1..{SHM_LIMIT_MAX} on an shm:// store" in message
+            assert f"{STORE_LAYOUT.capacity} names" in message and f"got {limit}" in message
+        assert store.semaphores() == []
+
+
+def test_a_full_semaphore_of_the_largest_limit_answers_busy_and_leaves_room(
+    fleet_name: str,
+) -> None:
+    with open_store(f"shm://{fleet_name}?capacity=2") as store:
+        sem = store.semaphore("wide", SHM_LIMIT_MAX)
+        leases = [sem.try_acquire(f"w{n}", 30.0) for n in range(SHM_LIMIT_MAX)]
+        assert sorted(lease.slot for lease in leases if lease is not None) == list(
+            range(SHM_LIMIT_MAX)
+        )
+        assert sem.try_acquire("late", 30.0) is None  # busy, not "lock table full"
+        with pytest.raises(LockTimeout):
+            sem.acquire("late", 30.0, timeout=0.05, auto_renew=False)
+        # The other half of the table: every other name of the store still fits.
+        room = STORE_LAYOUT.capacity - (SHM_LIMIT_MAX + 1)
+        locks = [store.try_lock(f"job-{n}", "other", 30.0) for n in range(room)]
+        assert all(lock is not None for lock in locks)
+        assert len(store.locks()) == room
+        with pytest.raises(StoreError, match="lock table full") as caught:  # the 256-name rule
+            store.try_lock("one-too-many", "other", 30.0)
+        assert caught.value.kind is ErrorKind.DATABASE
+        assert sem.try_acquire("late", 30.0) is None  # still busy
+        assert leases[0] is not None and leases[0].release()
+        again = sem.try_acquire("late", 30.0)
+        assert again is not None and again.slot == 0

@@ -202,7 +202,8 @@ def fleet_entries(fleet: str, kinds: Collection[int], *, members: bool) -> list[
     under this user's pattern, whoever owns them, for ``orbit clear``.
 
     They are the fleet's objects of ``kinds``, its membership object when
-    ``members``, the client sockets of ``kinds`` and the temporary names of
+    ``members``, the client sockets and readiness sockets of ``kinds`` (a killed
+    watcher's stays until its node binds it again) and the temporary names of
     creations whose creator is gone; the membership object comes last.
     """
     wanted = {str(kind) for kind in kinds}
@@ -213,20 +214,22 @@ def fleet_entries(fleet: str, kinds: Collection[int], *, members: bool) -> list[
                 found.append(name)
         elif match["members"]:
             membership += [name] if members else []
-        elif (match["kind"] or match["socket"]) in wanted:
+        elif (match["kind"] or match["socket"] or match["watch"]) in wanted:
             found.append(name)
     return sorted(found) + membership
 
 
 def _fleet_names(fleet: str) -> Iterator[tuple[str, re.Match[str]]]:
-    """Every name in ``/dev/shm`` that this user's objects, temporary names and client
-    sockets of fleet ``fleet`` take (:func:`object_name`, ``_fleet.members_name``,
-    :func:`client_socket_name`), with its match: ``kind``, ``members`` or ``socket``."""
+    """Every name in ``/dev/shm`` that this user's objects, temporary names, client
+    sockets and readiness sockets of fleet ``fleet`` take (:func:`object_name`,
+    ``_fleet.members_name``, :func:`client_socket_name`, ``_channel.Channel.path``),
+    with its match: ``kind``, ``members``, ``socket`` or ``watch``."""
     uid, escaped = euid(), re.escape(fleet)
     pattern = re.compile(
         rf"orbit-{escaped}-(?:(?P<kind>\d{{1,3}})|(?P<members>members))-{uid}"
         rf"(?:{re.escape(CREATING)}\d+-[0-9a-f]+)?"
         rf"|orbit-{escaped}-(?P<socket>\d{{1,3}})-clients-\d+-[0-9a-f]+-{uid}\.sock"
+        rf"|orbit-{escaped}-(?P<watch>\d{{1,3}})-{uid}\.w\d+\.n\d+\.b\d+"
     )
     for entry in os.scandir(SHM_DIR):
         match = pattern.fullmatch(entry.name)

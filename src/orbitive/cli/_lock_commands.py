@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import math
 import os
+import re
 import selectors
 import sys
 import time
@@ -91,16 +92,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Remove fleet FLEET's names from /dev/shm: the objects of kind K (--kind), or "
             "(--all --yes) every object, the membership object (which records the capacity), "
-            "the client pool sockets and what dead creators left; 'orbit list FLEET' shows "
-            "them. Refused while a member of the fleet lives. This ends every lease and "
-            "restarts the fencing tokens at 1. Exit 1 when there is nothing to remove."
+            "the client pool and readiness sockets and what dead creators left; "
+            "'orbit list FLEET' shows them. Refused while a member of the fleet lives. "
+            "This ends every lease and restarts the fencing tokens at 1. Exit 1 when there "
+            "is nothing to remove."
         ),
     )
     _fleet_arg(cmd)
     which = cmd.add_mutually_exclusive_group(required=True)
     which.add_argument("--kind", type=kind_number, metavar="K", help=f"only this {KIND_HELP}")
     which.add_argument(
-        "--all", action="store_true", help="every kind, the membership object and client sockets"
+        "--all", action="store_true", help="every kind, the membership object and sockets"
     )
     cmd.add_argument("--yes", action="store_true", help="confirm --all")
     cmd.set_defaults(func=cmd_clear)
@@ -173,7 +175,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     """Print every name of the fleet that ``orbit clear`` would remove.
 
     The objects of each kind are probed by their exact names (no globbing); then
-    come client sockets and dead creations' temporary names, and (without
+    come client and readiness sockets and dead creations' temporary names, and (without
     ``--kind``) the membership object, with the capacity and the nodes held.
     With ``--json``: ``{"fleets": [{"fleet", "objects": [{"kind", "bytes", "name",
     "holds"}]}]}`` (``kind`` a number, or ``"members"``; ``bytes`` null for a name
@@ -217,6 +219,10 @@ def _fleet_json(fleet: str, rows: list[Row]) -> dict[str, object]:
     }
 
 
+#: The end of a readiness socket's name (``_channel.Channel.path``): word, node, bit.
+_WATCH = re.compile(r"\.w\d+\.n(\d+)\.b\d+$")
+
+
 def _entry_row(fleet: str, name: str) -> Row:
     """The row of a name that is not a kind's object: a socket, a temporary name, the
     membership object."""
@@ -230,6 +236,8 @@ def _entry_row(fleet: str, name: str) -> Row:
         what = "left by a creation whose process died"
     elif name.endswith(".sock"):
         what = "client pool socket of node " + name.split("-clients-")[1].partition("-")[0]
+    elif (watch := _WATCH.search(name)) is not None:
+        what = f"readiness socket of node {watch[1]}"
     else:
         what = _membership_text(fleet)
     return kind, size, name, what
@@ -270,7 +278,8 @@ def _list_fleets(as_json: bool) -> int:
 def cmd_clear(args: argparse.Namespace) -> int:
     """Unlink objects only while no member holds the fleet's membership object.
 
-    The fleet's objects, client sockets and dead creations' temporary names go;
+    The fleet's objects, client and readiness sockets and dead creations' temporary
+    names go;
     a name another user planted under our pattern stays, named on stderr, and
     the status is then 1.
     """

@@ -16,8 +16,9 @@ what                          default (ttl 10)  rule
 a unit lapses unrenewed       10 s             ``ttl``
 the host renews its units     every 2.5 s      ``ttl / 4``, in one statement
 a coordinator call ends       within 2.5 s     ``ttl / 4`` (at most 5 s); the URL's
-                                               ``?timeout=`` if smaller (the check
-                                               at start-up: 5 s)
+                                               ``?timeout=`` if given (0.05 s to
+                                               ``ttl / 4``; the check at start-up:
+                                               5 s)
 the host stops creating and   2.5 s before     ``ttl / 4`` before the lease may lapse,
 retires its idle clients      the lapse        counted from when the renewal was sent
 it severs clients in use      1.25 s before    ``ttl / 8`` before it
@@ -34,9 +35,9 @@ import re
 from dataclasses import dataclass
 from typing import Final, cast, final
 
-from .._core._errors import InvalidBudget, shown
+from .._core._errors import InvalidBudget, InvalidStoreUrl, shown
 from ..pool import Key
-from ..store._network import split_param
+from ..store._network import TIMEOUT_MIN_S, split_param
 from ._options import PoolOptions
 
 #: Largest ``total`` (a counting lease admits at most this many holders).
@@ -75,7 +76,11 @@ class Budget:
     Args:
         url: the coordinator: a PostgreSQL URL (``postgresql://...``, possibly the
             database being capped) or a Redis one (``redis://``, ``rediss://``,
-            ``unix://``), as :func:`orbitive.store.open_store` takes it.
+            ``unix://``), as :func:`orbitive.store.open_store` takes it. Its
+            ``?timeout=`` (seconds a coordinator call takes at most) is in
+            ``0.05..ttl / 4``: the store's least bound, within which a round trip
+            fits, up to the renewal period, so that a failed renewal is tried
+            again before the units lapse.
         name: the budget's name, a str of 1..200 UTF-8 bytes without control
             characters; every host that names it shares its ``total``.
         total: live clients across every host, an int in 1..4096.
@@ -87,8 +92,8 @@ class Budget:
 
     Raises:
         InvalidBudget: an argument breaks its rule (a bool is no number), the
-            URL is not a PostgreSQL or Redis one, or its ``?timeout=`` is above
-            ``ttl / 4``.
+            URL is not a PostgreSQL or Redis one, or its ``?timeout=`` is given
+            twice or is not seconds in ``0.05..ttl / 4``.
 
     Example::
 
@@ -115,14 +120,7 @@ class Budget:
         handover = _seconds("handover_within", self.handover_within, HANDOVER_MIN_S, ttl)
         object.__setattr__(self, "ttl", ttl)
         object.__setattr__(self, "handover_within", handover)
-        _, timeout = split_param(self.url, "timeout")
-        if timeout is not None and not _float(timeout) <= ttl / 4:
-            raise InvalidBudget(
-                f"the coordinator URL's timeout={timeout} must be at most ttl / 4 "
-                f"({ttl / 4:g} s): a renewal must be able to fail and be tried again "
-                "before the units lapse",
-                key="url",
-            )
+        check_timeout(self.url, ttl)
 
     # -- what follows from it --------------------------------------------------------
 
@@ -216,6 +214,27 @@ def check_url(url: object) -> None:
         raise InvalidBudget(
             f"budget url {_redacted(text)!r} must be a PostgreSQL or Redis URL "
             "(postgresql://, redis://, rediss://, unix://): a budget spans hosts",
+            key="url",
+        )
+
+
+def check_timeout(url: str, ttl: float) -> None:
+    """Refuse a coordinator URL whose ``?timeout=`` is given twice or is not seconds in
+    ``TIMEOUT_MIN_S..ttl / 4`` (``ttl`` in seconds); a URL without one passes.
+
+    Raises:
+        InvalidBudget: it is (``key == "url"``).
+    """
+    try:
+        _, timeout = split_param(url, "timeout")
+    except InvalidStoreUrl as error:
+        raise InvalidBudget(f"the coordinator URL: {error.message}", key="url") from None
+    if timeout is not None and not TIMEOUT_MIN_S <= _float(timeout) <= ttl / 4:  # NaN too
+        raise InvalidBudget(
+            f"the coordinator URL's timeout={timeout:.20} must be seconds in "
+            f"{TIMEOUT_MIN_S:g}..{ttl / 4:g} (ttl / 4): a coordinator call needs at least "
+            f"{TIMEOUT_MIN_S:g} s, and a renewal must be able to fail and be tried again "
+            "before the units lapse",
             key="url",
         )
 

@@ -51,7 +51,14 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Final, Generic, TypeVar, final
 
 from .._core import _fork
-from .._core._errors import InvalidBudget, InvalidPoolOptions, OrbitError, PoolClosed
+from .._core._errors import (
+    InvalidBudget,
+    InvalidPoolOptions,
+    OrbitError,
+    PoolClosed,
+    PoolTimeout,
+    TooManyRequests,
+)
 from .._core._fleet import Fleet
 from ..pool import POOL_KIND, Pool
 from ..pool._table import Table
@@ -59,6 +66,7 @@ from ._allowance import check_coordinator
 from ._budget import Budget
 from ._callbacks import call_async, call_sync, check_callable
 from ._checkout import Checkout
+from ._gate import Gate, leaver
 from ._ledger import Entry, Family, Ledger
 from ._options import PoolOptions, key_label, pool_key, seconds
 from ._remote import Remote, check_payload
@@ -188,6 +196,10 @@ class ClientPool(Generic[C]):
             self._pool.close()
             raise
         self.counters = Counters()
+        # Each event loop's queue of asyncio checkouts (getconn_async), and its leave.
+        self._gates: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[Gate, Callable[[], None]]
+        ] = weakref.WeakKeyDictionary()
         self._release: weakref.finalize[Any, Any] | None = None
         self._start_local()
         self._closed = False
@@ -456,6 +468,10 @@ class ClientPool(Generic[C]):
     async def getconn_async(self, timeout: float | None = None) -> C:
         """Asyncio twin of :meth:`getconn`; never blocks the event loop.
 
+        The tasks of one event loop are served first come first served: at most
+        ``max_live`` of them check out at once, the others queue in arrival order
+        (``_gate``), each holding its place until it hands its client back.
+
         ``create``, ``check`` and ``reset`` run on the loop when they are
         coroutine functions, else in a worker thread; waiting uses the pool's
         readiness descriptor. A caller cancelled while ``create`` or ``check``
@@ -467,12 +483,31 @@ class ClientPool(Generic[C]):
                 as :meth:`getconn`.
         """
         self.counters.requests += 1
-        if timeout is not None:
-            seconds("timeout", timeout)
+        wait = self.options.acquire_timeout if timeout is None else seconds("timeout", timeout)
         self._local()
         if self._remote is not None:
             await self._remote.serve_async()
-        return (await self._checkout.run_async(timeout)).client
+        loop = asyncio.get_running_loop()
+        found = self._gates.get(loop)
+        if found is None:
+            gate = Gate(self._max_live, self.options.max_waiting, self.key)
+            found = self._gates[loop] = (gate, leaver(gate, loop))
+        gate, leave = found
+        try:
+            left = await gate.enter(wait)
+        except PoolTimeout:
+            self.counters.timeouts += 1
+            raise
+        except TooManyRequests:
+            self.counters.refused += 1
+            raise
+        try:
+            entry = await self._checkout.run_async(left)
+        except BaseException:  # cancelled or failed: its place goes to the next in turn
+            gate.leave()
+            raise
+        entry.on_return = leave  # no await since the checkout: no cancel in between
+        return entry.client
 
     async def putconn_async(self, client: C) -> None:
         """Asyncio twin of :meth:`putconn`. A caller cancelled while ``reset`` runs

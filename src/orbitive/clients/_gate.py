@@ -1,4 +1,4 @@
-"""A per-process queue in front of an asyncio pool's checkout.
+"""A per-process queue in front of an asyncio pool's checkout: callers served in arrival order.
 
 A process can hold at most ``max_live`` of a key's clients, so no more than
 ``max_live`` of its tasks have a reason to wait in the
@@ -10,8 +10,16 @@ lets ``max_live`` tasks in, holding their place until they hand their client
 back, and queues the others in FIFO order on an ``asyncio.Semaphore``, where a
 leave wakes exactly one.
 
+The queue also decides the order: without it, the waiters a return wakes run
+in whatever order the loop resumes them (the last to wait first, measured), so
+a task could wait while later ones are served. Through the gate the oldest task
+takes the place a return gives back, first come first served, as the pool
+table's queue orders processes.
+
 A task holds a place from :meth:`Gate.enter` to :meth:`Gate.leave`, exactly
-once whatever happens in between (the adapters leave in a ``finally``).
+once whatever happens in between (:class:`~orbitive.clients.ClientPool` leaves
+when the client is handed back or the checkout fails; :func:`leaver` gives the
+place back from any thread).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Callable
 from typing import final
 
 from .._core._errors import PoolTimeout, TooManyRequests
@@ -90,3 +99,21 @@ class Gate:
                 turn.set_result(None)
                 return
         self._free += 1
+
+
+def leaver(gate: Gate, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+    """``gate.leave`` for ``loop``'s gate, callable from any thread: it runs at once on
+    the loop's own thread, else is scheduled there (and does nothing once the loop is
+    closed: its tasks are gone)."""
+
+    def leave() -> None:
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:  # no running loop in this thread
+            here = False
+        if here:
+            gate.leave()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(gate.leave)
+
+    return leave

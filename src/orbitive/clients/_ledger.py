@@ -132,6 +132,9 @@ class Entry(Generic[C]):
     uses: int = 0
     sever: Callable[[C], Any] | None = None
     severed: bool = False
+    #: Called once when the checkout ends in a hand-back (an asyncio checkout's place
+    #: in its gate), else None.
+    on_return: Callable[[], None] | None = None
 
     def in_turn(self, now: float, turn: float, turn_uses: int) -> bool:
         """Whether the client may still serve its own process while another process waits:
@@ -328,7 +331,7 @@ class Ledger(Generic[C]):
 
     def checked_in(self, client: C, family: Family[C]) -> Entry[C]:
         """The entry of a client handed back to a pool of ``family``, out of the ledger
-        (the caller keeps or retires it).
+        (the caller keeps or retires it); its ``on_return`` called and cleared.
 
         Raises:
             UnknownClient: no pool of the family in this process checked
@@ -339,6 +342,9 @@ class Ledger(Generic[C]):
             raise UnknownClient(
                 f"{type(client).__name__} object was not checked out of this pool", key=self.key
             )
+        on_return, entry.on_return = entry.on_return, None
+        if on_return is not None:
+            on_return()
         return entry
 
     def recall(self, entry: Entry[C]) -> Entry[C]:

@@ -67,9 +67,8 @@ from ..pool import POOL_KIND
 from ._budget import Budget
 from ._client_pool import ClientPool
 from ._database import database_key, dsn_target, target_label
-from ._gate import Gate
 from ._home_loop import HomeLoop, LoopGone
-from ._options import PoolOptions, key_label, seconds
+from ._options import PoolOptions, key_label
 from ._statistics import ClientPoolStatistics
 
 __all__ = ["Pool", "PoolAcquireContext", "create_pool"]
@@ -225,7 +224,6 @@ class Pool:
         self._max_queries = max_queries
         self._home = HomeLoop()
         self._clients: ClientPool[Any] | None = None
-        self._gate: Gate | None = None
         #: Every connection this pool made and has not closed: id -> (conn, generation).
         self._made: dict[int, tuple[Any, int]] = {}
         #: Connections acquired and not yet released: id -> (conn, acquire timeout).
@@ -264,8 +262,6 @@ class Pool:
                 budget=self._budget,
                 sever=_drop,
             )
-            options = self._clients.options
-            self._gate = Gate(options.max_live, options.max_waiting, self._clients.key)
         return self
 
     @property
@@ -351,20 +347,13 @@ class Pool:
     async def _acquire(self, timeout: float | None) -> Any:
         if self._closing or self._closed:
             raise PoolClosed("the asyncpg pool is closed", key=self._key)
-        clients, gate = self.clients, self._gate
-        assert gate is not None  # opened with the ClientPool
-        wait = clients.options.acquire_timeout if timeout is None else seconds("timeout", timeout)
-        left = await gate.enter(wait)
-        try:
-            conn = await clients.getconn_async(left)
+        clients = self.clients
+        try:  # the ClientPool queues this loop's tasks in arrival order (its gate)
+            conn = await clients.getconn_async(timeout)
         except ClientCreateError as error:
-            gate.leave()
             cause = error.__cause__
             if isinstance(cause, Exception):  # asyncpg's own error, as asyncpg raises it
                 raise cause from None
-            raise
-        except BaseException:
-            gate.leave()
             raise
         self._out[id(conn)] = (conn, timeout)
         self._released.clear()
@@ -373,10 +362,7 @@ class Pool:
                 await self._setup(conn)
             except BaseException:
                 self._out.pop(id(conn), None)
-                try:
-                    await clients.discard_async(conn)
-                finally:
-                    gate.leave()
+                await clients.discard_async(conn)
                 raise
         return conn
 
@@ -406,11 +392,7 @@ class Pool:
             )
         if not self._out:
             self._released.set()
-        try:
-            await self._give_back(connection, out[1] if timeout is None else timeout)
-        finally:
-            assert self._gate is not None
-            self._gate.leave()
+        await self._give_back(connection, out[1] if timeout is None else timeout)
 
     async def _give_back(self, connection: Any, timeout: float | None) -> None:
         """Reset ``connection`` and hand it to the ClientPool, or retire it (once)."""

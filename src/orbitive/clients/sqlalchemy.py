@@ -67,7 +67,6 @@ from ..pool import POOL_KIND, Key
 from ._budget import Budget
 from ._client_pool import ClientPool
 from ._database import database_key, target_label
-from ._gate import Gate
 from ._home_loop import HomeLoop, LoopGone
 from ._options import PoolOptions, key_label, pool_key
 
@@ -256,7 +255,6 @@ class FleetPool(Pool):
         self._clients: ClientPool[ConnectionPoolEntry] | None = None
         self._disposed = False
         self._home = HomeLoop()  # the asyncio pool's: the loop its connections live on
-        self._gate: Gate | None = None  # the asyncio pool's: its queue in this process
         if not self.for_asyncio:
             self._open(self._new_record, self._close, self._ours)
 
@@ -362,41 +360,19 @@ class AsyncFleetPool(FleetPool):
     def _do_get(self) -> ConnectionPoolEntry:  # in SQLAlchemy's greenlet, on the loop
         self._home.bind()
         clients = self._open(self._new_record_async, self._close_async, self._ours_async)
-        if self._gate is None:
-            self._gate = Gate(clients.options.max_live, clients.options.max_waiting, clients.key)
-        gate = self._gate
 
-        def get() -> ConnectionPoolEntry:
-            left = await_only(gate.enter(clients.options.acquire_timeout))
-            try:
-                record: ConnectionPoolEntry = await_only(clients.getconn_async(left))
-            except BaseException:
-                gate.leave()
-                raise
+        def get() -> ConnectionPoolEntry:  # queued in arrival order (the ClientPool's gate)
+            record: ConnectionPoolEntry = await_only(clients.getconn_async())
             return record
 
         return _checked_out(get)
 
     def _do_return_conn(self, record: ConnectionPoolEntry) -> None:
         clients = self.clients
-        try:
-            if self._disposed and in_greenlet():  # its close runs on this loop, awaited
-                await_only(clients.putconn_async(record))
-            else:  # no I/O here: a record handed over closes in a closing thread
-                clients.putconn(record)
-        finally:
-            self._leave()
-
-    def _leave(self) -> None:
-        """Give the checkout's place in the gate back, on the loop (a record the garbage
-        collector returns may come from another thread)."""
-        gate, loop = self._gate, self._home.loop
-        if gate is None or loop is None:
-            return
-        if self._home.here():
-            gate.leave()
-        elif not loop.is_closed():
-            loop.call_soon_threadsafe(gate.leave)
+        if self._disposed and in_greenlet():  # its close runs on this loop, awaited
+            await_only(clients.putconn_async(record))
+        else:  # no I/O here: a record handed over closes in a closing thread
+            clients.putconn(record)
 
     async def _new_record_async(self) -> ConnectionPoolEntry:
         record: ConnectionPoolEntry = await self._home.run(

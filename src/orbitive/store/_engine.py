@@ -30,6 +30,7 @@ from typing import (
 )
 
 from .._core._errors import ErrorKind, SemaphoreLimitMismatch, StoreError
+from ._guards import LIMIT_MAX
 from ._notifications import Subscription
 
 
@@ -229,6 +230,10 @@ class Engine(abc.ABC, Generic[_G, _U]):
     #: True when ``expires_at`` is ``time.monotonic()`` seconds (then it also bounds
     #: the handle's local deadline).
     monotonic_clock: ClassVar[bool] = False
+    #: Largest semaphore limit the engine holds, and (when below ``LIMIT_MAX``) why,
+    #: as the refusal quotes it.
+    limit_max: ClassVar[int] = LIMIT_MAX
+    limit_rule: ClassVar[str] = ""
 
     @abc.abstractmethod
     def acquire(self, name: str, owner: str, ttl: float) -> _G | Busy:

@@ -114,16 +114,21 @@ def _check_owner_fully(owner: object) -> str:
     return owner
 
 
-def check_limit(limit: object) -> int:
-    """Return ``limit`` if it is an int in ``1..LIMIT_MAX`` (bools refused).
+def check_limit(limit: object, most: int = LIMIT_MAX, rule: str = "") -> int:
+    """Return ``limit`` if it is an int in ``1..most`` (bools refused).
+
+    Args:
+        limit: the value to check.
+        most: the largest limit the engine holds (``LIMIT_MAX``, or an engine's own).
+        rule: why ``most`` is below ``LIMIT_MAX``, quoted in the error ("" for none).
 
     Raises:
         InvalidSemaphoreLimit: any other value (also ``ValueError`` and ``TypeError``).
     """
-    if type(limit) is int and 1 <= limit <= LIMIT_MAX:
+    if type(limit) is int and 1 <= limit <= most:
         return limit
     raise InvalidSemaphoreLimit(
-        f"semaphore limit must be an int in 1..{LIMIT_MAX}, got {shown(limit)}"
+        f"semaphore limit must be an int in 1..{most}{rule}, got {shown(limit)}"
     )
 
 

@@ -31,10 +31,14 @@ application opens on the same fleet.
 
 A semaphore of limit N is N keys of the namespace :data:`SEMAPHORE_NAMESPACE`,
 one per slot (label ``name NUL slot``), and one marker key (label ``name``)
-whose owner is the limit, as text. The table's steps each act on one key, so
-the count needs no more: at most N keys, at most N holders. A slot key does not
-say under which limit it was taken; the marker says it for all of them, and is
-what makes two limits meet:
+whose owner is the limit, as text. Each held slot and the marker take a name of
+the table, so a limit is at most :data:`SHM_LIMIT_MAX` (127): a full semaphore
+takes half the 256 names and answers busy, and leaves the other half to the
+store's other locks (a larger limit would fill the table, and its next
+acquisition, and every other lock's, would find the table full). The table's
+steps each act on one key, so the count needs no more: at most N keys, at most
+N holders. A slot key does not say under which limit it was taken; the marker
+says it for all of them, and is what makes two limits meet:
 
 * An acquisition takes (or finds) the marker first, then the lowest free slot,
   then checks the marker again: it is granted if the marker still says its
@@ -114,6 +118,9 @@ STORE_LAYOUT: Final = LockLayout(
     ring_capacity=16,
     frame_bytes=EVENT_HEADER_SIZE + _PAYLOAD_MAX,
 )
+#: Largest semaphore limit: a full semaphore holds a name per slot and its marker, half
+#: the table, and leaves the other half to the store's other locks and semaphores.
+SHM_LIMIT_MAX: Final = STORE_LAYOUT.capacity // 2 - 1
 #: The lock-table namespace of semaphore keys; short, so that the namespace, a slot
 #: key's label (name, NUL, up to four digits) and its owner fit the table's payload.
 SEMAPHORE_NAMESPACE: Final = "semaphore"
@@ -166,6 +173,11 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
     # thread of this process drained first (drain clears readiness for the whole process).
     poll_cap_s = 0.25
     monotonic_clock = True
+    limit_max = SHM_LIMIT_MAX
+    limit_rule = (
+        f" on an shm:// store (its table holds {STORE_LAYOUT.capacity} names; a semaphore"
+        f" takes one per held slot and one more, at most half of them)"
+    )
 
     def __init__(self, fleet: str, capacity: int | None) -> None:
         """Join ``fleet`` with ``capacity`` nodes (None: the fleet's own, else 64).

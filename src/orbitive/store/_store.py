@@ -286,7 +286,8 @@ class Store:
 
         Args:
             name: the semaphore name (1..255 UTF-8 bytes, no control characters).
-            limit: how many holders at once, an int in ``1..4096``.
+            limit: how many holders at once, an int in ``1..4096`` (``1..127`` on
+                ``shm://``, whose table holds 256 names).
 
         Returns:
             A :class:`Semaphore` (``try_acquire``, ``acquire``, their asyncio forms,
@@ -294,15 +295,17 @@ class Store:
 
         Raises:
             InvalidLockName: the name breaks the rule (``kind == INVALID_INPUT``).
-            InvalidSemaphoreLimit: not an int in ``1..4096`` (``kind == INVALID_INPUT``,
-                also ``ValueError`` and ``TypeError``).
+            InvalidSemaphoreLimit: not an int in ``1..4096``, or above 127 on ``shm://``
+                (``kind == INVALID_INPUT``, also ``ValueError`` and ``TypeError``).
 
         Example::
 
             sem = store.semaphore("payments-api", limit=5)
             lease = sem.try_acquire("worker-1", ttl=30.0)   # None when all 5 are held
         """
-        return Semaphore(self._backend, check_name(name), check_limit(limit))
+        name, engine = check_name(name), self._backend.engine
+        limit = check_limit(limit, engine.limit_max, engine.limit_rule)
+        return Semaphore(self._backend, name, limit)
 
     def semaphores(self) -> list[SlotInfo]:
         """Every live holder of every semaphore in the store, by name and slot.

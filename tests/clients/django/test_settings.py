@@ -58,6 +58,13 @@ BAD_POOLS = [
     ({"fleet": "web", "budget": {**BUDGET, "ttll": 5}}, "unknown key 'ttll'; it takes url"),
     ({"fleet": "web", "budget": {**BUDGET, "url": "sqlite:///x.db"}}, "PostgreSQL or Redis URL"),
     ({"fleet": "web", "budget": {**BUDGET, "total": 0}}, "budget total must be an int in 1.."),
+    *[
+        (
+            {"fleet": "web", "budget": {**BUDGET, "url": f"{BUDGET['url']}?timeout={seconds}"}},
+            f"timeout={seconds} must be seconds in 0.05..2.5",
+        )
+        for seconds in ("-1", "0", "0.01")
+    ],
     ({"fleet": "web", "max_live": 8, "min_idle": 5, "budget": BUDGET}, "below the pool's min_idle"),
 ]
 
