@@ -112,18 +112,23 @@ class Steward:
                     self.failures += 1
                     self._report()
                     pause = self.budget.look_every
-                if not self._board.beat(self.me, _ns(pause + self.budget.steward_grace)):
+                if not self._sleep(pause):
                     return
-                self._sleep(pause)
         finally:
             self._stop.set()
 
-    def _sleep(self, pause: float) -> None:
+    def _sleep(self, pause: float) -> bool:
+        """Extend the stewardship lease over ``pause`` seconds and sleep them (or until the
+        key changes); False if this process is no longer the steward."""
+        with contextlib.suppress(OrbitError):  # a fleet being closed: the stop is set
+            if not self._board.beat(self.me, _ns(pause + self.budget.steward_grace)):
+                return False
         self._stop.wait(MIN_ROUND_S)
         if not self._stop.is_set() and pause > MIN_ROUND_S:
             with contextlib.suppress(OrbitError):
                 version = self._pool.version(self._key)
                 self._pool.wait_capacity(self._key, version, pause - MIN_ROUND_S)
+        return True
 
     def _report(self) -> None:
         kind, error, trace = sys.exc_info()
