@@ -116,3 +116,39 @@ def test_a_coordinator_that_forgets_its_units_costs_at_most_a_quarter_ttl(
     last = max(over, default=0.0)
     print(f"over the total for {last:.3f} s after the rows were deleted ({len(over)} samples)")
     assert last <= TTL / 4 + 0.5, f"{len(over)} samples over the total, the last {last:.2f} s on"
+
+
+def test_a_whole_host_paused_exceeds_the_total_by_its_units_until_it_wakes_then_sheds(
+    hosts: Callable[..., Host], durable_postgres_server: TempPostgres
+) -> None:
+    """What docs/budget.md states under "What is not promised": nothing on a host whose
+    every process is stopped can act, so its units lapse and the other host is granted
+    them; the overshoot is at most the units it held, and ends as it wakes."""
+    db, tag = durable_postgres_server.url, f"budget-{secrets.token_hex(4)}"
+    shared = budget(db, total=4)
+    a = hosts("a", db=db, budget=shared, options={"max_live": 4}, tag=tag, timeout=60.0)
+    b = hosts("b", db=db, budget=shared, options={"max_live": 4}, tag=tag, timeout=60.0)
+    a.wait_ready()
+    b.wait_ready()
+    with ServerConnections(db, tag) as witness:
+        a.mode("busy")
+        b.mode("busy")
+        wait_for(lambda: a.census().get("budget_units", 0) >= 1, SETTLE_S)
+        wait_for(lambda: b.census().get("budget_units", 0) >= 1, SETTLE_S)
+        time.sleep(1.0)
+        held = a.census()["budget_units"]
+        os.killpg(a.process.pid, signal.SIGSTOP)
+        try:
+            time.sleep(3 * TTL)
+        finally:
+            os.killpg(a.process.pid, signal.SIGCONT)
+            woke = time.monotonic()
+        time.sleep(2.0)
+        a.mode("idle")
+        b.mode("idle")
+    over = [at - woke for at, count in witness.seen if count > 4]
+    last = max(over, default=-1.0)
+    print(f"a held {held}; at most {witness.highest} sessions; over the total until {last:.3f} s "
+          "after it woke")  # fmt: skip
+    assert witness.highest <= 4 + held
+    assert last <= 1.0, f"over the total {last:.2f} s after the host woke"
