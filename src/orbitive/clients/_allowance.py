@@ -126,8 +126,8 @@ class Allowance:
 
     @property
     def steward(self) -> bool:
-        """Whether this process is the host's steward."""
-        return self._steward is not None
+        """Whether this process is the host's steward (its thread runs: not deposed)."""
+        return self._steward is not None and self._steward.running
 
     def capped(self, claim: Callable[[int], T]) -> T:
         """``claim(cap)`` inside the board's section, with the cap in force now."""
@@ -185,8 +185,7 @@ class Allowance:
         record = self._board.read()
         self.elect(record)
         now = boot_ns()
-        self.stop_ns = record.deadline_ns - self._stop_lead_ns
-        stop_at = record.deadline_ns - self._stop_lead_ns
+        stop_at = self.stop_ns = record.deadline_ns - self._stop_lead_ns
         sever_at = record.deadline_ns - self._sever_lead_ns
 
         def look(cap: int) -> tuple[int, int]:
