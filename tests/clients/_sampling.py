@@ -31,6 +31,8 @@ class ServerConnections:
         )
         self.highest = 0
         self.samples = 0
+        #: Every sample: its ``time.monotonic()`` and count.
+        self.seen: list[tuple[float, int]] = []
         self._conn = psycopg.connect(url, autocommit=True)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -45,7 +47,9 @@ class ServerConnections:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.highest = max(self.highest, self.count())
+            count = self.count()
+            self.highest = max(self.highest, count)
+            self.seen.append((time.monotonic(), count))
             self.samples += 1
             time.sleep(SAMPLE_EVERY_S)
 

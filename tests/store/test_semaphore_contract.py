@@ -30,6 +30,8 @@ from orbitive.store import (
     open_store,
 )
 from orbitive.store._shm import SHM_LIMIT_MAX
+from orbitive.store._engine import Busy
+from orbitive.store._url import open_engine
 
 from .test_contract import BAD_NAMES, BAD_OWNERS, BAD_TTLS
 
@@ -165,6 +167,29 @@ def test_same_owner_string_does_not_renew_or_release_another_tenure(store: Store
     (info,) = store.semaphore("r", 1).holders()
     assert info.fencing_token == second.fencing_token and info.remaining_s <= 30.0
     assert second.release() is True
+
+
+def test_a_batched_renewal_renews_the_new_tenure_of_a_slot_not_the_forgotten_one(
+    store_url: str,
+) -> None:
+    """A holder granted a slot again after its first tenure of it was forgotten (the row
+    gone, as after a failover) holds both grants; renewing both in one batch renews only
+    the live tenure, matched by slot and fencing token (the PostgreSQL engine matched by
+    slot alone and renewed the forgotten one too, for good)."""
+    engine = open_engine(store_url)
+    try:
+        first = engine.acquire_unit("forgot", 2, "host", LONG)
+        assert not isinstance(first, Busy)
+        assert engine.release_units("forgot", "host", [first]) == [True]  # forgotten
+        second = engine.acquire_unit("forgot", 2, "host", LONG)
+        assert not isinstance(second, Busy)
+        assert (second.slot, second.fencing_token) == (first.slot, second.fencing_token)
+        assert second.fencing_token > first.fencing_token
+        old, new = engine.renew_units("forgot", "host", [first, second], LONG)
+        assert old is None
+        assert new is not None and new.fencing_token == second.fencing_token
+    finally:
+        engine.close()
 
 
 def test_second_release_returns_false(store: Store) -> None:

@@ -19,8 +19,14 @@ are surely held, the *deadline*. This process keeps to them in three places:
   deadline on, or at once when the record says units were lost, it severs its
   clients in use above it (the pool's ``sever`` callable: the client's socket is
   shut down, the user's call fails, and the client is retired when handed back).
-  It also makes this process the steward when there is none, or the steward's
-  life is over (:class:`~._steward.Steward`).
+  It also makes this process the steward when there is none, the steward's
+  life is over, or its stewardship lease has run out (a steward paused or stuck:
+  :class:`~._steward.Steward`); the round after that lease ends is due then.
+* **The wake check** (:meth:`Allowance.lapsing`, before a checkout hands out an
+  idle client): a process that finds its last look's stop time passed (it was
+  paused, or its upkeep was) reads the record again; while the units may lapse
+  it hands out no idle client and creates none, and its upkeep, woken by the
+  same pause, retires the idle ones and severs those in use.
 
 Before the first pool of the budget in a process starts, :func:`check_coordinator`
 asks the coordinator once: is it reachable, does it keep what it grants, and do
@@ -103,6 +109,9 @@ class Allowance:
         self._lock = threading.Lock()
         self._steward: Steward | None = None
         self.severed = 0  # clients this process severed
+        #: CLOCK_BOOTTIME ns from which the host's units may lapse soon, as of the last
+        #: look at the record (in the past while it holds none).
+        self.stop_ns = 0
         self.elect(self._board.read())
 
     @property
@@ -117,20 +126,25 @@ class Allowance:
 
     @property
     def steward(self) -> bool:
-        """Whether this process is the host's steward."""
-        return self._steward is not None
+        """Whether this process is the host's steward (its thread runs: not deposed)."""
+        return self._steward is not None and self._steward.running
 
     def capped(self, claim: Callable[[int], T]) -> T:
         """``claim(cap)`` inside the board's section, with the cap in force now."""
         return self._board.capped(claim)
 
     def elect(self, record: Record) -> None:
-        """Become the steward, and start its thread, if the host has none or its life is over."""
+        """Become the steward, and start its thread, if the host has none, its life is over
+        or its lease has run out."""
         me = (self._fleet.node, self._fleet.incarnation)
-        if record.steward == me and self._steward is not None:
+        if record.steward == me and self._steward is not None and self._steward.running:
             return
         with self._lock:
-            if self._steward is not None or not self._board.elect(me, self._over):
+            if self._steward is not None and not self._steward.running:  # deposed
+                self._steward.close()
+                self._steward = None
+            lease_ns = int((self.budget.call_timeout + self.budget.steward_grace) * 1e9)
+            if self._steward is not None or not self._board.elect(me, self._over, lease_ns):
                 return
             self._steward = Steward(
                 self._fleet, self.budget, self._board, self.budget.key, self._kind, me
@@ -171,7 +185,7 @@ class Allowance:
         record = self._board.read()
         self.elect(record)
         now = boot_ns()
-        stop_at = record.deadline_ns - self._stop_lead_ns
+        stop_at = self.stop_ns = record.deadline_ns - self._stop_lead_ns
         sever_at = record.deadline_ns - self._sever_lead_ns
 
         def look(cap: int) -> tuple[int, int]:
@@ -193,7 +207,17 @@ class Allowance:
                     sever(entry)
                     self.severed += 1
         ahead = [at for at in (stop_at, sever_at) if at > now]
+        if record.steward is not None and record.steward_until_ns > now:
+            ahead.append(record.steward_until_ns)  # the steward's place may be taken then
         return (min(ahead) - now) / 1e9 if ahead else float("inf")
+
+    def lapsing(self) -> bool:
+        """Whether the host's units may lapse soon: from ``ttl / 4`` before its deadline on,
+        by the record read now (:attr:`stop_ns` is as of the upkeep's last look, and a
+        process paused past it reads the record again before it serves)."""
+        record = self._board.read()
+        self.stop_ns = record.deadline_ns - self._stop_lead_ns  # no units: lapsed
+        return boot_ns() >= self.stop_ns
 
     def numbers(self) -> tuple[int, int, int, int]:
         """The budget's total, the units the host holds, the cap in force, and the ms the

@@ -6,7 +6,11 @@ the host needs to know about the host's units, and what a new steward needs to
 go on renewing them when the old one is gone:
 
 * the **steward**: the node and incarnation of the one process that holds the
-  host's units (it is over when that life is: the fleet's node lock tells);
+  host's units, and until when it has promised to act again (its *stewardship
+  lease*): any other process of the host takes over when that life is over (the
+  fleet's node lock tells) or the lease has run out (a steward paused by SIGSTOP,
+  a debugger, a stalled VM or a C call holding its GIL, whose units would
+  otherwise lapse while its own clients stay open);
 * the **units**, as the engine granted them (packed by
   :meth:`~._coordinator.Coordinator.pack`), so that any process can renew them;
 * the **deadline**: until when every unit is surely held, in ``CLOCK_BOOTTIME``
@@ -50,7 +54,8 @@ Layout (little-endian)::
     64   4   min_idle       of the pool that opened the record last
     68   4   blob length
     72   4   blob CRC-32
-    80   ..  blob           UTF-8 JSON {"host": id, "units": [...], "post": [owner, grant] | null}
+    80   8   steward until  CLOCK_BOOTTIME ns the steward's lease runs to (0: none)
+    88   ..  blob           UTF-8 JSON {"host": id, "units": [...], "post": [owner, grant] | null}
 """
 
 from __future__ import annotations
@@ -77,18 +82,18 @@ T = TypeVar("T")
 #: The board's SHM kind.
 BOARD_KIND: Final = 248
 #: Bumped whenever any offset or meaning below changes.
-LAYOUT_VERSION: Final = 1
+LAYOUT_VERSION: Final = 2
 MAGIC: Final = b"BDGT"
 HEADER_SIZE: Final = 64
 #: Budgets one fleet may use at once.
 RECORDS: Final = 8
 RECORD_SIZE: Final = 32768
-RECORD_HEAD: Final = 80
+RECORD_HEAD: Final = 88
 #: Most units a host holds of one budget (what the blob has room for with Redis grants).
 UNITS_MAX: Final = 256
 SIZE: Final = HEADER_SIZE + RECORDS * RECORD_SIZE
 HEADER: Final = struct.Struct("<4sHHII44xI")
-HEAD: Final = struct.Struct("<B3xIQQH6xQQIIB3xIIII4x")
+HEAD: Final = struct.Struct("<B3xIQQH6xQQIIB3xIIII4xQ")
 HEADER_CHECKED: Final = 60
 NO_NODE: Final = 0xFFFF
 #: Rate error allowed between the host's clock and the coordinator's (1000 ppm, twice
@@ -115,6 +120,7 @@ class Record:
 
     total: int
     steward: tuple[int, int] | None
+    steward_until_ns: int
     deadline_ns: int
     cap: int
     lost: bool
@@ -198,6 +204,7 @@ class Board:
         return Record(
             total=head[1],
             steward=steward,
+            steward_until_ns=head[14],
             deadline_ns=head[6],
             cap=head[7],
             lost=bool(head[9]),
@@ -210,16 +217,28 @@ class Board:
 
     # -- the steward --------------------------------------------------------------------
 
-    def elect(self, me: tuple[int, int], over: Callable[[int, int], bool]) -> bool:
-        """Become the steward if there is none or its life is ``over``; True if ``me`` is."""
+    def elect(self, me: tuple[int, int], over: Callable[[int, int], bool], lease_ns: int) -> bool:
+        """Become the steward, with a lease of ``lease_ns``, if there is none, its life is
+        ``over`` or its lease has run out (it is paused, or stuck); True if ``me`` is."""
         with self._section():
             head = HEAD.unpack_from(self._region.buf, self._at)
-            current = (head[4], head[5])
+            current, now = (head[4], head[5]), boot_ns()
             if current == me:
                 return True
-            if head[4] != NO_NODE and head[5] and not over(*current):
+            if head[4] != NO_NODE and head[5] and now < head[14] and not over(*current):
                 return False
-            self._set(self._at, head, steward_node=me[0], steward_incarnation=me[1])
+            self._set(self._at, head, steward_node=me[0], steward_incarnation=me[1],
+                      steward_until=now + lease_ns)  # fmt: skip
+            return True
+
+    def beat(self, me: tuple[int, int], lease_ns: int) -> bool:
+        """Extend steward ``me``'s lease to ``lease_ns`` from now; False if ``me`` is no
+        longer the steward."""
+        with self._section():
+            head = HEAD.unpack_from(self._region.buf, self._at)
+            if (head[4], head[5]) != me:
+                return False
+            self._set(self._at, head, steward_until=boot_ns() + lease_ns)
             return True
 
     def resign(self, me: tuple[int, int]) -> None:
@@ -227,7 +246,8 @@ class Board:
         with self._section():
             head = HEAD.unpack_from(self._region.buf, self._at)
             if (head[4], head[5]) == me:
-                self._set(self._at, head, steward_node=NO_NODE, steward_incarnation=0)
+                self._set(self._at, head, steward_node=NO_NODE, steward_incarnation=0,
+                          steward_until=0)  # fmt: skip
 
     def write(
         self,
@@ -340,7 +360,7 @@ class Board:
 
 _HEAD_NAMES: Final = (
     "state", "total", "key_lo", "key_hi", "steward_node", "steward_incarnation", "deadline",
-    "cap", "held", "lost", "max_live", "min_idle", "blob_len", "blob_crc",
+    "cap", "held", "lost", "max_live", "min_idle", "blob_len", "blob_crc", "steward_until",
 )  # fmt: skip
 
 

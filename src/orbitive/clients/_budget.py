@@ -22,6 +22,9 @@ a coordinator call ends       within 2.5 s     ``ttl / 4`` (at most 5 s); the UR
 the host stops creating and   2.5 s before     ``ttl / 4`` before the lease may lapse,
 retires its idle clients      the lapse        counted from when the renewal was sent
 it severs clients in use      1.25 s before    ``ttl / 8`` before it
+another process of the host   0.625 s late     the steward's next act is due (its next
+takes the steward's place                      call's bound, or the end of its sleep)
+                                               plus ``ttl / 16``
 ============================  ===============  ========================================
 
 ``handover_within`` (default 2 s) bounds how long a host holds idle clients while
@@ -173,6 +176,12 @@ class Budget:
     def sever_lead(self) -> float:
         """Seconds before its units may lapse that a host severs the clients still in use."""
         return self.ttl / 8
+
+    @property
+    def steward_grace(self) -> float:
+        """Seconds a steward may be late for its next act (a call, or the end of a sleep)
+        before another process of the host takes its place."""
+        return self.ttl / 16
 
     @property
     def look_every(self) -> float:

@@ -56,6 +56,7 @@ from .._core._errors import (
     TooManyRequests,
 )
 from ..pool import CreationPermit, Key, Pool
+from ._board import boot_ns
 from ._callbacks import call_sync, started
 from ._ledger import Entry, Family, Ledger
 from ._options import HANDOFF_GRACE_S, PoolOptions, seconds
@@ -281,7 +282,12 @@ class Checkout(Generic[C]):
 
     def _take(self) -> Entry[C] | None:
         """One of this process's idle clients of the key, now checked out (newest first),
-        or None; those whose resource was closed, reset or drained are retired."""
+        or None; those whose resource was closed, reset or drained are retired. None
+        while the key's budget units may lapse (a process woken from a pause past its
+        last look reads the host's record first: its upkeep retires or severs them)."""
+        allowance = self._ledger.allowance
+        if allowance is not None and boot_ns() >= allowance.stop_ns and allowance.lapsing():
+            return None
         entry = self._ledger.take(self._family)
         if entry is not None or not self._family.idle:
             return entry

@@ -35,6 +35,16 @@ The thread sleeps on the key's version word (a new waiter, a client created or
 retired wakes it) until its next renewal, post or look is due. A coordinator
 that cannot be reached ends the round; the next one starts after a pause of
 ``handover_within / 4``.
+
+Before each coordinator call and each sleep the steward extends its
+*stewardship lease* in the record (:meth:`~._board.Board.beat`) to when it will
+act next (the call's bound, or the sleep's end) plus ``ttl / 16``. A steward
+that overruns it (paused by SIGSTOP, a debugger, a stalled VM, a C call holding
+its GIL) is replaced by the next process of the host whose upkeep looks, which
+renews the host's units in time; the old one finds itself deposed at its next
+write or beat and ends, and whatever it did meanwhile is safe (a renewal of
+units the host still holds, a unit or post taken that nobody records, which
+lapses within ``ttl``).
 """
 
 from __future__ import annotations
@@ -102,16 +112,23 @@ class Steward:
                     self.failures += 1
                     self._report()
                     pause = self.budget.look_every
-                self._sleep(pause)
+                if not self._sleep(pause):
+                    return
         finally:
             self._stop.set()
 
-    def _sleep(self, pause: float) -> None:
+    def _sleep(self, pause: float) -> bool:
+        """Extend the stewardship lease over ``pause`` seconds and sleep them (or until the
+        key changes); False if this process is no longer the steward."""
+        with contextlib.suppress(OrbitError):  # a fleet being closed: the stop is set
+            if not self._board.beat(self.me, _ns(pause + self.budget.steward_grace)):
+                return False
         self._stop.wait(MIN_ROUND_S)
         if not self._stop.is_set() and pause > MIN_ROUND_S:
             with contextlib.suppress(OrbitError):
                 version = self._pool.version(self._key)
                 self._pool.wait_capacity(self._key, version, pause - MIN_ROUND_S)
+        return True
 
     def _report(self) -> None:
         kind, error, trace = sys.exc_info()
@@ -134,6 +151,7 @@ class Steward:
         census = key_census(self._pool._t(), self._key)
         now = boot_ns()
         if units and now - self._renewed_at >= _ns(self.budget.renew_every):
+            self._due()
             units, record = self._renew(coordinator, record, units)
         if record.lost and census.live + census.creating <= record.cap:
             self._write(lost=False)
@@ -172,6 +190,7 @@ class Steward:
     def _look(self, coordinator: Coordinator, record: Record, now: int) -> None:
         """Read the posts: the other hosts that need units, and whether any unit is free."""
         self._looked_at = now
+        self._due()
         posts = coordinator.posts()
         self._needing = [post for post in posts if post.host != record.host and post.need > 0]
         if sum(post.held for post in posts) < self.budget.total:
@@ -237,6 +256,7 @@ class Steward:
         if not taken:
             return units
         grants = [grant for packed in taken if (grant := coordinator.unpack(packed))]
+        self._due()
         coordinator.release(record.host, grants)
         self._looked_at = 0  # the posts change: look again soon
         return units[: len(units) - len(taken)]
@@ -257,6 +277,7 @@ class Steward:
         poorest = min((post.held for post in self._needing), default=UNITS_MAX)
         deadline = record.deadline_ns
         while demand > len(units) < min(UNITS_MAX, poorest + 1):
+            self._due()
             sent = boot_ns()
             grant = coordinator.acquire(record.host)
             if grant is None:
@@ -292,6 +313,7 @@ class Steward:
         waiting = sum(census.waiters)
         numbers = (len(units), census.live - census.idle, census.idle, waiting, need)
         post = Post(record.host, record.total, record.max_live, *numbers)
+        self._due(2)  # a new post, then the old one down
         posted = coordinator.post(post, self._posted)
         if posted is not None:
             self._posted, self._post_sent, self._posted_at = posted, decisive, now
@@ -309,6 +331,17 @@ class Steward:
         return max(0.0, (min(due) - boot_ns()) / 1e9)
 
     # -- the record ------------------------------------------------------------------------
+
+    def _due(self, calls: int = 1) -> None:
+        """Extend the stewardship lease over the next ``calls`` coordinator calls."""
+        budget = self.budget
+        if not self._board.beat(self.me, _ns(calls * budget.call_timeout + budget.steward_grace)):
+            raise _Deposed
+
+    @property
+    def running(self) -> bool:
+        """Whether the thread still runs (it ends when stopped or deposed)."""
+        return self._thread.is_alive()
 
     def _write(self, **changes: Any) -> None:
         if not self._board.write(self.me, **changes):
@@ -332,8 +365,8 @@ class Steward:
             self._thread.join()
         coordinator = self._coordinator
         with contextlib.suppress(OrbitError, OSError):
-            if coordinator is not None:
-                self._give_back(coordinator)
+            if coordinator is not None and self._board.read().steward == self.me:
+                self._give_back(coordinator)  # a deposed steward leaves them to its successor
         self._board.resign(self.me)
         if coordinator is not None:
             coordinator.close()

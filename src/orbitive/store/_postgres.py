@@ -303,7 +303,7 @@ SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
 FROM unnest(%(slots)s::integer[], %(tokens)s::bigint[]) AS u(slot, token)
 WHERE s.name = %(name)s AND s.slot = u.slot AND s.owner = %(owner)s
   AND s.fencing_token = u.token AND s.expires_at > clock_timestamp()
-RETURNING s.slot, {_UNIT_EPOCH}"""
+RETURNING s.slot, s.fencing_token, {_UNIT_EPOCH}"""
 _UNIT_RELEASE: Final = (
     "SELECT orbitive_semaphore_release(%(name)s, %(owner)s, %(slots)s::integer[], "
     "%(tokens)s::bigint[], %(attempt)s)"
@@ -568,12 +568,18 @@ def unit_params(
 def renewed_units(
     grants: Sequence[UnitGranted], rows: list[tuple[Any, ...]]
 ) -> list[UnitGranted | None]:
-    """Each grant renewed to the expiry its row came back with, or None without a row."""
-    expiries = dict(rows)
+    """Each grant renewed to the expiry its row came back with, or None without a row.
+
+    A row answers the grant of its slot *and* fencing token: a host granted a slot
+    again after the coordinator lost its first tenure of it (rows deleted, a failover)
+    holds both grants, and only the new one is renewed.
+    """
+    expiries = {(slot, token): expires for slot, token, expires in rows}
     return [
-        grant._replace(expires_at=expiries[grant.slot]) if grant.slot in expiries else None
+        None if (found := expiries.get((grant.slot, grant.fencing_token))) is None
+        else grant._replace(expires_at=found)
         for grant in grants
-    ]
+    ]  # fmt: skip
 
 
 def released_units(grants: Sequence[UnitGranted], row: tuple[Any, ...] | None) -> list[bool]:
