@@ -140,3 +140,35 @@ def test_a_dev_shm_too_small_for_a_table_says_what_to_do_and_leaves_nothing(
     # Neither of the table's objects is left; the fleet the program joined still has its
     # membership object, as any fleet does.
     assert list(_left(done)["names"]) == ["orbit-web-members-0"]  # type: ignore[call-overload]
+
+
+_HALF_MADE = """
+from orbitive import Fleet, ShmFull
+
+def init(buf):
+    buf[0] = 1
+
+def valid(buf):
+    pass
+
+fleet = Fleet.join("web", capacity=4)
+try:
+    # The check before the block counts the small object only: the large one is
+    # refused by posix_fallocate once the small one exists.
+    with fleet.creating([(200, 4096)]):
+        fleet.region(200, 4096, init, valid)
+        fleet.region(201, 2 << 20, init, valid)
+except ShmFull as error:
+    print(error)
+else:
+    raise SystemExit("both were made")
+"""
+
+
+def test_an_object_made_before_another_does_not_fit_is_unlinked() -> None:
+    done = _in_shm("1m", _HALF_MADE + _REPORT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    message = done.stdout.splitlines()[0]
+    assert "'orbit-web-201-0': no space for 2,101,248 bytes" in message, message
+    assert "(No space left on device)" in message and "--shm-size" in message
+    assert list(_left(done)["names"]) == ["orbit-web-members-0"]  # type: ignore[call-overload]
