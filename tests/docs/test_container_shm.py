@@ -94,7 +94,7 @@ with open_store("shm://web") as store, store.lock("jobs/nightly", ttl=30.0):
     done = _in_shm("64m", code + _REPORT)
     assert done.returncode == 0, done.stdout + done.stderr
     left = _left(done)
-    # lock table 2.5 MB, shm:// store 0.8 MB, pool 7.2 MB: 10.6 MB of 64.
+    # lock table 2.5 MB, shm:// store 0.8 MB, pool 7.2 MB: 10.5 MB of 64.
     assert len(left["names"]) == 6, left  # type: ignore[arg-type]
     assert left["used"] < 11 * MB  # type: ignore[operator]
 
