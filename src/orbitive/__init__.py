@@ -31,6 +31,7 @@ from ._core._errors import (
     LayoutMismatch,
     NodeOutsideFleet,
     OrbitError,
+    ShmFull,
 )
 from ._core._fleet import Fleet
 from ._core._native import native
@@ -49,6 +50,7 @@ __all__ = [
     "LayoutMismatch",
     "NodeOutsideFleet",
     "OrbitError",
+    "ShmFull",
     "__version__",
     "native",
 ]

@@ -81,6 +81,7 @@ ADDITIONS = {
         "InvalidName",
         "LayoutMismatch",
         "NodeOutsideFleet",
+        "ShmFull",
     },
     # A str key part or owner with no UTF-8 form (a lone surrogate).
     "orbitive.lock": {"LockTableStatistics", "InvalidEncoding"},

@@ -174,10 +174,10 @@ def test_fence_is_consistent_under_threads() -> None:
 # -- LockLayout --------------------------------------------------------------------------------
 
 
-def test_default_layout_is_the_seeds() -> None:
+def test_default_layout_is_the_seeds_with_a_ring_of_32_frames() -> None:
     layout = LockLayout()
     assert (layout.state_kind, layout.event_kind, layout.capacity) == (228, 229, 256)
-    assert (layout.payload_max, layout.ring_capacity, layout.frame_bytes) == (960, 1024, 1024)
+    assert (layout.payload_max, layout.ring_capacity, layout.frame_bytes) == (960, 32, 1024)
     assert layout.slot_size % 64 == 0
     assert layout.slot_size >= 48 + 960
 

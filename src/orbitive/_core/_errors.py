@@ -26,6 +26,7 @@ catch by the usual Python category)::
     +-- peer-state errors
     |   +-- StaleError, DrainingError, NotOwnerError, NotReservedError
     +-- FleetError                               node taken, fleet in use, closed handle
+    |   +-- ShmFull                              no room in /dev/shm for a new object
     +-- ReadinessUnavailable (OSError)           no readiness backend could start
     +-- StoreError                               store contract (kind: ErrorKind)
     |   +-- InvalidLockName (InvalidName, TypeError)     kind INVALID_INPUT
@@ -94,6 +95,7 @@ __all__ = [
     "RemoteRequestError",
     "SemaphoreLimitMismatch",
     "SessionClosed",
+    "ShmFull",
     "StaleError",
     "StateFull",
     "StoreError",
@@ -302,6 +304,11 @@ class NotReservedError(OrbitError):
 
 class FleetError(OrbitError):
     """A fleet operation cannot proceed (node taken, fleet in use, closed handle)."""
+
+
+class ShmFull(FleetError):
+    """``/dev/shm`` has no room for a new object of the fleet; the message gives the
+    bytes asked and free and what to do (smaller objects, or a larger ``/dev/shm``)."""
 
 
 class ReadinessUnavailable(OrbitError, OSError):

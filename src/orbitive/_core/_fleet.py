@@ -30,6 +30,7 @@ import os
 import re
 import struct
 import time
+from collections.abc import Collection, Iterator
 from typing import Final, NamedTuple
 
 from . import _fork
@@ -41,6 +42,7 @@ from ._errors import (
     InvalidName,
     LayoutMismatch,
     NodeOutsideFleet,
+    ShmFull,
     shown,
 )
 from ._region import (
@@ -48,10 +50,13 @@ from ._region import (
     Init,
     Region,
     Validate,
+    check_space,
+    object_name,
     open_object,
     open_or_create,
     unlink_object,
 )
+from ._section import object_bytes
 
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,32}")
 #: Largest fleet capacity (node ids are 16-bit in every layout).
@@ -520,6 +525,30 @@ class Fleet:
         else:
             validate(region.buf)
         return region
+
+    @contextlib.contextmanager
+    def creating(self, objects: Collection[tuple[int, int]]) -> Iterator[None]:
+        """A block that opens the regions ``objects`` ((kind, bytes of its layout)) together.
+
+        Before the block, ``/dev/shm`` must have room for those of them that do not
+        exist yet; when the block raises :class:`ShmFull`, the regions it created
+        are closed and unlinked, so no object of the set is left half-made.
+
+        Raises:
+            ShmFull: no room for the new objects together (nothing is created).
+        """
+        if self.shared:
+            check_space([(object_name(self.name, k), object_bytes(size)) for k, size in objects])
+        before = set(self._regions)
+        try:
+            yield
+        except ShmFull:
+            for kind in set(self._regions) - before:
+                region = self._regions.pop(kind)
+                region.close()
+                if region.created:
+                    region.unlink()
+            raise
 
     # -- lifecycle ------------------------------------------------------------------------
 

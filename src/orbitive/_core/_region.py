@@ -34,14 +34,14 @@ import secrets
 import stat
 import struct
 import threading
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Final
 
 from . import _fork
 from ._access import check_shm_dir, euid, open_checked
-from ._errors import AccessDenied, FleetError, LayoutMismatch, OrbitError
+from ._errors import AccessDenied, FleetError, LayoutMismatch, OrbitError, ShmFull
 from ._robust import SECTION_BYTES
 from ._section import (
     Section,
@@ -151,16 +151,58 @@ def _allocate(fd: int, name: str, size: int) -> None:
     with SIGBUS; ``posix_fallocate`` refuses up front instead.
 
     Raises:
-        FleetError: not enough space for the object.
+        ShmFull: not enough space for the object.
     """
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as error:
         if error.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
             raise
-        raise FleetError(
-            f"shm object {name!r}: no space for {size:,} bytes ({error.strerror})"
-        ) from error
+        raise no_space([name], size, error.strerror or "") from error
+
+
+def shm_free() -> int:
+    """Bytes ``/dev/shm`` has free for this user now (``statvfs``: ``f_bavail * f_frsize``)."""
+    found = os.statvfs(SHM_DIR)
+    return found.f_bavail * found.f_frsize
+
+
+#: What a :class:`ShmFull` message says to do.
+SHM_ADVICE: Final = (
+    "make the fleet's objects smaller (a fleet capacity near the processes you run, "
+    "Fleet.join(name, capacity=N) or shm://FLEET?capacity=N; a lock table's ring, "
+    "LockLayout(ring_capacity=N)), remove fleets nobody uses ('orbit list', then "
+    "'orbit clear FLEET --all --yes'), or give /dev/shm more room: Docker "
+    "--shm-size=256m (Compose: shm_size), Kubernetes an emptyDir volume with "
+    "medium: Memory mounted at /dev/shm"
+)
+
+
+def no_space(names: Sequence[str], size: int, cause: str = "") -> ShmFull:
+    """The error for new objects ``names`` of ``size`` bytes in all that ``/dev/shm``
+    has no room for."""
+    what = " and ".join(repr(name) for name in names)
+    because = f" ({cause})" if cause else ""
+    return ShmFull(
+        f"shm object{'s' if len(names) > 1 else ''} {what}: no space for {size:,} bytes "
+        f"in {SHM_DIR}, {shm_free():,} bytes free{because}; {SHM_ADVICE}"
+    )
+
+
+def check_space(names_and_sizes: Collection[tuple[str, int]]) -> None:
+    """Refuse, before any is created, objects that ``/dev/shm`` has no room for together.
+
+    ``names_and_sizes``: (object name, bytes of the new object); names that exist
+    already are attached, not created, and need no room. The check is advisory
+    (another process may take the room after it); ``posix_fallocate`` is the last word.
+
+    Raises:
+        ShmFull: the new objects together need more than ``/dev/shm`` has free.
+    """
+    new = [(name, size) for name, size in names_and_sizes if not _path(name).exists()]
+    needed = sum(size for _, size in new)
+    if new and needed > shm_free():
+        raise no_space([name for name, _ in new], needed)
 
 
 def client_socket_name(fleet: str, kind: int, node: int, tag: str) -> str:
@@ -399,7 +441,7 @@ class Region:
         Raises:
             AccessDenied: foreign owner, wider mode or symlink (object untouched).
             LayoutMismatch: the existing object has another size, header or section.
-            FleetError: no space in ``/dev/shm`` for a new object.
+            ShmFull: no space in ``/dev/shm`` for a new object (a :class:`FleetError`).
         """
         region = cls(fleet, kind, size, shared=True)
         mechanism = chosen_mechanism()

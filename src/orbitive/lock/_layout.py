@@ -91,6 +91,11 @@ STRIPES_MAX: Final = 32
 #: state_revision, acquired_at_ms, expires_at_ms
 SLOT: Final = struct.Struct("<BxHHHQQQQQ")
 
+#: Transition frames per node of a default table's ring: 2.2 MB of ``/dev/shm`` at 64
+#: nodes (1024 frames took 71.6 MB, more than a container's default 64 MB); a watcher
+#: woken by the table's readiness loses none at 1,000 transitions/s per node
+#: (``bench/ring_history.py``, docs/operations.md).
+RING_CAPACITY_DEFAULT: Final = 32
 DEFAULT_STATE_KIND: Final = 228
 DEFAULT_EVENT_KIND: Final = 229
 #: The kinds of the ``shm://`` store's own table (``orbitive.store``'s ``STORE_LAYOUT``).
@@ -125,7 +130,9 @@ class LockLayout:
         event_kind: SHM kind of the transition ring, 0..255, not ``state_kind`` (229).
         capacity: state slots, a power of two (256): the most keys resident at once.
         payload_max: bytes for namespace + label + owner per slot (960).
-        ring_capacity: transition frames retained per writer lane, a power of two (1024).
+        ring_capacity: transition frames retained per writer lane, a power of two
+            (:data:`RING_CAPACITY_DEFAULT`, 32): how far a watcher may fall behind one
+            node before it loses transitions (``LockPoll.overwritten``).
         frame_bytes: bytes per transition frame (1024); must hold a full entry.
 
     Raises:
@@ -136,7 +143,7 @@ class LockLayout:
     event_kind: int = DEFAULT_EVENT_KIND
     capacity: int = 256
     payload_max: int = 960
-    ring_capacity: int = 1024
+    ring_capacity: int = RING_CAPACITY_DEFAULT
     frame_bytes: int = 1024
 
     def __post_init__(self) -> None:
@@ -171,7 +178,7 @@ class LockLayout:
             _default = cls(
                 capacity=_env_int("ORBIT_LOCK_STATE_CAPACITY", 256),
                 payload_max=_env_int("ORBIT_LOCK_STATE_PAYLOAD_CAPACITY", 960),
-                ring_capacity=_env_int("ORBIT_LOCK_EVENT_RING_CAPACITY", 1024),
+                ring_capacity=_env_int("ORBIT_LOCK_EVENT_RING_CAPACITY", RING_CAPACITY_DEFAULT),
                 frame_bytes=_env_int("ORBIT_LOCK_EVENT_RING_PAYLOAD_CAPACITY", 1024),
             )
         return _default

@@ -47,6 +47,7 @@ def open_objects(fleet: Fleet, layout: LockLayout | None) -> tuple[LockLayout, R
         InvalidArgumentType: ``fleet`` is not a Fleet or ``layout`` not a LockLayout.
         LayoutMismatch: an existing object has another layout or section mechanism.
         AccessDenied: an object or ``/dev/shm`` is not exclusively ours.
+        ShmFull: ``/dev/shm`` has no room for the new objects; neither is left behind.
     """
     if not isinstance(fleet, Fleet):
         raise not_a("fleet", "Fleet", fleet)
@@ -54,14 +55,16 @@ def open_objects(fleet: Fleet, layout: LockLayout | None) -> tuple[LockLayout, R
         layout = LockLayout.default()
     elif type(layout) is not LockLayout:
         raise not_a("layout", "LockLayout", layout)
-    state = fleet.region(
-        layout.state_kind,
-        layout.state_size,
-        layout.init_state,
-        layout.validate_state,
-        layout.stripes,
-    )
-    ring = Ring(fleet, layout.ring_geometry(fleet.capacity), _events.EVENT_HEADER)
+    geometry = layout.ring_geometry(fleet.capacity)
+    with fleet.creating([(layout.state_kind, layout.state_size), (geometry.kind, geometry.size)]):
+        state = fleet.region(
+            layout.state_kind,
+            layout.state_size,
+            layout.init_state,
+            layout.validate_state,
+            layout.stripes,
+        )
+        ring = Ring(fleet, geometry, _events.EVENT_HEADER)
     return layout, state, ring
 
 
