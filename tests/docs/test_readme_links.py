@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Final
 
 from ..packaging._project import PYPROJECT, REPOSITORY, ROOT
+from ._site import blocks
 
 README: Final = (ROOT / "README.md").read_text()
 
@@ -108,9 +109,47 @@ def test_the_link_check_refuses_relative_links_unknown_anchors_and_missing_paths
     ]
 
 
-def test_the_installation_section_installs_the_extras_that_exist() -> None:
-    section = README.split("\n## Installation\n", 1)[1].split("\n## ", 1)[0]
+#: The optional-dependency groups that are the project's tools, not a user's extras.
+TOOL_GROUPS: Final = frozenset({"bench", "docs", "test"})
+#: The extra each module an example may import comes with.
+EXTRA_OF_MODULE: Final = {
+    "psycopg": "postgres",
+    "orbitive.clients.psycopg": "postgres",
+    "redis": "redis",
+    "sqlalchemy": "sqlalchemy",
+    "orbitive.clients.sqlalchemy": "sqlalchemy",
+    "asyncpg": "asyncpg",
+    "orbitive.clients.asyncpg": "asyncpg",
+    "django": "django",
+    "orbitive.clients.django": "django",
+    "prometheus_client": "metrics",
+    "orbitive.metrics": "metrics",
+}
+IMPORT: Final = re.compile(r"^\s*(?:from|import)\s+([\w.]+)", re.MULTILINE)
+
+
+def installation_section() -> str:
+    return README.split("\n## Installation\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_installation_section_lists_every_extra() -> None:
+    section = installation_section()
     extras = re.findall(r"pip install 'orbitive\[(\w+)\]'", section)
     assert "pip install orbitive " in section
-    assert extras == ["postgres", "redis", "sqlalchemy"]
-    assert set(extras) <= set(PYPROJECT["project"]["optional-dependencies"])
+    assert sorted(extras) == sorted(
+        set(PYPROJECT["project"]["optional-dependencies"]) - TOOL_GROUPS
+    )
+
+
+def test_the_clone_install_installs_what_the_examples_import() -> None:
+    clone = re.search(r"`pip install '\.\[([\w,]+)\]'`", installation_section())
+    assert clone is not None
+    imported = {
+        module
+        for block in blocks(ROOT / "README.md")
+        if block.language == "python"
+        for module in IMPORT.findall(block.code)
+    }
+    needed = {EXTRA_OF_MODULE[module] for module in imported if module in EXTRA_OF_MODULE}
+    assert needed == {"postgres", "metrics"}  # the pool's and the metrics' examples
+    assert needed <= set(clone.group(1).split(","))
