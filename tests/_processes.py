@@ -315,6 +315,22 @@ def exec_program(args: list[str], *, close_fds: bool) -> Iterator[subprocess.Pop
         program.wait(REPLY_TIMEOUT)
 
 
+def sigint_default(argv: list[str]) -> list[str]:
+    """``argv`` to run with SIGINT's default disposition, whatever the suite's is.
+
+    A child inherits an ignored SIGINT (from a background job, ``nohup``, a test
+    runner's worker), and a Python child then installs no ``KeyboardInterrupt``
+    handler: Ctrl-C does nothing to it. A test of Ctrl-C runs its child through this
+    reset, done in a fresh interpreter before ``exec`` (a ``preexec_fn`` may deadlock
+    in a process with threads).
+    """
+    reset = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        "os.execvp(sys.argv[1], sys.argv[1:])"
+    )
+    return [sys.executable, "-c", reset, *argv]
+
+
 def run_interpreter(function: Target, *args: str, timeout: float = 60.0) -> str:
     """Run ``function(*args)`` in a fresh interpreter that exits normally; return its stdout.
 

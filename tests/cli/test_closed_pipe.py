@@ -27,6 +27,7 @@ from orbitive.pool import Key, Pool
 from orbitive.store import open_store
 
 from .._fleets import fleet_files
+from .._processes import sigint_default
 
 #: 128 + SIGPIPE.
 EXIT_PIPE = 141
@@ -150,21 +151,21 @@ def test_demo_into_head_ends_with_141_and_leaves_no_fleet() -> None:
     assert _demo_fleets(done.stdout) == []
 
 
-@pytest.mark.parametrize("scenario", ["lock", "pool"])
-def test_demo_interrupted_by_ctrl_c_exits_130_quietly_and_leaves_no_fleet(scenario: str) -> None:
+#: A parent that ignores SIGINT, as a background job's shell does: its children inherit it.
+IGNORING_SIGINT = ["bash", "-c", "trap '' INT; exec \"$@\"", "bash"]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "parent"),
+    [("lock", []), ("pool", []), ("lock", IGNORING_SIGINT)],
+    ids=["lock", "pool", "lock-under-a-parent-ignoring-sigint"],
+)
+def test_demo_interrupted_by_ctrl_c_exits_130_quietly_and_leaves_no_fleet(
+    scenario: str, parent: list[str]
+) -> None:
+    demo_argv = [sys.executable, "-m", "orbitive", "demo", "--scenario", scenario]
     demo = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "orbitive",
-            "demo",
-            "--scenario",
-            scenario,
-            "--seconds",
-            "30",
-            "--workers",
-            "4",
-        ],
+        [*parent, *sigint_default([*demo_argv, "--seconds", "30", "--workers", "4"])],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

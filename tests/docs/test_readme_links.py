@@ -1,9 +1,10 @@
-"""The README works wherever it is shown: on the index's project page as in the repository.
+"""Every link of the README and of the docs' pages leads somewhere from a clone.
 
-Every link is absolute or an anchor of one of its own headings; a link into the
-repository (pyproject's ``Repository`` URL, then ``/blob/main/``, ``/raw/main/`` or
-``/tree/main/``) names a path that exists. Relative links, which break outside the
-repository, are refused.
+Neither the repository nor the site is published at an address, so the pages link
+relatively: a link names a file of the repository (relative to the page, as a forge
+renders it and as ``./scripts/docs`` builds it) and, after ``#``, a heading of that
+file; an anchor alone names a heading of the page itself. Absolute links go to other
+sites only (checked without the network: they must not be the unpublished addresses).
 """
 
 from __future__ import annotations
@@ -12,17 +13,23 @@ import re
 from pathlib import Path
 from typing import Final
 
-from ..packaging._project import PYPROJECT, REPOSITORY, ROOT
+from ..packaging._project import PYPROJECT, ROOT
+from ._site import blocks
 
 README: Final = (ROOT / "README.md").read_text()
+#: Every page whose links are checked: the README, the changelog and the docs' pages.
+PAGES: Final = (ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md")))
+#: Addresses at which nothing of this project is published.
+UNPUBLISHED: Final = ("https://orbitive.github.io/orbitive", "https://github.com/orbitive/orbitive")
 
-FENCED_BLOCK: Final = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+FENCED_BLOCK: Final = re.compile(r"^ *```.*?^ *```", re.MULTILINE | re.DOTALL)
+INLINE_CODE: Final = re.compile(r"`[^`\n]*`")
 INLINE_LINK: Final = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 REFERENCE_LINK: Final = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?([^\s>]+)>?", re.MULTILINE)
 HTML_LINK: Final = re.compile(r"""\b(?:href|src)\s*=\s*["']([^"']+)["']""")
+AUTOLINK: Final = re.compile(r"<([a-z]+:[^>\s]+)>")
 HEADING: Final = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t]*$", re.MULTILINE)
-ABSOLUTE: Final = re.compile(r"(?:https?|mailto):")
-REPOSITORY_PATH: Final = re.compile(r"/(?:blob|raw|tree)/main/([^#?]+)(?:[#?].*)?")
+ABSOLUTE: Final = re.compile(r"[a-z][a-z0-9+.-]*:", re.IGNORECASE)
 
 
 def outside_code_blocks(markdown: str) -> str:
@@ -31,17 +38,19 @@ def outside_code_blocks(markdown: str) -> str:
 
 
 def link_targets(markdown: str) -> list[str]:
-    """Every link and image target: inline, reference definitions and HTML attributes."""
-    text = outside_code_blocks(markdown)
+    """Every link and image target: inline, reference definitions, HTML attributes and
+    autolinks (inline code left out)."""
+    text = INLINE_CODE.sub("", outside_code_blocks(markdown))
     return [
         *INLINE_LINK.findall(text),
         *REFERENCE_LINK.findall(text),
         *HTML_LINK.findall(text),
+        *AUTOLINK.findall(text),
     ]
 
 
 def heading_anchors(markdown: str) -> set[str]:
-    """The anchors GitHub gives the headings: lower case, punctuation dropped, spaces as
+    """The anchors a forge gives the headings: lower case, punctuation dropped, spaces as
     hyphens, and ``-1``, ``-2`` ... after a repeated one."""
     anchors: set[str] = set()
     for heading in HEADING.findall(outside_code_blocks(markdown)):
@@ -54,63 +63,111 @@ def heading_anchors(markdown: str) -> set[str]:
     return anchors
 
 
-def link_problems(markdown: str, root: Path, repository: str) -> list[str]:
-    """Each link of ``markdown`` that does not work outside the repository, with the reason."""
-    anchors = heading_anchors(markdown)
+def link_problems(page: Path, root: Path) -> list[str]:
+    """Each link of ``page`` that leads nowhere from a clone rooted at ``root``, with why."""
     problems = []
-    for target in link_targets(markdown):
-        if target.startswith("#"):
-            if target[1:] not in anchors:
-                problems.append(f"{target}: no heading has this anchor")
-        elif target.startswith(f"{repository}/"):
-            path = REPOSITORY_PATH.fullmatch(target.removeprefix(repository))
-            if path is None or not (root / path.group(1)).exists():
-                problems.append(f"{target}: no such path in the repository")
-        elif target != repository and not ABSOLUTE.match(target):
-            problems.append(f"{target}: relative, so broken outside the repository")
+    for target in link_targets(page.read_text()):
+        if ABSOLUTE.match(target):
+            if target.startswith(UNPUBLISHED):
+                problems.append(f"{target}: nothing is published there")
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.is_relative_to(root.resolve()) or not linked.exists():
+            problems.append(f"{target}: no such file in the repository")
+        elif anchor and (
+            linked.suffix != ".md" or anchor not in heading_anchors(linked.read_text())
+        ):
+            problems.append(f"{target}: no heading of {linked.name} has this anchor")
     return problems
 
 
-def test_every_readme_link_works_outside_the_repository() -> None:
+def test_every_link_of_the_readme_and_the_docs_leads_somewhere() -> None:
+    problems = {
+        str(page.relative_to(ROOT)): found for page in PAGES if (found := link_problems(page, ROOT))
+    }
+    assert problems == {}
     targets = link_targets(README)
-    assert any(target.startswith(f"{REPOSITORY}/blob/main/docs/") for target in targets)
-    assert any(target.startswith(f"{REPOSITORY}/raw/main/docs/") for target in targets)
-    assert link_problems(README, ROOT, REPOSITORY) == []
+    assert "docs/index.md" in targets
+    assert "docs/benchmarks-contention.png" in targets
 
 
-def test_the_link_check_refuses_relative_links_unknown_anchors_and_missing_paths() -> None:
-    markdown = "\n".join(
-        [
-            "# Title",
-            "## Odd `code`, heading",
-            "```sh",
-            "# a shell comment, not a heading; [not](a-link)",
-            "```",
-            "[fine](#title) [fine](#odd-code-heading) [fine](https://example.org/x)",
-            f"[fine]({REPOSITORY}/blob/main/docs/format.md)",
-            f"![fine]({REPOSITORY}/raw/main/docs/benchmarks-contention.png)",
-            "[relative](docs/format.md) ![relative](docs/benchmarks-contention.png)",
-            "[unknown](#a-shell-comment-not-a-heading-not-a-link)",
-            f"[missing]({REPOSITORY}/blob/main/docs/nothing.md)",
-            f"[other branch]({REPOSITORY}/blob/dev/docs/format.md)",
-            "[ref]: ../outside.md",
-            '<img src="docs/benchmarks-contention.png">',
-        ]
+def test_the_link_check_finds_missing_files_anchors_and_unpublished_addresses(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text("# Page\n\n## Odd `code`, heading\n")
+    (tmp_path / "outside.md").write_text("# Outside\n")
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "\n".join(
+            [
+                "# Title",
+                "```sh",
+                "# a shell comment, not a heading; [not](a-link)",
+                "```",
+                "[fine](#title) [fine](docs/page.md#odd-code-heading) [fine](https://example.org/x)",
+                "`[code, not a link](nowhere.md)` <https://example.org/y>",
+                "[missing](docs/nothing.md) [unknown](docs/page.md#a-shell-comment)",
+                "[unknown here](#a-shell-comment-not-a-heading-not-a-link)",
+                f"[unpublished]({UNPUBLISHED[0]}/page/) <{UNPUBLISHED[1]}>",
+                "[ref]: ../outside.md",
+                '<img src="docs/nothing.png">',
+            ]
+        )
     )
-    assert link_problems(markdown, ROOT, REPOSITORY) == [
-        "docs/format.md: relative, so broken outside the repository",
-        "docs/benchmarks-contention.png: relative, so broken outside the repository",
-        "#a-shell-comment-not-a-heading-not-a-link: no heading has this anchor",
-        f"{REPOSITORY}/blob/main/docs/nothing.md: no such path in the repository",
-        f"{REPOSITORY}/blob/dev/docs/format.md: no such path in the repository",
-        "../outside.md: relative, so broken outside the repository",
-        "docs/benchmarks-contention.png: relative, so broken outside the repository",
+    assert link_problems(readme, tmp_path) == [
+        "docs/nothing.md: no such file in the repository",
+        "docs/page.md#a-shell-comment: no heading of page.md has this anchor",
+        "#a-shell-comment-not-a-heading-not-a-link: no heading of README.md has this anchor",
+        f"{UNPUBLISHED[0]}/page/: nothing is published there",
+        "../outside.md: no such file in the repository",
+        "docs/nothing.png: no such file in the repository",
+        f"{UNPUBLISHED[1]}: nothing is published there",
     ]
 
 
-def test_the_installation_section_installs_the_extras_that_exist() -> None:
-    section = README.split("\n## Installation\n", 1)[1].split("\n## ", 1)[0]
+#: The optional-dependency groups that are the project's tools, not a user's extras.
+TOOL_GROUPS: Final = frozenset({"bench", "docs", "test"})
+#: The extra each module an example may import comes with.
+EXTRA_OF_MODULE: Final = {
+    "psycopg": "postgres",
+    "orbitive.clients.psycopg": "postgres",
+    "redis": "redis",
+    "sqlalchemy": "sqlalchemy",
+    "orbitive.clients.sqlalchemy": "sqlalchemy",
+    "asyncpg": "asyncpg",
+    "orbitive.clients.asyncpg": "asyncpg",
+    "django": "django",
+    "orbitive.clients.django": "django",
+    "prometheus_client": "metrics",
+    "orbitive.metrics": "metrics",
+}
+IMPORT: Final = re.compile(r"^\s*(?:from|import)\s+([\w.]+)", re.MULTILINE)
+
+
+def installation_section() -> str:
+    return README.split("\n## Installation\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_installation_section_lists_every_extra() -> None:
+    section = installation_section()
     extras = re.findall(r"pip install 'orbitive\[(\w+)\]'", section)
     assert "pip install orbitive " in section
-    assert extras == ["postgres", "redis", "sqlalchemy"]
-    assert set(extras) <= set(PYPROJECT["project"]["optional-dependencies"])
+    assert sorted(extras) == sorted(
+        set(PYPROJECT["project"]["optional-dependencies"]) - TOOL_GROUPS
+    )
+
+
+def test_the_clone_install_installs_what_the_examples_import() -> None:
+    clone = re.search(r"`pip install '\.\[([\w,]+)\]'`", installation_section())
+    assert clone is not None
+    imported = {
+        module
+        for block in blocks(ROOT / "README.md")
+        if block.language == "python"
+        for module in IMPORT.findall(block.code)
+    }
+    needed = {EXTRA_OF_MODULE[module] for module in imported if module in EXTRA_OF_MODULE}
+    assert needed == {"postgres", "metrics"}  # the pool's and the metrics' examples
+    assert needed <= set(clone.group(1).split(","))

@@ -33,7 +33,7 @@ from ._site import LANGUAGES, NOT_RUN_MOST, ROOT, Block, every_block, page_path,
 from ._standins import STANDINS
 
 #: The roles and databases the docs' connection strings name.
-DATABASES = {"main": "app", "ops": "cron"}
+DATABASES = {"main": "app", "ops": "cron", "shop": "shop"}
 HOSTS = "127.0.0.1 localhost db cache\n::1 localhost\n"
 _PRIVATE_SHM = (
     'mount -t tmpfs -o mode=1777,size=1g orbitive-docs /dev/shm && mount --bind "$0" /etc/hosts'

@@ -15,8 +15,6 @@ else:
 ROOT: Final = Path(__file__).resolve().parents[2]
 PYPROJECT: Final[dict[str, Any]] = tomllib.loads((ROOT / "pyproject.toml").read_text())
 VERSION: Final[str] = PYPROJECT["project"]["version"]
-# The one place the project's public address is stated.
-REPOSITORY: Final[str] = PYPROJECT["project"]["urls"]["Repository"]
 
 
 def tracked_files(folder: str) -> list[str]:

@@ -76,11 +76,27 @@ def database_key(
     return Key.digest("\0".join(("postgresql", *parts)).encode())
 
 
+#: libpq's environment variable for each target part a connection may leave out.
+TARGET_ENVIRONMENT: Final = {
+    "host": "PGHOST",
+    "port": "PGPORT",
+    "database": "PGDATABASE",
+    "user": "PGUSER",
+    "service": "PGSERVICE",
+}
+
+
 def target_label(target: Mapping[str, object]) -> str:
     """A target for people, as pool keys are labelled: ``user@host:port/database`` (never
-    a password; the parts not given left out, a missing host shown as ``localhost``)."""
-    user, host = _shown(target.get("user")), _shown(target.get("host")) or "localhost"
-    port, database = _shown(target.get("port")), _shown(target.get("database"))
+    a password). A part not given is libpq's from the environment (``PGUSER``,
+    ``PGHOST``, ``PGPORT``, ``PGDATABASE``), as the connection takes it; else it is
+    left out, and a missing host shows as ``localhost``."""
+
+    def part(name: str) -> str:
+        return _shown(target.get(name)) or os.environ.get(TARGET_ENVIRONMENT[name], "")
+
+    user, host = part("user"), part("host") or "localhost"
+    port, database = part("port"), part("database")
     text = f"{f'{user}@' if user else ''}{host}{f':{port}' if port else ''}"
     return printable_label(f"{text}{f'/{database}' if database else ''}")
 

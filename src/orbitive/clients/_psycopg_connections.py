@@ -23,14 +23,14 @@ from psycopg.conninfo import conninfo_to_dict
 
 from .._core._errors import InvalidPoolOptions, shown
 from ..pool import Key
-from ._options import printable_label
+from ._database import TARGET_ENVIRONMENT, target_label
 
 IDLE: Final = pq.TransactionStatus.IDLE
 OPEN: Final = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 #: Longest wait, in seconds, for the server to end a closed connection's session.
 CLOSE_WAIT_S: Final = 2.0
 #: The connection parameters a label shows (never the password).
-_LABELLED: Final = frozenset({"host", "port", "dbname", "user"})
+_LABELLED: Final = frozenset({"host", "port", "dbname", "user", "service"})
 
 
 #: Arguments of ``psycopg.Connection.connect`` that shape only this process's side of a
@@ -62,17 +62,21 @@ def connection_key(conninfo: str, kwargs: dict[str, Any]) -> Key:
     for name, value in kwargs.items():
         if _text(name, "a kwargs name", "kwargs") not in CLIENT_SIDE:
             parts.append((name, _parameter(name, value)))
-    return Key.digest(f"psycopg\0{conninfo}\0{sorted(parts)!r}".encode())
+    text = f"psycopg\0{conninfo}\0{sorted(parts)!r}"
+    given = _target(conninfo, kwargs)
+    environment = [
+        (name, os.environ[variable])
+        for name, variable in TARGET_ENVIRONMENT.items()
+        if not given.get(name) and os.environ.get(variable)
+    ]
+    if environment:  # what libpq takes from the environment goes to another server
+        text += f"\0{environment!r}"
+    return Key.digest(text.encode())
 
 
-def conninfo_label(conninfo: str, kwargs: dict[str, Any]) -> str:
-    """The database a pool connects to, for people: ``user@host:port/dbname``.
-
-    Read from the conninfo and the connection parameters as libpq reads them;
-    the password and every other parameter are left out (call
-    :func:`connection_key` first: it checks the arguments). A part that is not
-    given is left out too (a missing host shows as ``localhost``: libpq's
-    default is the local server's socket).
+def _target(conninfo: str, kwargs: dict[str, Any]) -> dict[str, object]:
+    """The target parts the conninfo and the connection parameters give (``host``,
+    ``port``, ``database``, ``user``, ``service``), as libpq reads them.
 
     Raises:
         InvalidPoolOptions: the conninfo does not parse.
@@ -83,13 +87,26 @@ def conninfo_label(conninfo: str, kwargs: dict[str, Any]) -> str:
         if name in _LABELLED and value is not None  # checked by connection_key already
     }
     try:
-        params = conninfo_to_dict(_text(conninfo, "conninfo", "conninfo"), **given)
+        params = conninfo_to_dict(conninfo, **given)
     except psycopg.ProgrammingError as error:
         raise InvalidPoolOptions(f"conninfo does not parse: {error}", key="conninfo") from None
-    user, host = params.get("user"), params.get("host") or "localhost"
-    port, dbname = params.get("port"), params.get("dbname")
-    text = f"{f'{user}@' if user else ''}{host}{f':{port}' if port else ''}"
-    return printable_label(f"{text}{f'/{dbname}' if dbname else ''}")
+    return {"database" if name == "dbname" else name: params.get(name) for name in _LABELLED}
+
+
+def conninfo_label(conninfo: str, kwargs: dict[str, Any]) -> str:
+    """The database a pool connects to, for people: ``user@host:port/dbname``.
+
+    Read from the conninfo and the connection parameters as libpq reads them, a
+    part they leave out from libpq's environment variables (``PGHOST``,
+    ``PGPORT``, ...); the password and every other parameter are left out (call
+    :func:`connection_key` first: it checks the arguments). A part given nowhere
+    is left out too (a missing host shows as ``localhost``: libpq's default is the
+    local server's socket).
+
+    Raises:
+        InvalidPoolOptions: the conninfo does not parse.
+    """
+    return target_label(_target(_text(conninfo, "conninfo", "conninfo"), kwargs))
 
 
 def _parameter(name: str, value: object) -> str:

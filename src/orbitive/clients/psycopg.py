@@ -558,8 +558,9 @@ class AsyncConnectionPool(_Base):
     no event loop.
 
     Raises:
-        InvalidPoolOptions, InvalidBudget, BudgetMismatch, BudgetUnavailable,
-            UnsafeCoordinator: as :class:`ConnectionPool`.
+        InvalidPoolOptions: as :class:`ConnectionPool`.
+        InvalidBudget, BudgetMismatch, BudgetUnavailable, UnsafeCoordinator: as
+            :class:`ConnectionPool`, when the pool opens.
     """
 
     def __init__(

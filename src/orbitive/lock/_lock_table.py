@@ -291,7 +291,8 @@ class LockTable:
             to take its turn behind them.
 
         Raises:
-            As :meth:`release`.
+            InvalidArgumentType, IdExhausted, LayoutMismatch, FleetError: as for
+                :meth:`release`.
         """
         waiting, word = self._release_handing(lease)
         if waiting > 0:  # this thread's next wait_acquire(key, queue=True) waits past it
@@ -333,7 +334,9 @@ class LockTable:
         passes ``queue``.
 
         Args:
-            key, owner, ttl: as for :meth:`try_acquire`.
+            key: as for :meth:`try_acquire`.
+            owner: as for :meth:`try_acquire`.
+            ttl: seconds (float), as for :meth:`try_acquire`.
             timeout: seconds to wait (float); None waits forever; 0 makes one attempt.
             queue: wait behind the current waiters first (for at most
                 ``_key_wait.QUEUE_S`` seconds), for a caller whose

@@ -170,7 +170,10 @@ class Semaphore:
         :class:`AsyncSemaphoreLease` for the caller to release.
 
         Args:
-            owner, ttl, timeout, auto_renew: as for :meth:`acquire`.
+            owner: as for :meth:`acquire`.
+            ttl: lease length in seconds (float), as for :meth:`acquire`.
+            timeout: seconds to wait (float), as for :meth:`acquire`.
+            auto_renew: as for :meth:`acquire`.
             on_lost: called in the event loop with the lease when a renew finds it
                 lost; it must not block.
 

@@ -1,8 +1,9 @@
 """The Django page's example under real gunicorn: 4 workers share a host-wide cap of 3.
 
 The test takes the example's files out of docs/django.md as written (settings,
-model, view, gunicorn settings), adds what ``django-admin startproject``
-would (``wsgi.py``) and a one-line ``urls.py``, creates the table and runs
+model, view, URL, migration, WSGI entry, gunicorn settings), adds the packages'
+empty ``__init__.py`` files as the page's ``touch`` does, checks that the
+migration is the model's, creates the table with it and runs
 gunicorn with 4 workers and ``DB_MAX_LIVE=3``. Eight client threads buy from
 two rows: every request must be answered, every count taken exactly once (the
 view's ``select_for_update()`` serialises the buyers of a row), and the
@@ -37,18 +38,17 @@ THREADS: Final = 8
 BUYS_PER_THREAD: Final = 40
 STOCK: Final = 1_000
 
-#: What ``django-admin startproject`` and ``startapp`` would add to the page's files.
-STARTPROJECT: Final = {
-    "mysite/__init__.py": "",
-    "mysite/wsgi.py": (
-        "from django.core.wsgi import get_wsgi_application\n\n"
-        "application = get_wsgi_application()\n"
-    ),
-    "shop/__init__.py": "",
-    "shop/urls.py": (
-        "from django.urls import path\n\nfrom . import views\n\n"
-        'urlpatterns = [path("buy/<str:sku>", views.buy)]\n'
-    ),
+#: What the page's ``touch`` makes: the packages' ``__init__.py`` files.
+PACKAGES: Final = ("mysite/__init__.py", "shop/__init__.py", "shop/migrations/__init__.py")
+#: The page's files: settings, model, view, URL, migration, WSGI entry and gunicorn's.
+PAGE_FILES: Final = {
+    "mysite/settings.py",
+    "mysite/wsgi.py",
+    "shop/models.py",
+    "shop/views.py",
+    "shop/urls.py",
+    "shop/migrations/0001_initial.py",
+    "gunicorn.conf.py",
 }
 
 #: gunicorn settings for the preloading run: the page's, plus a master that queries.
@@ -68,10 +68,9 @@ def when_ready(server):  # in the master, after the app is loaded, before the wo
 
 def _site(directory: Path) -> None:
     files = write_recipes(directory, ROOT / "docs" / "django.md")
-    expected = {"mysite/settings.py", "shop/models.py", "shop/views.py", "gunicorn.conf.py"}
-    assert expected <= set(files), sorted(files)
-    for name, text in STARTPROJECT.items():
-        (directory / name).write_text(text)
+    assert set(files) == PAGE_FILES, sorted(files)
+    for name in PACKAGES:
+        (directory / name).touch()
     (directory / "preload.conf.py").write_text(PRELOAD_CONF)
 
 
@@ -107,9 +106,13 @@ def test_the_django_example_serves_every_buy_within_three_server_connections(
         DB_FLEET=fleet_name,
         DB_MAX_LIVE=str(MAX_LIVE),
     )
-    migrate = [sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v", "0"]
-    done = subprocess.run(migrate, cwd=tmp_path, env=env, capture_output=True, check=False)
-    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    django = [sys.executable, "-m", "django"]
+    for command in (["makemigrations", "--check", "--dry-run", "shop"], ["migrate", "-v", "0"]):
+        # the page's migration is the model's (makemigrations finds nothing to write)
+        done = subprocess.run(
+            [*django, *command], cwd=tmp_path, env=env, capture_output=True, check=False
+        )
+        assert done.returncode == 0, done.stdout.decode() + done.stderr.decode(errors="replace")
     url = postgres_server.url.rsplit("/", 1)[0] + f"/{database}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
