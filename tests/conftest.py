@@ -5,13 +5,20 @@ Every fleet a test makes gets a fresh name, and every SHM object and lock file
 of that name is unlinked afterwards, whether the test passed or not. The servers
 (``_servers.py``) start once per session, at the first test that asks; without a
 server binary their tests skip, except under ``CI=true``, where they fail.
+
+Under pytest-xdist each worker is a session of its own: its own servers (on free
+ports, in temporary directories of their own), its own ``tmp_path`` root, and fleet
+names drawn at random, so no two workers share a fleet, a database or a directory.
+Collection marks the timing-sensitive tests ``serial`` and the unit tests ``quick``
+(see pyproject.toml's markers; scripts/test runs the ``serial`` ones in a pass of their
+own, one at a time).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import pytest
 
@@ -23,6 +30,42 @@ from ._processes import START_METHODS, Processes
 from ._servers import DURABLE_POSTGRES, ServerUnavailable, TempPostgres, TempRedis, TempServer
 
 _Server = TypeVar("_Server", bound=TempServer)
+
+#: Modules whose tests time a hand-over, a wake-up, fairness or a kill -9 and its lease's
+#: lapse: they run one at a time, in scripts/test's second pass (marker ``serial``).
+SERIAL_MODULES: Final = frozenset(
+    {"test_handover", "test_kill", "test_crash", "test_fairness", "test_wake", "test_waiting"}
+)
+SERIAL_DIRECTORIES: Final = frozenset({"crash"})
+#: Directories of whole-program tests (packaging, docs pages, benchmarks, scripts): never quick.
+SLOW_DIRECTORIES: Final = frozenset({"packaging", "docs", "bench", "scripts"})
+#: Fixtures that start a server or a child process: a test using one is not quick.
+PROCESS_FIXTURES: Final = frozenset(
+    {"postgres_server", "redis_server", "durable_postgres_server", "durable_redis_server",
+     "processes", "spawned", "prober_process", "hosts"}
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the timing-sensitive tests ``serial`` and the unit tests ``quick``."""
+    for item in items:
+        folder = item.path.parent.name
+        if item.path.stem in SERIAL_MODULES or folder in SERIAL_DIRECTORIES:
+            item.add_marker(pytest.mark.serial)
+        fixtures = set(getattr(item, "fixturenames", ()))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        on_server = any(
+            type(value) is str and value in ("postgres", "redis") for value in params.values()
+        )
+        if not (
+            item.get_closest_marker("slow")
+            or item.get_closest_marker("serial")
+            or folder in SLOW_DIRECTORIES
+            or fixtures & PROCESS_FIXTURES
+            or on_server
+        ):
+            item.add_marker(pytest.mark.quick)
+
 
 MakeFleet = Callable[..., Fleet]
 

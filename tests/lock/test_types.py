@@ -81,7 +81,7 @@ def test_empty_parts_raise_their_named_errors() -> None:
         assert issubclass(error, ValueError)
 
 
-@pytest.mark.parametrize("bad", [None, 5, 1.5, ["a"], object()], ids=repr)
+@pytest.mark.parametrize("bad", [None, 5, 1.5, ["a"], object()], ids=lambda bad: type(bad).__name__)
 def test_parts_that_are_not_str_or_bytes_are_type_errors(bad: Any) -> None:
     with pytest.raises(InvalidArgumentType):
         LockKey(bad, "label")
