@@ -17,7 +17,8 @@ def test_board_header_and_record_rows_match_the_structs() -> None:
     assert f"record_size u32 @12 ({_board.RECORD_SIZE})" in text
     assert f"{_board.HEADER_SIZE} + {_board.RECORDS} x {_board.RECORD_SIZE} bytes" in text
     names = ("state", "total", "budget", "budget", "steward node", "incarnation", "deadline",
-             "cap", "held", "lost", "max_live", "min_idle", "blob length", "blob CRC", "steward until")  # fmt: skip
+             "cap", "held", "lost", "max_live", "min_idle", "blob length", "blob CRC",
+             "steward until")  # fmt: skip
     found = fields(_board.HEAD.format)
     assert len(found) == len(names)
     key_lo, key_hi = found[2], found[3]

@@ -29,8 +29,8 @@ from orbitive.store import (
     StoreError,
     open_store,
 )
-from orbitive.store._shm import SHM_LIMIT_MAX
 from orbitive.store._engine import Busy
+from orbitive.store._shm import SHM_LIMIT_MAX
 from orbitive.store._url import open_engine
 
 from .test_contract import BAD_NAMES, BAD_OWNERS, BAD_TTLS
