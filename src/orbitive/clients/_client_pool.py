@@ -494,15 +494,20 @@ class ClientPool(Generic[C]):
             found = self._gates[loop] = (gate, leaver(gate, loop))
         gate, leave = found
         try:
-            left = await gate.enter(wait)
+            queued = await gate.enter(wait)
         except PoolTimeout:
             self.counters.timeouts += 1
+            self.counters.queued += 1
+            self.counters.waited_s += wait
             raise
         except TooManyRequests:
             self.counters.refused += 1
             raise
+        if queued:
+            self.counters.queued += 1
+            self.counters.waited_s += queued
         try:
-            entry = await self._checkout.run_async(left)
+            entry = await self._checkout.run_async(max(wait - queued, 1e-3))
         except BaseException:  # cancelled or failed: its place goes to the next in turn
             gate.leave()
             raise
@@ -553,7 +558,9 @@ class ClientPool(Generic[C]):
             PoolClosed: the pool is closed.
         """
         self._local()
-        local = self._ledger.counts()
+        idle, in_use, waiting = self._ledger.counts()
+        queued = sum(gate.queued for gate, _ in tuple(self._gates.values()))
+        local = (idle, in_use, waiting + queued)
         allowance = self._ledger.allowance
         budget = (0, 0, 0, 0) if allowance is None else allowance.numbers()
         return collect(

@@ -52,7 +52,7 @@ class Gate:
         """Take a place, waiting in turn (FIFO) for at most ``timeout`` seconds.
 
         Returns:
-            The seconds of ``timeout`` left for the checkout itself.
+            The seconds waited in the queue (0.0 when a place was free at once).
 
         Raises:
             PoolTimeout: no place within ``timeout``.
@@ -60,7 +60,7 @@ class Gate:
         """
         if self._free and not self._queue:
             self._free -= 1
-            return timeout
+            return 0.0
         if len(self._queue) >= self._max_waiting:
             raise TooManyRequests(
                 f"{len(self._queue)} tasks of this process already wait for key {self._key} "
@@ -82,7 +82,7 @@ class Gate:
             raise
         finally:
             expiry.cancel()
-        return max(timeout - (time.monotonic() - start), 1e-3)
+        return time.monotonic() - start
 
     def _expire(self, turn: asyncio.Future[None], timeout: float) -> None:
         if not turn.done():
@@ -90,6 +90,11 @@ class Gate:
             turn.set_exception(
                 PoolTimeout(f"no client for key {self._key} within {timeout:g} s", key=self._key)
             )
+
+    @property
+    def queued(self) -> int:
+        """The tasks waiting for a place now (read from any thread: a snapshot)."""
+        return sum(not turn.done() for turn in tuple(self._queue))
 
     def leave(self) -> None:
         """Give a place back: to the oldest task still waiting, else free."""

@@ -45,9 +45,10 @@ class ClientPoolStatistics:
     This process: ``local_idle``, ``local_in_use``, ``local_waiting``, then the
     ``*_count`` counters since the pool was built (``borrowed_count``: remote
     requests another process's client served; ``queued_count``: checkouts that
-    waited at ``max_live``, whatever came of it, ``waited_s`` their waits, in
-    seconds; ``severed_count``: clients in use whose budget units were lapsing,
-    severed under their caller).
+    waited at ``max_live``, whatever came of it (an asyncio checkout that queued
+    in its loop's gate and then at the key's ``max_live`` counts twice),
+    ``waited_s`` their waits, in seconds; ``severed_count``: clients in use whose
+    budget units were lapsing, severed under their caller).
 
     With a :class:`~orbitive.clients.Budget` (all 0 without): ``budget_total``,
     the units the host holds (``budget_units``), the cap its clients keep to now
