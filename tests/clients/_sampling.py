@@ -16,7 +16,7 @@ SAMPLE_EVERY_S = 0.005
 
 
 class ServerConnections:
-    """A thread counting the server's connections tagged ``tag`` until stopped.
+    """A thread counting the server's client connections tagged ``tag`` until stopped.
 
     ``highest`` is the largest count seen and ``samples`` how many were taken;
     the sampler's own connection carries no tag. ``column`` is the
@@ -26,9 +26,12 @@ class ServerConnections:
 
     def __init__(self, url: str, tag: str, column: str = "application_name") -> None:
         self.tag = tag
-        self._query = sql.SQL("SELECT count(*) FROM pg_stat_activity WHERE {} = %s").format(
-            sql.Identifier(column)
-        )
+        # Client backends only: an autovacuum worker on the database has its datname
+        # (one was the fourth "connection" of a cap of 3 under load).
+        self._query = sql.SQL(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE {} = %s AND backend_type = 'client backend'"
+        ).format(sql.Identifier(column))
         self.highest = 0
         self.samples = 0
         #: Every sample: its ``time.monotonic()`` and count.
