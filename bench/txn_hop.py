@@ -10,7 +10,12 @@ GIL. One psycopg connection (autocommit) runs ``SELECT 1`` in a loop:
 
 * ``direct``: to PostgreSQL's Unix socket;
 * ``1 hop``: through one relay process;
-* ``2 hops``: through two relay processes in a row.
+* ``2 hops``: through two relay processes in a row;
+* ``1 hop, GIL busy``: through one relay whose process also runs a Python
+  thread that never blocks, as a worker's request thread computing: the relay
+  thread waits for the GIL (``sys.getswitchinterval()``, 5 ms) after each read.
+  A router in C that never takes the GIL has no such wait; a relay in Python in
+  a busy worker does. (CPU here leaves the busy relay out.)
 
 Then, on the direct connection, the cost of the session-state checks the design
 runs after a transaction that may have left state behind: :data:`STATE_CHECK`
@@ -32,6 +37,7 @@ import selectors
 import socket
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -74,6 +80,18 @@ def _relay(listen: str, upstream: str) -> None:
                 pairs[key.fd].sendall(data)
 
 
+def _busy_relay(listen: str, upstream: str) -> None:
+    """:func:`_relay`, with another thread of the process running Python all along."""
+
+    def spin() -> None:
+        count = 0
+        while True:
+            count += 1
+
+    threading.Thread(target=spin, daemon=True).start()
+    _relay(listen, upstream)
+
+
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -105,15 +123,19 @@ def _measure(conn: psycopg.Connection[Any], query: str, count: int, pids: list[i
 Conn = psycopg.Connection[tuple[int]]
 
 
-def _through(hops: int, pg: TempPostgres, work: Path, run: Callable[[Conn, list[int]], Row]) -> Row:
-    """Run ``run`` on a connection through ``hops`` relay processes (folders under ``work``)."""
+def _through(
+    hops: int, busy: bool, pg: TempPostgres, work: Path, run: Callable[[Conn, list[int]], Row]
+) -> Row:
+    """Run ``run`` on a connection through ``hops`` relay processes (folders under
+    ``work``), :func:`_busy_relay` ones when ``busy`` (their CPU not counted)."""
     upstream = str(pg.root / f".s.PGSQL.{pg.port}")
     relays: list[multiprocessing.Process] = []
     for hop in range(hops):
         folder = work / f"hop{hop}"
         folder.mkdir(parents=True)
         listen = str(folder / f".s.PGSQL.{pg.port}")
-        relay = multiprocessing.Process(target=_relay, args=(listen, upstream), daemon=True)
+        target = _busy_relay if busy else _relay
+        relay = multiprocessing.Process(target=target, args=(listen, upstream), daemon=True)
         relay.start()
         while not os.path.exists(listen):
             time.sleep(0.01)
@@ -126,7 +148,8 @@ def _through(hops: int, pg: TempPostgres, work: Path, run: Callable[[Conn, list[
         ) as conn:
             backend = conn.execute("SELECT pg_backend_pid()").fetchone()
             assert backend is not None
-            pids = [backend[0], *(relay.pid for relay in relays if relay.pid is not None)]
+            counted = [] if busy else relays
+            pids = [backend[0], *(relay.pid for relay in counted if relay.pid is not None)]
             return run(conn, pids)
     finally:
         for relay in relays:
@@ -134,13 +157,15 @@ def _through(hops: int, pg: TempPostgres, work: Path, run: Callable[[Conn, list[
             relay.kill()
 
 
-#: (label, relays on the path, statement, share of ``--statements`` it runs).
+#: (label, relays on the path, whether they are busy, statement, share of
+#: ``--statements`` it runs).
 CASES: Final = (
-    ("direct", 0, "SELECT 1", 1.0),
-    ("1 hop", 1, "SELECT 1", 1.0),
-    ("2 hops", 2, "SELECT 1", 1.0),
-    ("direct, state check", 0, STATE_CHECK, 0.25),
-    ("direct, settings", 0, SETTINGS_CHECK, 0.25),
+    ("direct", 0, False, "SELECT 1", 1.0),
+    ("1 hop", 1, False, "SELECT 1", 1.0),
+    ("2 hops", 2, False, "SELECT 1", 1.0),
+    ("1 hop, GIL busy", 1, True, "SELECT 1", 0.1),
+    ("direct, state check", 0, False, STATE_CHECK, 0.25),
+    ("direct, settings", 0, False, SETTINGS_CHECK, 0.25),
 )
 
 
@@ -152,13 +177,13 @@ def main() -> None:
     rows: list[tuple[str, Row]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="orbit-hop-") as scratch:
-            for number, (label, hops, query, share) in enumerate(CASES):
+            for number, (label, hops, busy, query, share) in enumerate(CASES):
                 count = int(args.statements * share)
 
                 def run(conn: Conn, pids: list[int], query: str = query, count: int = count) -> Row:
                     return _measure(conn, query, count, pids)
 
-                rows.append((label, _through(hops, pg, Path(scratch) / str(number), run)))
+                rows.append((label, _through(hops, busy, pg, Path(scratch) / str(number), run)))
     finally:
         pg.stop()
     print(f"{'path':<22}{'p50 µs':>10}{'p99 µs':>10}{'CPU µs/stmt':>14}")
