@@ -14,7 +14,7 @@ worker of a gunicorn fleet::
     REGISTRY.register(FleetCollector("web"))
     start_http_server(9100)
 
-Client pools (one series per pool key, named by its label), with
+Client pools (one series per pool key a live process uses, named by its label), with
 OpenTelemetry's semantic names for database connection pools mapped to
 Prometheus's (dots to underscores, the unit as a suffix, ``_total`` on
 counters; attributes as labels: ``db_client_connection_pool_name``,
@@ -37,11 +37,31 @@ counters; attributes as labels: ``db_client_connection_pool_name``,
                                                                    not reported yet
 ======================================================  =========  ==========================
 
-The limits are those of the client pool opened last on the key (a key no
-client pool described has none). The wait time is recorded only for checkouts
-that had to wait at ``max_live``: one served at once (almost all of them) adds
-nothing, so the histogram describes the waits, not every checkout. Counters
-and the histogram start again at 0 when the table's epoch changes.
+A key is a client pool once a client pool described it (wrote its limits);
+the keys of a plain :class:`~orbitive.pool.Pool` are resource pools, with
+families of their own (label ``pool``: the name ``Pool.label_key`` gave, or the
+key's digest):
+
+======================================================  =========  ==========================
+``orbitive_resource_pool_resources``                    gauge      live resources of live
+                                                                   owners
+``orbitive_resource_pool_units{state="idle"|"used"}``   gauge      their units, free or
+                                                                   reserved and active
+``orbitive_resource_pool_creating``                     gauge      creations claimed, not done
+======================================================  =========  ==========================
+
+Only keys a live process has a stake in are listed: a live resource of a live
+owner, a creation claim or a waiting caller of a live node. The keys of
+processes that exited (a key stays in the table for its epoch) are not, nor is
+a key whose pools hold nothing at the moment; what owners that died still hold
+shows as ``orbitive_pool_dead_connections`` (client pools) and
+``orbitive_resource_pool_dead_resources`` until the death is reported.
+
+The limits are those of the client pool opened last on the key. The wait
+time is recorded only for checkouts that had to wait at ``max_live``: one
+served at once (almost all of them) adds nothing, so the histogram describes
+the waits, not every checkout. Counters and the histogram start again at 0 when
+the table's epoch changes.
 
 Budgets across hosts (one series per budget the host's pools name, labelled
 as its pool key): ``orbitive_budget_total``, ``orbitive_budget_units`` (units
@@ -82,8 +102,8 @@ from .clients._board import observe_board
 from .lock._layout import DEFAULT_STATE_KIND, STORE_STATE_KIND
 from .lock._tables import open_tables
 from .pool import POOL_KIND
-from .pool._observer import Observation, observe
-from .pool._stats import WAIT_BOUNDS_S
+from .pool._observer import KeyCounts, Observation, observe
+from .pool._stats import WAIT_BOUNDS_S, KeyStatistics
 
 __all__ = ["FleetCollector"]
 
@@ -127,6 +147,7 @@ class FleetCollector:
         checks their names once, and never scrapes to learn them)."""
         return [
             *_pool_families(self.fleet),
+            *_resource_families(self.fleet),
             *_budget_families(self.fleet),
             *_lock_families(self.fleet),
         ]
@@ -136,6 +157,7 @@ class FleetCollector:
         observation = observe(self.fleet, self.pool_kind)
         if observation is not None:
             yield from _pool_families(self.fleet, observation)
+            yield from _resource_families(self.fleet, observation)
             yield from _budget_families(self.fleet, observation)
         yield from _lock_families(self.fleet, read=True)
 
@@ -191,6 +213,12 @@ def _pool_families(fleet: str, observation: Observation | None = None) -> Iterat
         for key in observation.statistics.keys:
             values = [fleet, names[key.key]]
             counts = observation.counts(key)
+            if not key.max_live:
+                continue  # a resource pool: _resource_families
+            if counts.dead:
+                dead.add_metric(values, counts.dead)
+            if not _held_live(observation, key, counts):
+                continue
             count.add_metric([*values, "idle"], counts.idle)
             count.add_metric([*values, "used"], counts.in_use)
             if key.max_live:
@@ -202,8 +230,65 @@ def _pool_families(fleet: str, observation: Observation | None = None) -> Iterat
             timeouts.add_metric(values, key.timeouts_count)
             wait.add_metric(values, _buckets(key.wait_buckets, key.waits_count), key.waited_s)
             creating.add_metric(values, key.creating)
-            dead.add_metric(values, counts.dead)
     yield from (count, *limits, pending, timeouts, wait, creating, dead)
+
+
+def _held_live(observation: Observation, key: KeyStatistics, counts: KeyCounts) -> bool:
+    """Whether a live process has a stake in ``key``: a live resource of a live owner,
+    or a creation claim or a waiting caller of a node whose holder is alive."""
+    if counts.live:
+        return True
+    nodes = {node for node, _ in observation.alive}
+    return any(node in nodes for node, _ in (*key.claims, *key.waiters))
+
+
+def _resource_families(fleet: str, observation: Observation | None = None) -> Iterator[Metric]:
+    """The resource pools' families (keys no client pool described); empty (for
+    ``describe``) when ``observation`` is None."""
+    labels = ["fleet", "pool"]
+    resources = GaugeMetricFamily(
+        "orbitive_resource_pool_resources", "Live resources of live owners", labels=labels
+    )
+    units = GaugeMetricFamily(
+        "orbitive_resource_pool_units",
+        "Units of live resources, free (idle) or reserved and active (used)",
+        labels=[*labels, "state"],
+    )
+    creating = GaugeMetricFamily(
+        "orbitive_resource_pool_creating", "Resources being created (claims held)", labels=labels
+    )
+    dead = GaugeMetricFamily(
+        "orbitive_resource_pool_dead_resources",
+        "Resources of owners that died, not reported yet",
+        labels=labels,
+    )
+    if observation is not None:
+        names = observation.names()
+        for key in observation.statistics.keys:
+            if key.max_live:
+                continue  # a client pool: _pool_families
+            values = [fleet, names[key.key]]
+            counts = observation.counts(key)
+            if counts.dead:
+                dead.add_metric(values, counts.dead)
+            if not _held_live(observation, key, counts):
+                continue
+            resources.add_metric(values, counts.live)
+            units.add_metric([*values, "idle"], counts.idle)
+            units.add_metric([*values, "used"], _used_units(observation, key))
+            creating.add_metric(values, key.creating)
+    yield from (resources, units, creating, dead)
+
+
+def _used_units(observation: Observation, key: KeyStatistics) -> int:
+    """Units of ``key``'s live resources of live owners that are reserved or active."""
+    return sum(
+        res.reserved + res.active
+        for res in observation.statistics.resources
+        if res.key == key.key
+        and res.state == "live"
+        and (res.owner_node, res.owner_incarnation) in observation.alive
+    )
 
 
 def _budget_families(fleet: str, observation: Observation | None = None) -> Iterator[Metric]:

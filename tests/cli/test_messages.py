@@ -102,19 +102,22 @@ def test_pool_on_a_lock_table_kind_says_what_the_kind_holds(
         err = capsys.readouterr().err
         table.close()
     assert err.strip() == (
-        f"fleet {fleet_name!r} kind 228 holds a lock state table, not a pool table "
-        f"('orbit list {fleet_name}' shows its kinds)"
+        f"orbit pool: the lock state table (kind 228) of fleet {fleet_name!r} is not a "
+        f"resource pool table ('orbit list {fleet_name}' shows the fleet's objects)"
     )
 
 
-@pytest.mark.parametrize("how", [["--all", "--yes"], ["--kind", "228"]])
+@pytest.mark.parametrize(
+    ("how", "missing"),
+    [(["--all", "--yes"], "SHM objects"), (["--kind", "228"], "lock state table (kind 228)")],
+)
 def test_clear_of_an_unknown_fleet_exits_1_as_list_does(
-    fleet_name: str, how: list[str], capsys: Capture
+    fleet_name: str, how: list[str], missing: str, capsys: Capture
 ) -> None:
     assert main(["list", fleet_name]) == 1
     assert main(["clear", fleet_name, *how]) == 1
     err = capsys.readouterr().err
-    assert f"orbit clear: fleet {fleet_name!r} has no SHM object" in err
+    assert f"orbit clear: fleet {fleet_name!r} has no {missing} " in err
 
 
 @pytest.mark.parametrize("module", ["orbitive", "orbitive.cli"])

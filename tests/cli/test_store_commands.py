@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from orbitive import Fleet
 from orbitive.cli import main
+from orbitive.lock import LockKey, LockTable
 from orbitive.store import Store, open_store
+
+from ..store.conftest import SHM_CAPACITY
 
 Capture = pytest.CaptureFixture[str]
 
@@ -90,9 +94,27 @@ def test_locks_of_a_fleet_shows_its_shm_store_locks_without_joining(
         assert main(["locks", fleet]) == 0
         out = capsys.readouterr().out
         assert "orbitive.store" in out and "jobs/nightly" in out and "worker-1" in out
-        assert "1 live of 256 slots" in out and "(kinds 230/231)" in out
+        assert "\nshm:// store (kinds 230/231): 1 live of 256 slots" in out
         assert main(["force-release", fleet, "orbitive.store", "jobs/nightly"]) == 0
         assert store.inspect("jobs/nightly") is None
+
+
+def test_locks_of_a_fleet_names_each_table_in_its_summary_line(
+    shm_url: str, capsys: Capture
+) -> None:
+    fleet_name = shm_url.removeprefix("shm://").split("?")[0]
+    with open_store(shm_url) as store, Fleet.join(fleet_name, SHM_CAPACITY) as fleet:
+        table = LockTable(fleet)
+        try:
+            assert store.try_lock("jobs/nightly", "worker-1", 60.0) is not None
+            assert table.try_acquire(LockKey("jobs", "a"), b"w-1", 60.0) is not None
+            assert table.try_acquire(LockKey("jobs", "b"), b"w-2", 60.0) is not None
+            assert main(["locks", fleet_name]) == 0
+        finally:
+            table.close()
+    summaries = capsys.readouterr().out.splitlines()[-2:]
+    assert summaries[0].startswith("LockTable (kinds 228/229): 2 live of ")
+    assert summaries[1].startswith("shm:// store (kinds 230/231): 1 live of ")
 
 
 @pytest.mark.parametrize(

@@ -196,6 +196,30 @@ def fake_holder(channel: Channel, fleet_name: str, capacity: int, in_use: int, i
             time.sleep(60)
 
 
+def two_pools_holder(channel: Channel, fleet_name: str, capacity: int, name: str) -> None:
+    """A client pool labelled ``db-NAME`` holding one fake client, and a resource pool
+    key labelled ``jobs-NAME`` with one resource of 3 units; on "exit", closes the client
+    pool and the pool handle (the resource stays, as a process's exit leaves it)."""
+    from orbitive.pool import Key, Pool  # noqa: PLC0415
+
+    from ._fakes import FakeClient, close  # noqa: PLC0415
+
+    with Fleet.join(fleet_name, capacity) as fleet:
+        clients = ClientPool(
+            fleet, f"db-{name}", create=FakeClient, close=close,
+            options=PoolOptions(max_live=2), label=f"db-{name}",
+        )  # fmt: skip
+        held = clients.getconn()
+        with Pool(fleet) as pool:
+            key = Key.digest(f"jobs-{name}".encode())
+            pool.label_key(key, f"jobs-{name}")
+            pool.register(key, 3)
+            channel.send("ready")
+            assert channel.recv(None) == "exit"
+        clients.putconn(held)
+        clients.close()
+
+
 def hung_closer(channel: Channel, fleet_name: str, capacity: int, returns: int) -> None:
     """Return ``returns`` fake clients whose closes never finish (more than the closing
     threads), report the closing threads, then wait until killed."""

@@ -40,7 +40,8 @@ def test_orbit_pool_without_a_table_says_so(
     fleet_name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["pool", fleet_name]) == 1
-    assert "has no pool table" in capsys.readouterr().err
+    assert "orbit pool: fleet " in (err := capsys.readouterr().err)
+    assert "has no resource pool table (kind 247)" in err
 
 
 def _output(capsys: pytest.CaptureFixture[str], fleet_name: str) -> str:

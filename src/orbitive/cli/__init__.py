@@ -24,14 +24,14 @@ from .. import __version__
 from .._core import _native
 from .._core._errors import OrbitError
 from . import _commands
-from ._store_commands import UsageError
+from ._store_commands import NothingFound, UsageError
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
-#: Exit status for bad usage (argparse's own, or an argument the library refuses), and
-#: for any other OrbitError raised by a command.
+#: Exit status for bad usage (argparse's own, or an argument the library refuses).
 EXIT_USAGE = 2
+#: Exit status for nothing to show or remove, and for any other error of a command.
 EXIT_ERROR = 1
 #: Exit status when the reader of ``orbit``'s output went away (``orbit pool | head -1``):
 #: 128 + SIGPIPE, what a shell reports for a writer that a closed pipe ended.
@@ -132,6 +132,9 @@ def _dispatch(argv: list[str]) -> int:
     except UsageError as error:
         _complain(args.subcommand, str(error))
         return EXIT_USAGE
+    except NothingFound as error:
+        _complain(args.subcommand, str(error))
+        return EXIT_ERROR
     except OrbitError as error:
         _complain(args.subcommand, str(error))
         # A bad argument is a usage error, as argparse's own are.

@@ -12,11 +12,10 @@ only its units.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from ..clients._coordinator import Survey, read_survey
-from ._store_commands import _printable, add_json_option, print_json
+from ._store_commands import NothingFound, _printable, add_json_option, print_json
 
 #: A post's numbers, in the order of the table's columns.
 _POSTED = ("in_use", "idle", "waiting", "need", "max_live")
@@ -41,8 +40,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
     """Read the budget's units and posts once and print them."""
     survey = read_survey(args.url, args.name)
     if not survey.units and not survey.posts:
-        print(f"no host holds units of budget {_printable(args.name)!r}", file=sys.stderr)
-        return 1
+        raise NothingFound(f"no host holds units of budget {_printable(args.name)!r}")
     if args.json:
         print_json(as_json(args.name, survey))
     else:

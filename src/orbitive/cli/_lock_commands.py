@@ -31,8 +31,10 @@ from .._core._region import (
     unlink_object,
 )
 from ..lock import LockEvent, LockKey, LockTable
+from ..lock._layout import DEFAULT_STATE_KIND, STORE_STATE_KIND
 from ..lock._tables import open_tables
 from ._store_commands import (
+    NothingFound,
     UsageError,
     add_json_option,
     add_store_option,
@@ -50,11 +52,22 @@ KNOWN_KINDS = {
     247: "resource pool",
     248: "budget board",
 }
+#: What each lock table of a fleet is, by its state kind (``orbit locks FLEET``).
+TABLE_ROLES = {
+    DEFAULT_STATE_KIND: "LockTable",
+    STORE_STATE_KIND: "shm:// store",
+}
 KIND_HELP = "kind number 0..255 (228/229 lock table, 230/231 store lock table, 247 resource pool)"
 #: Longest wait of ``orbit watch`` between checks of its deadline, in seconds.
 _WATCH_STEP_S = 60.0
 #: Largest ``orbit watch --seconds`` (about 11.6 days); longer: leave it out.
 WATCH_SECONDS_MAX = 1e6
+
+
+def kind_text(kind: int) -> str:
+    """A kind for people: what it holds, the number in parentheses ("kind 17" when unknown)."""
+    what = KNOWN_KINDS.get(kind)
+    return f"kind {kind}" if what is None else f"{what} (kind {kind})"
 
 
 def kind_number(text: str) -> int:
@@ -195,12 +208,12 @@ def cmd_list(args: argparse.Namespace) -> int:
             rows.append(_entry_row(args.fleet, name))
     if args.json:
         print_json({"fleets": [_fleet_json(args.fleet, rows)] if rows else []})
-    else:
-        for row in rows:
-            print(_row_text(row))
-        if not rows:
-            print(f"fleet {args.fleet!r} has no SHM objects", file=sys.stderr)
-    return 0 if rows else 1
+        return 0 if rows else 1
+    if not rows:
+        raise NothingFound(_nothing_text(args))
+    for row in rows:
+        print(_row_text(row))
+    return 0
 
 
 def _row_text(row: Row) -> str:
@@ -267,8 +280,7 @@ def _list_fleets(as_json: bool) -> int:
         print_json({"fleets": listing})
         return 0 if fleets else 1
     if not fleets:
-        print("no fleets with SHM objects", file=sys.stderr)
-        return 1
+        raise NothingFound("no fleets with SHM objects")
     for fleet, rows in sorted(fleets.items()):
         kinds = ", ".join(str(row[0]) for row in rows)
         print(f"{fleet}  kinds {kinds}  {sum(row[1] or 0 for row in rows):,} bytes")
@@ -289,8 +301,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
             f"run 'orbit clear {args.fleet} --all --yes'"
         )
     if not fleet_entries(args.fleet, _kinds(args), members=args.all):
-        print(f"orbit clear: {_nothing_to_clear(args)}", file=sys.stderr)
-        return 1
+        raise NothingFound(_nothing_text(args))
     removed, refused = 0, 0
     with _exclusive_membership(args.fleet):
         for name in fleet_entries(args.fleet, _kinds(args), members=args.all):
@@ -303,10 +314,14 @@ def cmd_clear(args: argparse.Namespace) -> int:
     return 1 if refused else 0
 
 
-def _nothing_to_clear(args: argparse.Namespace) -> str:
-    if args.all:
-        return f"fleet {args.fleet!r} has no SHM objects"
-    return f"fleet {args.fleet!r} has no SHM object of kind {args.kind}"
+def _nothing_text(args: argparse.Namespace) -> str:
+    """``orbit list`` or ``clear`` found no name of the fleet (of the kind asked)."""
+    if args.kind is None:
+        return f"fleet {args.fleet!r} has no SHM objects ('orbit list' shows every fleet)"
+    return (
+        f"fleet {args.fleet!r} has no {kind_text(args.kind)} "
+        f"('orbit list {args.fleet}' shows its objects)"
+    )
 
 
 @contextlib.contextmanager
@@ -365,7 +380,7 @@ def cmd_locks(args: argparse.Namespace) -> int:
         raise UsageError("give FLEET or --store URL, not both")
     with open_tables(args.fleet, observe=True) as tables:
         if not tables:
-            return _no_table(args.fleet)
+            raise _no_table(args.fleet)
         if args.json:
             print_json({"fleet": args.fleet, "tables": [_table_json(t) for t in tables]})
             return 0
@@ -418,13 +433,11 @@ _LEASE_HEADER = (
 )
 
 
-def _no_table(fleet: str) -> int:
-    print(
-        f"fleet {fleet!r} has no lock table ('orbit list {fleet}' shows its kinds, "
-        "'orbit list' every fleet)",
-        file=sys.stderr,
+def _no_table(fleet: str) -> NothingFound:
+    return NothingFound(
+        f"fleet {fleet!r} has no lock table ('orbit list {fleet}' shows its objects, "
+        "'orbit list' every fleet)"
     )
-    return 1
 
 
 def _print_leases(table: LockTable) -> None:
@@ -437,14 +450,18 @@ def _print_leases(table: LockTable) -> None:
 
 
 def _print_summary(table: LockTable) -> None:
+    """One line per table, led by what the table is: ``LockTable (kinds 228/229): ...``
+    or ``shm:// store (kinds 230/231): ...``."""
     stats = table.statistics()
     layout = table.layout
+    role = TABLE_ROLES[layout.state_kind]
     print(
+        f"{role} (kinds {layout.state_kind}/{layout.event_kind}): "
         f"{stats.occupied_count} live of {stats.capacity} slots, "
         f"{stats.tombstone_count} tombstones, probe bound {stats.max_probe}, "
         f"last token {stats.last_fencing_token} (the acquisitions), "
         f"{stats.conflicts_count} conflicts, {stats.recoveries_count} recoveries, "
-        f"revision {stats.last_state_revision} (kinds {layout.state_kind}/{layout.event_kind})"
+        f"revision {stats.last_state_revision}"
     )
 
 
@@ -461,7 +478,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     """Print transitions through the readiness descriptors until interrupted or timed out."""
     with open_tables(args.fleet, observe=False) as tables:
         if not tables:
-            return _no_table(args.fleet)
+            raise _no_table(args.fleet)
         deadline = None if args.seconds is None else time.monotonic() + args.seconds
         with selectors.DefaultSelector() as selector:
             for table in tables:
@@ -497,7 +514,7 @@ def cmd_force_release(args: argparse.Namespace) -> int:
     check_fleet_name(fleet)
     with open_tables(fleet, observe=False) as tables:
         if not tables:
-            return _no_table(fleet)
+            raise _no_table(fleet)
         key = LockKey(namespace, label)
         released = [table.force_release(key) for table in tables]
     print("released" if any(released) else "not held")

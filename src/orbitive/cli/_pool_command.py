@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from .._core._region import object_name, object_size, read_prefix
 from ..pool import POOL_KIND
@@ -11,7 +10,7 @@ from ..pool._layout import MAGIC
 from ..pool._observer import Observation, observe
 from ..pool._stats import WAIT_BOUNDS_S
 from ._lock_commands import KNOWN_KINDS, fleet_name, kind_number
-from ._store_commands import add_json_option, print_json
+from ._store_commands import NothingFound, add_json_option, print_json
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,21 +30,19 @@ def cmd_pool(args: argparse.Namespace) -> int:
     name = object_name(args.fleet, args.kind)
     size = object_size(name)
     if size is not None and read_prefix(name, min(size, len(MAGIC))) != MAGIC:
-        held = KNOWN_KINDS.get(args.kind, "an object of another kind")
-        print(
-            f"fleet {args.fleet!r} kind {args.kind} holds a {held}, not a pool table "
-            f"('orbit list {args.fleet}' shows its kinds)",
-            file=sys.stderr,
+        held = KNOWN_KINDS.get(args.kind)
+        what = (
+            f"the {held} (kind {args.kind}) of fleet {args.fleet!r} is not a resource pool table"
+            if held is not None and args.kind != POOL_KIND
+            else f"{name} is not a resource pool table: its header is not a pool table's"
         )
-        return 1
+        raise NothingFound(f"{what} ('orbit list {args.fleet}' shows the fleet's objects)")
     observation = observe(args.fleet, args.kind)
     if observation is None:
-        print(
-            f"fleet {args.fleet!r} has no pool table of kind {args.kind} "
-            f"('orbit list {args.fleet}' shows its kinds, 'orbit list' every fleet)",
-            file=sys.stderr,
+        raise NothingFound(
+            f"fleet {args.fleet!r} has no resource pool table (kind {args.kind}): "
+            f"'orbit list {args.fleet}' shows its objects, 'orbit list' every fleet"
         )
-        return 1
     if args.json:
         print_json(as_json(observation))
     else:

@@ -20,6 +20,11 @@ class UsageError(Exception):
     """Arguments argparse accepted that do not make a command (exit status 2)."""
 
 
+class NothingFound(Exception):
+    """Nothing to show or remove: the fleet, table or budget named is not there (exit
+    status 1). ``orbit`` prints the message as its other errors, ``orbit COMMAND: ...``."""
+
+
 def add_store_option(parser: argparse.ArgumentParser) -> None:
     """``--store URL``, the same on every command that opens a store."""
     parser.add_argument(
