@@ -117,14 +117,22 @@ def test_every_command_ends_quietly_with_141_when_its_reader_is_gone(
 
 
 def test_watch_ends_at_its_first_line_once_its_reader_is_gone(busy_fleet: LockTable) -> None:
-    later = threading.Timer(
-        1.5, busy_fleet.try_acquire, (LockKey("jobs", "watched"), LockOwner(b"w2"), 60.0)
-    )
-    later.start()
+    # A transition every 0.1 s until watch exits: its first line comes however late it
+    # starts watching (a single one 1.5 s in came before a loaded interpreter watched).
+    stop = threading.Event()
+    key, owner = LockKey("jobs", "watched"), LockOwner(b"w2")
+
+    def churn() -> None:
+        while not stop.wait(0.1):
+            busy_fleet.release(busy_fleet.try_acquire(key, owner, 60.0).lease)
+
+    churner = threading.Thread(target=churn)
+    churner.start()
     try:
         done = into_closed_pipe(["watch", busy_fleet.fleet.name, "--seconds", "60"])
     finally:
-        later.join()
+        stop.set()
+        churner.join()
     assert_quiet_end(done, done.stderr)
 
 
