@@ -22,7 +22,7 @@ from orbitive import Fleet
 from orbitive.clients import ClientPool, PoolOptions
 from orbitive.store import Lock, open_store
 
-from .._processes import Channel, Processes
+from .._processes import Channel, Processes, native_stacks, proc_threads
 from ..clients._fakes import FakeClient, close
 
 #: How long a grandchild may take for its work before it counts as hung, in seconds.
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")  #
 def _in_grandchild(work: Callable[[], None], forked: Callable[[], object] | None = None) -> str:
     """Fork; the grandchild runs ``work()`` and exits 0 (1 when it raised); the parent
     calls ``forked()`` (if given), reaps the grandchild and says how it ended ("ok", "failed", or
-    "hung" after WORK_WITHIN seconds, then killed)."""
+    "hung" after WORK_WITHIN seconds, then killed: with its threads' states and native stacks)."""
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -55,9 +55,10 @@ def _in_grandchild(work: Callable[[], None], forked: Callable[[], object] | None
         if done:
             return "ok" if os.waitstatus_to_exitcode(status) == 0 else "failed"
         time.sleep(0.005)
+    diagnosis = "\n".join(["hung:", *proc_threads(pid), native_stacks(pid)])
     os.kill(pid, 9)
     os.waitpid(pid, 0)
-    return "hung"
+    return diagnosis
 
 
 def fork_during_a_blocked_renewal(channel: Channel, url: str) -> None:

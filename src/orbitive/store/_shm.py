@@ -75,7 +75,6 @@ says it for all of them, and is what makes two limits meet:
 
 from __future__ import annotations
 
-import select
 import threading
 from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple, TypeVar
@@ -99,6 +98,7 @@ from ..lock._layout import EVENT_HEADER_SIZE, STORE_EVENT_KIND, STORE_STATE_KIND
 from ..lock._types import TOKEN_MASK
 from ._engine import Busy, Engine, LockInfo, SlotInfo, Waiter, limit_mismatch, poll_pause_s
 from ._guards import LIMIT_MAX
+from ._shm_readiness import SharedReadiness
 
 #: The lock-table namespace of every store lock.
 NAMESPACE: Final = "orbitive.store"
@@ -169,8 +169,8 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
     """Named locks and semaphores in the SHM lock table of one fleet."""
 
     kind = "shm"
-    # The asyncio form's readiness wakes its waiters; the cap bounds a wake-up another
-    # thread of this process drained first (drain clears readiness for the whole process).
+    # The readiness wakes the semaphore waiters (_shm_readiness); the cap bounds the wake-up
+    # an asyncio reader of this process can drain from a blocking waiter's poll.
     poll_cap_s = 0.25
     monotonic_clock = True
     limit_max = SHM_LIMIT_MAX
@@ -217,6 +217,7 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
         # release left; .after: that word, from queues_first to the waiter made right
         # after it (which takes it).
         self._handed = threading.local()
+        self._readiness = SharedReadiness(self.fileno, self._drain_table)
 
     def _failure(self, error: Exception) -> Exception:
         """What a failed table call raises: ``StoreError(CLOSED)`` once this engine
@@ -417,12 +418,16 @@ class ShmEngine(Engine[LockLease, ShmUnit]):
     def unit_waiter(self, name: str) -> Waiter:
         """A semaphore waiter's: woken by the table's readiness (any transition)."""
         del name
-        return ReadinessWaiter(self)
+        return ReadinessWaiter(self._readiness)
 
     def drain(self) -> None:
-        """Clear the table's readiness for this process (before an attempt)."""
+        """Clear the table's readiness for this process (before an attempt), waking
+        this process's semaphore waiters if it held a signal."""
+        self._readiness.drain()
+
+    def _drain_table(self) -> int:
         try:
-            self._table.drain()
+            return self._table.drain()
         except (OrbitError, ValueError) as error:
             raise self._failure(error) from error
 
@@ -508,17 +513,17 @@ class ReadinessWaiter(Waiter):
 
     watches = True
 
-    def __init__(self, engine: ShmEngine) -> None:
+    def __init__(self, readiness: SharedReadiness) -> None:
         super().__init__(ShmEngine.poll_cap_s)
-        self._engine = engine
+        self._readiness = readiness
+        self._seen = 0  # the signal count at this waiter's last look
 
     def look(self) -> None:
-        self._engine.drain()
+        self._seen = self._readiness.look()
 
     def wait(self, busy: Busy, left: float | None, tries: int) -> None:
-        poller = select.poll()  # one per call: a poll object is not shared across threads
-        poller.register(self._engine.fileno(), select.POLLIN)
-        poller.poll(poll_pause_s(busy, left, tries, ShmEngine.poll_cap_s) * 1000.0)
+        pause = poll_pause_s(busy, left, tries, ShmEngine.poll_cap_s)
+        self._readiness.wait(self._seen, pause)
 
 
 def footprint(capacity: int) -> int:
