@@ -74,8 +74,9 @@ WHOLE_PROGRAM_MODULES: Final = frozenset(
         "tests/test_import_graph",
     }
 )
-#: Tests, elsewhere among unit tests, that fork, spawn or run a program: never quick.
-CHILD_TESTS: Final = frozenset(
+#: Tests, elsewhere among unit tests, that fork, spawn or run a program, or wait seconds on
+#: the clock (a renewer's rounds, a waiter's poll interval): never quick.
+NOT_UNIT_TESTS: Final = frozenset(
     {
         "clients/test_close::test_the_closes_queued_at_interpreter_exit_are_done_before_it_ends",
         "clients/test_exports::test_the_core_package_does_not_import_the_adapters_dependencies",
@@ -103,6 +104,10 @@ CHILD_TESTS: Final = frozenset(
         "store/test_records::test_a_lock_force_released_by_another_process_is_logged_as_lost_by_its_holder",
         "store/test_renewer::test_a_forked_child_renews_only_its_own_locks",
         "store/test_renewer::test_a_stall_longer_than_the_ttl_reports_the_lapse",
+        "store/test_renewer::test_one_renewer_task_per_loop_keeps_every_async_lock",
+        "store/test_renewer::test_one_thread_renews_a_thousand_locks_of_three_stores_on_time",
+        "store/test_semaphore_async::test_an_async_waiter_is_woken_by_a_release_from_another_thread",
+        "store/test_semaphore_contract::test_a_waiter_is_woken_by_a_release_not_by_its_next_poll",
         "store/test_semaphore_contract::test_forked_child_takes_a_slot_on_its_own_connection",
     }
 )
@@ -132,7 +137,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             or folder in SLOW_DIRECTORIES
             or fixtures & PROCESS_FIXTURES
             or module in WHOLE_PROGRAM_MODULES
-            or f"{module}::{getattr(item, 'originalname', item.name)}" in CHILD_TESTS
+            or f"{module}::{getattr(item, 'originalname', item.name)}" in NOT_UNIT_TESTS
             or on_server_or_child
         ):
             item.add_marker(pytest.mark.quick)
