@@ -51,6 +51,7 @@ WHOLE_PROGRAM_MODULES: Final = frozenset(
         "cli/test_clear_race",
         "cli/test_closed_pipe",
         "cli/test_demo",
+        "cli/test_error_prefix",
         "cli/test_hostile_arguments",
         "cli/test_lock_commands",
         "cli/test_messages",

@@ -150,8 +150,10 @@ OTHER_ERRORS: list[tuple[list[str], int]] = [
     (["budget", "postgresql://u@127.0.0.1:{port}/db", "n"], 1),
     (["locks", "--store", "postgresql://u@127.0.0.1:{port}/db"], 1),
     (["run", "--lock", "job"], 2),
-    (["run", "--lock", "job", "--", "/nonexistent/command"], 127),
-    (["run", "--lock", "job", "--", "{tmp}/passwd"], 126),
+    # Each its own lock: all of these run at once, and on one lock the second said
+    # "held by" (75) instead of its own status.
+    (["run", "--lock", "{fleet}-missing", "--", "/nonexistent/command"], 127),
+    (["run", "--lock", "{fleet}-not-executable", "--", "{tmp}/passwd"], 126),
 ]
 
 
