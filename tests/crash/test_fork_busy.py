@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -136,3 +137,49 @@ def test_children_forked_while_the_renewer_and_a_pools_upkeep_run_work(
     with Processes("fork") as processes:
         parent = processes.start(fork_while_threads_are_busy, url, fleet_name)
         assert parent.recv(120.0) == ["ok"] * FORKS
+
+
+#: Forks while two threads churn SQLite locks; SQLite calls straddled 46 of 100 forks
+#: before they went through a fork gate, and the children hung on the file's mutex.
+CHURN_FORKS = 40
+
+
+def fork_while_threads_churn_sqlite(channel: Channel, url: str) -> None:
+    """Two threads take and release locks of one SQLite store without pause; fork
+    CHURN_FORKS times (stopping at the first child that did not end "ok"); each
+    grandchild opens the file anew and takes a lock. Send the outcomes."""
+    store = open_store(url)
+    stop = threading.Event()
+
+    def churn(n: int) -> None:
+        while not stop.is_set():
+            lock = store.try_lock(f"churn-{n}", owner="parent", ttl=5.0)
+            if lock is not None:
+                lock.release()
+
+    threads = [threading.Thread(target=churn, args=(n,)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+
+    def work() -> None:
+        with open_store(url) as own:
+            assert own.try_lock(f"child-{os.getpid()}", owner="child", ttl=5.0) is not None
+
+    outcomes: list[str] = []
+    try:
+        while len(outcomes) < CHURN_FORKS and outcomes.count("ok") == len(outcomes):
+            outcomes.append(_in_grandchild(work))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    channel.send(outcomes)
+
+
+def test_children_forked_while_threads_are_inside_sqlite_open_the_file_and_lock(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'locks.db'}"
+    with Processes("fork") as processes:
+        parent = processes.start(fork_while_threads_churn_sqlite, url)
+        assert parent.recv(120.0) == ["ok"] * CHURN_FORKS

@@ -17,6 +17,12 @@ Facts this engine relies on:
 * A connection must not be used across ``fork``. A forked child abandons its
   inherited connection without closing it (closing could touch the parent's
   WAL state) and opens its own on first use.
+* SQLite's unix VFS shares one mutex per database file among every connection of
+  a process, the child's new ones included: a fork while another thread (the
+  renewer) is inside SQLite left it held in the child, whose first step then hung.
+  Every call into SQLite holds :data:`SQLITE_CALLS`, a :class:`~.._core._fork.ForkGate`,
+  so a fork waits for it; SQLite's own busy wait is kept to :data:`BUSY_TIMEOUT_S`
+  (the rest of the wait for a write lock is the retry loop's, outside the gate).
 
 Invariant: a new token is ``orbitive_fence.last_token + 1``, and triggers copy
 every token written back into that single row within the same statement; a
@@ -57,8 +63,9 @@ from ._health import Reachability
 
 _T = TypeVar("_T")
 
-#: SQLite's own wait for the write lock, in seconds.
-BUSY_TIMEOUT_S: Final = 5.0
+#: SQLite's own wait for the write lock in one attempt, in seconds: a fork in another
+#: thread waits for it (see :data:`SQLITE_CALLS`); the retry loop waits the rest.
+BUSY_TIMEOUT_S: Final = 0.1
 #: Total time one primitive keeps retrying a busy database, in seconds.
 BUSY_BUDGET_S: Final = 15.0
 _BUSY_CODES: Final = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED (primary codes)
@@ -141,6 +148,8 @@ _UNITS_LIVE: Final = (
 
 #: Connections inherited across fork: kept referenced, never closed, never used.
 _abandoned: list[sqlite3.Connection] = []
+#: Held by every call into SQLite of this process: ``os.fork()`` waits until none runs.
+SQLITE_CALLS: Final = _fork.ForkGate()
 
 
 class SqliteEngine(Engine[Granted, UnitGranted]):
@@ -258,9 +267,11 @@ class SqliteEngine(Engine[Granted, UnitGranted]):
             deadline = 0.0
             while True:
                 try:
-                    return step(self._cursor())
+                    with SQLITE_CALLS.call():
+                        return step(self._cursor())
                 except sqlite3.Error as error:  # connecting too: "file is not a database"
-                    _rollback(self._cur)
+                    with SQLITE_CALLS.call():
+                        _rollback(self._cur)
                     deadline = deadline or time.monotonic() + BUSY_BUDGET_S
                     self._check_retry(error, deadline)
                 time.sleep(random.uniform(0.001, 0.005))
@@ -295,7 +306,8 @@ class SqliteEngine(Engine[Granted, UnitGranted]):
             self._closed = True
             cur, self._cur = self._cur, None
         if cur is not None:
-            cur.connection.close()
+            with SQLITE_CALLS.call():
+                cur.connection.close()
 
     def __repr__(self) -> str:
         return f"<SqliteEngine {str(self._path)!r}>"
