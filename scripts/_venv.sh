@@ -11,7 +11,17 @@ fi
 # Reinstall only when the build inputs (pyproject.toml, setup.py, the C sources)
 # changed since this group was last installed; the install compiles the C steps.
 STAMP=".venv/.orbitive-installed-${EXTRAS:-core}"
-if [ ! -f "$STAMP" ] || [ -n "$(find pyproject.toml setup.py src \( -name '*.c' -o -name '*.h' \) -newer "$STAMP" -o -name '*.toml' -newer "$STAMP" -o -name setup.py -newer "$STAMP")" ]; then
+# True when the stamp $1 exists and no build input changed since it was made.
+fresh() {
+    [ -f "$1" ] && [ -z "$(find pyproject.toml setup.py src \( -name '*.c' -o -name '*.h' \) -newer "$1" -o -name '*.toml' -newer "$1" -o -name setup.py -newer "$1")" ]
+}
+# The test extra includes the docs extra (on Python 3.11 and later): a fresh install of it
+# serves the docs too.
+if [ "${EXTRAS:-}" = docs ] && fresh .venv/.orbitive-installed-test \
+    && .venv/bin/python -c "import mkdocs, mkdocstrings" 2>/dev/null; then
+    STAMP=".venv/.orbitive-installed-test"
+fi
+if ! fresh "$STAMP"; then
     echo "installing orbitive${EXTRAS:+[$EXTRAS]} into .venv..." >&2
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
     touch "$STAMP"
