@@ -29,12 +29,9 @@ import hashlib
 import inspect
 import json
 import logging
-import signal
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from types import FrameType
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from celery import Task
@@ -102,44 +99,6 @@ def _store(url: str | None) -> Store:
             store = open_store(url) if url else open_store()
             _stores[key] = store
         return store
-
-
-# -- the SIGTERM handler of a prefork child ------------------------------------------------
-
-#: The run locks this process holds, by task id (the SIGTERM handler releases them).
-_running: dict[str, Lock] = {}
-
-
-def _release_and_die(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM in a pool child (revoke with terminate, a hard time limit): release the
-    run locks, then die of the signal as the child would have without this handler."""
-    del frame
-    for lock in list(_running.values()):
-        try:
-            lock.release()
-        except Exception:  # the process ends either way; the lease lapses at its TTL
-            _log.warning("could not release %r on SIGTERM", lock.name, exc_info=True)
-    signal.signal(signum, signal.SIG_DFL)
-    signal.raise_signal(signum)
-
-
-@contextmanager
-def _sigterm_releases(task_id: str, lock: Lock) -> Iterator[None]:
-    """While the body runs, a SIGTERM that would kill the process at once (its handler
-    is the default, as in a prefork child) releases ``lock`` first."""
-    installed = False
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.getsignal(signal.SIGTERM)
-        if previous in (signal.SIG_DFL, _release_and_die):
-            signal.signal(signal.SIGTERM, _release_and_die)
-            installed = True
-    _running[task_id] = lock
-    try:
-        yield
-    finally:
-        _running.pop(task_id, None)
-        if installed and not _running:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 # -- keys ----------------------------------------------------------------------------------
@@ -399,8 +358,7 @@ class Singleton(_TaskBase):
         setattr(request, _REQUEST_LOCK, lock)
         succeeded = False
         try:
-            with _sigterm_releases(task_id, lock):
-                result = self.run(*args, **kwargs)
+            result = self.run(*args, **kwargs)
             succeeded = True
             return result
         finally:

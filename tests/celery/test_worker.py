@@ -271,7 +271,12 @@ def _freed(worker: Worker, store: Store, name: str, within: float, what: str) ->
     return time.monotonic() - began
 
 
-def test_a_revoke_with_terminate_frees_the_lock_long_before_its_ttl(worker: Worker) -> None:
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGKILL"])
+def test_a_revoke_with_terminate_frees_the_lock_long_before_its_ttl(
+    worker: Worker, signame: str
+) -> None:
+    """SIGTERM: the child unwinds (billiard raises SystemExit) and releases; SIGKILL: the
+    worker's main process frees the lock on the ``task_revoked`` signal."""
     task = _app.skipped  # ttl 60 s
     key = f"k-{uuid.uuid4()}"
     result = task.apply_async((key, 120.0))
@@ -279,7 +284,7 @@ def test_a_revoke_with_terminate_frees_the_lock_long_before_its_ttl(worker: Work
     with open_store(worker.store_url) as store:
         name = _lock_name(task, key)
         assert store.inspect(name) is not None
-        _app.app.control.revoke(result.id, terminate=True)
+        _app.app.control.revoke(result.id, terminate=True, signal=signame)
         _freed(worker, store, name, 15.0, "the revoked task's lock is freed")
         assert worker.runs(key) == [run]  # it never ended
         again = task.apply_async((key, 0.1))
