@@ -29,6 +29,8 @@ import hashlib
 import inspect
 import json
 import logging
+import os
+import socket
 import threading
 import uuid
 from collections.abc import Sequence
@@ -113,6 +115,20 @@ if TYPE_CHECKING:  # Task is generic in celery-types, not at run time in every r
     _TaskBase = Task[Any, Any]
 else:
     _TaskBase = Task
+
+
+def _died_here(owner: str) -> bool:
+    """Whether the run lock's ``owner`` names a process of this host that no longer exists."""
+    host_pid = owner.partition(" ")[2].rsplit(":", 2)
+    if len(host_pid) != 3 or host_pid[0] != socket.gethostname() or not host_pid[1].isdigit():
+        return False
+    try:
+        os.kill(int(host_pid[1]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists (another user's), or cannot be told
+        return False
+    return False
 
 
 def _encode(value: object) -> str:
@@ -369,20 +385,13 @@ class Singleton(_TaskBase):
         """The run lock for ``task_id``, or None when this call is to be skipped."""
         store = self._store()
         owner = f"{task_id} {random_owner()}"
+        lock: Lock | None
         try:
             lock = store.lock(name, owner, self.ttl, 0.0)
         except LockTimeout:
-            holder = store.inspect(name)
-            if holder is not None and _task_of(holder.owner) == task_id:
-                _log.warning(
-                    "task %s[%s] already runs (%s): this copy is ignored",
-                    self.name, task_id, holder.owner,
-                )  # fmt: skip
-                raise Ignore() from None
-            if self.lock_mode != "wait":
-                _log.info("task %s[%s]: %r is held; skipped", self.name, task_id, name)
-                return None
-            lock = store.lock(name, owner, self.ttl, self.wait_timeout)
+            lock = self._wait_or_skip(store, name, task_id, owner)
+        if lock is None:
+            return None
         try:
             cooling = store.inspect(f"{name}/cooldown")
             if cooling is not None and _task_of(cooling.owner) != task_id:
@@ -397,13 +406,38 @@ class Singleton(_TaskBase):
             raise
         return lock
 
+    def _wait_or_skip(self, store: Store, name: str, task_id: str, owner: str) -> Lock | None:
+        """The key was held at the first attempt: the run lock after waiting, or None."""
+        holder = store.inspect(name)
+        if holder is not None and _task_of(holder.owner) == task_id:
+            if not _died_here(holder.owner):
+                _log.warning(
+                    "task %s[%s] already runs (%s): this copy is ignored",
+                    self.name, task_id, holder.owner,
+                )  # fmt: skip
+                raise Ignore()
+            # a redelivery of a run whose process died on this host: wait out its lease
+            return store.lock(name, owner, self.ttl, holder.remaining_s + 1.0)
+        if self.lock_mode == "wait":
+            return store.lock(name, owner, self.ttl, self.wait_timeout)
+        _log.info("task %s[%s]: %r is held; skipped", self.name, task_id, name)
+        return None
+
     def _end(self, name: str, task_id: str, lock: Lock, succeeded: bool) -> None:
-        """Release the run lock (after taking the cool-down, on a success)."""
+        """Take the cool-down (after a success), then release the run lock; a store that
+        cannot be reached is logged, not raised (the run is over; the lease lapses)."""
         try:
             if succeeded and self.cooldown > 0:
                 self._store().try_lock(f"{name}/cooldown", task_id, self.cooldown)
-        finally:
+        except StoreError:
+            _log.warning(
+                "task %s[%s]: no cool-down for %r", self.name, task_id, name, exc_info=True
+            )
+        try:
             lock.release()
+        except StoreError:
+            _log.warning("task %s[%s]: could not release %r; it lapses at its TTL",
+                         self.name, task_id, name, exc_info=True)  # fmt: skip
 
 
 @task_revoked.connect

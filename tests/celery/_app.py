@@ -96,6 +96,21 @@ def killable(self: Singleton, key: str, hold_s: float) -> int:
     return _hold(self, key, hold_s)
 
 
+@app.task(
+    base=Singleton,
+    bind=True,
+    name="t.late",
+    unique_on=["key"],
+    lock_mode="skip",
+    ttl=8.0,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def late(self: Singleton, key: str, hold_s: float) -> int:
+    """Acknowledged once it ends, and delivered again when its process dies."""
+    return _hold(self, key, hold_s)
+
+
 @app.task(base=Singleton, bind=True, name="t.limited", lock_mode="skip", ttl=30.0, time_limit=2)
 def limited(self: Singleton, key: str, hold_s: float) -> int:
     """A hard time limit of 2 s (the pool kills the child) and a lease of 30 s."""

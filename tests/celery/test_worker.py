@@ -320,3 +320,23 @@ def test_a_second_delivery_of_a_running_task_id_does_not_run_again(worker: Worke
     (run,) = worker.runs(key)
     assert run.task_id == task_id
     assert "this copy is ignored" in worker.log.read_text()
+
+
+def test_a_redelivery_after_its_child_was_sigkilled_runs_once_the_lease_lapses(
+    worker: Worker,
+) -> None:
+    """acks_late and reject_on_worker_lost: the message comes back at once, while the dead
+    child's lease (same task id) still lives; the copy waits it out, then runs."""
+    task = _app.late  # ttl 8 s: the message comes back before the lease lapses
+    key = f"k-{uuid.uuid4()}"
+    task.apply_async((key, 2.0))
+    first = _started(worker, key)
+    os.kill(first.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    runs = wait_until(
+        lambda: [r for r in worker.runs(key) if r.ended is not None], 30.0, "the copy runs"
+    )
+    (again,) = runs
+    assert again.task_id == first.task_id and again.pid != first.pid
+    assert again.token is not None and first.token is not None and again.token > first.token
+    assert again.started - killed <= task.ttl + 2.0
