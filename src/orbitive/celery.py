@@ -279,8 +279,15 @@ class Singleton(_TaskBase):
         """Send the task, unless (``"queue"`` mode) its key is queued, running or cooling
         down: then return the holder's ``AsyncResult`` (or raise).
 
-        Arguments as Celery's ``Task.apply_async``. In ``"skip"`` and ``"wait"`` modes
-        this is Celery's own.
+        In ``"skip"`` and ``"wait"`` modes this is Celery's own.
+
+        Args:
+            args: the positional arguments (a tuple; None: none).
+            kwargs: the keyword arguments (a dict; None: none).
+            task_id: the new task's id (a ``str``; None: a fresh UUID). A retry sends
+                its own id again, and is let through while that id holds the key.
+            producer, link, link_error, shadow, options: as Celery's
+                ``Task.apply_async`` (``countdown``, ``eta``, ``queue``, ...).
 
         Returns:
             The ``AsyncResult`` of this call, or of the task that holds the key.

@@ -193,7 +193,7 @@ def test_an_unreachable_store_fails_closed_by_default_and_runs_when_open(
     make_app: MakeApp,
 ) -> None:
     seen: Seen = []
-    down = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    down = "postgresql://127.0.0.1:1/jobs"  # nothing listens on port 1
     closed = _task(make_app(orbitive_store_url=down), seen)
     with pytest.raises(StoreError) as raised:
         closed.delay(1)
