@@ -42,7 +42,6 @@ from celery.result import AsyncResult
 from celery.signals import task_revoked
 
 from .store import Lock, LockTimeout, Store, StoreError, open_store
-from .store._guards import random_owner
 
 __all__ = ["DuplicateTask", "InvalidSingletonOptions", "Singleton"]
 
@@ -391,7 +390,7 @@ class Singleton(_TaskBase):
     def _take(self, name: str, task_id: str) -> Lock | None:
         """The run lock for ``task_id``, or None when this call is to be skipped."""
         store = self._store()
-        owner = f"{task_id} {random_owner()}"
+        owner = f"{task_id} {socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
         lock: Lock | None
         try:
             lock = store.lock(name, owner, self.ttl, 0.0)
