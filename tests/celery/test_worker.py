@@ -15,6 +15,7 @@ import itertools
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ import pytest
 from celery.result import AsyncResult
 
 from orbitive.celery import Singleton
+from orbitive.cli._tasks_command import task_keys
 from orbitive.store import LockInfo, Store, open_store
 
 from .._fleets import new_fleet_name, remove_fleet_files
@@ -284,6 +286,9 @@ def test_a_revoke_with_terminate_frees_the_lock_long_before_its_ttl(
     with open_store(worker.store_url) as store:
         name = _lock_name(task, key)
         assert store.inspect(name) is not None
+        (shown,) = [k for k in task_keys(store.locks()) if k.task_id == result.id]  # orbit tasks
+        assert (shown.task, shown.state, shown.name) == ("t.skipped", "running", name)
+        assert shown.process.startswith(f"{socket.gethostname()}:{run.pid}:")
         _app.app.control.revoke(result.id, terminate=True, signal=signame)
         _freed(worker, store, name, 15.0, "the revoked task's lock is freed")
         assert worker.runs(key) == [run]  # it never ended
