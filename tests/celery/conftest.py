@@ -12,6 +12,10 @@ from celery import Celery
 
 from orbitive import celery as orbit_celery
 
+from ..store.conftest import postgres_url, redis_url, shm_url, sqlite_url
+
+__all__ = ["postgres_url", "redis_url", "shm_url", "sqlite_url"]  # fixtures, reused
+
 MakeApp = Callable[..., Celery]
 
 
@@ -43,3 +47,10 @@ def make_app(store_url: str) -> MakeApp:
         return app
 
     return make
+
+
+@pytest.fixture(params=["sqlite", "shm", "postgres", "redis"])
+def engine_url(request: pytest.FixtureRequest) -> str:
+    """A fresh store URL on each engine (the fixtures of tests/store/conftest.py)."""
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    return url
