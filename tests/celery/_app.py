@@ -82,9 +82,9 @@ def waited(self: Singleton, key: str, hold_s: float, note: Any = None) -> int:
     return _hold(self, key, hold_s)
 
 
-@app.task(base=Singleton, bind=True, name="t.short_ttl", lock_mode="skip", ttl=1.0)
+@app.task(base=Singleton, bind=True, name="t.short_ttl", lock_mode="skip", ttl=2.0)
 def short_ttl(self: Singleton, key: str, hold_s: float) -> int:
-    """A lease of 1 s, renewed while the body holds longer."""
+    """A lease of 2 s, renewed while the body holds longer."""
     return _hold(self, key, hold_s)
 
 

@@ -240,7 +240,7 @@ def test_a_sigkilled_childs_lock_is_free_within_one_ttl_and_the_next_call_runs(
 
 
 def test_a_task_running_three_times_its_ttl_keeps_its_lock(worker: Worker) -> None:
-    task = _app.short_ttl  # ttl 1 s, keyed on every argument
+    task = _app.short_ttl  # ttl 2 s (renewed every 0.67 s), keyed on every argument
     key = f"k-{uuid.uuid4()}"
     hold_s = 3.5 * task.ttl
     task.apply_async((key, hold_s))
