@@ -285,8 +285,11 @@ class Singleton(_TaskBase):
             kwargs: the keyword arguments (a dict; None: none).
             task_id: the new task's id (a ``str``; None: a fresh UUID). A retry sends
                 its own id again, and is let through while that id holds the key.
-            producer, link, link_error, shadow, options: as Celery's
-                ``Task.apply_async`` (``countdown``, ``eta``, ``queue``, ...).
+            producer: as Celery's ``Task.apply_async`` (a kombu producer, or None).
+            link: as Celery's (a signature, or a list of them, called on success).
+            link_error: as Celery's (a signature, or a list, called on failure).
+            shadow: as Celery's (a ``str``: the name shown in logs, or None).
+            **options: as Celery's (``countdown`` and ``eta``, ``queue``, ...).
 
         Returns:
             The ``AsyncResult`` of this call, or of the task that holds the key.
