@@ -47,6 +47,7 @@ SLOW_DIRECTORIES: Final = frozenset({"packaging", "docs", "bench", "scripts"})
 #: exhaustive comparison for seconds: never quick.
 WHOLE_PROGRAM_MODULES: Final = frozenset(
     {
+        "celery/test_worker",
         "cli/test_clear",
         "cli/test_clear_race",
         "cli/test_closed_pipe",

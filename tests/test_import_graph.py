@@ -129,6 +129,7 @@ LAYERS: dict[str, set[str]] = {
     "store": {"_core", "lock"},
     "clients": {"_core", "pool", "store"},  # a budget across hosts holds store leases
     "metrics": {"_core", "lock", "pool", "clients"},
+    "celery": {"_core", "store"},
     "cli": {"", "_core", "lock", "pool", "store", "clients", "metrics"},
     "": {"_core", "cli"},  # the root package, and python -m orbitive
 }

@@ -77,8 +77,8 @@ def test_public_classes_name_a_public_module_that_exports_them(module_name: str)
 
 def test_the_core_package_does_not_import_the_adapters_dependencies() -> None:
     code = (
-        "import sys, orbitive.clients, orbitive.pool; "
-        "print(any(m in sys.modules for m in ('psycopg', 'sqlalchemy', 'django')))"
+        "import sys, orbitive, orbitive.clients, orbitive.pool, orbitive.store; "
+        "print(any(m in sys.modules for m in ('psycopg', 'sqlalchemy', 'django', 'celery')))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=False

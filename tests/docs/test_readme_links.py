@@ -142,6 +142,8 @@ EXTRA_OF_MODULE: Final = {
     "orbitive.clients.django": "django",
     "prometheus_client": "metrics",
     "orbitive.metrics": "metrics",
+    "celery": "celery",
+    "orbitive.celery": "celery",
 }
 IMPORT: Final = re.compile(r"^\s*(?:from|import)\s+([\w.]+)", re.MULTILINE)
 
