@@ -73,6 +73,7 @@ WHOLE_PROGRAM_MODULES: Final = frozenset(
         "readiness/test_backend_choice",
         "store/test_async_loop",
         "store/test_run",
+        "store/test_shm_fork",
         "tests/test_import_graph",
     }
 )

@@ -331,6 +331,39 @@ def test_release_mine_unlocks_only_the_stripes_this_thread_holds(twin: str) -> N
     mutex.release()
 
 
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_second_mapping_of_a_block_going_leaves_the_hold_through_the_first(twin: str) -> None:
+    """One block mapped twice in a process (a closed store's, freed by the garbage
+    collector later): the futex words name this thread through both, but the hold is
+    the first mapping's, and the second one going must not end it."""
+    c_twin = getattr(vars(_section)["_robust_c"], "RobustMutex", None)  # None: not built
+    make = _robust.RobustMutex if twin == "ctypes" else c_twin
+    if make is None or not _robust.GLIBC:
+        pytest.skip("no robust mutex twin here")
+    fd = os.memfd_create("block")
+    try:
+        os.ftruncate(fd, _robust.SECTION_BYTES)
+        first, second = (mmap.mmap(fd, _robust.SECTION_BYTES) for _ in range(2))
+    finally:
+        os.close(fd)
+    held = make(first, 3)
+    held.create()
+    other = make(second, 3)
+    held.acquire()
+    del other  # its block may be unmapped now: nothing of this thread is linked through it
+    held.release()  # EPERM if the other mapping's going had unlocked the stripes
+    assert held.release_mine() == 0
+    held.acquire()  # and the stripes lock again at once
+    held.release()
+
+
+def test_the_twins_agree_where_glibc_links_a_held_mutex() -> None:
+    c_module = vars(_section)["_robust_c"]
+    if c_module is None or not _robust.GLIBC:
+        pytest.skip("the C twin is not built, or no glibc")
+    assert c_module.MUTEX_LIST_AT == _robust._LIST_AT
+
+
 def test_a_c_mutex_never_initialised_refuses_every_call() -> None:
     c_twin = getattr(vars(_section)["_robust_c"], "RobustMutex", None)  # None: not built
     if c_twin is None:

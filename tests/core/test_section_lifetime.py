@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from orbitive._core._errors import FleetError
+from orbitive._core._errors import FleetError, LayoutMismatch
 from orbitive._core._region import Region
 from orbitive._core._section import recoveries
 
@@ -154,3 +154,52 @@ def test_a_waiter_in_a_region_closed_under_it_gets_fleet_error(
         # The section itself is free: another process locks it at once.
         assert processes.start(lock_once, fleet_name, "c").recv(timeout=5)[0] == "locked"
     region.unlink()
+
+
+#: Regions the test process opened and closed before it forked: each child inherits them
+#: (a closed store's objects wait in a reference cycle for the garbage collector).
+INHERITED: list[Region] = []
+
+
+def hold_as_an_inherited_region_goes(channel: Channel, fleet_name: str) -> None:
+    """Hold the section through a region of this process, drop the region of the same
+    object inherited from the parent meanwhile, then let go when the test says."""
+    region = open_region(fleet_name)
+    region.acquire()
+    INHERITED.clear()  # the last reference in this process: its block goes here
+    gc.collect()
+    channel.send("held")
+    channel.recv(timeout=None)
+    try:
+        region.release()
+    except LayoutMismatch as error:
+        channel.send(f"not released: {error}")
+        return
+    channel.send("released")
+
+
+def test_a_region_a_forked_child_inherited_never_undoes_the_childs_own_hold(
+    fleet_name: str, locking_twin: str
+) -> None:
+    """The same object mapped twice in one process: the block of a region the parent
+    closed before the fork, and the child's own. The futex words name the child's
+    thread whichever mapping it locked through; the inherited block, going while the
+    child holds the section, must leave that hold alone: the section stays held
+    (another process waits for it) and the child's release succeeds (not EPERM).
+    The soak of tests/store/test_semaphore_processes.py met it as a StoreError."""
+    inherited = open_region(fleet_name)
+    inherited.close()
+    INHERITED.append(inherited)
+    del inherited
+    try:
+        with Processes("fork") as processes:
+            holder = processes.start(hold_as_an_inherited_region_goes, fleet_name)
+            assert holder.recv() == "held"
+            other = processes.start(lock_once, fleet_name, "c")
+            with pytest.raises(TimeoutError):
+                other.recv(timeout=0.5)  # excluded while the holder holds the section
+            holder.send("go")
+            assert holder.recv() == "released"
+            assert other.recv(timeout=5) == ("locked", 0)  # nothing to repair either
+    finally:
+        INHERITED.clear()

@@ -8,6 +8,7 @@
 #define PY_SSIZE_T_CLEAN
 #include "_layout.h"
 #include "_robust.h"
+#include <stddef.h>
 
 typedef struct {
     PyObject_HEAD
@@ -170,8 +171,11 @@ PyMODINIT_FUNC PyInit__robust_c(void)
         add_layout(module, layout, sizeof layout / sizeof layout[0]) < 0 ||
         PyModule_AddIntConstant(module, "MUTEX_BYTES", (long)sizeof(pthread_mutex_t)) < 0 ||
 #ifdef __GLIBC__
+        PyModule_AddIntConstant(module, "MUTEX_LIST_AT",
+                                (long)offsetof(pthread_mutex_t, __data.__list.__next)) < 0 ||
         PyModule_AddIntConstant(module, "GLIBC", 1) < 0
 #else
+        PyModule_AddIntConstant(module, "MUTEX_LIST_AT", 0) < 0 ||
         PyModule_AddIntConstant(module, "GLIBC", 0) < 0
 #endif
     ) {

@@ -18,6 +18,7 @@
 
 #include <Python.h>
 #include <errno.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -85,6 +86,41 @@ static inline int robust_names_me(pthread_mutex_t *mutex)
 {
     uint32_t word = __atomic_load_n((uint32_t *)mutex, __ATOMIC_RELAXED);
     return (word & ROBUST_TID_MASK) == (uint32_t)syscall(SYS_gettid) && !(word & ROBUST_OWNER_DIED);
+}
+
+/* At most this many entries of a thread's robust list are read (the kernel's own bound). */
+#define ROBUST_LIST_MAX 2048
+
+/* Whether this thread holds the mutex at this very address: 1 yes, 0 no, -1 unknown.
+ * One object mapped twice in a process (the block of a closed store that the garbage
+ * collector frees later, a parent's mapping a forked child inherited) has one futex word
+ * at two addresses, so a word naming this thread (robust_names_me) says only that it
+ * holds the mutex through some mapping. glibc links a robust mutex into its locker's
+ * robust list through the address it was locked at (&__data.__list.__next, the low bit
+ * a flag): this thread's list, read from the head the kernel has for it
+ * (get_robust_list), says which. Its entries are mutexes this thread holds, all mapped.
+ * Unknown: the list could not be read, or is longer than ROBUST_LIST_MAX. */
+static inline int robust_linked_here(pthread_mutex_t *mutex)
+{
+#ifdef __GLIBC__
+    struct robust_list_head *head = NULL;
+    size_t size = 0;
+    if (syscall(SYS_get_robust_list, 0, &head, &size) != 0 || head == NULL)
+        return -1;
+    uintptr_t end = (uintptr_t)&head->list, here = (uintptr_t)&mutex->__data.__list.__next;
+    uintptr_t entry = (uintptr_t)head->list.next;
+    for (int n = 0; n < ROBUST_LIST_MAX; n++) {
+        entry &= ~(uintptr_t)1;
+        if (entry == end)
+            return 0;
+        if (entry == here)
+            return 1;
+        entry = (uintptr_t)((struct robust_list *)entry)->next;
+    }
+#else
+    (void)mutex;
+#endif
+    return -1;
 }
 
 /* Whether the futex word names a live thread of this process (this one included) as holder. */
@@ -231,19 +267,29 @@ static inline int robust_lock_range(uint8_t *block, int lo, int hi, int *repaire
  * into the list's head, an unlock writes into its neighbours, and the kernel walks
  * the list when the thread exits. A mapping unmapped under a held mutex leaves a
  * dangling entry, and those writes land in whatever is mapped there later, or fault.
- * So the stripes this thread holds are unlocked (the step that held them was
- * abandoned with its last reference; the table's write order makes that as safe as
- * a crash), and while another live thread of this process holds one, the block
- * stays mapped for good (a leaked page, never a write into freed memory). */
+ * So the stripes this thread holds through this block are unlocked (the step that
+ * held them was abandoned with its last reference; the table's write order makes
+ * that as safe as a crash), and while another live thread of this process holds one,
+ * the block stays mapped for good (a leaked page, never a write into freed memory).
+ * A stripe this thread holds through another mapping of the object is that mapping's
+ * hold, in a step still running: left as it is (unlocked here, the section would let
+ * other processes in under the step, and the step's own unlock would fail with
+ * EPERM). When the robust list cannot tell, the stripe is left held and the block
+ * mapped. */
 static inline int robust_before_unmap(uint8_t *block, int stripes)
 {
     int keep = 0;
     for (int stripe = stripes - 1; stripe >= 0; stripe--) {
         pthread_mutex_t *mutex = robust_mutex(block, stripe);
-        if (robust_names_me(mutex))
-            robust_unlock(block, stripe);
-        else if (robust_held_here(mutex))
+        if (robust_names_me(mutex)) {
+            int linked = robust_linked_here(mutex);
+            if (linked > 0)
+                robust_unlock(block, stripe);
+            else if (linked < 0)
+                keep = 1;
+        } else if (robust_held_here(mutex)) {
             keep = 1;
+        }
     }
     return keep;
 }

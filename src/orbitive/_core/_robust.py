@@ -42,6 +42,14 @@ _GLIBC_MUTEX_BYTES: Final = {"x86_64": 40, "aarch64": 48, "i686": 24, "armv7l": 
 #: Where glibc keeps the mutex's type word (``__data.__kind``): after four ints on
 #: 64-bit targets, after three on 32-bit ones.
 _GLIBC_KIND_AT: Final = {"x86_64": 16, "aarch64": 16, "i686": 12, "armv7l": 12}
+#: Where a mutex's robust list link (``__data.__list.__next``) is: past the type word,
+#: the spin count and ``__list.__prev`` on 64-bit targets, past five ints on 32-bit ones
+#: (``_robust_c.MUTEX_LIST_AT``, compared by a test).
+_GLIBC_LIST_AT: Final = {"x86_64": 32, "aarch64": 32, "i686": 20, "armv7l": 20}
+#: The ``get_robust_list`` system call's number.
+_GET_ROBUST_LIST: Final = {"x86_64": 274, "aarch64": 100, "i686": 312, "armv7l": 339}
+#: At most this many entries of a thread's robust list are read (``ROBUST_LIST_MAX``).
+_ROBUST_LIST_MAX: Final = 2048
 #: The futex word's owner bits and owner-died bit (linux/futex.h).
 _TID_MASK: Final = 0x3FFFFFFF
 _OWNER_DIED: Final = 0x40000000
@@ -120,6 +128,33 @@ def _names_me(mutex: ctypes.Array[ctypes.c_char]) -> bool:
     return word & _TID_MASK == threading.get_native_id() and not word & _OWNER_DIED
 
 
+def _linked_here(mutex: ctypes.Array[ctypes.c_char]) -> bool | None:
+    """Whether this thread holds ``mutex`` through this very address; None when unknown
+    (``robust_linked_here``, which says why a futex word naming this thread is not enough).
+
+    Reads this thread's robust list from the head the kernel has for it: glibc links a
+    held robust mutex through the address it was locked at (the low bit a flag).
+    """
+    call = _GET_ROBUST_LIST.get(platform.machine())
+    if _libc is None or call is None:
+        return None
+    head, size = ctypes.c_void_p(), ctypes.c_size_t()
+    if _libc.syscall(ctypes.c_long(call), ctypes.c_long(0), ctypes.byref(head), ctypes.byref(size)):
+        return None
+    if not head.value:
+        return None
+    end, here = head.value, ctypes.addressof(mutex) + _LIST_AT
+    entry = ctypes.c_void_p.from_address(end).value or 0
+    for _ in range(_ROBUST_LIST_MAX):
+        entry &= ~1
+        if entry == end:
+            return False
+        if entry == here:
+            return True
+        entry = ctypes.c_void_p.from_address(entry).value or 0
+    return None
+
+
 def _held_here(mutex: ctypes.Array[ctypes.c_char]) -> bool:
     """Whether the futex word names a live thread of this process (``robust_held_here``)."""
     word = int.from_bytes(mutex.raw[:4], "little")
@@ -176,6 +211,7 @@ def _robust_kind() -> bytes:
 
 
 _KIND_AT: Final = _GLIBC_KIND_AT.get(platform.machine(), 0)
+_LIST_AT: Final = _GLIBC_LIST_AT.get(platform.machine(), 0)
 _KIND: Final = _robust_kind()
 
 
@@ -273,14 +309,20 @@ class RobustMutex:
     def __del__(self) -> None:
         """Make the block's mapping safe to unmap (``robust_before_unmap`` in C says why).
 
-        The stripes this thread holds are unlocked; while another live thread of this
-        process holds one, the mutexes (and so the mapping) are kept for good.
+        The stripes this thread holds through this block are unlocked (one it holds
+        through another mapping of the object is left to that mapping's step); while
+        another live thread of this process holds one, or the robust list cannot tell,
+        the mutexes (and so the mapping) are kept for good.
         """
         mutexes = getattr(self, "_mutexes", [])
         keep = False
         for stripe in range(len(mutexes) - 1, -1, -1):
             if _names_me(mutexes[stripe]):
-                self._unlock(stripe)
+                linked = _linked_here(mutexes[stripe])
+                if linked:
+                    self._unlock(stripe)
+                elif linked is None:
+                    keep = True
             elif _held_here(mutexes[stripe]):
                 keep = True
         if keep:

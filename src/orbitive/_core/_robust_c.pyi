@@ -3,6 +3,8 @@
 from mmap import mmap
 
 MUTEX_BYTES: int
+#: Where glibc links a held mutex into its locker's robust list (0 without glibc).
+MUTEX_LIST_AT: int
 #: The layout constants of ``_robust.h``, by name.
 LAYOUT: dict[str, int]
 GLIBC: int
