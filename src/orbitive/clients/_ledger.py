@@ -204,6 +204,7 @@ class Ledger(Generic[C]):
                 ledger._families.append(family)
             family.pools += 1
             ledger.borrowers |= borrowers
+            ledger._mark_opened(True)  # under the lock: a last detach clears it in order
         return ledger, family
 
     def detach(self, family: Family[C]) -> list[Entry[C]]:
@@ -225,6 +226,8 @@ class Ledger(Generic[C]):
             last = not self._families
             if last and _ledgers.get(self._name) is self:
                 del _ledgers[self._name]
+            if last:
+                self._mark_opened(False)
         with self._lock:
             idle, family.idle = family.idle, []
         if last:
@@ -558,6 +561,14 @@ class Ledger(Generic[C]):
 
     def _table(self) -> Table:
         return self._handle._t()
+
+    def _mark_opened(self, opened: bool) -> None:
+        """Mark the key opened by this process in the table while a pool of it is open,
+        so an observer (metrics, ``orbit pool``) lists the key however few clients it
+        holds. A table that refuses (full, closed) leaves the mark as it was: it only
+        describes."""
+        with contextlib.suppress(OrbitError):
+            self._table().mark_opened(self.key, opened)
 
     def _settle(self, step: Callable[[Pool], object]) -> None:
         """A table step that must outlive the pools (OrbitError is ignored).
