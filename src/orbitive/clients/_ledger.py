@@ -204,7 +204,8 @@ class Ledger(Generic[C]):
                 ledger._families.append(family)
             family.pools += 1
             ledger.borrowers |= borrowers
-            ledger._mark_opened(True)  # under the lock: a last detach clears it in order
+        with contextlib.suppress(OrbitError):  # the mark only describes: never fail the pool
+            ledger._table().mark_opened(key, True)
         return ledger, family
 
     def detach(self, family: Family[C]) -> list[Entry[C]]:
@@ -226,12 +227,11 @@ class Ledger(Generic[C]):
             last = not self._families
             if last and _ledgers.get(self._name) is self:
                 del _ledgers[self._name]
-            if last:
-                self._mark_opened(False)
         with self._lock:
             idle, family.idle = family.idle, []
         if last:
             self.left = True
+            self._unmark_opened()
             self._handle.close()  # a later table step runs on a handle of its own (_settle)
         return idle
 
@@ -562,13 +562,18 @@ class Ledger(Generic[C]):
     def _table(self) -> Table:
         return self._handle._t()
 
-    def _mark_opened(self, opened: bool) -> None:
-        """Mark the key opened by this process in the table while a pool of it is open,
-        so an observer (metrics, ``orbit pool``) lists the key however few clients it
-        holds. A table that refuses (full, closed) leaves the mark as it was: it only
-        describes."""
+    def _unmark_opened(self) -> None:
+        """Clear the key's opened mark of this node (:meth:`attach` set it, so that an
+        observer lists the key however few clients it holds), unless a new ledger of the
+        key opened meanwhile: it marked after it was listed, and the check runs in the
+        table's section, so the later of the two wins. Soon, not now, in a finalizer
+        that runs while this thread is inside a table step; a table that refuses
+        leaves the mark (it only describes)."""
         with contextlib.suppress(OrbitError):
-            self._table().mark_opened(self.key, opened)
+            table = self._table()
+            table.run_soon(
+                lambda: table.mark_opened(self.key, False, lambda: self._name not in _ledgers)
+            )
 
     def _settle(self, step: Callable[[Pool], object]) -> None:
         """A table step that must outlive the pools (OrbitError is ignored).

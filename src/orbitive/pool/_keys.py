@@ -291,10 +291,11 @@ class KeyTable:
                 self.buf[at + 1 : at + 1 + len(label)] = label
                 self.buf[at] = len(label)  # commit: the length last
 
-    def mark_opened(self, key: Key, opened: bool) -> None:
+    def mark_opened(self, key: Key, opened: bool, still: Callable[[], bool] | None = None) -> None:
         """Mark (or unmark) a client pool of this node open on ``key``, so that an
-        observer lists the key while the process lives, whatever it holds. Installs
-        the key; nothing for an unbound table.
+        observer lists the key while the process lives, whatever it holds; only if
+        ``still()`` holds, asked inside the section. Installs the key; nothing for an
+        unbound table.
 
         Raises:
             KeyFullError: no room to install the key.
@@ -302,8 +303,9 @@ class KeyTable:
         if self.node < 0:
             return
         with self:
-            offset = self.key_offset(self.find_key(key, True))
-            self.buf[offset + self.key_opened + self.node] = 1 if opened else 0
+            if still is None or still():
+                offset = self.key_offset(self.find_key(key, True))
+                self.buf[offset + self.key_opened + self.node] = 1 if opened else 0
 
     def count_wait(self, index: int, wait_us: int, timed_out: bool) -> None:
         """Count one finished wait at ``max_live`` on key ``index``: a timeout, or a
