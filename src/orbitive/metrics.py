@@ -51,9 +51,12 @@ key's digest):
 ======================================================  =========  ==========================
 
 Only keys a live process has a stake in are listed: a live resource of a live
-owner, a creation claim or a waiting caller of a live node. The keys of
-processes that exited (a key stays in the table for its epoch) are not, nor is
-a key whose pools hold nothing at the moment; what owners that died still hold
+owner, a creation claim, a waiting caller or an open client pool of a live node.
+So a client pool's key is listed from its opening to its closing in every live
+process, with counts of 0 while its pools hold nothing (before the first
+checkout, or once every client was retired); a plain ``Pool``'s key while it
+holds something. The keys of processes that exited (a key stays in the table
+for its epoch) are not listed; what owners that died still hold
 shows as ``orbitive_pool_dead_connections`` (client pools) and
 ``orbitive_resource_pool_dead_resources`` until the death is reported.
 
@@ -235,11 +238,13 @@ def _pool_families(fleet: str, observation: Observation | None = None) -> Iterat
 
 def _held_live(observation: Observation, key: KeyStatistics, counts: KeyCounts) -> bool:
     """Whether a live process has a stake in ``key``: a live resource of a live owner,
-    or a creation claim or a waiting caller of a node whose holder is alive."""
+    or a creation claim, a waiting caller or an open client pool of a node whose holder
+    is alive."""
     if counts.live:
         return True
     nodes = {node for node, _ in observation.alive}
-    return any(node in nodes for node, _ in (*key.claims, *key.waiters))
+    stakes = (*(node for node, _ in (*key.claims, *key.waiters)), *key.opened)
+    return any(node in nodes for node in stakes)
 
 
 def _resource_families(fleet: str, observation: Observation | None = None) -> Iterator[Metric]:

@@ -5,17 +5,23 @@ resource pool key of a plain ``Pool`` (one resource of 3 units); one exits
 cleanly, one is SIGKILLed, one lives on. The scrape shows the live one's client
 pool as a database connection pool and its resource pool in the resource pool
 families, by their labels; the exited and killed ones' keys, still in the table,
-show only as the dead resources and connections their owners left.
+show only as the dead resources and connections their owners left. A client pool
+is listed from its opening to its closing, whatever it holds.
 """
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from orbitive import Fleet
+from orbitive.clients import ClientPool, PoolOptions
 from orbitive.metrics import FleetCollector
 
 from .._processes import Processes
+from ._fakes import FakeClient, close
 from ._workers import two_pools_holder
 from .conftest import CAPACITY
 
@@ -86,3 +92,35 @@ def test_a_scrape_lists_live_processes_pools_each_as_what_it_is(
     assert all(resources[name] == 1.0 for name in dead & resources.keys())
     children["live"].send("exit")
     assert children["live"].wait(60) == 0
+
+
+def test_a_client_pool_is_listed_while_open_whatever_it_holds(
+    fleet: Fleet, fleet_name: str
+) -> None:
+    """Before its first checkout and once its only client is retired the pool holds no
+    client: it is listed all the same, with counts of 0 (a series that vanished between
+    scrapes would break a dashboard's graph); once closed, it is not."""
+    pool: ClientPool[FakeClient] = ClientPool(
+        fleet, "db-empty", create=FakeClient, close=close,
+        options=PoolOptions(max_live=2, max_idle=0), label="db-empty",
+    )  # fmt: skip
+    counts = "db_client_connection_count"
+    try:
+        assert named(scrape(fleet_name), counts, "db_client_connection_pool_name") == {
+            "db_client_connection_count{db-empty,idle}": 0.0,
+            "db_client_connection_count{db-empty,used}": 0.0,
+        }
+        pool.putconn(pool.getconn())  # max_idle 0: retired on its return
+        deadline = time.monotonic() + 30.0
+        while pool.statistics().live:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert named(scrape(fleet_name), counts, "db_client_connection_pool_name") == {
+            "db_client_connection_count{db-empty,idle}": 0.0,
+            "db_client_connection_count{db-empty,used}": 0.0,
+        }
+    finally:
+        pool.close()
+    assert (
+        named(scrape(fleet_name), "db_client_connection_", "db_client_connection_pool_name") == {}
+    )

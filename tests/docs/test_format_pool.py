@@ -62,7 +62,9 @@ def test_pool_resource_and_key_rows_match_the_constants() -> None:
     assert layout.key_label == layout.key_limits + _layout.LIMITS_SIZE == layout.key_waits + 112
     assert f"| waits + 112 | {_layout.LABEL_SIZE} | label |" in text
     assert f"(at most {_layout.LABEL_MAX})" in text
-    assert layout.key_stride == -(-(layout.key_label + _layout.LABEL_SIZE) // 64) * 64
+    assert layout.key_opened == layout.key_label + _layout.LABEL_SIZE == layout.key_waits + 240
+    assert "| waits + 240 | F | opened |" in text
+    assert layout.key_stride == -(-(layout.key_opened + 8) // 64) * 64  # + round_up(F, 8)
 
 
 def test_session_frame_rows_match_the_frame_struct() -> None:

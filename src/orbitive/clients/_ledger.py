@@ -204,6 +204,8 @@ class Ledger(Generic[C]):
                 ledger._families.append(family)
             family.pools += 1
             ledger.borrowers |= borrowers
+        with contextlib.suppress(OrbitError):  # the mark only describes: never fail the pool
+            ledger._table().mark_opened(key, True)
         return ledger, family
 
     def detach(self, family: Family[C]) -> list[Entry[C]]:
@@ -229,6 +231,7 @@ class Ledger(Generic[C]):
             idle, family.idle = family.idle, []
         if last:
             self.left = True
+            self._unmark_opened()
             self._handle.close()  # a later table step runs on a handle of its own (_settle)
         return idle
 
@@ -558,6 +561,19 @@ class Ledger(Generic[C]):
 
     def _table(self) -> Table:
         return self._handle._t()
+
+    def _unmark_opened(self) -> None:
+        """Clear the key's opened mark of this node (:meth:`attach` set it, so that an
+        observer lists the key however few clients it holds), unless a new ledger of the
+        key opened meanwhile: it marked after it was listed, and the check runs in the
+        table's section, so the later of the two wins. Soon, not now, in a finalizer
+        that runs while this thread is inside a table step; a table that refuses
+        leaves the mark (it only describes)."""
+        with contextlib.suppress(OrbitError):
+            table = self._table()
+            table.run_soon(
+                lambda: table.mark_opened(self.key, False, lambda: self._name not in _ledgers)
+            )
 
     def _settle(self, step: Callable[[Pool], object]) -> None:
         """A table step that must outlive the pools (OrbitError is ignored).

@@ -81,6 +81,7 @@ class KeyTable:
         self.key_waits = layout.key_waits
         self.key_limits = layout.key_limits
         self.key_label = layout.key_label
+        self.key_opened = layout.key_opened
         self.member_bytes = layout.member_bytes
         self.member_mask = layout.member_mask
         self.bell = layout.bell
@@ -290,6 +291,22 @@ class KeyTable:
                 self.buf[at + 1 : at + 1 + len(label)] = label
                 self.buf[at] = len(label)  # commit: the length last
 
+    def mark_opened(self, key: Key, opened: bool, still: Callable[[], bool] | None = None) -> None:
+        """Mark (or unmark) a client pool of this node open on ``key``, so that an
+        observer lists the key while the process lives, whatever it holds; only if
+        ``still()`` holds, asked inside the section. Installs the key; nothing for an
+        unbound table.
+
+        Raises:
+            KeyFullError: no room to install the key.
+        """
+        if self.node < 0:
+            return
+        with self:
+            if still is None or still():
+                offset = self.key_offset(self.find_key(key, True))
+                self.buf[offset + self.key_opened + self.node] = 1 if opened else 0
+
     def count_wait(self, index: int, wait_us: int, timed_out: bool) -> None:
         """Count one finished wait at ``max_live`` on key ``index``: a timeout, or a
         checkout served after ``wait_us`` microseconds. In a section."""
@@ -342,7 +359,8 @@ class KeyTable:
         self.node, self.incarnation = node, incarnation
 
     def _forget_node(self, node: int, *, claims: bool) -> list[int]:
-        """Zero a node's claims (when ``claims``), waiting marks, waiter counts and times.
+        """Zero a node's claims (when ``claims``), waiting marks, waiter counts and times,
+        and its opened marks.
 
         Returns the keys whose claims fell or whose waiters' queue lost the node
         (the others may claim now).
@@ -352,6 +370,7 @@ class KeyTable:
             offset = self.key_offset(index)
             self.buf[offset + KEY_PARKED + node] = 0
             self.buf[offset + self.key_interest + node] = 0
+            self.buf[offset + self.key_opened + node] = 0
             queued = U32.unpack_from(self.buf, offset + self.key_waiters + 4 * node)[0]
             for field in (self.key_waiters, self.key_wait_since, self.key_wait_seen):
                 store(self.buf, offset + field + 4 * node, U32, 0)

@@ -55,6 +55,8 @@ Key slot (key_stride bytes; F8 = round8(F))::
                                                at most it and more than the bound before
     waits + 96      12              limits     max_live, min_idle, max_idle (u32 each; 0: none)
     waits + 112     128             label      length u8, then that many bytes of UTF-8
+    label + 128     F               opened     per node: 1 while a client pool of its
+                                               process is open on the key (version 7)
 
 (4F' = round8(4 * F); waits = members + round8(ceil(F*L/8)); B = 9.) A key's
 idle count is not stored: it is the free units (capacity - reserved - active)
@@ -102,7 +104,7 @@ from .._core._region import store
 #: The default SHM kind of the pool table.
 POOL_KIND: Final = 247
 #: Bumped whenever any offset or meaning below changes.
-LAYOUT_VERSION: Final = 6
+LAYOUT_VERSION: Final = 7
 MAGIC: Final = b"POOL"
 HEADER_SIZE: Final = 64
 RESOURCE_SIZE: Final = 384
@@ -310,6 +312,11 @@ class Layout:
         return self.key_limits + LIMITS_SIZE
 
     @property
+    def key_opened(self) -> int:
+        """Offset of the per-node open-client-pool marks inside a key slot (layout version 7)."""
+        return self.key_label + LABEL_SIZE
+
+    @property
     def member_mask(self) -> int:
         """The bits of a member bitmap that name a resource slot (one per slot)."""
         return (1 << self.fleet_capacity * self.lane_capacity) - 1
@@ -322,7 +329,7 @@ class Layout:
     @property
     def key_stride(self) -> int:
         """Bytes per key slot."""
-        return _round(self.key_label + LABEL_SIZE, 64)
+        return _round(self.key_opened + _round(self.fleet_capacity, 8), 64)
 
     @property
     def resources(self) -> int:

@@ -66,6 +66,7 @@ class KeyStatistics:
     ``max_live``; ``waits_count`` waited there and then got a client, after
     ``waited_s`` seconds in all, ``wait_buckets`` of them (per bound of
     :data:`WAIT_BOUNDS_S`) within that bound and above the one before.
+    ``opened``: the nodes whose process has a client pool of the key open.
     """
 
     index: int
@@ -86,6 +87,7 @@ class KeyStatistics:
     waits_count: int = 0
     waited_s: float = 0.0
     wait_buckets: tuple[int, ...] = (0,) * len(WAIT_BOUNDS_US)
+    opened: tuple[int, ...] = ()
 
     @property
     def name(self) -> str:
@@ -160,6 +162,9 @@ def _keys(buf: mmap.mmap, layout: Layout) -> list[KeyStatistics]:
         bits = int.from_bytes(buf[members : members + layout.member_bytes], "little")
         live = (bits & mask).bit_count()
         parked = buf[offset + KEY_PARKED : offset + KEY_PARKED + layout.fleet_capacity]
+        opened = buf[
+            offset + layout.key_opened : offset + layout.key_opened + layout.fleet_capacity
+        ]
         rows.append(
             KeyStatistics(
                 index,
@@ -179,6 +184,7 @@ def _keys(buf: mmap.mmap, layout: Layout) -> list[KeyStatistics]:
                 waits_count=waits,
                 waited_s=wait_us / 1e6,
                 wait_buckets=tuple(buckets),
+                opened=tuple(node for node, mark in enumerate(opened) if mark),
             )
         )
     return rows
