@@ -185,6 +185,42 @@ def _fire(task: Singleton, key: str, hold_s: float, calls: int) -> list[AsyncRes
         return [future.result() for future in futures]
 
 
+def _resolve(
+    worker: Worker, task: Singleton, key: str, results: list[AsyncResult[Any]], within: float
+) -> None:
+    """Wait until every result in ``results`` is ready (at most ``within`` seconds), and
+    fail fast when one is lost: not ready while nothing holds the key (neither the run
+    lock nor the queue marker) for 15 s on end, so no call of the key is left to run.
+
+    Raises:
+        Failed (pytest.fail): a lost or late result, naming its task id and whether the
+            worker received it.
+    """
+    pending = {result.id: result for result in results}
+    name = _lock_name(task, key)
+    deadline = time.monotonic() + within
+    idle_since: float | None = None
+    with open_store(worker.store_url) as store:
+        while True:
+            pending = {id_: result for id_, result in pending.items() if not result.ready()}
+            if not pending:
+                return
+            now = time.monotonic()
+            busy = store.inspect(name) or store.inspect(f"{name}/queued")
+            idle_since = None if busy else (idle_since or now)
+            if now > deadline or (idle_since is not None and now - idle_since > 15.0):
+                log = worker.log.read_text()
+                ran = {run.task_id for run in worker.runs(key)}
+                lost = [
+                    f"{id_} (received by the worker: {f'[{id_}] received' in log},"
+                    f" ran: {id_ in ran})"
+                    for id_ in sorted(pending)
+                ]
+                why = "nothing holds the key" if idle_since is not None else "out of time"
+                pytest.fail(f"{len(lost)} result(s) never stored ({why}): {', '.join(lost)}")
+            time.sleep(0.1)
+
+
 def _one_at_a_time(runs: list[Run]) -> None:
     """The recorded intervals never overlap, and each run's token beats the one before."""
     assert all(run.ended is not None for run in runs), runs
@@ -203,8 +239,9 @@ def test_200_calls_with_the_same_key_fired_at_once_run_one_at_a_time(
     key = f"k-{uuid.uuid4()}"
     hold_s = {"queued": 0.3, "skipped": 0.05, "waited": 0.01}[mode]
     results = _fire(task, key, hold_s, 200)
-    for result in {result.id: result for result in results}.values():
-        result.get(timeout=240)
+    _resolve(worker, task, key, results, 240.0)
+    for result in results:
+        result.get(timeout=1)  # a failed run raises here
     runs = worker.runs(key)
     _one_at_a_time(runs)
     ran = {run.task_id for run in runs}
