@@ -283,7 +283,11 @@ class Singleton(_TaskBase):
         """Send the task, unless (``"queue"`` mode) its key is queued, running or cooling
         down: then return the holder's ``AsyncResult`` (or raise).
 
-        In ``"skip"`` and ``"wait"`` modes this is Celery's own.
+        In ``"skip"`` and ``"wait"`` modes this is Celery's own, but for a retry sent
+        from the running body (``self.retry()``), which takes the queue marker for its
+        task id as in ``"queue"`` mode: the worker that gets the retry's message while
+        the body still holds the run lock waits for it, rather than ignoring the
+        message as a second delivery.
 
         Args:
             args: the positional arguments (a tuple; None: none).
@@ -311,14 +315,19 @@ class Singleton(_TaskBase):
                 the duplicates handed its id, and the queue marker is given back.
         """
         self._checked()
-        if self.lock_mode != "queue":
+        retry = task_id is not None and task_id == self.request.id and self.held_lock is not None
+        if self.lock_mode != "queue" and not retry:
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
         task_id = task_id or str(uuid.uuid4())
         name = self.lock_name(args, kwargs)
         try:
-            marker, holder = self._queue(name, task_id)
+            if self.lock_mode == "queue":
+                marker, holder = self._queue(name, task_id)
+            else:  # a retry from the body: marks its message as the holder's own
+                marker = self._store().try_lock(f"{name}/queued", task_id, self.queue_ttl)
+                holder = None
         except StoreError:
             if self.on_store_error == "closed":
                 raise
@@ -452,12 +461,22 @@ class Singleton(_TaskBase):
         """The key was held at the first attempt: the run lock after waiting (``"wait"``
         and ``"queue"`` modes), or None (``"skip"``).
 
+        A holder of this very task id is a run whose message came again (ignored, unless
+        its process died on this host: its lease is waited out), or the run that sent
+        this message as its retry, which took the queue marker for it: waited for.
+
         Raises:
-            celery.exceptions.Ignore: the holder is this task id, alive elsewhere.
+            celery.exceptions.Ignore: the holder is this task id, alive elsewhere, and
+                did not send this message as its retry.
             LockTimeout: still held after ``wait_timeout`` seconds.
         """
         holder = store.inspect(name)
         if holder is not None and _task_of(holder.owner) == task_id:
+            queued = store.inspect(f"{name}/queued")
+            if queued is not None and queued.owner == task_id and not self.request.is_eager:
+                # the retry the running holder sent (it took the marker for its id again):
+                # the holder is ending; run once it has
+                return store.lock(name, owner, self.ttl, self.wait_timeout)
             if not _died_here(holder.owner):
                 _log.warning(
                     "task %s[%s] already runs (%s): this copy is ignored",

@@ -364,6 +364,22 @@ def test_a_second_delivery_of_a_running_task_id_does_not_run_again(worker: Worke
     assert "this copy is ignored" in worker.log.read_text()
 
 
+@pytest.mark.parametrize("task_name", ["retried", "retried_skip"])
+def test_a_retry_delivered_while_its_first_run_still_holds_the_key_runs_after_it(
+    worker: Worker, task_name: str
+) -> None:
+    """Not taken for a second delivery: the retry took the queue marker for its id."""
+    task: Singleton = getattr(_app, task_name)
+    key = f"k-{uuid.uuid4()}"
+    result = task.apply_async((key, 1.0))
+    _resolve(worker, task, key, [result], 60.0)
+    first, again = worker.runs(key)
+    assert result.get(timeout=1) == again.pid
+    assert first.task_id == again.task_id == result.id
+    assert first.token is not None and again.token is not None and again.token > first.token
+    assert f"[{result.id}] already runs" not in worker.log.read_text()
+
+
 def test_a_redelivery_after_its_child_was_sigkilled_runs_once_the_lease_lapses(
     worker: Worker,
 ) -> None:
