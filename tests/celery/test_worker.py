@@ -4,8 +4,11 @@ run locks on SHM and on PostgreSQL.
 
 Each body records its interval (``time.monotonic()``, one clock for the host), its
 process and its fencing token in a SQLite file; the tests read the intervals back and
-look at the store. Every test here starts processes, kills children and waits on
-leases: the module is serial (tests/conftest.py's rules) and never quick.
+look at the store. Every test here starts processes: never quick. Each has its own
+key, and each xdist process its own worker, queue, store (SHM fleet, PostgreSQL
+schema), records file and Redis, so they run in the parallel pass; the ones that
+bound a time against a lease or a delivery (a SIGKILLed child's lease lapsing
+within one TTL, renewals of a 2 s lease, a redelivery within 3 s) are ``serial``.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from .._fleets import new_fleet_name, remove_fleet_files
 from .._servers import TempPostgres, TempRedis
 from . import _app
 
-pytestmark = [pytest.mark.serial, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -256,6 +259,7 @@ def test_200_calls_with_the_same_key_fired_at_once_run_one_at_a_time(
     assert worker.holder(task, key) is None
 
 
+@pytest.mark.serial
 def test_a_sigkilled_childs_lock_is_free_within_one_ttl_and_the_next_call_runs(
     worker: Worker,
 ) -> None:
@@ -276,6 +280,7 @@ def test_a_sigkilled_childs_lock_is_free_within_one_ttl_and_the_next_call_runs(
     assert runs[0].token is not None and run.token is not None and runs[0].token > run.token
 
 
+@pytest.mark.serial
 def test_a_task_running_three_times_its_ttl_keeps_its_lock(worker: Worker) -> None:
     task = _app.short_ttl  # ttl 2 s (renewed every 0.67 s), keyed on every argument
     key = f"k-{uuid.uuid4()}"
@@ -350,6 +355,7 @@ def test_a_time_limit_frees_the_lock_long_before_its_ttl(
     assert run.ended is None
 
 
+@pytest.mark.serial
 def test_a_second_delivery_of_a_running_task_id_does_not_run_again(worker: Worker) -> None:
     task = _app.skipped
     key = f"k-{uuid.uuid4()}"
@@ -380,6 +386,7 @@ def test_a_retry_delivered_while_its_first_run_still_holds_the_key_runs_after_it
     assert f"[{result.id}] already runs" not in worker.log.read_text()
 
 
+@pytest.mark.serial
 def test_a_redelivery_after_its_child_was_sigkilled_runs_once_the_lease_lapses(
     worker: Worker,
 ) -> None:
