@@ -160,7 +160,11 @@ def test_a_call_whose_message_cannot_be_sent_stores_that_failure_as_its_result(
     app = Celery(
         "unsent", broker="redis://127.0.0.1:1/0", backend="cache+memory://", set_as_current=False
     )  # nothing listens on port 1
-    app.conf.update(orbitive_store_url=store_url, task_publish_retry=False)
+    app.conf.update(
+        orbitive_store_url=store_url,
+        task_publish_retry=False,
+        broker_transport_options={"max_retries": 0},  # refused at once, not after 6 s
+    )
     work = _task(app, [])
     with pytest.raises(Exception) as raised:
         work.apply_async((1,), task_id="task-1")
