@@ -16,9 +16,13 @@ siblings):
   lapse after ``queue_ttl``;
 * the **cool-down** (``.../cooldown``), taken after a success when ``cooldown > 0``.
 
-A caller in ``"queue"`` mode takes the marker first and then looks at the run lock
-and the cool-down, and a worker takes the run lock before it removes the marker, so
-a call made while another is queued or running finds one of them held.
+A caller in ``"queue"`` mode looks at the run lock and the cool-down first, and takes
+the marker only when both are free; a worker takes the run lock before it removes the
+marker, so a call made while another is queued or running finds one of them held.
+A caller that holds the marker always sends its message (or, when the send fails,
+stores the failure as the task's result): the marker's owner, which duplicates are
+handed, is a task whose result comes. A caller that took the marker just as a queued
+call started running is queued behind it: its worker waits for the run lock.
 
 This module imports Celery; the rest of orbitive never does (extra ``orbitive[celery]``).
 """
@@ -160,7 +164,8 @@ class Singleton(_TaskBase):
             on the way leaves the key refused until it lapses; a message that waits
             longer than this is no longer protected (a second call may queue).
         wait_timeout: ``"wait"`` mode: seconds (float) a call waits at start; None
-            waits as long as it takes.
+            waits as long as it takes. Also how long a ``"queue"`` call waits at start
+            for a run that began as it was queued.
         cooldown: seconds (float) the key stays refused after a success (0: none).
         raise_on_duplicate: ``"queue"`` mode: raise :class:`DuplicateTask` instead of
             returning the holder's ``AsyncResult``.
@@ -278,7 +283,11 @@ class Singleton(_TaskBase):
         """Send the task, unless (``"queue"`` mode) its key is queued, running or cooling
         down: then return the holder's ``AsyncResult`` (or raise).
 
-        In ``"skip"`` and ``"wait"`` modes this is Celery's own.
+        In ``"skip"`` and ``"wait"`` modes this is Celery's own, but for a retry sent
+        from the running body (``self.retry()``), which takes the queue marker for its
+        task id as in ``"queue"`` mode: the worker that gets the retry's message while
+        the body still holds the run lock waits for it, rather than ignoring the
+        message as a second delivery.
 
         Args:
             args: the positional arguments (a tuple; None: none).
@@ -301,16 +310,24 @@ class Singleton(_TaskBase):
             TypeError: the arguments do not bind to the task's signature.
             StoreError: the store cannot be reached (kind ``UNAVAILABLE``) with
                 ``on_store_error="closed"``.
+            Exception: whatever Celery's ``apply_async`` raises (a broker that cannot
+                be reached); the task's result is then stored as that FAILURE, for
+                the duplicates handed its id, and the queue marker is given back.
         """
         self._checked()
-        if self.lock_mode != "queue":
+        retry = task_id is not None and task_id == self.request.id and self.held_lock is not None
+        if self.lock_mode != "queue" and not retry:
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
         task_id = task_id or str(uuid.uuid4())
         name = self.lock_name(args, kwargs)
         try:
-            marker, holder = self._queue(name, task_id)
+            if self.lock_mode == "queue":
+                marker, holder = self._queue(name, task_id)
+            else:  # a retry from the body: marks its message as the holder's own
+                marker = self._store().try_lock(f"{name}/queued", task_id, self.queue_ttl)
+                holder = None
         except StoreError:
             if self.on_store_error == "closed":
                 raise
@@ -324,28 +341,52 @@ class Singleton(_TaskBase):
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
-        except BaseException:
+        except BaseException as error:
             if marker is not None:
-                marker.release()
+                self._unsent(task_id, marker, error)
             raise
 
     def _queue(self, name: str, task_id: str) -> tuple[Lock | None, str | None]:
         """Take the queue marker for ``task_id``: (the marker, None), or (None, the id of
-        the task that holds the key)."""
+        the task that holds the key).
+
+        The run lock and the cool-down are looked at before the marker is taken, and a
+        marker once taken is kept: its owner is handed to every duplicate, so it must
+        be a task that is sent. (Taking the marker first and giving it back on finding
+        the key running let a duplicate read the owner of a marker about to be given
+        back, and wait for a task never sent.)
+
+        Raises:
+            StoreError: the store cannot be reached, or the marker changed hands 100
+                times in a row.
+        """
         store = self._store()
         for _ in range(100):  # a holder seen busy, then gone: ask again
-            marker = store.try_lock(f"{name}/queued", task_id, self.queue_ttl)
-            if marker is None:
-                seen = store.inspect(f"{name}/queued")
-                if seen is not None:
-                    return None, _task_of(seen.owner)
-                continue
             holder = store.inspect(name) or store.inspect(f"{name}/cooldown")
             if holder is not None and _task_of(holder.owner) != task_id:  # same id: a retry
-                marker.release()
                 return None, _task_of(holder.owner)
-            return marker, None
+            marker = store.try_lock(f"{name}/queued", task_id, self.queue_ttl)
+            if marker is not None:
+                return marker, None
+            seen = store.inspect(f"{name}/queued")
+            if seen is not None:
+                return None, _task_of(seen.owner)
         raise StoreError(f"lock {name!r}: the queue marker changed hands 100 times in a row")
+
+    def _unsent(self, task_id: str, marker: Lock, error: BaseException) -> None:
+        """The message of ``task_id``, which holds ``marker``, could not be sent: store
+        ``error`` as its result (FAILURE), for the duplicates handed its id meanwhile,
+        then give the marker back. A backend that fails too is logged, not raised."""
+        try:
+            if isinstance(error, Exception):
+                self.backend.mark_as_failure(task_id, error)
+        except Exception:
+            _log.warning(
+                "task %s[%s]: not sent, and its failure not stored", self.name, task_id,
+                exc_info=True,
+            )  # fmt: skip
+        finally:
+            marker.release()
 
     # -- the worker's side ---------------------------------------------------------------
 
@@ -360,7 +401,8 @@ class Singleton(_TaskBase):
         Raises:
             celery.exceptions.Ignore: this very task id already runs elsewhere (a
                 redelivered message): the copy neither runs nor records a state.
-            LockTimeout: ``"wait"`` mode, still held after ``wait_timeout`` seconds.
+            LockTimeout: ``"wait"`` mode (or ``"queue"``, a call queued as another
+                started), still held after ``wait_timeout`` seconds.
             StoreError: the store cannot be reached, with ``on_store_error="closed"``.
             InvalidSingletonOptions: bad options.
             Exception: whatever the body raises (the lock is released first).
@@ -416,9 +458,25 @@ class Singleton(_TaskBase):
         return lock
 
     def _wait_or_skip(self, store: Store, name: str, task_id: str, owner: str) -> Lock | None:
-        """The key was held at the first attempt: the run lock after waiting, or None."""
+        """The key was held at the first attempt: the run lock after waiting (``"wait"``
+        and ``"queue"`` modes), or None (``"skip"``).
+
+        A holder of this very task id is a run whose message came again (ignored, unless
+        its process died on this host: its lease is waited out), or the run that sent
+        this message as its retry, which took the queue marker for it: waited for.
+
+        Raises:
+            celery.exceptions.Ignore: the holder is this task id, alive elsewhere, and
+                did not send this message as its retry.
+            LockTimeout: still held after ``wait_timeout`` seconds.
+        """
         holder = store.inspect(name)
         if holder is not None and _task_of(holder.owner) == task_id:
+            queued = store.inspect(f"{name}/queued")
+            if queued is not None and queued.owner == task_id and not self.request.is_eager:
+                # the retry the running holder sent (it took the marker for its id again):
+                # the holder is ending; run once it has
+                return store.lock(name, owner, self.ttl, self.wait_timeout)
             if not _died_here(holder.owner):
                 _log.warning(
                     "task %s[%s] already runs (%s): this copy is ignored",
@@ -427,7 +485,7 @@ class Singleton(_TaskBase):
                 raise Ignore()
             # a redelivery of a run whose process died on this host: wait out its lease
             return store.lock(name, owner, self.ttl, holder.remaining_s + 1.0)
-        if self.lock_mode == "wait":
+        if self.lock_mode != "skip":  # "queue": a call queued as another started runs after it
             return store.lock(name, owner, self.ttl, self.wait_timeout)
         _log.info("task %s[%s]: %r is held; skipped", self.name, task_id, name)
         return None

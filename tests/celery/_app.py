@@ -70,6 +70,31 @@ def queued(self: Singleton, key: str, hold_s: float, note: Any = None) -> int:
     return _hold(self, key, hold_s)
 
 
+def _retry_once(task: Singleton, key: str, hold_s: float) -> int:
+    """Record a run; on the first, retry at once (countdown 0) and hold the key ``hold_s``
+    seconds more: the retry's message comes while the first run holds it."""
+    pid = _hold(task, key, 0.0)
+    if task.request.retries == 0:
+        retry = task.retry(countdown=0, throw=False)
+        time.sleep(hold_s)
+        raise retry
+    return pid
+
+
+@app.task(base=Singleton, bind=True, name="t.retried", unique_on=["key"], ttl=10.0)
+def retried(self: Singleton, key: str, hold_s: float, note: Any = None) -> int:
+    """Queue once, and retry once at once."""
+    return _retry_once(self, key, hold_s)
+
+
+@app.task(
+    base=Singleton, bind=True, name="t.retried_skip", unique_on=["key"], lock_mode="skip", ttl=10.0
+)
+def retried_skip(self: Singleton, key: str, hold_s: float, note: Any = None) -> int:
+    """Skip mode, and retry once at once."""
+    return _retry_once(self, key, hold_s)
+
+
 @app.task(base=Singleton, bind=True, name="t.skipped", unique_on=["key"], lock_mode="skip")
 def skipped(self: Singleton, key: str, hold_s: float, note: Any = None) -> int:
     """Every call queued; one that finds the key held skips."""

@@ -115,6 +115,66 @@ def test_a_call_while_the_key_is_queued_returns_the_queued_tasks_result(
     assert seen == []
 
 
+def test_a_call_while_the_key_runs_returns_the_running_task_whatever_the_marker_names(
+    make_app: MakeApp, store_url: str
+) -> None:
+    """The marker can name a task that will not run before the holder ends (a caller
+    that took it as the holder started): the call is handed the running task."""
+    seen: Seen = []
+    work = _task(make_app(), seen)
+    name = work.lock_name((1,), {})
+    with (
+        open_store(store_url) as store,
+        store.lock(name, "task-1 host:1:ab", 30.0),
+        store.lock(f"{name}/queued", "task-2", 30.0),
+    ):
+        assert work.apply_async((1,), task_id="task-3").id == "task-1"
+    assert seen == []
+
+
+def test_a_queued_call_that_finds_another_run_at_start_waits_for_it_then_runs(
+    make_app: MakeApp, store_url: str
+) -> None:
+    seen: Seen = []
+    work = _task(make_app(), seen)
+    with open_store(store_url) as store:
+        running = store.try_lock(work.lock_name((1,), {}), "task-1 host:1:ab", 0.5)
+        assert running is not None  # not renewed: it lapses after 0.5 s
+        assert work.apply((1,), task_id="task-2").get() == 3  # the worker's side
+        assert running.lost
+    (only,) = seen
+    assert only[1] is not None and only[1] > running.fencing_token
+    impatient = _task(make_app(), seen, wait_timeout=0.2)
+    with (
+        open_store(store_url) as store,
+        store.lock(impatient.lock_name((1,), {}), "task-1 host:1:ab", 30.0),
+        pytest.raises(LockTimeout),
+    ):
+        impatient.apply((1,), task_id="task-3", throw=True)
+
+
+def test_a_call_whose_message_cannot_be_sent_stores_that_failure_as_its_result(
+    store_url: str,
+) -> None:
+    """A duplicate handed its id meanwhile (the marker's owner) sees the failure."""
+    app = Celery(
+        "unsent", broker="redis://127.0.0.1:1/0", backend="cache+memory://", set_as_current=False
+    )  # nothing listens on port 1
+    app.conf.update(
+        orbitive_store_url=store_url,
+        task_publish_retry=False,
+        broker_transport_options={"max_retries": 0},  # refused at once, not after 6 s
+    )
+    work = _task(app, [])
+    with pytest.raises(Exception) as raised:
+        work.apply_async((1,), task_id="task-1")
+    result = work.AsyncResult("task-1")
+    assert result.state == "FAILURE"
+    assert type(result.result) is type(raised.value)
+    with open_store(store_url) as store:
+        assert store.locks() == []  # the marker is given back
+
+
 def test_raise_on_duplicate_raises_duplicate_task_naming_the_holder(
     make_app: MakeApp, store_url: str
 ) -> None:

@@ -4,8 +4,11 @@ run locks on SHM and on PostgreSQL.
 
 Each body records its interval (``time.monotonic()``, one clock for the host), its
 process and its fencing token in a SQLite file; the tests read the intervals back and
-look at the store. Every test here starts processes, kills children and waits on
-leases: the module is serial (tests/conftest.py's rules) and never quick.
+look at the store. Every test here starts processes: never quick. Each has its own
+key, and each xdist process its own worker, queue, store (SHM fleet, PostgreSQL
+schema), records file and Redis, so they run in the parallel pass; the ones that
+bound a time against a lease or a delivery (a SIGKILLed child's lease lapsing
+within one TTL, renewals of a 2 s lease, a redelivery within 3 s) are ``serial``.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from .._fleets import new_fleet_name, remove_fleet_files
 from .._servers import TempPostgres, TempRedis
 from . import _app
 
-pytestmark = [pytest.mark.serial, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -185,6 +188,42 @@ def _fire(task: Singleton, key: str, hold_s: float, calls: int) -> list[AsyncRes
         return [future.result() for future in futures]
 
 
+def _resolve(
+    worker: Worker, task: Singleton, key: str, results: list[AsyncResult[Any]], within: float
+) -> None:
+    """Wait until every result in ``results`` is ready (at most ``within`` seconds), and
+    fail fast when one is lost: not ready while nothing holds the key (neither the run
+    lock nor the queue marker) for 15 s on end, so no call of the key is left to run.
+
+    Raises:
+        Failed (pytest.fail): a lost or late result, naming its task id and whether the
+            worker received it.
+    """
+    pending = {result.id: result for result in results}
+    name = _lock_name(task, key)
+    deadline = time.monotonic() + within
+    idle_since: float | None = None
+    with open_store(worker.store_url) as store:
+        while True:
+            pending = {id_: result for id_, result in pending.items() if not result.ready()}
+            if not pending:
+                return
+            now = time.monotonic()
+            busy = store.inspect(name) or store.inspect(f"{name}/queued")
+            idle_since = None if busy else (idle_since or now)
+            if now > deadline or (idle_since is not None and now - idle_since > 15.0):
+                log = worker.log.read_text()
+                ran = {run.task_id for run in worker.runs(key)}
+                lost = [
+                    f"{id_} (received by the worker: {f'[{id_}] received' in log},"
+                    f" ran: {id_ in ran})"
+                    for id_ in sorted(pending)
+                ]
+                why = "nothing holds the key" if idle_since is not None else "out of time"
+                pytest.fail(f"{len(lost)} result(s) never stored ({why}): {', '.join(lost)}")
+            time.sleep(0.1)
+
+
 def _one_at_a_time(runs: list[Run]) -> None:
     """The recorded intervals never overlap, and each run's token beats the one before."""
     assert all(run.ended is not None for run in runs), runs
@@ -203,8 +242,9 @@ def test_200_calls_with_the_same_key_fired_at_once_run_one_at_a_time(
     key = f"k-{uuid.uuid4()}"
     hold_s = {"queued": 0.3, "skipped": 0.05, "waited": 0.01}[mode]
     results = _fire(task, key, hold_s, 200)
-    for result in {result.id: result for result in results}.values():
-        result.get(timeout=240)
+    _resolve(worker, task, key, results, 240.0)
+    for result in results:
+        result.get(timeout=1)  # a failed run raises here
     runs = worker.runs(key)
     _one_at_a_time(runs)
     ran = {run.task_id for run in runs}
@@ -219,6 +259,7 @@ def test_200_calls_with_the_same_key_fired_at_once_run_one_at_a_time(
     assert worker.holder(task, key) is None
 
 
+@pytest.mark.serial
 def test_a_sigkilled_childs_lock_is_free_within_one_ttl_and_the_next_call_runs(
     worker: Worker,
 ) -> None:
@@ -239,6 +280,7 @@ def test_a_sigkilled_childs_lock_is_free_within_one_ttl_and_the_next_call_runs(
     assert runs[0].token is not None and run.token is not None and runs[0].token > run.token
 
 
+@pytest.mark.serial
 def test_a_task_running_three_times_its_ttl_keeps_its_lock(worker: Worker) -> None:
     task = _app.short_ttl  # ttl 2 s (renewed every 0.67 s), keyed on every argument
     key = f"k-{uuid.uuid4()}"
@@ -313,6 +355,7 @@ def test_a_time_limit_frees_the_lock_long_before_its_ttl(
     assert run.ended is None
 
 
+@pytest.mark.serial
 def test_a_second_delivery_of_a_running_task_id_does_not_run_again(worker: Worker) -> None:
     task = _app.skipped
     key = f"k-{uuid.uuid4()}"
@@ -327,6 +370,23 @@ def test_a_second_delivery_of_a_running_task_id_does_not_run_again(worker: Worke
     assert "this copy is ignored" in worker.log.read_text()
 
 
+@pytest.mark.parametrize("task_name", ["retried", "retried_skip"])
+def test_a_retry_delivered_while_its_first_run_still_holds_the_key_runs_after_it(
+    worker: Worker, task_name: str
+) -> None:
+    """Not taken for a second delivery: the retry took the queue marker for its id."""
+    task: Singleton = getattr(_app, task_name)
+    key = f"k-{uuid.uuid4()}"
+    result = task.apply_async((key, 1.0))
+    _resolve(worker, task, key, [result], 60.0)
+    first, again = worker.runs(key)
+    assert result.get(timeout=1) == again.pid
+    assert first.task_id == again.task_id == result.id
+    assert first.token is not None and again.token is not None and again.token > first.token
+    assert f"[{result.id}] already runs" not in worker.log.read_text()
+
+
+@pytest.mark.serial
 def test_a_redelivery_after_its_child_was_sigkilled_runs_once_the_lease_lapses(
     worker: Worker,
 ) -> None:
