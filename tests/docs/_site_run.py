@@ -29,6 +29,10 @@ from ._standins import STANDINS
 PAGE_S = 180.0
 START_S = 60.0
 STOP_S = 20.0
+#: Seconds between the SIGTERMs sent to a stopping server's process group: a gunicorn
+#: worker still in its post_fork when the first one comes takes it with the master's
+#: handler, which only queues it, and would serve on until the SIGKILL at STOP_S.
+TERM_EVERY_S = 1.0
 #: Requests sent to a started server, each of which must answer 200.
 REQUESTS = 4
 
@@ -121,10 +125,14 @@ def _wait_answering(process: subprocess.Popen[bytes], url: str) -> None:
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
+    """SIGTERM to the server's process group every TERM_EVERY_S until its leader exits,
+    then SIGKILL to whatever the group still holds (all of it, at STOP_S)."""
+    deadline = time.monotonic() + STOP_S
+    while process.poll() is None and (left := deadline - time.monotonic()) > 0:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(STOP_S)
+            process.wait(min(TERM_EVERY_S, left))
     with contextlib.suppress(ProcessLookupError):  # whatever the session left, by group id
         os.killpg(process.pid, signal.SIGKILL)
     process.wait(STOP_S)
