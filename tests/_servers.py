@@ -14,13 +14,14 @@ import contextlib
 import glob
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -168,6 +169,19 @@ class TempPostgres(TempServer):
             shutil.rmtree(root, ignore_errors=True)
             raise
         return server
+
+    @contextlib.contextmanager
+    def schema_url(self, prefix: str) -> Iterator[str]:
+        """A URL of this cluster whose ``search_path`` is a new schema named ``prefix``
+        and random hex, dropped (with all it holds) when the block ends."""
+        schema = f"{prefix}{secrets.token_hex(6)}"
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+        try:
+            yield f"{self.url}?options=-csearch_path%3D{schema}"
+        finally:
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def _accepts(url: str) -> bool:

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import psycopg
 import pytest
 from celery.result import AsyncResult
 
@@ -106,12 +105,8 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 @pytest.fixture(scope="module")
 def module_postgres_url(postgres_server: TempPostgres) -> Iterator[str]:
     """A store URL on a fresh schema of the session's PostgreSQL, dropped afterwards."""
-    schema = f"celery_{secrets.token_hex(6)}"
-    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    yield f"{postgres_server.url}?options=-csearch_path%3D{schema}"
-    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    with postgres_server.schema_url("celery_") as url:
+        yield url
 
 
 @pytest.fixture(scope="module", params=["shm", "postgres"])

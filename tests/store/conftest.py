@@ -14,7 +14,6 @@ import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 import redis
 
@@ -31,12 +30,8 @@ SHM_CAPACITY = 24
 @pytest.fixture
 def postgres_url(postgres_server: TempPostgres) -> Iterator[str]:
     """A store URL on a fresh schema of the session server."""
-    schema = f"t_{secrets.token_hex(6)}"
-    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    yield f"{postgres_server.url}?options=-csearch_path%3D{schema}"
-    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    with postgres_server.schema_url("t_") as url:
+        yield url
 
 
 @pytest.fixture
