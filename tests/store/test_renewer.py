@@ -178,7 +178,10 @@ def test_one_renewer_task_per_loop_keeps_every_async_lock(store: Store) -> None:
         return samples, held
 
     samples, held = asyncio.run(main())
-    assert all(names.count("orbitive-renewer") == 1 for names in samples)
+    # Never two: the task ends only when no lock is queued (all 50 renewals in flight at
+    # once, as when a loaded loop wakes it late), and the first renewal back starts it.
+    assert all(names.count("orbitive-renewer") <= 1 for names in samples)
+    assert any(names.count("orbitive-renewer") == 1 for names in samples)
     # main, the renewer and the renewals in flight now and then: no task per lock
     assert min(len(names) for names in samples) == 2
     assert [lock for lock in held if lock.lost] == []
