@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -66,8 +67,13 @@ SETTLE_S: Final = 2.0
 #: Seconds of the waits after a point has already failed.
 SHORT_WAIT_S: Final = 0.2
 
-#: Seconds a hanging callable's caller waits before ``asyncio.wait_for`` gives up.
+#: Seconds a hanging callable's caller first waits before ``asyncio.wait_for`` gives
+#: up; a run the timeout ended before its hang (or, in the clean run, before it
+#: returned) is run again on a fresh pool with four times the timeout.
 HANG_TIMEOUT_S: Final = 0.02
+
+#: The longest ``asyncio.wait_for`` timeout a hang point tries.
+HANG_TIMEOUT_MOST_S: Final = 6.0
 
 #: A sweep gives up past this many points (a scenario that never completes).
 MOST_POINTS: Final = 200
@@ -427,12 +433,27 @@ def run_hang_point(
     at: int,
 ) -> Point:
     """Run ``scenario`` with its ``at``-th callable call hanging until its caller is
-    cancelled (``asyncio.wait_for`` timing out, or ``task.cancel()`` once it hangs)."""
-    with staged(fleet, key, style, scenario) as stage:
-        stage.callbacks.hang_at = at or None
-        waiting = _timed_out if canceller == "wait_for" else _cancelled_when_hung
-        ended = _run_async(stage, scenario, waiting)
-        return _checked(fleet, prober, key, stage, ended, at)
+    cancelled (``asyncio.wait_for`` timing out, or ``task.cancel()`` once it hangs).
+
+    A ``wait_for`` whose timeout came before the hang (a slow machine) cancelled the
+    operation somewhere else: that run is checked, then run again with a longer
+    timeout, so the point lands where it was aimed however loaded the machine is.
+    """
+    timeout, attempt = HANG_TIMEOUT_S, 0
+    while True:
+        run_key = f"{key}/{attempt}" if attempt else key
+        with staged(fleet, run_key, style, scenario) as stage:
+            stage.callbacks.hang_at = at or None
+            if canceller == "wait_for":
+                waiting: Runner = functools.partial(_timed_out, timeout=timeout)
+            else:
+                waiting = _cancelled_when_hung
+            ended = _run_async(stage, scenario, waiting)
+            point = _checked(fleet, prober, run_key, stage, ended, at)
+            aimed = stage.callbacks.hung.is_set() if at else ended != "raised TimeoutError"
+        if aimed or point.problems or canceller != "wait_for" or timeout >= HANG_TIMEOUT_MOST_S:
+            return point
+        timeout, attempt = timeout * 4, attempt + 1
 
 
 def _checked(fleet: Fleet, prober: Prober, key: str, stage: Stage, ended: str, at: int) -> Point:
@@ -466,9 +487,9 @@ async def _plain(stage: Stage, operation: Awaitable[object]) -> object:
     return await operation
 
 
-async def _timed_out(stage: Stage, operation: Awaitable[object]) -> object:
+async def _timed_out(stage: Stage, operation: Awaitable[object], timeout: float) -> object:
     del stage
-    return await asyncio.wait_for(operation, HANG_TIMEOUT_S)
+    return await asyncio.wait_for(operation, timeout)
 
 
 async def _cancelled_when_hung(stage: Stage, operation: Awaitable[object]) -> object:
