@@ -29,9 +29,13 @@ from ..clients._fakes import FakeClient, close
 #: How long a grandchild may take for its work before it counts as hung, in seconds.
 WORK_WITHIN = 10.0
 FORKS = 20
-#: A parent's renewed locks, and their ttl: the renewer renews one every 11 ms (a ttl
-#: of 0.3 s lapsed one of them in 3 runs with two CPU burners: the test's load, not a fork).
-LOCKS, TTL = 30, 1.0
+#: A parent's renewed locks, and their ttl: the renewer renews one every 11 ms, each
+#: every ttl / 3. The slack a renewal has before its lock lapses is 2/3 of the ttl: 0.2 s
+#: (a ttl of 0.3 s) lapsed one in 3 runs with two CPU burners, 0.67 s (1 s) one in a
+#: CI run under AddressSanitizer, whose forks are slow: the test's load, not a fork.
+LOCKS, TTL = 60, 2.0
+#: The ttl of a grandchild's own lock, which it holds past its first renewal.
+CHILD_TTL = 1.0
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")  # 3.12+
 
@@ -113,8 +117,8 @@ def fork_while_threads_are_busy(channel: Channel, url: str, fleet_name: str) -> 
     pool.putconn(pool.getconn())
 
     def work() -> None:
-        with store.lock(f"child-{os.getpid()}", ttl=TTL, timeout=5.0) as mine:
-            time.sleep(TTL / 2)  # past its first renewal, by its own renewer
+        with store.lock(f"child-{os.getpid()}", ttl=CHILD_TTL, timeout=5.0) as mine:
+            time.sleep(CHILD_TTL / 2)  # past its first renewal, by its own renewer
             assert not mine.lost
         assert held[0].renew(TTL)  # the parent's lock: the same owner and token
         store.statistics()
