@@ -130,6 +130,7 @@ LAYERS: dict[str, set[str]] = {
     "clients": {"_core", "pool", "store"},  # a budget across hosts holds store leases
     "metrics": {"_core", "lock", "pool", "clients"},
     "celery": {"_core", "store"},
+    "limits": {"_core", "store"},  # postgresql:// runs on the store's PostgreSQL engine
     "cli": {"", "_core", "lock", "pool", "store", "clients", "metrics"},
     "": {"_core", "cli"},  # the root package, and python -m orbitive
 }
