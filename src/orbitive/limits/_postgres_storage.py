@@ -42,6 +42,7 @@ Facts this storage relies on:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -599,6 +600,12 @@ class PostgresStorage(
             finally:
                 self._sweep_mutex.release()
         return row
+
+    def __del__(self) -> None:
+        """Close the connections of a storage nobody refers to any more (``limits`` has no
+        close step: a storage made per ``asyncio.run`` would otherwise leave them open)."""
+        with contextlib.suppress(Exception):  # a half-made storage has no engine
+            self.close()
 
     def __repr__(self) -> str:
         return f"<PostgresStorage {_redacted(self._url)}>"

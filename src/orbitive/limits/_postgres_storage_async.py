@@ -12,6 +12,7 @@ is left; a statement is never abandoned half-way by a cancelled task.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -232,6 +233,12 @@ class AsyncPostgresStorage(
             finally:
                 self._sweeping = False
         return row
+
+    def __del__(self) -> None:
+        """Close the connections of a storage nobody refers to any more (``limits`` has no
+        close step: a storage made per ``asyncio.run`` would otherwise leave them open)."""
+        with contextlib.suppress(Exception):  # a half-made storage has no engine
+            self.close()
 
     def __repr__(self) -> str:
         return f"<AsyncPostgresStorage async+{_redacted(self._url)}>"
