@@ -65,8 +65,8 @@ class UpstreamAsyncPostgresStorage(AsyncPostgresStorage):
         _emptied()
 
 
-limits.storage.MemoryStorage = UpstreamPostgresStorage  # type: ignore[misc]
-limits.aio.storage.MemoryStorage = UpstreamAsyncPostgresStorage  # type: ignore[misc]
+limits.storage.MemoryStorage = UpstreamPostgresStorage  # type: ignore[misc, assignment]
+limits.aio.storage.MemoryStorage = UpstreamAsyncPostgresStorage  # type: ignore[misc, assignment]
 _lazy = types.ModuleType("pytest_lazy_fixtures")
 _lazy.lf = lambda name: None  # type: ignore[attr-defined]
 sys.modules.setdefault("pytest_lazy_fixtures", _lazy)
