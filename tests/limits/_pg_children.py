@@ -1,0 +1,45 @@
+"""What the child processes of ``test_postgres_processes`` run (no test framework here,
+so a spawned child starts quickly)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from limits import RateLimitItemPerSecond
+from limits.aio.strategies import STRATEGIES as AIO_STRATEGIES
+from limits.strategies import STRATEGIES
+
+from orbitive.limits import AsyncPostgresStorage, PostgresStorage
+
+from .._processes import Channel
+
+
+def hammer(
+    channel: Channel, url: str, form: str, strategy: str, limit: int, expiry: int, hits: int
+) -> None:
+    """Open a storage of ``form`` on ``url``, say "ready", wait for "go", then hit one key
+    ``hits`` times through ``strategy``; send how many hits were admitted."""
+    item = RateLimitItemPerSecond(limit, expiry)
+    if form == "sync":
+        storage = PostgresStorage(url)
+        limiter = STRATEGIES[strategy](storage)
+        storage.check()  # connected and the tables made before the start
+        channel.send("ready")
+        channel.recv(None)
+        channel.send(sum(limiter.hit(item, "shared") for _ in range(hits)))
+        storage.close()
+        return
+
+    async def run() -> None:
+        storage = AsyncPostgresStorage("async+" + url)
+        limiter = AIO_STRATEGIES[strategy](storage)  # type: ignore[abstract]  # each is concrete
+        await storage.check()
+        channel.send("ready")
+        await asyncio.to_thread(channel.recv, None)
+        admitted = 0
+        for _ in range(hits):
+            admitted += await limiter.hit(item, "shared")
+        channel.send(admitted)
+        storage.close()
+
+    asyncio.run(run())

@@ -1,0 +1,49 @@
+"""Exactness across processes: 8 processes (4 sync, 4 asyncio) hitting one key through
+each strategy of ``limits`` on ``postgresql://`` admit exactly the limit, no more and
+no fewer, and the storage then holds what they did."""
+
+from __future__ import annotations
+
+import pytest
+from limits import RateLimitItemPerSecond
+
+from orbitive.limits import PostgresStorage
+
+from .._processes import Processes
+from ._pg import pg_url
+from ._pg_children import hammer
+
+__all__ = ["pg_url"]  # fixtures
+
+PROCESSES = 8
+LIMIT = 100
+HITS = 40  # per process: 320 hits for a limit of 100
+#: One window for the whole test: the sliding window counter's windows are aligned on
+#: multiples of the expiry, so a short one could end in the middle of the test.
+EXPIRY = 1_000_000
+
+
+@pytest.mark.parametrize("strategy", ["fixed-window", "moving-window", "sliding-window-counter"])
+def test_eight_processes_hitting_one_key_admit_exactly_the_limit(
+    processes: Processes, pg_url: str, strategy: str
+) -> None:
+    children = [
+        processes.start(hammer, pg_url, "sync" if n % 2 else "async", strategy, LIMIT, EXPIRY, HITS)
+        for n in range(PROCESSES)
+    ]
+    assert [child.recv() for child in children] == ["ready"] * PROCESSES
+    for child in children:
+        child.send("go")
+    admitted = [child.recv(60.0) for child in children]
+    assert sum(admitted) == LIMIT, admitted
+    storage = PostgresStorage(pg_url)
+    try:
+        key = RateLimitItemPerSecond(LIMIT, EXPIRY).key_for("shared")
+        if strategy == "fixed-window":
+            assert storage.get(key) == PROCESSES * HITS  # every hit counted, LIMIT admitted
+        elif strategy == "moving-window":
+            assert storage.get_moving_window(key, LIMIT, EXPIRY)[1] == LIMIT
+        else:
+            assert storage.get_sliding_window(key, EXPIRY)[2] == LIMIT
+    finally:
+        storage.close()
