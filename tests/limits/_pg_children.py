@@ -43,3 +43,9 @@ def hammer(
         storage.close()
 
     asyncio.run(run())
+
+
+def hit_inherited(channel: Channel, storage: PostgresStorage, hits: int) -> None:
+    """In a forked child, increment key "fork" ``hits`` times through the storage object
+    the parent made and used; send the counts."""
+    channel.send([storage.incr("fork", 60) for _ in range(hits)])

@@ -11,7 +11,7 @@ from orbitive.limits import PostgresStorage
 
 from .._processes import Processes
 from ._pg import pg_url
-from ._pg_children import hammer
+from ._pg_children import hammer, hit_inherited
 
 __all__ = ["pg_url"]  # fixtures
 
@@ -45,5 +45,20 @@ def test_eight_processes_hitting_one_key_admit_exactly_the_limit(
             assert storage.get_moving_window(key, LIMIT, EXPIRY)[1] == LIMIT
         else:
             assert storage.get_sliding_window(key, EXPIRY)[2] == LIMIT
+    finally:
+        storage.close()
+
+
+def test_a_forked_child_uses_the_inherited_storage_on_a_connection_of_its_own(
+    pg_url: str,
+) -> None:
+    storage = PostgresStorage(pg_url)
+    try:
+        assert storage.incr("fork", 60) == 1  # the parent's connection is open
+        with Processes("fork") as forked:
+            child = forked.start(hit_inherited, storage, 5)
+            assert child.recv() == [2, 3, 4, 5, 6]
+            assert child.wait() == 0
+        assert storage.incr("fork", 60) == 7  # the parent's session was left alone
     finally:
         storage.close()

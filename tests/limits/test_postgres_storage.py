@@ -349,3 +349,25 @@ def test_every_storage_object_makes_the_tables_and_finds_those_made_before(pg_ur
     finally:
         for target in opened:
             target.close()
+
+
+def test_a_connection_the_server_ended_is_replaced_and_the_call_answers(storage: Any) -> None:
+    assert storage.incr("k", 60) == 1
+    ended = 0
+    with psycopg.connect(storage_url(storage), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE pid <> pg_backend_pid() AND datname = current_database() "
+            "AND backend_type = 'client backend'"
+        ).fetchall()
+        ended = len(rows)
+    assert ended >= 1
+    assert storage.incr("k", 60) == 2  # retried once on a fresh connection
+    assert storage.acquire_entry("m", 1, 60)
+    assert storage.get_sliding_window("s", LONG)[2] == 0
+
+
+def storage_url(storage: Any) -> str:
+    """The libpq URL a storage (or its adapter) connects to."""
+    found: str = getattr(storage, "storage", storage)._url
+    return found
