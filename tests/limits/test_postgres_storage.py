@@ -4,6 +4,7 @@ registration, reclamation of expired rows, bad input and a server that is down."
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -371,3 +372,30 @@ def storage_url(storage: Any) -> str:
     """The libpq URL a storage (or its adapter) connects to."""
     found: str = getattr(storage, "storage", storage)._url
     return found
+
+
+def test_a_user_who_may_not_create_uses_the_tables_their_owner_made(form: str, pg_url: str) -> None:
+    owner = open_form(form, pg_url)
+    assert owner.check()  # the tables and functions made, as their owner
+    owner.close()
+    role = f"limited_{secrets.token_hex(4)}"
+    schema = pg_url.rsplit("%3D", 1)[1]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+        conn.execute(
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}"
+        )
+    try:
+        user = open_form(form, pg_url.replace("postgres@", f"{role}@", 1))
+        try:
+            assert user.incr("k", 60) == 1
+            assert user.acquire_entry("m", 2, 60)
+            assert user.acquire_sliding_window_entry("s", 2, LONG)
+            assert user.reset() == 3
+        finally:
+            user.close()
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")

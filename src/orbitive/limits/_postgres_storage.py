@@ -34,7 +34,10 @@ Facts this storage relies on:
   ``expires_at`` finds them).
 * ``CREATE TABLE IF NOT EXISTS`` and ``CREATE OR REPLACE FUNCTION`` are not safe
   against a concurrent creator: the schema is created by one ``DO`` block under a
-  transaction-scoped advisory lock, on the first call of each storage object.
+  transaction-scoped advisory lock, on the first call of each storage object. A
+  schema already in place at :data:`SCHEMA_VERSION` (the comment of both functions)
+  is used as it is, without the lock or any ``CREATE``: a user with only ``SELECT``,
+  ``INSERT``, ``UPDATE``, ``DELETE`` and ``EXECUTE`` can use tables their owner made.
 * A call retried after its reply was lost (the connection broke after the commit)
   counts its hits again: a retry can only refuse more, never admit more than the
   limit.
@@ -140,9 +143,27 @@ BEGIN
     RETURN true;
 END $fn$"""
 #: The whole schema as one statement (one transaction), idempotent and serialised.
+#: The schema's version, kept as the comment of both functions: a schema of this version
+#: in place is used as it is (by a user who may not create anything), another one is
+#: brought up to it.
+SCHEMA_VERSION: Final = "orbitive.limits schema 1"
+_SCHEMA_CURRENT: Final = f"""
+    to_regclass('orbitive_limits_counters') IS NOT NULL
+    AND to_regclass('orbitive_limits_moving') IS NOT NULL
+    AND to_regclass('orbitive_limits_sliding') IS NOT NULL
+    AND obj_description(to_regprocedure(
+        'orbitive_limits_acquire_entry(text, bigint, float8, bigint)'), 'pg_proc')
+        IS NOT DISTINCT FROM '{SCHEMA_VERSION}'
+    AND obj_description(to_regprocedure(
+        'orbitive_limits_acquire_sliding(text, bigint, float8, bigint)'), 'pg_proc')
+        IS NOT DISTINCT FROM '{SCHEMA_VERSION}'"""
+#: The whole schema as one statement (one transaction), idempotent and serialised.
 SCHEMA: Final = f"""
 DO $orbitive$
 BEGIN
+    IF {_SCHEMA_CURRENT} THEN
+        RETURN;  -- in place: nothing to create, no privilege needed
+    END IF;
     PERFORM pg_advisory_xact_lock({_SCHEMA_LOCK});
     CREATE TABLE IF NOT EXISTS orbitive_limits_counters (
         key text PRIMARY KEY,
@@ -169,6 +190,10 @@ BEGIN
         ON orbitive_limits_sliding (expires_at);
     {_ACQUIRE_ENTRY_FUNCTION};
     {_ACQUIRE_SLIDING_FUNCTION};
+    COMMENT ON FUNCTION orbitive_limits_acquire_entry(text, bigint, float8, bigint)
+        IS '{SCHEMA_VERSION}';
+    COMMENT ON FUNCTION orbitive_limits_acquire_sliding(text, bigint, float8, bigint)
+        IS '{SCHEMA_VERSION}';
 END
 $orbitive$"""
 INCR: Final = """
