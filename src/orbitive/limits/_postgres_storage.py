@@ -535,7 +535,8 @@ class PostgresStorage(
         """The moving window of ``key`` now.
 
         Args:
-            key: the rate-limit key. limit: the limit (unused: the row holds no more).
+            key: the rate-limit key (a str of at most 2048 UTF-8 bytes, no NUL).
+            limit: the limit (an int; unused: the window holds no more hits).
             expiry: the window's length in seconds (a finite float or int > 0).
 
         Returns:
