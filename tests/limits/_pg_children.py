@@ -15,10 +15,18 @@ from .._processes import Channel
 
 
 def hammer(
-    channel: Channel, url: str, form: str, strategy: str, limit: int, expiry: int, hits: int
+    channel: Channel,
+    url: str,
+    form: str,
+    strategy: str,
+    limit: int,
+    expiry: int,
+    hits: int,
+    cost: int,
 ) -> None:
     """Open a storage of ``form`` on ``url``, say "ready", wait for "go", then hit one key
-    ``hits`` times through ``strategy``; send how many hits were admitted."""
+    ``hits`` times through ``strategy``, each hit of ``cost``; send how many hits were
+    admitted."""
     item = RateLimitItemPerSecond(limit, expiry)
     if form == "sync":
         storage = PostgresStorage(url)
@@ -26,7 +34,7 @@ def hammer(
         storage.check()  # connected and the tables made before the start
         channel.send("ready")
         channel.recv(None)
-        channel.send(sum(limiter.hit(item, "shared") for _ in range(hits)))
+        channel.send(sum(limiter.hit(item, "shared", cost=cost) for _ in range(hits)))
         storage.close()
         return
 
@@ -38,7 +46,7 @@ def hammer(
         await asyncio.to_thread(channel.recv, None)
         admitted = 0
         for _ in range(hits):
-            admitted += await limiter.hit(item, "shared")
+            admitted += await limiter.hit(item, "shared", cost=cost)
         channel.send(admitted)
         storage.close()
 

@@ -23,28 +23,31 @@ HITS = 40  # per process: 320 hits for a limit of 100
 EXPIRY = 1_000_000
 
 
+@pytest.mark.parametrize("cost", [1, 3])
 @pytest.mark.parametrize("strategy", ["fixed-window", "moving-window", "sliding-window-counter"])
 def test_eight_processes_hitting_one_key_admit_exactly_the_limit(
-    processes: Processes, pg_url: str, strategy: str
+    processes: Processes, pg_url: str, strategy: str, cost: int
 ) -> None:
+    forms = ["async", "sync"]
     children = [
-        processes.start(hammer, pg_url, "sync" if n % 2 else "async", strategy, LIMIT, EXPIRY, HITS)
+        processes.start(hammer, pg_url, forms[n % 2], strategy, LIMIT, EXPIRY, HITS, cost)
         for n in range(PROCESSES)
     ]
     assert [child.recv() for child in children] == ["ready"] * PROCESSES
     for child in children:
         child.send("go")
     admitted = [child.recv(60.0) for child in children]
-    assert sum(admitted) == LIMIT, admitted
+    assert sum(admitted) == LIMIT // cost, admitted  # of cost 3: 33 hits, 99 of 100 used
     storage = PostgresStorage(pg_url)
     try:
         key = RateLimitItemPerSecond(LIMIT, EXPIRY).key_for("shared")
+        used = LIMIT // cost * cost
         if strategy == "fixed-window":
-            assert storage.get(key) == PROCESSES * HITS  # every hit counted, LIMIT admitted
+            assert storage.get(key) == PROCESSES * HITS * cost  # every hit counted
         elif strategy == "moving-window":
-            assert storage.get_moving_window(key, LIMIT, EXPIRY)[1] == LIMIT
+            assert storage.get_moving_window(key, LIMIT, EXPIRY)[1] == used
         else:
-            assert storage.get_sliding_window(key, EXPIRY)[2] == LIMIT
+            assert storage.get_sliding_window(key, EXPIRY)[2] == used
     finally:
         storage.close()
 
