@@ -19,11 +19,11 @@ from limits.strategies import STRATEGIES
 
 from orbitive.limits import (
     AsyncPostgresStorage,
+    InvalidRateStorageUrl,
     PostgresStorage,
     _postgres_storage,
     _postgres_storage_async,
 )
-from orbitive.limits._errors import InvalidRateStorageUrl
 from orbitive.store import ErrorKind, StoreError
 
 from ._pg import form, open_form, pg_url, storage
