@@ -271,6 +271,7 @@ def test_each_form_refuses_the_others_scheme_and_no_message_shows_the_password()
         (lambda s: s.incr("k", 0), ValueError),
         (lambda s: s.incr("k", math.nan), ValueError),
         (lambda s: s.incr("k", math.inf), ValueError),
+        (lambda s: s.incr("k", 1e9 + 1), ValueError),
         (lambda s: s.incr("k", "60"), TypeError),
         (lambda s: s.incr("k", True), TypeError),
         (lambda s: s.incr("k", 60, amount=0), ValueError),

@@ -73,6 +73,8 @@ _T = TypeVar("_T")
 SCHEMES: Final = ("postgresql", "postgres")
 #: A key's longest UTF-8 form, in bytes (a B-tree entry must fit a third of a page).
 KEY_MAX_BYTES: Final = 2048
+#: The longest window, in seconds (about 31 years; the store's longest lease).
+EXPIRY_MAX_S: Final = 1e9
 #: Seconds between two sweeps of expired rows by one storage object.
 SWEEP_EVERY_S: Final = 60.0
 #: Most expired rows one sweep deletes from each table.
@@ -330,15 +332,18 @@ def checked_expiry(expiry: object) -> float:
 
     Raises:
         TypeError: not an int or float (or a bool).
-        ValueError: not finite and positive.
+        ValueError: not above 0 and at most :data:`EXPIRY_MAX_S` (NaN and inf included).
     """
     if type(expiry) not in (int, float):
         raise TypeError(
             f"rate-limit expiry must be seconds (int or float), not {type(expiry).__name__}"
         )
     seconds = float(expiry)  # type: ignore[arg-type]  # int or float, checked above
-    if not (math.isfinite(seconds) and seconds > 0.0):
-        raise ValueError(f"rate-limit expiry must be finite seconds > 0, got {expiry!r}")
+    if not 0.0 < seconds <= EXPIRY_MAX_S:  # also refuses NaN
+        raise ValueError(
+            f"rate-limit expiry must be seconds above 0 and at most {EXPIRY_MAX_S:g}, "
+            f"got {expiry!r}"
+        )
     return seconds
 
 
@@ -446,7 +451,7 @@ class PostgresStorage(
 
         Args:
             key: the rate-limit key (a str of at most 2048 UTF-8 bytes, no NUL).
-            expiry: the window's length in seconds (a finite float or int > 0).
+            expiry: the window's length in seconds (a float or int above 0, at most 1e9).
             amount: what to add (an int >= 1).
 
         Returns:
@@ -516,7 +521,7 @@ class PostgresStorage(
         Args:
             key: the rate-limit key (a str of at most 2048 UTF-8 bytes, no NUL).
             limit: hits allowed in any ``expiry`` seconds (an int >= 0).
-            expiry: the window's length in seconds (a finite float or int > 0).
+            expiry: the window's length in seconds (a float or int above 0, at most 1e9).
             amount: the hits to record (an int >= 1).
 
         Returns:
@@ -537,7 +542,7 @@ class PostgresStorage(
         Args:
             key: the rate-limit key (a str of at most 2048 UTF-8 bytes, no NUL).
             limit: the limit (an int; unused: the window holds no more hits).
-            expiry: the window's length in seconds (a finite float or int > 0).
+            expiry: the window's length in seconds (a float or int above 0, at most 1e9).
 
         Returns:
             (the epoch second of its oldest hit, or now when it has none; the hits in it).
@@ -560,7 +565,7 @@ class PostgresStorage(
         Args:
             key: the rate-limit key (a str of at most 2048 UTF-8 bytes, no NUL).
             limit: hits allowed per window (an int >= 0).
-            expiry: the window's length in seconds (a finite float or int > 0).
+            expiry: the window's length in seconds (a float or int above 0, at most 1e9).
             amount: the hits to count (an int >= 1).
 
         Returns:
@@ -580,7 +585,7 @@ class PostgresStorage(
 
         Args:
             key: the rate-limit key.
-            expiry: the window's length in seconds (a finite float or int > 0).
+            expiry: the window's length in seconds (a float or int above 0, at most 1e9).
 
         Returns:
             (the previous window's count, seconds until it stops weighing, the current
