@@ -9,3 +9,7 @@ This package imports ``limits``; the rest of orbitive never does (extra
 """
 
 from __future__ import annotations
+
+from ._errors import InvalidRateStorageUrl as InvalidRateStorageUrl
+from ._postgres_storage import PostgresStorage as PostgresStorage
+from ._postgres_storage_async import AsyncPostgresStorage as AsyncPostgresStorage
