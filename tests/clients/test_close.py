@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from orbitive import Fleet
+from orbitive import Fleet, FleetError
 from orbitive.clients import ClientPool, PoolClosed, PoolOptions
+from orbitive.clients._client_pool import UPKEEP_INTERVAL_S
 
 from .._processes import Processes
 from ._fakes import FakeClient, close
@@ -164,7 +165,7 @@ def test_close_leaves_a_client_serving_another_processs_request_until_it_is_done
 _EXITS_WITH_A_CLOSE_QUEUED = """
 import sys, time
 from pathlib import Path
-from orbitive import Fleet
+from orbitive import Fleet, FleetError
 from orbitive.clients import ClientPool, PoolOptions
 
 def slow_close(client):
@@ -191,3 +192,25 @@ def test_the_closes_queued_at_interpreter_exit_are_done_before_it_ends(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert marker.read_text() == "closed"
+
+
+def test_a_fleet_closed_under_an_open_pool_stops_its_upkeep_reading_and_is_named(
+    fleet_name: str,
+) -> None:
+    """The fleet unmaps its regions at ``close()``; a pool left open on it then reports no
+    error from its upkeep thread (which reaps dead nodes every UPKEEP_INTERVAL_S) and its
+    calls raise FleetError naming the closed fleet, never read an unmapped table."""
+    seen: list[threading.ExceptHookArgs] = []
+    previous, threading.excepthook = threading.excepthook, seen.append
+    fleet = Fleet.join(fleet_name, CAPACITY)
+    pool = _pool(fleet, 1)
+    try:
+        pool.putconn(pool.getconn())
+        fleet.close()
+        time.sleep(3 * UPKEEP_INTERVAL_S)  # a round due to reap the dead, at least
+        with pytest.raises(FleetError, match="is closed"):
+            pool.getconn(timeout=0.1)
+    finally:
+        threading.excepthook = previous
+        pool.close()
+    assert [str(args.exc_value) for args in seen] == []

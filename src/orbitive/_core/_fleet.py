@@ -458,6 +458,11 @@ class Fleet:
         return self._node
 
     @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called: the regions are unmapped."""
+        return self._closed
+
+    @property
     def incarnation(self) -> int:
         """A value unique to this (node, process life)."""
         self.node  # noqa: B018 - rejoins in a forked child first

@@ -241,8 +241,8 @@ class ClientPool(Generic[C]):
                 retiring.release(ledger.detach(family))
                 raise
         upkeep = Upkeep(
-            self.key, self.options, self._pool, ledger, checkout, retiring, self.counters,
-            self._create, UPKEEP_INTERVAL_S,
+            self.key, self.options, self._fleet, self._pool, ledger, checkout, retiring,
+            self.counters, self._create, UPKEEP_INTERVAL_S,
         )  # fmt: skip
         self._ledger, self._family, self._retiring = ledger, family, retiring
         self._checkout = checkout

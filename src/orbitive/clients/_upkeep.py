@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any, Final, Generic, TypeVar, final
 
 from .._core._errors import OrbitError
+from .._core._fleet import Fleet
 from ..pool import Key, Pool
 from ..pool._availability import FOR_IDLE_TIMEOUT, FOR_LIFETIME, FOR_WAITER
 from ._allowance import Allowance
@@ -69,6 +70,8 @@ class Upkeep(Generic[C]):
 
     Args:
         key, options: the pool's.
+        fleet: the pool's fleet; once it is closed (its regions unmapped, perhaps under a
+            round) the thread ends without reporting.
         handle: the pool's table handle (death reports, the key's version).
         ledger: the key's clients in this process.
         checkout: registers what the refill creates.
@@ -82,6 +85,7 @@ class Upkeep(Generic[C]):
         self,
         key: Key,
         options: PoolOptions,
+        fleet: Fleet,
         handle: Pool,
         ledger: Ledger[C],
         checkout: Checkout[C],
@@ -93,6 +97,7 @@ class Upkeep(Generic[C]):
         self.interval = interval
         self.failures = 0
         self._key, self._options, self._handle, self._ledger = key, options, handle, ledger
+        self._fleet = fleet
         self._checkout, self._retiring, self._counters = checkout, retiring, counters
         self._create = create
         self._stop = threading.Event()
@@ -102,14 +107,15 @@ class Upkeep(Generic[C]):
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self._fleet.closed:
             try:
                 self._round()
                 self._sleep()
             except (OrbitError, OSError):
                 self._stop.wait(self.interval)  # a table or fleet that cannot be read now
             except Exception:  # reported; the upkeep must go on
-                self._report()
+                if not self._fleet.closed:  # else the table was unmapped under the round
+                    self._report()
                 self._stop.wait(self.interval)
 
     def _sleep(self) -> None:

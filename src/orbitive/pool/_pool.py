@@ -93,15 +93,14 @@ class Pool:
         self._attach()
 
     def _t(self) -> Table:
-        if self._fork != _fork.generation or self._closed:
+        if self._fork != _fork.generation or self._closed or self._fleet.closed:
             self._revive()
         return self._table
 
     def _revive(self) -> None:
-        if self._closed:
-            raise FleetError(
-                f"pool of fleet {self._fleet.name!r} is closed", fleet=self._fleet.name
-            )
+        if self._closed or self._fleet.closed:
+            what = "pool of fleet" if self._closed else "fleet"
+            raise FleetError(f"{what} {self._fleet.name!r} is closed", fleet=self._fleet.name)
         if self._explicit:
             self.close()
             raise FleetError(
