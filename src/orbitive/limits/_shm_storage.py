@@ -32,6 +32,7 @@ from .._core._errors import (
     WindowTooLarge,
     shown,
 )
+from .._core._fleet import Fleet
 from ._layout import Geometry, parse_url
 from ._table import Keys, RateTable
 
@@ -39,6 +40,8 @@ from ._table import Keys, RateTable
 #: table failing, never a caller's bad argument.
 STORAGE_ERRORS: Final = (RateTableFull, FleetError, LayoutMismatch, AccessDenied)
 
+#: This process's fleets (one node each) and tables, by fleet name and geometry.
+_fleets: dict[str, Fleet] = {}
 _tables: dict[tuple[str, Geometry], RateTable] = {}
 _tables_mutex = threading.Lock()
 
@@ -46,24 +49,41 @@ _tables_mutex = threading.Lock()
 def table_for(url: object, options: dict[str, object]) -> RateTable:
     """This process's table of the storage URL ``url`` (opened once per fleet and geometry).
 
+    The process joins the fleet once (``Fleet.join``, one node, the fleet's capacity),
+    as the ``shm://`` lock store does: while it is a member, ``orbit clear`` leaves the
+    fleet's objects alone.
+
     Raises:
         InvalidRateStorageUrl: a URL :func:`~._layout.parse_url` refuses, or any keyword
             option (every option goes in the URL).
         LayoutMismatch: the fleet's table has another geometry, version or checksum.
         AccessDenied: the object is not this user's own.
         ShmFull: no room in ``/dev/shm`` for a new table.
+        FleetError: every node of the fleet is held by a live process.
     """
-    fleet, geometry = parse_url(url)
+    name, geometry = parse_url(url)
     if options:
         raise InvalidRateStorageUrl(
             f"rate-limit storage {url!r} takes no keyword options, got "
             f"{', '.join(sorted(options))}; its options go in the URL: capacity, windows, window"
         )
     with _tables_mutex:
-        table = _tables.get((fleet, geometry))
-        if table is None or table.region._closed:
-            table = _tables[(fleet, geometry)] = RateTable(fleet, geometry)
+        table = _tables.get((name, geometry))
+        if table is None:
+            fleet = _fleets.get(name)
+            if fleet is None:
+                fleet = _fleets[name] = Fleet.join(name)
+            table = _tables[(name, geometry)] = RateTable(fleet, geometry)
         return table
+
+
+def close_tables() -> None:
+    """Close this process's tables and leave their fleets (tests; a process that is done)."""
+    with _tables_mutex:
+        for fleet in _fleets.values():
+            fleet.close()
+        _fleets.clear()
+        _tables.clear()
 
 
 def checked_key(key: object) -> str:
@@ -165,6 +185,8 @@ class ShmStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport, Time
         LayoutMismatch: the fleet's table was made with other options, or is corrupt.
         AccessDenied: the table is not this user's own (owner, mode, symlink).
         ShmFull: no room in ``/dev/shm`` for a new table.
+        FleetError: every node of the fleet is held by a live process (the process
+            joins the fleet once, as the ``shm://`` lock store does).
     """
 
     STORAGE_SCHEME = ["shm"]

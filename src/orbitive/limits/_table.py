@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Final
 
 from .._core._errors import LayoutMismatch, RateTableFull
+from .._core._fleet import Fleet
 from .._core._region import Region
 from ._layout import (
     ENTRIES_AT,
@@ -112,20 +113,21 @@ class RateTable:
     """One process's handle on the fleet's rate-limit table (see the module).
 
     Args:
-        fleet: a validated fleet name.
+        fleet: the joined fleet whose table it is.
         geometry: the table's sizes; an existing table must have the same.
 
     Raises:
         LayoutMismatch: the existing table has another geometry, version or checksum.
         AccessDenied: the object is not this user's own (owner, mode, symlink).
         ShmFull: ``/dev/shm`` has no room for a new table.
+        FleetError: the fleet is closed.
     """
 
-    def __init__(self, fleet: str, geometry: Geometry) -> None:
-        self.fleet = fleet
+    def __init__(self, fleet: Fleet, geometry: Geometry) -> None:
+        self.fleet = fleet.name
         self.geometry = geometry
-        self.region = Region.open_shared(
-            fleet, RATE_KIND, geometry.size, init(geometry), validator(fleet, geometry)
+        self.region: Region = fleet.region(
+            RATE_KIND, geometry.size, init(geometry), validator(fleet.name, geometry)
         )
         self.buf = self.region.buf
         self._windows_at = geometry.windows_at
@@ -248,22 +250,25 @@ class RateTable:
                 self.buf[at + 16 : at + 24] = _ZERO8
 
     def reset(self) -> int:
-        """Forget every counter and window; how many were live."""
+        """Forget every counter and window; how many were live, as ``memory://`` counts
+        them: the larger of the live counters and the live moving windows."""
         with self.region:
             self.recover()
-            now, buf, count = time.time(), self.buf, 0
-            for slot in range(self.geometry.capacity):
-                expires, value = struct.unpack_from("<dq", buf, ENTRIES_AT + ENTRY_SIZE * slot + 16)
-                count += live(expires, now) and 0 <= value < VALUE_MAX
-            for slot in range(self.geometry.windows):
-                at = self._windows_at + self._slot_size * slot
-                count += live(_unpack_f64(buf, at + 16)[0], now)
-            for at in range(ENTRIES_AT, self._windows_at, ENTRY_SIZE):
+            now, buf, counters, windows = time.time(), self.buf, 0, 0
+            for at in range(ENTRIES_AT, ENTRIES_AT + ENTRY_SIZE * self.geometry.capacity, ENTRY_SIZE):
+                _, _, expires, value = _unpack_entry(buf, at)
+                counters += live(expires, now) and 0 <= value < VALUE_MAX
                 buf[at + 16 : at + 24] = _ZERO8
-            for slot in range(self.geometry.windows):
-                at = self._windows_at + self._slot_size * slot + 16
+            for index in range(self.geometry.windows):
+                at = self._windows_at + self._slot_size * index + 16
+                windows += live(_unpack_f64(buf, at)[0], now)
                 buf[at : at + 8] = _ZERO8
-            return count
+            # Every entry is dead now; EMPTY (zero) them too, so probes stop early again.
+            buf[ENTRIES_AT : self._windows_at] = bytes(self._windows_at - ENTRIES_AT)
+            for index in range(self.geometry.windows):
+                at = self._windows_at + self._slot_size * index
+                buf[at : at + SLOT_HEAD_SIZE] = bytes(SLOT_HEAD_SIZE)
+            return max(counters, windows)
 
     # -- sliding window counter -----------------------------------------------------
 
