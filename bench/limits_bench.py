@@ -16,12 +16,15 @@ import argparse
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 
 import limits
 from limits import strategies
 from limits.storage import storage_from_string
 
 import orbitive.limits  # noqa: F401 - registers shm://
+from orbitive._core._region import object_name, unlink_object
+from orbitive.limits._layout import RATE_KIND
 
 STRATEGIES: dict[str, type[strategies.RateLimiter]] = {
     "fixed window": strategies.FixedWindowRateLimiter,
@@ -60,19 +63,20 @@ def main() -> None:
         print(f"limits {limits.__version__}, {args.number} hits per sample, best of {args.repeat}")
         for name, limiter_type in STRATEGIES.items():
             item = items[name]
-            limiters = {label: limiter_type(storage_from_string(url)) for label, url in urls.items()}
+            limiters = {
+                label: limiter_type(storage_from_string(url)) for label, url in urls.items()
+            }
             best = {label: float("inf") for label in urls}
             for _ in range(args.repeat):
                 for label, limiter in limiters.items():
-                    cost = _sample(lambda limiter=limiter: limiter.hit(item, "bench"), args.number)  # type: ignore[misc]
+                    cost = _sample(partial(limiter.hit, item, "bench"), args.number)
                     best[label] = min(best[label], cost)
             base = best["memory://"]
-            row = "  ".join(f"{label} {cost:6.2f} us ({cost / base:4.2f}x)" for label, cost in best.items())
+            row = "  ".join(
+                f"{label} {cost:6.2f} us ({cost / base:4.2f}x)" for label, cost in best.items()
+            )
             print(f"{name:15} {row}")
     finally:
-        from orbitive._core._region import object_name, unlink_object
-        from orbitive.limits._layout import RATE_KIND
-
         unlink_object(object_name(fleet, RATE_KIND))
 
 

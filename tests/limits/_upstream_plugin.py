@@ -31,9 +31,11 @@ URL = os.environ.get("ORBIT_UPSTREAM_URL", "")
 class UpstreamShmStorage(ShmStorage):
     """``memory://`` in the upstream run: the sync SHM storage, emptied when made."""
 
-    STORAGE_SCHEME = ["memory"]
+    STORAGE_SCHEME = ["memory"]  # noqa: RUF012 - limits registers a list of schemes
 
-    def __init__(self, uri: str | None = None, wrap_exceptions: bool = False, **options: Any) -> None:
+    def __init__(
+        self, uri: str | None = None, wrap_exceptions: bool = False, **options: Any
+    ) -> None:
         super().__init__(URL, wrap_exceptions)
         self.table.reset()
 
@@ -41,15 +43,17 @@ class UpstreamShmStorage(ShmStorage):
 class UpstreamAsyncShmStorage(AsyncShmStorage):
     """``async+memory://`` in the upstream run: the asyncio SHM storage, emptied when made."""
 
-    STORAGE_SCHEME = ["async+memory"]
+    STORAGE_SCHEME = ["async+memory"]  # noqa: RUF012 - limits registers a list of schemes
 
-    def __init__(self, uri: str | None = None, wrap_exceptions: bool = False, **options: Any) -> None:
+    def __init__(
+        self, uri: str | None = None, wrap_exceptions: bool = False, **options: Any
+    ) -> None:
         super().__init__("async+" + URL, wrap_exceptions)
         self.table.reset()
 
 
-limits.storage.MemoryStorage = UpstreamShmStorage  # type: ignore[misc]
-limits.aio.storage.MemoryStorage = UpstreamAsyncShmStorage  # type: ignore[misc]
+limits.storage.MemoryStorage = UpstreamShmStorage  # type: ignore[misc, assignment]
+limits.aio.storage.MemoryStorage = UpstreamAsyncShmStorage  # type: ignore[misc, assignment]
 _lazy = types.ModuleType("pytest_lazy_fixtures")
 _lazy.lf = lambda name: None  # type: ignore[attr-defined]
 sys.modules.setdefault("pytest_lazy_fixtures", _lazy)

@@ -19,8 +19,15 @@ from orbitive.limits import (
     InvalidRateKey,
     InvalidRateStorageUrl,
     RateTableFull,
+    ShmStorage,
     WindowTooLarge,
 )
+
+
+def _sync(url: str) -> ShmStorage:
+    storage = storage_from_string(url)
+    assert isinstance(storage, ShmStorage)
+    return storage
 
 
 @pytest.mark.parametrize(
@@ -62,7 +69,9 @@ def test_a_keyword_option_or_another_scheme_is_refused(fleet: str) -> None:
 def test_another_geometry_for_the_same_fleet_is_a_layout_mismatch(fleet: str) -> None:
     storage_from_string(f"shm://{fleet}?capacity=64")
     orbitive.limits._shm_storage._tables.clear()  # as another process would, without its cache
-    with pytest.raises(LayoutMismatch, match="capacity=64, windows=16, window=128; this URL asks for capacity=128"):
+    with pytest.raises(
+        LayoutMismatch, match="capacity=64, windows=16, window=128; this URL asks for capacity=128"
+    ):
         storage_from_string(f"shm://{fleet}?capacity=128")
 
 
@@ -106,7 +115,7 @@ def test_a_bad_argument_raises_its_named_error_sync_and_async(
 
 
 def test_a_full_table_raises_rate_table_full_and_counts_nothing(fleet: str) -> None:
-    storage = storage_from_string(f"shm://{fleet}?capacity=4&windows=2&window=4")
+    storage = _sync(f"shm://{fleet}?capacity=4&windows=2&window=4")
     for key in "abcd":
         storage.incr(key, 60)
     with pytest.raises(RateTableFull, match=r"capacity=4\).*Raise capacity in the storage URL"):
@@ -114,7 +123,7 @@ def test_a_full_table_raises_rate_table_full_and_counts_nothing(fleet: str) -> N
     assert storage.get("e") == 0
     storage.acquire_entry("p", 2, 60)
     storage.acquire_entry("q", 2, 60)
-    with pytest.raises(RateTableFull, match="no free or expired moving-window slot.*windows=2"):
+    with pytest.raises(RateTableFull, match=r"no free or expired moving-window slot.*windows=2"):
         storage.acquire_entry("r", 2, 60)
     assert storage.get_moving_window("r", 2, 60)[1] == 0
     # Keys already in the table go on being counted.

@@ -68,7 +68,11 @@ def _drain(child: Child) -> int:
 
 @pytest.mark.parametrize(
     ("strategy", "item", "window"),
-    [("fixed", "1000000/hour", 16), ("moving", "60000/hour", 65536), ("sliding", "1000000/day", 16)],
+    [
+        ("fixed", "1000000/hour", 16),
+        ("moving", "60000/hour", 65536),
+        ("sliding", "1000000/day", 16),
+    ],
 )
 def test_children_killed_at_random_while_hammering_leave_exact_counts(
     fleet: str, strategy: str, item: str, window: int

@@ -17,8 +17,8 @@ import os
 import subprocess
 import sys
 import tarfile
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from xml.etree import ElementTree
 
 import limits
 import pytest
@@ -50,7 +50,7 @@ def _sdist() -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     fetched = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-         "--no-build-isolation", "-q", "-d", str(cache), f"limits=={version}"],
+         "-q", "-d", str(cache), f"limits=={version}"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     archive = cache / f"limits-{version}.tar.gz"
@@ -60,19 +60,20 @@ def _sdist() -> Path:
         if hasattr(tarfile, "data_filter"):
             opened.extractall(cache, filter="data")
         else:  # pragma: no cover - Python without the extraction filters
-            opened.extractall(cache)  # noqa: S202 - the sdist pip fetched from the index
+            opened.extractall(cache)
     return root
 
 
 def test_limits_own_storage_and_strategy_tests_pass_on_shm(tmp_path: Path, fleet: str) -> None:
     root = _sdist()
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    ini = tmp_path / "pytest.ini"
+    ini.write_text("[pytest]\n")
     report = tmp_path / "report.xml"
     environment = dict(os.environ, ORBIT_UPSTREAM_URL=f"shm://{fleet}?capacity=256&window=64",
                        PYTHONPATH=str(HERE))  # fmt: skip
     environment.pop("PYTEST_XDIST_WORKER", None)
     ran = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "_upstream_plugin", "-c", str(tmp_path / "pytest.ini"),
+        [sys.executable, "-m", "pytest", "-p", "_upstream_plugin", "-c", str(ini),
          "--rootdir", str(root), "--noconftest", "-p", "no:cacheprovider", "-p", "no:randomly",
          "-k", "in-memory", "-q", "-W", "ignore::pytest.PytestUnknownMarkWarning",
          f"--junitxml={report}", *FILES],
