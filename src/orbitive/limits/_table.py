@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from .._core import _native, _section
 from .._core._errors import LayoutMismatch, RateTableFull
 from .._core._fleet import Fleet
 from .._core._region import Region
@@ -63,6 +64,11 @@ from ._layout import (
     init,
     validator,
 )
+
+try:
+    from ._fastpath import Steps
+except ImportError:  # not built: the Python steps below run
+    Steps = None  # type: ignore[assignment, misc, unused-ignore]
 
 #: Test-only: called with a point's name inside a step ("journaled": old bytes saved
 #: and armed; "written": new bytes written, journal still armed; "stamped": a moving
@@ -94,14 +100,31 @@ def digest(key: str, person: bytes) -> tuple[int, int]:
     return (lo or 1, hi) if hi == 0 else (lo, hi)
 
 
+#: Digests of the keys this process used last (a limiter hits the same keys again and
+#: again), at most :data:`DIGESTS_KEPT` of each kind, emptied when full.
+DIGESTS_KEPT: Final = 4096
+_counter_digests: dict[str, tuple[int, int]] = {}
+_window_digests: dict[str, tuple[int, int]] = {}
+
+
 def counter_digest(key: str) -> tuple[int, int]:
     """The digest of a counter key (fixed window, sliding window)."""
-    return digest(key, _COUNTER)
+    found = _counter_digests.get(key)
+    if found is None:
+        if len(_counter_digests) >= DIGESTS_KEPT:
+            _counter_digests.clear()
+        found = _counter_digests[key] = digest(key, _COUNTER)
+    return found
 
 
 def window_digest(key: str) -> tuple[int, int]:
     """The digest of a moving-window key."""
-    return digest(key, _WINDOW)
+    found = _window_digests.get(key)
+    if found is None:
+        if len(_window_digests) >= DIGESTS_KEPT:
+            _window_digests.clear()
+        found = _window_digests[key] = digest(key, _WINDOW)
+    return found
 
 
 def live(expires: float, now: float) -> bool:
@@ -133,6 +156,7 @@ class RateTable:
         self._windows_at = geometry.windows_at
         self._slot_size = geometry.slot_size
         self._end = geometry.size
+        self.steps = c_steps(self.region, geometry)
 
     # -- the journal ------------------------------------------------------------------
 
@@ -216,8 +240,12 @@ class RateTable:
 
     def incr(self, key: str, expiry: float, amount: int) -> int:
         """Add ``amount`` to ``key``'s counter (a new one expires ``expiry`` s from now);
-        the new value."""
+        the new value. The C step adds to a live counter; anything else runs here."""
         lo, hi = counter_digest(key)
+        if self.steps is not None and crash_hook is None:
+            value = self.steps.incr(lo, hi, expiry, amount)
+            if value is not None:
+                return value
         with self.region:
             self.recover()
             return self._add(key, lo, hi, time.time(), expiry, amount)
@@ -347,6 +375,10 @@ class RateTable:
         """Add ``amount`` timestamps (now) to ``key``'s window if the window leaves room:
         fewer than ``limit - amount + 1`` timestamps newer than ``expiry`` s ago."""
         lo, hi = window_digest(key)
+        if self.steps is not None and crash_hook is None:
+            taken = self.steps.acquire(lo, hi, limit, expiry, amount)
+            if taken is not None:
+                return taken
         window = self.geometry.window
         with self.region:
             self.recover()
@@ -421,3 +453,25 @@ class RateTable:
     def close(self) -> None:
         """Unmap the table; never unlinks. Idempotent."""
         self.region.close()
+
+
+#: What runs instead when ``_fastpath`` is not built (``_native.warn_python_steps``).
+PYTHON_COST: Final = (
+    "a rate-limit table's increment and moving-window acquire run in Python, about "
+    "twice the cost of the C step"
+)
+
+
+def c_steps(region: Region, geometry: Geometry) -> Steps | None:
+    """The C steps of the table in ``region`` (None: the Python steps run): None when the
+    section is not a robust mutex the C code can lock, or the module is not built (which
+    warns once per process)."""
+    section = region.section
+    if not region.shared or section is None or section.mechanism != _section.ROBUST_MUTEX:
+        return None
+    if Steps is None:
+        _native.warn_python_steps("orbitive.limits._fastpath", PYTHON_COST)
+        return None
+    return Steps(region.buf, region.block, region.report_repaired, geometry.capacity,
+                 geometry.probe, geometry.windows, geometry.window_probe, geometry.window,
+                 geometry.windows_at, geometry.slot_size)  # fmt: skip
