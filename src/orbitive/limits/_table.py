@@ -457,8 +457,8 @@ class RateTable:
 
 #: What runs instead when ``_fastpath`` is not built (``_native.warn_python_steps``).
 PYTHON_COST: Final = (
-    "a rate-limit table's increment and moving-window acquire run in Python, about "
-    "twice the cost of the C step"
+    "a rate-limit table's increment and moving-window acquire run in Python, about 12 "
+    "times the cost of the C step (3 us instead of 0.3 us)"
 )
 
 
