@@ -20,7 +20,7 @@ from limits.storage import MemoryStorage, storage_from_string
 
 from orbitive.limits import AsyncShmStorage, ShmStorage
 from orbitive.limits._layout import RATE_KIND
-from orbitive.limits._table import RateTable
+from orbitive.limits._table import RateTable, counter_digest
 
 from .._fleets import shm_path
 
@@ -187,3 +187,30 @@ def test_the_table_has_the_bytes_the_url_sizes_it_for(fleet: str) -> None:
     )
     assert table.geometry.size == 128 + 1024 * 32 + 256 * (32 + 8 * 128) == 303_232
     assert shm_path(fleet, RATE_KIND).stat().st_size == 307_200 + 4096
+
+
+def test_a_huge_amount_saturates_the_counter_instead_of_failing(url: str) -> None:
+    storage = _sync(url)
+    assert storage.incr("big", 60, 10**30) == 2**62 - 1
+    assert storage.incr("big", 60, 10**30) == 2**62 - 1
+    assert storage.incr("small", 60, 2**61) == 2**61
+    assert storage.incr("small", 60, 2**61) == 2**62 - 1
+
+
+def test_misses_empty_the_dead_entries_before_the_empty_one_that_ends_them(fleet: str) -> None:
+    storage = _sync(f"shm://{fleet}?capacity=8&windows=4&window=4")
+    for key in "abcdef":
+        storage.incr(key, 0.1)
+    time.sleep(0.2)
+    # Six dead entries of eight: every run of them ends at an EMPTY one. A miss from each
+    # home walks its run to that EMPTY entry and empties what it passed.
+    homes: dict[int, str] = {}
+    for number in range(1000):
+        homes.setdefault(counter_digest(f"absent-{number}")[0] % 8, f"absent-{number}")
+    assert len(homes) == 8
+    for key in homes.values():
+        assert storage.get(key) == 0
+    buf = storage.table.buf
+    assert all(bytes(buf[at : at + 32]) == bytes(32) for at in range(128, 128 + 8 * 32, 32))
+    for key in "ghijklmn":
+        assert storage.incr(key, 60) == 1

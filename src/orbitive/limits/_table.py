@@ -200,22 +200,36 @@ class RateTable:
 
     def _find(self, lo: int, hi: int, now: float) -> tuple[int, int]:
         """(offset of the key's live entry or -1, offset of the first reusable entry in
-        its neighbourhood or -1)."""
+        its neighbourhood or -1). A miss that ends at an EMPTY entry turns the run of dead
+        entries just before it EMPTY too (no probe can pass them to find anything)."""
         buf, capacity = self.buf, self.geometry.capacity
         slot = lo % capacity
         free = -1
+        run: list[int] = []
         for _ in range(self.geometry.probe):
             at = ENTRIES_AT + ENTRY_SIZE * slot
             elo, ehi, expires, value = _unpack_entry(buf, at)
-            if elo == lo and ehi == hi:
-                if live(expires, now) and 0 <= value < VALUE_MAX:
-                    return at, free
-            elif elo == 0 and ehi == 0:
+            usable = live(expires, now) and 0 <= value < VALUE_MAX
+            if elo == lo and ehi == hi and usable:
+                return at, free
+            if elo == 0 and ehi == 0:
+                self._empty(run, ENTRY_SIZE)
                 return -1, at if free < 0 else free
-            if free < 0 and not (live(expires, now) and 0 <= value < VALUE_MAX):
-                free = at
+            if usable:
+                run.clear()
+            else:
+                run.append(at)
+                if free < 0:
+                    free = at
             slot = slot + 1 if slot + 1 < capacity else 0
         return -1, free
+
+    def _empty(self, run: list[int], size: int) -> None:
+        """Zero the dead entries or slot headers at ``run`` (they read as EMPTY from their
+        zero digest on, whatever a writer killed inside leaves of the rest)."""
+        zero = bytes(size)
+        for at in run:
+            self.buf[at : at + size] = zero
 
     def _value(self, lo: int, hi: int, now: float) -> tuple[int, float]:
         at, _ = self._find(lo, hi, now)
@@ -225,6 +239,9 @@ class RateTable:
         return value, expires
 
     def _add(self, key: str, lo: int, hi: int, now: float, expiry: float, amount: int) -> int:
+        """Add ``amount`` to the key's live entry, or write a new one (journaled); a
+        counter stops at ``VALUE_MAX - 1``."""
+        amount = min(amount, VALUE_MAX - 1)
         at, free = self._find(lo, hi, now)
         buf = self.buf
         if at >= 0:
@@ -353,21 +370,26 @@ class RateTable:
 
     def _find_slot(self, lo: int, hi: int, now: float) -> tuple[int, int]:
         """(offset of the key's live window slot or -1, offset of the first reusable slot
-        in its neighbourhood or -1)."""
+        in its neighbourhood or -1); a miss empties dead slots as :meth:`_find` does."""
         buf, windows, window = self.buf, self.geometry.windows, self.geometry.window
         index = lo % windows
         free = -1
+        run: list[int] = []
         for _ in range(self.geometry.window_probe):
             at = self._windows_at + self._slot_size * index
             slo, shi, expires, head, count = _unpack_slot(buf, at)
             usable = live(expires, now) and head < window and count <= window
-            if slo == lo and shi == hi:
-                if usable:
-                    return at, free
-            elif slo == 0 and shi == 0:
+            if slo == lo and shi == hi and usable:
+                return at, free
+            if slo == 0 and shi == 0:
+                self._empty(run, SLOT_HEAD_SIZE)
                 return -1, at if free < 0 else free
-            if free < 0 and not usable:
-                free = at
+            if usable:
+                run.clear()
+            else:
+                run.append(at)
+                if free < 0:
+                    free = at
             index = index + 1 if index + 1 < windows else 0
         return -1, free
 
