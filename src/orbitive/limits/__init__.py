@@ -6,6 +6,17 @@ flask-limiter's or slowapi's ``storage_uri="shm://web"`` find them. See docs/lim
 
 This package imports ``limits``; the rest of orbitive never does (extra
 ``orbitive[limits]``).
+
+``shm://FLEET[?capacity=1024&windows=256&window=128]`` (:class:`ShmStorage`) and
+``async+shm://FLEET[...]`` (:class:`AsyncShmStorage`) keep every counter in one
+fixed-size shared-memory table of the fleet (304 KiB with the defaults), exact across
+the host's processes and safe against a process killed inside a step. Their errors,
+all :class:`orbitive.OrbitError`: :class:`InvalidRateStorageUrl` (a bad URL or
+option), :class:`InvalidRateKey` (a key that is not a ``str``),
+:class:`InvalidRateAmount` (an amount or limit that is not an ``int``),
+:class:`InvalidRateExpiry` (an expiry that is not a finite number of seconds above 0),
+:class:`WindowTooLarge` (a moving-window limit above the URL's ``window``) and
+:class:`RateTableFull` (no room near a new key's home; nothing counted).
 """
 
 from __future__ import annotations
@@ -18,13 +29,11 @@ from .._core._errors import (
     RateTableFull,
     WindowTooLarge,
 )
-from ._layout import Geometry
 from ._shm_storage import ShmStorage
 from ._shm_storage_async import AsyncShmStorage
 
 __all__ = [
     "AsyncShmStorage",
-    "Geometry",
     "InvalidRateAmount",
     "InvalidRateExpiry",
     "InvalidRateKey",
@@ -33,3 +42,7 @@ __all__ = [
     "ShmStorage",
     "WindowTooLarge",
 ]
+
+for _name in __all__:  # tracebacks and reprs name the public module
+    globals()[_name].__module__ = __name__
+del _name
