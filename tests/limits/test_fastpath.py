@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import struct
+import time
 
 import pytest
 
@@ -116,3 +117,38 @@ def test_the_c_steps_decline_an_armed_journal_and_python_rolls_it_back(fleet: st
         assert table.incr("k", 60.0, 1) == 2
         assert table.rollbacks() == 1
         table.close()
+
+
+@needs_c
+def test_the_c_and_python_sliding_window_steps_agree_at_any_time(fleet: str) -> None:
+    rng = random.Random(34)
+    with Fleet.join(fleet) as on_c, Fleet.join(fleet + "q") as on_python:
+        c_table, python_table = RateTable(on_c, GEOMETRY), RateTable(on_python, GEOMETRY)
+        assert c_table.steps is not None
+        for table in (c_table, python_table):
+            for number in range(8):
+                table.incr(f"w{number}", 3600.0, number * 3)
+        now = time.time()
+        answers = []
+        for _ in range(2000):
+            previous, current = rng.sample([f"w{number}" for number in range(10)], 2)
+            limit = rng.randrange(1, 60)
+            amount = rng.randrange(1, limit + 1)
+            expiry = rng.choice((1.0, 7.5, 60.0))
+            now += rng.uniform(0, 0.1)  # time runs forward: a dead entry stays dead
+            from_c = c_table.steps.sliding(*_table.counter_digest(previous),
+                                           *_table.counter_digest(current), limit, expiry,
+                                           amount, now)  # fmt: skip
+            with python_table.region:
+                from_python = python_table._sliding_step(previous, current, limit, expiry,
+                                                          amount, now)  # fmt: skip
+            if from_c is None:  # a new current counter: the Python step writes it, in both
+                with c_table.region:
+                    from_c = c_table._sliding_step(previous, current, limit, expiry, amount, now)
+            answers.append(from_c)
+            assert from_c is from_python, (previous, current, limit, amount, expiry, now)
+        assert _state(c_table) == _state(python_table)
+        assert True in answers and False in answers
+        c_table.close()
+        python_table.close()
+    remove_fleet_files(fleet + "q")

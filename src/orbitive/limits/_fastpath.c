@@ -1,9 +1,11 @@
-/* orbitive.limits._fastpath: the rate-limit table's two hot steps, each one C call.
+/* orbitive.limits._fastpath: the rate-limit table's three hot steps, each one C call.
  *
- * Steps.incr adds to a live counter entry and Steps.acquire takes entries of a live
- * moving-window slot: the common path of RateTable.incr and RateTable.acquire_entry
- * (limits/_table.py, the reference twin: same probe, same checks, same order of
- * writes, under the same names: find, find_slot, stamp). Each takes the section's
+ * Steps.incr adds to a live counter entry, Steps.acquire takes entries of a live
+ * moving-window slot and Steps.sliding counts a sliding-window hit in a live current
+ * counter (or refuses it): the common path of RateTable.incr, RateTable.acquire_entry
+ * and RateTable.acquire_sliding (limits/_table.py, the reference twin: same probe,
+ * same checks, same arithmetic, same order of writes, under the same names: find,
+ * find_slot, stamp). Each takes the section's
  * robust mutex (_robust.h) itself, repairing it when its holder died, and declines
  * (returns None, having written nothing) whenever the Python step must run instead:
  * the journal is armed (a writer died inside a step: Python rolls it back), the key
@@ -231,6 +233,53 @@ static PyObject *Steps_acquire(Steps *t, PyObject *const *args, Py_ssize_t nargs
     return PyBool_FromLong(taken);
 }
 
+/* Counts above this decline to Python, where the weighted count's arithmetic is exact. */
+#define SLIDING_MAX (1ULL << 52)
+
+PyDoc_STRVAR(sliding_doc,
+"sliding(previous_lo, previous_hi, current_lo, current_hi, limit, expiry, amount, now) "
+"-> bool | None: count amount in the current window's live counter if the weighted "
+"count leaves room; None: nothing written, run the Python step.");
+
+/* Twin of RateTable._sliding_step on a live current counter (or a refusal). */
+static PyObject *Steps_sliding(Steps *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t plo, phi, clo, chi, limit, amount;
+    double expiry, now;
+    Maps m;
+    if (nargs != 8 || !unsigned_arg(args[0], &plo) || !unsigned_arg(args[1], &phi) ||
+        !unsigned_arg(args[2], &clo) || !unsigned_arg(args[3], &chi) ||
+        !unsigned_arg(args[4], &limit) || !seconds_arg(args[5], &expiry) ||
+        !unsigned_arg(args[6], &amount) || !PyFloat_CheckExact(args[7]) || amount < 1 ||
+        amount > limit || limit > SLIDING_MAX || t->buf == NULL)
+        Py_RETURN_NONE;
+    now = PyFloat_AS_DOUBLE(args[7]);
+    if (!(now - expiry >= 0.0) || !isfinite(now) || !enter(t, &m))
+        Py_RETURN_NONE;
+    uint8_t *base = m.table.buf;
+    int taken = -1;
+    if (load_u64(base + JOURNAL_AT) == 0) {
+        uint8_t *previous = find(t, base, plo, phi, now), *current = find(t, base, clo, chi, now);
+        int64_t pc = previous ? (int64_t)load_u64(previous + VALUE_AT) : 0;
+        int64_t cc = current ? (int64_t)load_u64(current + VALUE_AT) : 0;
+        if ((uint64_t)pc <= SLIDING_MAX && (uint64_t)cc <= SLIDING_MAX) {
+            double ttl = pc == 0 ? 0.0 : (1.0 - fmod((now - expiry) / expiry, 1.0)) * expiry;
+            double weighted = (double)pc * ttl / expiry + (double)cc;
+            if (floor(weighted) + (double)amount > (double)limit) {
+                taken = 0;
+            } else if (current != NULL) {
+                int64_t value = cc + (int64_t)amount;
+                memcpy(current + VALUE_AT, &value, 8);
+                taken = 1;
+            }
+        }
+    }
+    leave(t, &m);
+    if (taken < 0)
+        Py_RETURN_NONE;
+    return PyBool_FromLong(taken);
+}
+
 static int Steps_init(Steps *t, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"buf", "block", "report", "capacity", "probe", "windows",
@@ -286,6 +335,7 @@ static void Steps_dealloc(Steps *t)
 static PyMethodDef Steps_methods[] = {
     {"incr", (PyCFunction)(void (*)(void))Steps_incr, METH_FASTCALL, incr_doc},
     {"acquire", (PyCFunction)(void (*)(void))Steps_acquire, METH_FASTCALL, acquire_doc},
+    {"sliding", (PyCFunction)(void (*)(void))Steps_sliding, METH_FASTCALL, sliding_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -305,7 +355,8 @@ static PyTypeObject StepsType = {
 
 static struct PyModuleDef fastpath_module = {
     PyModuleDef_HEAD_INIT, "orbitive.limits._fastpath",
-    PyDoc_STR("The rate-limit table's incr and moving-window acquire steps in C (see _table.py)."),
+    PyDoc_STR("The rate-limit table's incr, moving-window and sliding-window steps in C "
+              "(see _table.py)."),
     -1, NULL,
 };
 

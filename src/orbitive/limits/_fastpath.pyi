@@ -22,3 +22,14 @@ class Steps:
     ) -> None: ...
     def incr(self, lo: int, hi: int, expiry: float, amount: int) -> int | None: ...
     def acquire(self, lo: int, hi: int, limit: int, expiry: float, amount: int) -> bool | None: ...
+    def sliding(
+        self,
+        previous_lo: int,
+        previous_hi: int,
+        current_lo: int,
+        current_hi: int,
+        limit: int,
+        expiry: float,
+        amount: int,
+        now: float,
+    ) -> bool | None: ...

@@ -341,20 +341,34 @@ class RateTable:
 
     def acquire_sliding(self, keys: Keys, limit: int, expiry: float, amount: int) -> bool:
         """Count ``amount`` in the current window now if the weighted count leaves room
-        (``keys(now)`` as for :meth:`sliding_window`): read and counted in one step."""
+        (``keys(now)`` as for :meth:`sliding_window`): read and counted in one step. The
+        C step counts in a live current counter, or refuses; anything else runs here,
+        at the time it enters the section."""
+        if self.steps is not None and crash_hook is None:
+            now = time.time()
+            previous, current = keys(now)
+            taken = self.steps.sliding(*counter_digest(previous), *counter_digest(current),
+                                       limit, expiry, amount, now)  # fmt: skip
+            if taken is not None:
+                return taken
         with self.region:
             self.recover()
             now = time.time()
             previous, current = keys(now)
-            lo, hi = counter_digest(current)
-            previous_count, previous_ttl, current_count, _ = self._sliding(
-                counter_digest(previous), (lo, hi), expiry, now
-            )
-            weighted = previous_count * previous_ttl / expiry + current_count
-            if math.floor(weighted) + amount > limit:
-                return False
-            self._add(current, lo, hi, now, 2 * expiry, amount)
-            return True
+            return self._sliding_step(previous, current, limit, expiry, amount, now)
+
+    def _sliding_step(
+        self, previous: str, current: str, limit: int, expiry: float, amount: int, now: float
+    ) -> bool:
+        lo, hi = counter_digest(current)
+        previous_count, previous_ttl, current_count, _ = self._sliding(
+            counter_digest(previous), (lo, hi), expiry, now
+        )
+        weighted = previous_count * previous_ttl / expiry + current_count
+        if math.floor(weighted) + amount > limit:
+            return False
+        self._add(current, lo, hi, now, 2 * expiry, amount)
+        return True
 
     def clear_pair(self, keys: Keys) -> None:
         """Forget the previous and the current window's counters (``keys(now)``)."""
