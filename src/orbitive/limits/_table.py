@@ -5,6 +5,9 @@ inside the object's critical section (the robust process-shared mutex of its
 section block): the steps of ``limits``' three strategies over counter entries and
 moving-window slots. The steps are short (a probe of at most
 ``_layout.PROBE`` slots and a few stores), so the asyncio storage runs them directly.
+The hit of each strategy on a live key (and a refusal) is one C call
+(``_fastpath.c``, :func:`c_steps`), which declines to the steps here for anything
+else: these are its reference twin, same probe, checks and order of writes.
 
 Kill safety (a process SIGKILLed at any instruction inside a step):
 
@@ -493,8 +496,8 @@ class RateTable:
 
 #: What runs instead when ``_fastpath`` is not built (``_native.warn_python_steps``).
 PYTHON_COST: Final = (
-    "a rate-limit table's increment and moving-window acquire run in Python, about 12 "
-    "times the cost of the C step (3 us instead of 0.3 us)"
+    "a rate-limit table's hits (every strategy) run in Python, about 12 times the cost "
+    "of the C step (3 us instead of 0.3 us)"
 )
 
 
