@@ -87,6 +87,8 @@ BAD_CALLS: list[tuple[str, tuple[Any, ...], type[OrbitError], str]] = [
     ("incr", ("k", math.nan), InvalidRateExpiry, "got nan"),
     ("incr", ("k", math.inf), InvalidRateExpiry, "got inf"),
     ("incr", ("k", "60"), InvalidRateExpiry, "got '60'"),
+    ("incr", ("k", 10**400), InvalidRateExpiry, "an int of 1329 bits"),
+    ("incr", ("k", True), InvalidRateExpiry, "got True"),
     ("acquire_entry", ("k", -1, 60), InvalidRateAmount, "limit must be an int of at least 0"),
     ("acquire_entry", ("k", 17, 60), WindowTooLarge, "give the storage URL window=17 or more"),
     ("get_moving_window", ("k", 17, 60), WindowTooLarge, "above the 16 timestamps"),

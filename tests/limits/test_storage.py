@@ -214,3 +214,13 @@ def test_misses_empty_the_dead_entries_before_the_empty_one_that_ends_them(fleet
     assert all(bytes(buf[at : at + 32]) == bytes(32) for at in range(128, 128 + 8 * 32, 32))
     for key in "ghijklmn":
         assert storage.incr(key, 60) == 1
+
+
+def test_a_str_subclass_key_counts_as_its_text(url: str) -> None:
+    class Odd(str):
+        def __hash__(self) -> int:
+            return 0
+
+    storage = _sync(url)
+    storage.incr(Odd("same"), 60)
+    assert storage.incr("same", 60) == 2

@@ -8,6 +8,7 @@ with the asyncio form ``_shm_storage_async``) and runs one table step each
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from typing import Final
@@ -92,11 +93,13 @@ def checked_key(key: object) -> str:
     Raises:
         InvalidRateKey: any other type.
     """
-    if type(key) is not str and not isinstance(key, str):
+    if type(key) is str:
+        return key
+    if not isinstance(key, str):
         raise InvalidRateKey(
             f"a rate-limit key must be a str, got {type(key).__name__}: {shown(key)}"
         )
-    return key
+    return str.__str__(key)  # a subclass's text as a plain str: its hooks play no part
 
 
 def checked_amount(amount: object, what: str = "amount") -> int:
@@ -119,11 +122,15 @@ def checked_expiry(expiry: object) -> float:
     Raises:
         InvalidRateExpiry: a bool, another type, 0 or less, NaN or infinite.
     """
-    if type(expiry) not in (int, float) or not 0 < expiry < math.inf:  # type: ignore[operator]
+    seconds = -1.0
+    if type(expiry) is float or type(expiry) is int:
+        with contextlib.suppress(OverflowError):  # an int beyond any float stays refused
+            seconds = float(expiry)
+    if not 0.0 < seconds < math.inf:
         raise InvalidRateExpiry(
             f"a rate-limit expiry must be a finite number of seconds above 0, got {shown(expiry)}"
         )
-    return float(expiry)  # type: ignore[arg-type]
+    return seconds
 
 
 def checked_window(table: RateTable, limit: object, amount: object) -> tuple[int, int]:
