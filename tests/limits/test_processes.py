@@ -33,3 +33,26 @@ def test_eight_processes_admit_exactly_the_limit(fleet: str, strategy: str) -> N
     item = limits.parse(ITEMS[strategy])
     assert limiter.get_window_stats(item, "shared").remaining == 0
     assert not limiter.hit(item, "shared")
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_table_opened_before_the_workers_start_counts_with_theirs(
+    fleet: str, method: str
+) -> None:
+    """gunicorn's preload (fork: the children inherit the parent's table, its C steps and
+    its cached digests) and fresh interpreters (spawn: they attach the table by name)."""
+    url = f"shm://{fleet}?capacity=64&windows=8&window=512"
+    parent = _workers.STRATEGIES["fixed"](storage_from_string(url))
+    item = limits.parse("100/hour")
+    assert all(parent.hit(item, "shared") for _ in range(10))
+    with Processes(method) as processes:
+        children = [
+            processes.start(_workers.hammer, url, "fixed", "100/hour", 40) for _ in range(4)
+        ]
+        for child in children:
+            assert child.recv(60.0) == "ready"
+        for child in children:
+            child.send("go")
+        admitted = [child.recv(60.0) for child in children]
+    assert sum(admitted) == 90, admitted
+    assert parent.get_window_stats(item, "shared").remaining == 0
