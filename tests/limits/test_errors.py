@@ -12,7 +12,7 @@ from limits.errors import StorageError
 from limits.storage import storage_from_string
 
 import orbitive.limits
-from orbitive import LayoutMismatch, OrbitError
+from orbitive import FleetError, LayoutMismatch, OrbitError
 from orbitive.limits import (
     InvalidRateAmount,
     InvalidRateExpiry,
@@ -21,6 +21,7 @@ from orbitive.limits import (
     RateTableFull,
     ShmStorage,
     WindowTooLarge,
+    _shm_storage,
 )
 
 
@@ -142,3 +143,21 @@ def test_the_errors_are_orbit_errors_that_survive_pickling() -> None:
         copy = pickle.loads(pickle.dumps(raised))
         assert isinstance(copy, OrbitError) and type(copy) is error
         assert (copy.message, copy.fleet, copy.key) == ("message", "web", "k")
+
+
+def test_a_closed_table_raises_fleet_error_for_every_step(url: str) -> None:
+    storage = _sync(url)
+    storage.incr("k", 60)
+    storage.acquire_entry("w", 4, 60)
+    storage.acquire_sliding_window_entry("s", 4, 60)
+    _shm_storage.close_tables()
+    steps: list[tuple[str, tuple[Any, ...]]] = [
+        ("incr", ("k", 60)),
+        ("acquire_entry", ("w", 4, 60)),
+        ("acquire_sliding_window_entry", ("s", 4, 60)),
+        ("get", ("k",)),
+    ]
+    for method, args in steps:
+        with pytest.raises(FleetError, match="closed"):
+            getattr(storage, method)(*args)
+    assert storage.check() is False
