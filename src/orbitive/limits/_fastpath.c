@@ -138,10 +138,10 @@ static uint8_t *find_slot(const Steps *t, uint8_t *base, uint64_t lo, uint64_t h
 }
 
 /* Write amount timestamps now into the slot's ring from head (twin of RateTable._stamp). */
-static void stamp(const Steps *t, uint8_t *at, uint32_t head, Py_ssize_t amount, double now)
+static void stamp(const Steps *t, uint8_t *at, uint32_t head, uint64_t amount, double now)
 {
     uint8_t *stamps = at + SLOT_HEAD_SIZE;
-    for (Py_ssize_t i = 0; i < amount; i++)
+    for (uint64_t i = 0; i < amount; i++)
         store_f64(stamps + 8 * ((head + i) % (uint64_t)t->window), now);
 }
 
@@ -218,7 +218,7 @@ static PyObject *Steps_acquire(Steps *t, PyObject *const *args, Py_ssize_t nargs
                 taken = 0;
         }
         if (taken) {
-            stamp(t, at, head, (Py_ssize_t)amount, now);
+            stamp(t, at, head, amount, now);
             if (now + expiry > load_f64(at + EXPIRES_AT))
                 store_f64(at + EXPIRES_AT, now + expiry);
             uint64_t total = count + amount;
