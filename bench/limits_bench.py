@@ -22,8 +22,10 @@ from limits import strategies
 from limits.storage import storage_from_string
 
 import orbitive.limits  # noqa: F401 - registers shm://
+from orbitive._core._fleet import members_name
 from orbitive._core._region import object_name, unlink_object
 from orbitive.limits._layout import RATE_KIND
+from orbitive.limits._shm_storage import close_tables
 
 #: (name, limiter, limit, keys hit in turn): the fixed and sliding windows count up to a
 #: limit no sample reaches; the moving window is measured admitting (200 fresh keys per
@@ -82,7 +84,9 @@ def main() -> None:
             )
             print(f"{name:17} {row}")
     finally:
+        close_tables()  # leave the fleet, then remove its table and membership object
         unlink_object(object_name(fleet, RATE_KIND))
+        unlink_object(members_name(fleet))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import struct
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,7 +21,7 @@ from orbitive.limits import _layout, _table
 from orbitive.limits._layout import Geometry
 from orbitive.limits._table import RateTable
 
-from .._fleets import remove_fleet_files
+from .._fleets import new_fleet_name, remove_fleet_files
 from .._structs import fields
 
 try:
@@ -66,10 +67,20 @@ def _state(table: RateTable) -> list[tuple[int, ...]]:
     return found
 
 
+@pytest.fixture
+def other_fleet() -> Iterator[str]:
+    """A second fleet name of this test only, removed afterwards."""
+    name = new_fleet_name()
+    yield name
+    remove_fleet_files(name)
+
+
 @needs_c
-def test_the_c_steps_and_the_python_steps_give_the_same_answers_and_bytes(fleet: str) -> None:
+def test_the_c_steps_and_the_python_steps_give_the_same_answers_and_bytes(
+    fleet: str, other_fleet: str
+) -> None:
     rng = random.Random(33)
-    with Fleet.join(fleet) as on_c, Fleet.join(fleet + "p") as on_python:
+    with Fleet.join(fleet) as on_c, Fleet.join(other_fleet) as on_python:
         c_table, python_table = RateTable(on_c, GEOMETRY), RateTable(on_python, GEOMETRY)
         assert c_table.steps is not None
         python_table.steps = None
@@ -96,7 +107,6 @@ def test_the_c_steps_and_the_python_steps_give_the_same_answers_and_bytes(fleet:
         ]
         c_table.close()
         python_table.close()
-    remove_fleet_files(fleet + "p")
     assert min(calls.values()) > 1000
 
 
@@ -120,9 +130,11 @@ def test_the_c_steps_decline_an_armed_journal_and_python_rolls_it_back(fleet: st
 
 
 @needs_c
-def test_the_c_and_python_sliding_window_steps_agree_at_any_time(fleet: str) -> None:
+def test_the_c_and_python_sliding_window_steps_agree_at_any_time(
+    fleet: str, other_fleet: str
+) -> None:
     rng = random.Random(34)
-    with Fleet.join(fleet) as on_c, Fleet.join(fleet + "q") as on_python:
+    with Fleet.join(fleet) as on_c, Fleet.join(other_fleet) as on_python:
         c_table, python_table = RateTable(on_c, GEOMETRY), RateTable(on_python, GEOMETRY)
         assert c_table.steps is not None
         for table in (c_table, python_table):
@@ -151,4 +163,3 @@ def test_the_c_and_python_sliding_window_steps_agree_at_any_time(fleet: str) -> 
         assert True in answers and False in answers
         c_table.close()
         python_table.close()
-    remove_fleet_files(fleet + "q")
