@@ -21,7 +21,7 @@ option), :class:`InvalidRateKey` (a key that is not a ``str``),
 
 from __future__ import annotations
 
-from .._core._errors import (
+from ._errors import (
     InvalidRateAmount,
     InvalidRateExpiry,
     InvalidRateKey,
@@ -29,15 +29,19 @@ from .._core._errors import (
     RateTableFull,
     WindowTooLarge,
 )
+from ._postgres_storage import PostgresStorage
+from ._postgres_storage_async import AsyncPostgresStorage
 from ._shm_storage import ShmStorage
 from ._shm_storage_async import AsyncShmStorage
 
 __all__ = [
+    "AsyncPostgresStorage",
     "AsyncShmStorage",
     "InvalidRateAmount",
     "InvalidRateExpiry",
     "InvalidRateKey",
     "InvalidRateStorageUrl",
+    "PostgresStorage",
     "RateTableFull",
     "ShmStorage",
     "WindowTooLarge",

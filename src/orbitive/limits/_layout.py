@@ -44,9 +44,10 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import parse_qsl, urlsplit
 
-from .._core._errors import InvalidName, InvalidRateStorageUrl, LayoutMismatch
+from .._core._errors import InvalidName, LayoutMismatch
 from .._core._fleet import check_fleet_name
 from .._core._region import Init, Validate
+from ._errors import InvalidRateStorageUrl
 
 #: The rate-limit table's SHM kind.
 RATE_KIND: Final = 249

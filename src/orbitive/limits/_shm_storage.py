@@ -20,20 +20,16 @@ from limits.storage.base import (
     TimestampedSlidingWindow,
 )
 
-from .._core._errors import (
-    AccessDenied,
-    FleetError,
+from .._core._errors import AccessDenied, FleetError, LayoutMismatch, OrbitError, shown
+from .._core._fleet import Fleet
+from ._errors import (
     InvalidRateAmount,
     InvalidRateExpiry,
     InvalidRateKey,
     InvalidRateStorageUrl,
-    LayoutMismatch,
-    OrbitError,
     RateTableFull,
     WindowTooLarge,
-    shown,
 )
-from .._core._fleet import Fleet
 from ._layout import Geometry, parse_url
 from ._table import Keys, RateTable
 

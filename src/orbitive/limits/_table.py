@@ -46,9 +46,10 @@ from collections.abc import Callable
 from typing import Final
 
 from .._core import _native, _section
-from .._core._errors import LayoutMismatch, RateTableFull
+from .._core._errors import LayoutMismatch
 from .._core._fleet import Fleet
 from .._core._region import Region
+from ._errors import RateTableFull
 from ._layout import (
     ENTRIES_AT,
     ENTRY,

@@ -336,15 +336,18 @@ class PostgresEngine(Engine[Granted, UnitGranted]):
     kind = "postgres"
     poll_cap_s = 0.1
 
-    def __init__(self, conninfo: str, *, timeout: float) -> None:
+    def __init__(
+        self, conninfo: str, *, timeout: float, locks: bool = True, what: str = "postgres store"
+    ) -> None:
         self._pg, self._connection_class = _psycopg()
         self._conninfo = conninfo
         self._timeout = timeout
-        self._reachability = Reachability("postgres store")
+        self._reachability = Reachability(what)
         self._mutex = threading.Lock()
         self._conn: DeadlineConnection | None = None
         self._closed = False
-        self._run(_ensure_schema, retry=False)
+        if locks:  # orbitive.limits opens an engine for its own tables only (locks=False)
+            self._run(_ensure_schema, retry=False)
         self._listener: DeadlineConnection | None = None
         self._heard = 0.0  # time.monotonic() the listener last heard from the server
         self._notifications = Notifications(self)
@@ -455,6 +458,19 @@ class PostgresEngine(Engine[Granted, UnitGranted]):
             conn.close()
 
     # -- connection, retries, errors ----------------------------------------------------------
+
+    def run_step(self, step: Callable[[psycopg.Connection[Any]], _T], *, retry: bool = True) -> _T:
+        """Run ``step(connection)`` on this engine's connection as its own primitives run:
+        within the call timeout, one transaction per statement (autocommit), a broken
+        connection replaced and the step retried once while time is left. For callers
+        with tables of their own on the same server (``orbitive.limits``).
+
+        Raises:
+            StoreError: ``UNAVAILABLE`` when the server cannot be reached within the
+                timeout, ``DATABASE`` for any other error of the driver, ``CLOSED``
+                once the engine is closed.
+        """
+        return self._run(step, retry=retry)
 
     def _run(self, step: Callable[[psycopg.Connection[Any]], _T], *, retry: bool = True) -> _T:
         """Run one step within the call timeout; a broken connection is replaced and the

@@ -120,12 +120,25 @@ class PostgresAsyncEngine(AsyncEngine[Granted, UnitGranted]):
         params = unit_params(name, owner, grants, attempt=attempt_id())
         return released_units(grants, await self._fetch(_UNIT_RELEASE, params))
 
+    async def rows(self, sql: str, params: dict[str, object] | None) -> list[tuple[Any, ...]]:
+        """One statement and its rows, as this form's own primitives run it: within the
+        call timeout, a broken connection replaced and the statement retried while time
+        is left. For callers with tables of their own on the same server
+        (``orbitive.limits``); ``params`` None sends ``sql`` as it is (no placeholders).
+
+        Raises:
+            StoreError: ``UNAVAILABLE`` when the server cannot be reached within the
+                timeout, ``DATABASE`` for any other error of the driver, ``CLOSED``
+                once the form is closed.
+        """
+        return await self._rows(sql, params)
+
     async def _fetch(self, sql: str, params: dict[str, object]) -> tuple[Any, ...] | None:
         """The first row of :meth:`_rows`, or None."""
         rows = await self._rows(sql, params)
         return rows[0] if rows else None
 
-    async def _rows(self, sql: str, params: dict[str, object]) -> list[tuple[Any, ...]]:
+    async def _rows(self, sql: str, params: dict[str, object] | None) -> list[tuple[Any, ...]]:
         """One statement, its rows, within the call timeout; a broken connection is
         replaced and the statement retried while time is left (it is safe to repeat)."""
         with self._reachability:
@@ -152,10 +165,10 @@ class PostgresAsyncEngine(AsyncEngine[Granted, UnitGranted]):
 
     @staticmethod
     async def _execute(
-        conn: AsyncDeadlineConnection, sql: str, params: dict[str, object]
+        conn: AsyncDeadlineConnection, sql: str, params: dict[str, object] | None
     ) -> list[tuple[Any, ...]]:
         cursor = await conn.execute(sql, params)
-        return await cursor.fetchall()
+        return [] if cursor.description is None else await cursor.fetchall()  # no result: none
 
     async def _connection(self, deadline: Deadline) -> AsyncDeadlineConnection:
         if self._closed:

@@ -163,13 +163,31 @@ def _postgres(url: str) -> _Opened:
     from ._postgres import PostgresEngine  # noqa: PLC0415 - psycopg loads on demand
     from ._postgres_async import PostgresAsyncEngine  # noqa: PLC0415
 
+    conninfo, timeout = postgres_conninfo(url)
+    engine = PostgresEngine(conninfo, timeout=timeout)
+    return engine, _redacted(url), partial(PostgresAsyncEngine, engine)
+
+
+def postgres_conninfo(url: str) -> tuple[str, float]:
+    """The libpq URI of a ``postgresql://`` (or ``postgres://``) URL without its
+    ``?timeout=``, and that bound in seconds (default 5), checked as :func:`open_store`
+    checks it, without connecting.
+
+    Raises:
+        InvalidStoreUrl: a NUL or a lone surrogate, a ``timeout`` out of range, or a URL
+            libpq refuses (an unknown query parameter, an unclosed bracket, a host name
+            no resolver takes); the message shows no password.
+    """
+    if "\x00" in url:
+        raise InvalidStoreUrl("store URL has a NUL character")
+    if not _is_utf8(url):
+        raise InvalidStoreUrl(f"store URL {_redacted(url)!r} has no UTF-8 form (a lone surrogate)")
     conninfo, timeout = split_timeout(url)
     problem = _libpq_refuses(conninfo)
     if problem:  # an unclosed IPv6 bracket is a bad URL, not an unreachable server
         shown = _PASSWORD.sub(r"\1***@", url)
         raise InvalidStoreUrl(f"store URL {shown!r} is malformed: {problem}")
-    engine = PostgresEngine(conninfo, timeout=timeout)
-    return engine, _redacted(url), partial(PostgresAsyncEngine, engine)
+    return conninfo, timeout
 
 
 def _libpq_refuses(url: str) -> str:
