@@ -1,4 +1,5 @@
-"""Build hook: the lock and pool tables' optional C steps (pure Python runs without them).
+"""Build hook: the lock, pool and rate-limit tables' optional C steps (pure Python runs
+without them).
 
 Each module is one translation unit; its ``.h`` parts are listed as ``depends``,
 so an edit to one rebuilds the module and an sdist carries them.
@@ -38,6 +39,13 @@ setup(
             ["src/orbitive/pool/_fastpath.c"],
             include_dirs=["src/orbitive/_core"],
             depends=[*SHARED, *(f"src/orbitive/pool/{part}.h" for part in POOL_PARTS)],
+            optional=OPTIONAL,
+        ),
+        Extension(
+            "orbitive.limits._fastpath",
+            ["src/orbitive/limits/_fastpath.c"],
+            include_dirs=["src/orbitive/_core"],
+            depends=SHARED,
             optional=OPTIONAL,
         ),
     ]

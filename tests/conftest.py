@@ -64,6 +64,8 @@ WHOLE_PROGRAM_MODULES: Final = frozenset(
         "core/test_section_lifetime",
         "core/test_stores",
         "limits/test_postgres_processes",
+        "limits/test_processes",
+        "limits/test_upstream",
         "lock/test_fork_inside",
         "lock/test_model",
         "lock/test_probe_bound",

@@ -1,0 +1,58 @@
+"""Exactness across processes: 8 processes hitting one key admit exactly the limit,
+for each strategy, each child opening the ``shm://`` storage by its URL."""
+
+from __future__ import annotations
+
+import limits
+import pytest
+from limits.storage import storage_from_string
+
+from .._processes import Processes
+from . import _workers
+
+ITEMS = {"fixed": "300/hour", "moving": "300/hour", "sliding": "300/day"}
+PROCESSES = 8
+TRIES = 100
+
+
+@pytest.mark.parametrize("strategy", list(ITEMS))
+def test_eight_processes_admit_exactly_the_limit(fleet: str, strategy: str) -> None:
+    url = f"shm://{fleet}?capacity=64&windows=8&window=512"
+    with Processes("fork") as processes:
+        children = [
+            processes.start(_workers.hammer, url, strategy, ITEMS[strategy], TRIES)
+            for _ in range(PROCESSES)
+        ]
+        for child in children:
+            assert child.recv() == "ready"
+        for child in children:
+            child.send("go")
+        admitted = [child.recv(60.0) for child in children]
+    assert sum(admitted) == 300, admitted
+    limiter = _workers.STRATEGIES[strategy](storage_from_string(url))
+    item = limits.parse(ITEMS[strategy])
+    assert limiter.get_window_stats(item, "shared").remaining == 0
+    assert not limiter.hit(item, "shared")
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_table_opened_before_the_workers_start_counts_with_theirs(
+    fleet: str, method: str
+) -> None:
+    """gunicorn's preload (fork: the children inherit the parent's table, its C steps and
+    its cached digests) and fresh interpreters (spawn: they attach the table by name)."""
+    url = f"shm://{fleet}?capacity=64&windows=8&window=512"
+    parent = _workers.STRATEGIES["fixed"](storage_from_string(url))
+    item = limits.parse("100/hour")
+    assert all(parent.hit(item, "shared") for _ in range(10))
+    with Processes(method) as processes:
+        children = [
+            processes.start(_workers.hammer, url, "fixed", "100/hour", 40) for _ in range(4)
+        ]
+        for child in children:
+            assert child.recv(60.0) == "ready"
+        for child in children:
+            child.send("go")
+        admitted = [child.recv(60.0) for child in children]
+    assert sum(admitted) == 90, admitted
+    assert parent.get_window_stats(item, "shared").remaining == 0
