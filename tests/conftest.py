@@ -63,6 +63,7 @@ WHOLE_PROGRAM_MODULES: Final = frozenset(
         "core/test_section_corruption",
         "core/test_section_lifetime",
         "core/test_stores",
+        "limits/test_servers",
         "lock/test_fork_inside",
         "lock/test_model",
         "lock/test_probe_bound",
