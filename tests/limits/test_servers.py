@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Final
 
 import pytest
-from limits._storage_scheme import SCHEMES
 
-import orbitive.limits
 from tests.clients._http import Answer, get_each_anew
 from tests.docs._recipes import RECIPES, ROOT, free_port, started, write_recipes
 from tests.docs._site import blocks, on_free_port
 
+from .._capabilities import orbitive_limits_registers
 from .._servers import TempRedis
 from ._apps import PID_HEADER
 
@@ -53,12 +52,6 @@ ROWS: Final = [
 LIMIT_HEADERS: Final = ("x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset")
 
 
-def _shm_registered() -> bool:
-    """Whether ``import orbitive.limits`` registered a ``shm`` scheme with limits."""
-    storage = SCHEMES.get("shm")
-    return storage is not None and storage.__module__.startswith(orbitive.limits.__name__)
-
-
 @pytest.fixture
 def storage_uri(request: pytest.FixtureRequest, fleet_name: str) -> str:
     """The storage of the row: ``memory://``, the session's Redis, or ``shm://`` on the
@@ -68,7 +61,7 @@ def storage_uri(request: pytest.FixtureRequest, fleet_name: str) -> str:
     if request.param == "redis":
         redis_server: TempRedis = request.getfixturevalue("redis_server")
         return redis_server.url
-    if not _shm_registered():
+    if not orbitive_limits_registers("shm"):
         pytest.skip("orbitive.limits registers no shm:// storage here")
     return f"shm://{fleet_name}"
 
