@@ -42,6 +42,7 @@ catch by the usual Python category)::
         |   +-- BudgetMismatch                   another total for the budget's name
         +-- BudgetUnavailable                    the coordinator cannot be reached
         +-- UnsafeCoordinator                    the coordinator can forget units it granted
+    +-- rate-limit storages (orbitive.limits), see the section below
 
 Every error carries ``fleet``, ``node``, ``key`` and ``kind`` attributes (``None``
 when they do not apply) and survives pickling, so worker processes can return
@@ -73,6 +74,10 @@ __all__ = [
     "InvalidLockTtl",
     "InvalidName",
     "InvalidPoolOptions",
+    "InvalidRateAmount",
+    "InvalidRateExpiry",
+    "InvalidRateKey",
+    "InvalidRateStorageUrl",
     "InvalidSemaphoreLimit",
     "InvalidStoreUrl",
     "InvalidTtl",
@@ -91,6 +96,7 @@ __all__ = [
     "OwnerEmpty",
     "PoolClosed",
     "PoolTimeout",
+    "RateTableFull",
     "ReadinessUnavailable",
     "RemoteRequestError",
     "SemaphoreLimitMismatch",
@@ -102,6 +108,7 @@ __all__ = [
     "TooManyRequests",
     "UnknownClient",
     "UnsafeCoordinator",
+    "WindowTooLarge",
 ]
 
 
@@ -487,3 +494,42 @@ class UnsafeCoordinator(OrbitError):
     """The coordinator can forget units it granted: a Redis server without an append-only
     file, or a PostgreSQL server with ``fsync`` off. A restart would then let a unit
     be held twice."""
+
+
+# -- rate-limit storages (orbitive.limits) ------------------------------------------
+#
+#   OrbitError
+#   +-- InvalidRateStorageUrl (ValueError)      a malformed shm:// URL, an unknown option,
+#   |                                           a size out of range
+#   +-- InvalidRateKey (TypeError)              a rate-limit key that is not a str
+#   +-- InvalidRateAmount (ValueError, TypeError)  an amount or limit that is not an int >= 1
+#   +-- InvalidRateExpiry (ValueError, TypeError)  an expiry that is not a finite number > 0
+#   +-- WindowTooLarge (ValueError)             a moving-window limit above the table's window
+#   +-- RateTableFull                           no free entry or window slot near the key's home
+
+
+class InvalidRateStorageUrl(OrbitError, ValueError):
+    """A rate-limit storage URL is malformed, names an unknown option, or sizes the
+    table out of range; the message names the option and its range."""
+
+
+class InvalidRateKey(OrbitError, TypeError):
+    """A rate-limit key is not a ``str``."""
+
+
+class InvalidRateAmount(OrbitError, ValueError, TypeError):
+    """An amount (cost) or limit is not an ``int`` of at least 1 (``bool`` is refused)."""
+
+
+class InvalidRateExpiry(OrbitError, ValueError, TypeError):
+    """An expiry is not a finite number of seconds above 0."""
+
+
+class WindowTooLarge(OrbitError, ValueError):
+    """A moving-window limit is larger than the timestamps a window slot of the table
+    holds (the URL's ``window`` option)."""
+
+
+class RateTableFull(OrbitError):
+    """The rate-limit table has no free or expired entry (or moving-window slot) within
+    the probe neighbourhood of a new key's home; nothing was counted."""

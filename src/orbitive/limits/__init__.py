@@ -9,3 +9,27 @@ This package imports ``limits``; the rest of orbitive never does (extra
 """
 
 from __future__ import annotations
+
+from .._core._errors import (
+    InvalidRateAmount,
+    InvalidRateExpiry,
+    InvalidRateKey,
+    InvalidRateStorageUrl,
+    RateTableFull,
+    WindowTooLarge,
+)
+from ._layout import Geometry
+from ._shm_storage import ShmStorage
+from ._shm_storage_async import AsyncShmStorage
+
+__all__ = [
+    "AsyncShmStorage",
+    "Geometry",
+    "InvalidRateAmount",
+    "InvalidRateExpiry",
+    "InvalidRateKey",
+    "InvalidRateStorageUrl",
+    "RateTableFull",
+    "ShmStorage",
+    "WindowTooLarge",
+]

@@ -1,0 +1,156 @@
+"""``async+shm://``: the asyncio storage of ``limits`` over the fleet's rate-limit table.
+
+The twin of ``_shm_storage``: the same argument checks and the same table (one per
+process, fleet and geometry), each step run directly in the event loop's thread: a
+step holds the table's section for microseconds and never waits on I/O (a section
+held by a process that died is repaired by the next locker at once).
+"""
+
+from __future__ import annotations
+
+from limits.aio.storage.base import MovingWindowSupport, SlidingWindowCounterSupport, Storage
+from limits.storage.base import TimestampedSlidingWindow
+
+from ._shm_storage import (
+    STORAGE_ERRORS,
+    checked_amount,
+    checked_expiry,
+    checked_key,
+    checked_window,
+    healthy,
+    sliding_keys,
+    table_for,
+)
+
+
+class AsyncShmStorage(
+    Storage, MovingWindowSupport, SlidingWindowCounterSupport, TimestampedSlidingWindow
+):
+    """The asyncio form of :class:`~orbitive.limits.ShmStorage`, scheme ``async+shm://``;
+    the same URL options, table, arguments, answers and errors (see it), as coroutines.
+
+    Args:
+        uri: the storage URL, ``async+shm://FLEET[?options]``.
+        wrap_exceptions: wrap the table's failures in ``limits.errors.StorageError``.
+        options: none is taken (they go in the URL).
+
+    Raises:
+        InvalidRateStorageUrl: a malformed URL, an unknown or bad option, any keyword option.
+        LayoutMismatch: the fleet's table was made with other options, or is corrupt.
+        AccessDenied: the table is not this user's own.
+        ShmFull: no room in ``/dev/shm`` for a new table.
+    """
+
+    STORAGE_SCHEME = ["async+shm"]
+
+    def __init__(self, uri: str, wrap_exceptions: bool = False, **options: float | str | bool) -> None:
+        self.table = table_for(uri, dict(options))
+        super().__init__(uri, wrap_exceptions=wrap_exceptions)
+
+    @property
+    def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
+        """The errors ``wrap_exceptions`` wraps: the table's failures, never bad arguments."""
+        return STORAGE_ERRORS
+
+    async def incr(self, key: str, expiry: float, amount: int = 1) -> int:
+        """As :meth:`ShmStorage.incr <orbitive.limits.ShmStorage.incr>`: the new counter (``int``).
+
+        Raises:
+            InvalidRateKey, InvalidRateExpiry, InvalidRateAmount: a bad argument.
+            RateTableFull: a new key finds no free entry near its home (nothing counted).
+        """
+        return self.table.incr(checked_key(key), checked_expiry(expiry), checked_amount(amount))
+
+    async def get(self, key: str) -> int:
+        """``key``'s counter (``int``), 0 when absent or expired.
+
+        Raises:
+            InvalidRateKey: ``key`` is not a ``str``.
+        """
+        return self.table.get(checked_key(key))
+
+    async def get_expiry(self, key: str) -> float:
+        """When ``key``'s counter expires, epoch seconds (``float``); now when it has none.
+
+        Raises:
+            InvalidRateKey: ``key`` is not a ``str``.
+        """
+        return self.table.get_expiry(checked_key(key))
+
+    async def check(self) -> bool:
+        """Whether the table can be used (its critical section can be entered)."""
+        return healthy(self.table)
+
+    async def reset(self) -> int:
+        """Forget every counter and moving window; how many were live (``int``)."""
+        return self.table.reset()
+
+    async def clear(self, key: str) -> None:
+        """Forget ``key``'s counter and its moving window.
+
+        Raises:
+            InvalidRateKey: ``key`` is not a ``str``.
+        """
+        self.table.clear(checked_key(key))
+
+    async def acquire_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
+        """As :meth:`ShmStorage.acquire_entry <orbitive.limits.ShmStorage.acquire_entry>`:
+        True when the entries were taken.
+
+        Raises:
+            InvalidRateKey, InvalidRateExpiry, InvalidRateAmount: a bad argument.
+            WindowTooLarge: ``limit`` is above the URL's ``window``.
+            RateTableFull: a new key finds no free window slot near its home.
+        """
+        limit, amount = checked_window(self.table, limit, amount)
+        seconds = checked_expiry(expiry)
+        if amount > limit:
+            return False
+        return self.table.acquire_entry(checked_key(key), limit, seconds, amount)
+
+    async def get_moving_window(self, key: str, limit: int, expiry: int) -> tuple[float, int]:
+        """(the oldest entry's time in the last ``expiry`` seconds, epoch seconds; how many
+        entries are in them), ``(now, 0)`` when none is.
+
+        Raises:
+            InvalidRateKey, InvalidRateExpiry, InvalidRateAmount: a bad argument.
+            WindowTooLarge: ``limit`` is above the URL's ``window``.
+        """
+        checked_window(self.table, limit, 1)
+        return self.table.get_moving_window(checked_key(key), checked_expiry(expiry))
+
+    async def acquire_sliding_window_entry(
+        self, key: str, limit: int, expiry: int, amount: int = 1
+    ) -> bool:
+        """As :meth:`ShmStorage.acquire_sliding_window_entry
+        <orbitive.limits.ShmStorage.acquire_sliding_window_entry>`: True when counted.
+
+        Raises:
+            InvalidRateKey, InvalidRateExpiry, InvalidRateAmount: a bad argument.
+            RateTableFull: the current window's new counter finds no free entry.
+        """
+        limit, amount = checked_amount(limit, "limit"), checked_amount(amount)
+        seconds = checked_expiry(expiry)
+        if amount > limit:
+            return False
+        keys = sliding_keys(self, checked_key(key), expiry)
+        return self.table.acquire_sliding(keys, limit, seconds, amount)
+
+    async def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
+        """(previous window's count, its time to live in seconds, current window's count,
+        its time to live in seconds).
+
+        Raises:
+            InvalidRateKey, InvalidRateExpiry: a bad argument.
+        """
+        seconds = checked_expiry(expiry)
+        return self.table.sliding_window(sliding_keys(self, checked_key(key), expiry), seconds)
+
+    async def clear_sliding_window(self, key: str, expiry: int) -> None:
+        """Forget the two windows of ``key``.
+
+        Raises:
+            InvalidRateKey, InvalidRateExpiry: a bad argument.
+        """
+        checked_expiry(expiry)
+        self.table.clear_pair(sliding_keys(self, checked_key(key), expiry))

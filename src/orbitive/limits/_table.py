@@ -1,0 +1,417 @@
+"""The rate-limit table: counters and moving windows in one SHM object of the fleet.
+
+:class:`RateTable` holds one mapped table (``_layout``) and does every storage step
+inside the object's critical section (the robust process-shared mutex of its
+section block): the steps of ``limits``' three strategies over counter entries and
+moving-window slots. The steps are short (a probe of at most
+``_layout.PROBE`` slots and a few stores), so the asyncio storage runs them directly.
+
+Kill safety (a process SIGKILLed at any instruction inside a step):
+
+* A change of one aligned 8-byte word (a counter's value, a slot's expiry or its
+  head and count, an entry's expiry set to 0 by a clear) is written in place: a
+  killed writer leaves the old word or the new one.
+* A change of more bytes (a new entry, a new window slot) is journaled: the old
+  bytes are copied into the header's journal, the journal is armed (one 8-byte
+  word naming their offset and length), the bytes are written, and the journal is
+  disarmed. Every step first looks at the journal; an armed one means its writer
+  died inside the section, and the old bytes are put back (its hit is not
+  counted) before anything else is read.
+* The timestamps of a moving-window acquire go into the ring's free positions (or
+  over timestamps already out of the window) before its head and count are
+  committed by one word: a writer killed before that leaves at most its own
+  timestamps looking taken, never fewer than the window holds.
+
+So a killed process leaves at most its own hit counted or not, and never a
+half-written entry. Every field read is validated: a digest match counts only
+with a finite expiry above now, a value of 0..2**62, a head below the window and a
+count within it; anything else is a dead entry, reusable by the next insert.
+
+Exactness: every step reads and writes under the section, the sliding-window
+counter's reads and its increment in one step, so N processes admit exactly the
+limit (``memory://``'s sliding window may refuse a hit it would admit, by its
+revert; this one never needs to).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+import time
+from collections.abc import Callable
+from typing import Final
+
+from .._core._errors import LayoutMismatch, RateTableFull
+from .._core._fleet import Fleet
+from .._core._region import Region
+from ._layout import (
+    ENTRIES_AT,
+    ENTRY,
+    ENTRY_SIZE,
+    F64,
+    HEAD_COUNT,
+    JOURNAL_AT,
+    RATE_KIND,
+    ROLLBACKS_AT,
+    SAVED_AT,
+    SAVED_MAX,
+    SLOT_HEAD,
+    SLOT_HEAD_SIZE,
+    U64,
+    Geometry,
+    init,
+    validator,
+)
+
+#: Test-only: called with a point's name inside a step ("journaled": old bytes saved
+#: and armed; "written": new bytes written, journal still armed; "stamped": a moving
+#: window's timestamps written, head and count not yet); a test's hook may kill the
+#: process there.
+crash_hook: Callable[[str], None] | None = None
+#: The previous and the current sliding-window counter keys at a time (epoch seconds).
+Keys = Callable[[float], "tuple[str, str]"]
+
+#: Largest counter value a table keeps (larger reads as a dead entry).
+VALUE_MAX: Final = 1 << 62
+#: Expiries at or above this (about year 2^31 AD) read as corrupt.
+EXPIRES_MAX: Final = 1e15
+_COUNTER: Final = b"orbit-counter"
+_WINDOW: Final = b"orbit-window"
+_DIGEST: Final = struct.Struct("<QQ")
+_ZERO8: Final = bytes(8)
+_unpack_entry = ENTRY.unpack_from
+_unpack_slot = SLOT_HEAD.unpack_from
+_unpack_u64 = U64.unpack_from
+_unpack_f64 = F64.unpack_from
+
+
+def digest(key: str, person: bytes) -> tuple[int, int]:
+    """The (low, high) 64-bit halves of the BLAKE2b-128 digest of ``key`` (its UTF-8
+    bytes, lone surrogates kept): never (0, 0), which marks an EMPTY slot."""
+    raw = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16, person=person)
+    lo, hi = _DIGEST.unpack(raw.digest())
+    return (lo or 1, hi) if hi == 0 else (lo, hi)
+
+
+def counter_digest(key: str) -> tuple[int, int]:
+    """The digest of a counter key (fixed window, sliding window)."""
+    return digest(key, _COUNTER)
+
+
+def window_digest(key: str) -> tuple[int, int]:
+    """The digest of a moving-window key."""
+    return digest(key, _WINDOW)
+
+
+def live(expires: float, now: float) -> bool:
+    """Whether an expiry read from the table makes its entry live at ``now``."""
+    return now < expires < EXPIRES_MAX
+
+
+class RateTable:
+    """One process's handle on the fleet's rate-limit table (see the module).
+
+    Args:
+        fleet: the joined fleet whose table it is.
+        geometry: the table's sizes; an existing table must have the same.
+
+    Raises:
+        LayoutMismatch: the existing table has another geometry, version or checksum.
+        AccessDenied: the object is not this user's own (owner, mode, symlink).
+        ShmFull: ``/dev/shm`` has no room for a new table.
+        FleetError: the fleet is closed.
+    """
+
+    def __init__(self, fleet: Fleet, geometry: Geometry) -> None:
+        self.fleet = fleet.name
+        self.geometry = geometry
+        self.region: Region = fleet.region(
+            RATE_KIND, geometry.size, init(geometry), validator(fleet.name, geometry)
+        )
+        self.buf = self.region.buf
+        self._windows_at = geometry.windows_at
+        self._slot_size = geometry.slot_size
+        self._end = geometry.size
+
+    # -- the journal ------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Inside the section: roll back the journal a dead writer left armed."""
+        buf = self.buf
+        armed = _unpack_u64(buf, JOURNAL_AT)[0]
+        if armed == 0:
+            return
+        offset, length = armed & 0xFFFFFFFF, armed >> 32
+        if not (0 < length <= SAVED_MAX and ENTRIES_AT <= offset <= self._end - length):
+            raise LayoutMismatch(
+                f"rate-limit table of fleet {self.fleet!r}: its journal names bytes "
+                f"{offset}..{offset + length} outside the table (corrupt bytes); stop its "
+                f"users and remove it: orbit clear {self.fleet} --kind {RATE_KIND}",
+                fleet=self.fleet,
+                kind=RATE_KIND,
+            )
+        buf[offset : offset + length] = buf[SAVED_AT : SAVED_AT + length]
+        buf[JOURNAL_AT : JOURNAL_AT + 8] = _ZERO8
+        rollbacks = _unpack_u64(buf, ROLLBACKS_AT)[0]
+        buf[ROLLBACKS_AT : ROLLBACKS_AT + 8] = U64.pack(rollbacks + 1)
+
+    def _journaled(self, at: int, new: bytes) -> None:
+        """Write ``new`` (at most 32 bytes) at ``at`` under the journal."""
+        buf, length = self.buf, len(new)
+        buf[SAVED_AT : SAVED_AT + length] = buf[at : at + length]
+        buf[JOURNAL_AT : JOURNAL_AT + 8] = U64.pack(at | length << 32)
+        if crash_hook is not None:
+            crash_hook("journaled")
+        buf[at : at + length] = new
+        if crash_hook is not None:
+            crash_hook("written")
+        buf[JOURNAL_AT : JOURNAL_AT + 8] = _ZERO8
+
+    def rollbacks(self) -> int:
+        """Journals rolled back since the table was made (statistics, read unlocked)."""
+        return int(_unpack_u64(self.buf, ROLLBACKS_AT)[0])
+
+    # -- counters -----------------------------------------------------------------------
+
+    def _find(self, lo: int, hi: int, now: float) -> tuple[int, int]:
+        """(offset of the key's live entry or -1, offset of the first reusable entry in
+        its neighbourhood or -1)."""
+        buf, capacity = self.buf, self.geometry.capacity
+        slot = lo % capacity
+        free = -1
+        for _ in range(self.geometry.probe):
+            at = ENTRIES_AT + ENTRY_SIZE * slot
+            elo, ehi, expires, value = _unpack_entry(buf, at)
+            if elo == lo and ehi == hi:
+                if live(expires, now) and 0 <= value < VALUE_MAX:
+                    return at, free
+            elif elo == 0 and ehi == 0:
+                return -1, at if free < 0 else free
+            if free < 0 and not (live(expires, now) and 0 <= value < VALUE_MAX):
+                free = at
+            slot = slot + 1 if slot + 1 < capacity else 0
+        return -1, free
+
+    def _value(self, lo: int, hi: int, now: float) -> tuple[int, float]:
+        at, _ = self._find(lo, hi, now)
+        if at < 0:
+            return 0, now
+        _, _, expires, value = _unpack_entry(self.buf, at)
+        return value, expires
+
+    def _add(self, key: str, lo: int, hi: int, now: float, expiry: float, amount: int) -> int:
+        at, free = self._find(lo, hi, now)
+        buf = self.buf
+        if at >= 0:
+            value = _unpack_entry(buf, at)[3] + amount
+            if value >= VALUE_MAX:
+                value = VALUE_MAX - 1
+            buf[at + 24 : at + 32] = U64.pack(value)
+            return value
+        if free < 0:
+            raise self._full(key, "capacity", self.geometry.capacity)
+        self._journaled(free, ENTRY.pack(lo, hi, now + expiry, amount))
+        return amount
+
+    def incr(self, key: str, expiry: float, amount: int) -> int:
+        """Add ``amount`` to ``key``'s counter (a new one expires ``expiry`` s from now);
+        the new value."""
+        lo, hi = counter_digest(key)
+        with self.region:
+            self.recover()
+            return self._add(key, lo, hi, time.time(), expiry, amount)
+
+    def get(self, key: str) -> int:
+        """``key``'s counter, 0 when absent or expired."""
+        lo, hi = counter_digest(key)
+        with self.region:
+            self.recover()
+            return self._value(lo, hi, time.time())[0]
+
+    def get_expiry(self, key: str) -> float:
+        """When ``key``'s counter expires, epoch seconds (now when absent)."""
+        lo, hi = counter_digest(key)
+        with self.region:
+            self.recover()
+            return self._value(lo, hi, time.time())[1]
+
+    def clear(self, key: str) -> None:
+        """Forget ``key``'s counter and moving window."""
+        counter, window = counter_digest(key), window_digest(key)
+        with self.region:
+            self.recover()
+            now = time.time()
+            at, _ = self._find(*counter, now)
+            if at >= 0:
+                self.buf[at + 16 : at + 24] = _ZERO8
+            at, _ = self._find_slot(*window, now)
+            if at >= 0:
+                self.buf[at + 16 : at + 24] = _ZERO8
+
+    def reset(self) -> int:
+        """Forget every counter and window; how many were live, as ``memory://`` counts
+        them: the larger of the live counters and the live moving windows."""
+        with self.region:
+            self.recover()
+            now, buf, counters, windows = time.time(), self.buf, 0, 0
+            for at in range(ENTRIES_AT, ENTRIES_AT + ENTRY_SIZE * self.geometry.capacity, ENTRY_SIZE):
+                _, _, expires, value = _unpack_entry(buf, at)
+                counters += live(expires, now) and 0 <= value < VALUE_MAX
+                buf[at + 16 : at + 24] = _ZERO8
+            for index in range(self.geometry.windows):
+                at = self._windows_at + self._slot_size * index + 16
+                windows += live(_unpack_f64(buf, at)[0], now)
+                buf[at : at + 8] = _ZERO8
+            # Every entry is dead now; EMPTY (zero) them too, so probes stop early again.
+            buf[ENTRIES_AT : self._windows_at] = bytes(self._windows_at - ENTRIES_AT)
+            for index in range(self.geometry.windows):
+                at = self._windows_at + self._slot_size * index
+                buf[at : at + SLOT_HEAD_SIZE] = bytes(SLOT_HEAD_SIZE)
+            return max(counters, windows)
+
+    # -- sliding window counter -----------------------------------------------------
+
+    def sliding_window(self, keys: Keys, expiry: float) -> tuple[int, float, int, float]:
+        """(previous count, its ttl, current count, its ttl) now, as ``memory://`` counts
+        them; ``keys(now)`` names the previous and the current window's counters."""
+        with self.region:
+            self.recover()
+            now = time.time()
+            previous, current = keys(now)
+            return self._sliding(counter_digest(previous), counter_digest(current), expiry, now)
+
+    def _sliding(
+        self, previous: tuple[int, int], current: tuple[int, int], expiry: float, now: float
+    ) -> tuple[int, float, int, float]:
+        previous_count = self._value(*previous, now)[0]
+        current_count = self._value(*current, now)[0]
+        previous_ttl = 0.0 if previous_count == 0 else (1 - (((now - expiry) / expiry) % 1)) * expiry
+        current_ttl = (1 - ((now / expiry) % 1)) * expiry + expiry
+        return previous_count, previous_ttl, current_count, current_ttl
+
+    def acquire_sliding(self, keys: Keys, limit: int, expiry: float, amount: int) -> bool:
+        """Count ``amount`` in the current window now if the weighted count leaves room
+        (``keys(now)`` as for :meth:`sliding_window`): read and counted in one step."""
+        with self.region:
+            self.recover()
+            now = time.time()
+            previous, current = keys(now)
+            lo, hi = counter_digest(current)
+            previous_count, previous_ttl, current_count, _ = self._sliding(
+                counter_digest(previous), (lo, hi), expiry, now
+            )
+            weighted = previous_count * previous_ttl / expiry + current_count
+            if math.floor(weighted) + amount > limit:
+                return False
+            self._add(current, lo, hi, now, 2 * expiry, amount)
+            return True
+
+    def clear_pair(self, keys: Keys) -> None:
+        """Forget the previous and the current window's counters (``keys(now)``)."""
+        with self.region:
+            self.recover()
+            now = time.time()
+            for key in keys(now):
+                at, _ = self._find(*counter_digest(key), now)
+                if at >= 0:
+                    self.buf[at + 16 : at + 24] = _ZERO8
+
+    # -- moving windows ---------------------------------------------------------------
+
+    def _find_slot(self, lo: int, hi: int, now: float) -> tuple[int, int]:
+        """(offset of the key's live window slot or -1, offset of the first reusable slot
+        in its neighbourhood or -1)."""
+        buf, windows, window = self.buf, self.geometry.windows, self.geometry.window
+        index = lo % windows
+        free = -1
+        for _ in range(self.geometry.window_probe):
+            at = self._windows_at + self._slot_size * index
+            slo, shi, expires, head, count = _unpack_slot(buf, at)
+            usable = live(expires, now) and head < window and count <= window
+            if slo == lo and shi == hi:
+                if usable:
+                    return at, free
+            elif slo == 0 and shi == 0:
+                return -1, at if free < 0 else free
+            if free < 0 and not usable:
+                free = at
+            index = index + 1 if index + 1 < windows else 0
+        return -1, free
+
+    def acquire_entry(self, key: str, limit: int, expiry: float, amount: int) -> bool:
+        """Add ``amount`` timestamps (now) to ``key``'s window if the window leaves room:
+        fewer than ``limit - amount + 1`` timestamps newer than ``expiry`` s ago."""
+        lo, hi = window_digest(key)
+        window = self.geometry.window
+        with self.region:
+            self.recover()
+            buf, now = self.buf, time.time()
+            at, free = self._find_slot(lo, hi, now)
+            if at < 0:
+                if free < 0:
+                    raise self._full(key, "windows", self.geometry.windows)
+                self._stamp(free, 0, amount, now)
+                head = SLOT_HEAD.pack(lo, hi, now + expiry, amount % window, amount)
+                self._journaled(free, head)
+                return True
+            _, _, expires, head, count = _unpack_slot(buf, at)
+            gate = limit - amount
+            if gate < count:
+                stamp = _unpack_f64(buf, at + SLOT_HEAD_SIZE + 8 * ((head - 1 - gate) % window))[0]
+                if stamp >= now - expiry:
+                    return False
+            self._stamp(at, head, amount, now)
+            if now + expiry > expires:
+                buf[at + 16 : at + 24] = F64.pack(now + expiry)
+            buf[at + 24 : at + 32] = HEAD_COUNT.pack((head + amount) % window, min(window, count + amount))
+            return True
+
+    def _stamp(self, at: int, head: int, amount: int, now: float) -> None:
+        """Write ``amount`` timestamps ``now`` into the ring of the slot at ``at`` from ``head``."""
+        window, stamps = self.geometry.window, at + SLOT_HEAD_SIZE
+        first = min(amount, window - head)
+        self.buf[stamps + 8 * head : stamps + 8 * (head + first)] = F64.pack(now) * first
+        if amount > first:
+            self.buf[stamps : stamps + 8 * (amount - first)] = F64.pack(now) * (amount - first)
+        if crash_hook is not None:
+            crash_hook("stamped")
+
+    def get_moving_window(self, key: str, expiry: float) -> tuple[float, int]:
+        """(the oldest timestamp newer than ``expiry`` s ago, how many are): ``(now, 0)``
+        when none is."""
+        lo, hi = window_digest(key)
+        window = self.geometry.window
+        with self.region:
+            self.recover()
+            buf, now = self.buf, time.time()
+            at, _ = self._find_slot(lo, hi, now)
+            if at < 0:
+                return now, 0
+            _, _, _, head, count = _unpack_slot(buf, at)
+            stamps = at + SLOT_HEAD_SIZE
+            oldest, seen, floor = now, 0, now - expiry
+            for back in range(count):
+                stamp = _unpack_f64(buf, stamps + 8 * ((head - 1 - back) % window))[0]
+                if not stamp > floor:
+                    break
+                oldest, seen = stamp, seen + 1
+            return oldest, seen
+
+    # -- errors and lifecycle -----------------------------------------------------------
+
+    def _full(self, key: str, option: str, size: int) -> RateTableFull:
+        what = "counter entry" if option == "capacity" else "moving-window slot"
+        return RateTableFull(
+            f"rate-limit table of fleet {self.fleet!r}: no free or expired {what} within "
+            f"{min(size, 64)} slots of key {key[:60]!r}'s home ({option}={size}); nothing "
+            f"was counted. Raise {option} in the storage URL (shm://{self.fleet}?{option}="
+            f"{size * 2}), after clearing the table while nobody uses it",
+            fleet=self.fleet,
+            key=key,
+            kind=RATE_KIND,
+        )
+
+    def close(self) -> None:
+        """Unmap the table; never unlinks. Idempotent."""
+        self.region.close()
