@@ -26,12 +26,11 @@ from typing import Final
 
 import pytest
 
-from tests.clients._http import Answer, get_each_anew
-from tests.docs._recipes import RECIPES, ROOT, free_port, started, write_recipes
-from tests.docs._site import blocks, on_free_port
-
 from .._capabilities import orbitive_limits_registers
 from .._servers import TempRedis
+from ..clients._http import Answer, get_each_anew
+from ..docs._recipes import RECIPES, ROOT, free_port, started, write_recipes
+from ..docs._site import blocks, on_free_port
 from ._apps import PID_HEADER
 
 pytestmark = pytest.mark.slow
@@ -49,7 +48,6 @@ ROWS: Final = [
     ("memory", "fixed-window"),
     *((storage, strategy) for storage in ("redis", "shm") for strategy in STRATEGIES),
 ]
-LIMIT_HEADERS: Final = ("x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset")
 
 
 @pytest.fixture
