@@ -68,6 +68,8 @@ WHOLE_PROGRAM_MODULES: Final = frozenset(
         "lock/test_model",
         "lock/test_probe_bound",
         "lock/test_processes",
+        "limits/test_processes",
+        "limits/test_upstream",
         "lock/test_stripe_bounds",
         "pool/test_model",
         "pool/test_operations",

@@ -22,6 +22,8 @@ from orbitive.limits import AsyncShmStorage, ShmStorage
 from orbitive.limits._layout import RATE_KIND
 from orbitive.limits._table import RateTable
 
+from .._fleets import shm_path
+
 #: (method, arguments) in order; every answer is compared.
 SCRIPT: list[tuple[str, tuple[Any, ...]]] = [
     ("check", ()),
@@ -88,7 +90,7 @@ def _compare(ours: list[object], theirs: list[object]) -> None:
 
 
 def test_the_sync_storage_answers_as_memory_does(url: str) -> None:
-    storage = storage_from_string(url)
+    storage = _sync(url)
     assert isinstance(storage, ShmStorage)
     _compare(_answers(lambda name, args: getattr(storage, name)(*args)), _memory_answers())
 
@@ -109,11 +111,18 @@ def test_the_async_storage_answers_as_memory_does(url: str) -> None:
 
 
 def test_sync_and_async_storages_of_one_url_share_the_counts(url: str) -> None:
-    sync = storage_from_string(url)
+    sync = _sync(url)
     asynchronous = storage_from_string("async+" + url)
+    assert isinstance(asynchronous, AsyncShmStorage)
     sync.incr("k", 60, 2)
-    assert asyncio.run(asynchronous.incr("k", 60)) == 3  # type: ignore[misc]
+    assert asyncio.run(asynchronous.incr("k", 60)) == 3
     assert sync.get("k") == 3
+
+
+def _sync(url: str) -> ShmStorage:
+    storage = storage_from_string(url)
+    assert isinstance(storage, ShmStorage)
+    return storage
 
 
 @pytest.mark.parametrize(
@@ -135,7 +144,7 @@ def test_each_strategy_admits_the_limit_then_refuses(url: str, limiter: type[Any
 
 
 def test_counters_and_windows_expire(url: str) -> None:
-    storage = storage_from_string(url)
+    storage = _sync(url)
     storage.incr("c", 0.2)
     assert storage.acquire_entry("m", 1, 0.2)
     assert not storage.acquire_entry("m", 1, 0.2)
@@ -147,7 +156,7 @@ def test_counters_and_windows_expire(url: str) -> None:
 
 
 def test_expired_entries_are_reused_so_a_full_neighbourhood_frees_itself(fleet: str) -> None:
-    storage = storage_from_string(f"shm://{fleet}?capacity=4&windows=2&window=4")
+    storage = _sync(f"shm://{fleet}?capacity=4&windows=2&window=4")
     for key in "abcd":
         storage.incr(key, 0.2)
     for key in "pq":
@@ -160,7 +169,7 @@ def test_expired_entries_are_reused_so_a_full_neighbourhood_frees_itself(fleet: 
 
 
 def test_keys_of_any_length_and_any_text_are_counted_apart(url: str) -> None:
-    storage = storage_from_string(url)
+    storage = _sync(url)
     long_key = "k" * 100_000
     keys = [long_key, long_key + "x", "", "\udc80 lone surrogate", "ключ"]
     for count, key in enumerate(keys, 1):
@@ -169,10 +178,12 @@ def test_keys_of_any_length_and_any_text_are_counted_apart(url: str) -> None:
 
 
 def test_the_table_has_the_bytes_the_url_sizes_it_for(fleet: str) -> None:
-    from .._fleets import shm_path
-
-    storage = storage_from_string(f"shm://{fleet}")
+    storage = _sync(f"shm://{fleet}")
     table: RateTable = storage.table
-    assert (table.geometry.capacity, table.geometry.windows, table.geometry.window) == (1024, 256, 128)
+    assert (table.geometry.capacity, table.geometry.windows, table.geometry.window) == (
+        1024,
+        256,
+        128,
+    )
     assert table.geometry.size == 128 + 1024 * 32 + 256 * (32 + 8 * 128) == 303_232
     assert shm_path(fleet, RATE_KIND).stat().st_size == 307_200 + 4096

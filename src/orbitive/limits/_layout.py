@@ -144,13 +144,17 @@ def parse_url(url: object) -> tuple[str, Geometry]:
             1..65536, all of it at most 1 GiB).
     """
     if not isinstance(url, str):
-        raise InvalidRateStorageUrl(f"rate-limit storage URL must be a str, not {type(url).__name__}")
+        raise InvalidRateStorageUrl(
+            f"rate-limit storage URL must be a str, not {type(url).__name__}"
+        )
     form = "shm://FLEET[?capacity=N&windows=N&window=N]"
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as error:
-        raise InvalidRateStorageUrl(f"rate-limit storage URL {url!r}: {error}; expected {form}") from None
+        raise InvalidRateStorageUrl(
+            f"rate-limit storage URL {url!r}: {error}; expected {form}"
+        ) from None
     if parts.scheme not in ("shm", "async+shm"):
         raise InvalidRateStorageUrl(f"rate-limit storage URL {url!r}: expected {form}")
     if parts.path not in ("", "/") or parts.fragment or parts.username or parts.password or port:
@@ -177,7 +181,9 @@ def parse_url(url: object) -> tuple[str, Geometry]:
                 f"{', '.join(OPTIONS)}"
             )
         if name in sizes:
-            raise InvalidRateStorageUrl(f"rate-limit storage URL {url!r}: option {name!r} given twice")
+            raise InvalidRateStorageUrl(
+                f"rate-limit storage URL {url!r}: option {name!r} given twice"
+            )
         sizes[name] = _size(url, name, value)
     capacity = sizes.get("capacity", CAPACITY_DEFAULT)
     geometry = Geometry(

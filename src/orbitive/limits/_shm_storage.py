@@ -93,7 +93,9 @@ def checked_key(key: object) -> str:
         InvalidRateKey: any other type.
     """
     if type(key) is not str and not isinstance(key, str):
-        raise InvalidRateKey(f"a rate-limit key must be a str, got {type(key).__name__}: {shown(key)}")
+        raise InvalidRateKey(
+            f"a rate-limit key must be a str, got {type(key).__name__}: {shown(key)}"
+        )
     return key
 
 
@@ -163,7 +165,9 @@ def healthy(table: RateTable) -> bool:
     return True
 
 
-class ShmStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport, TimestampedSlidingWindow):
+class ShmStorage(
+    Storage, MovingWindowSupport, SlidingWindowCounterSupport, TimestampedSlidingWindow
+):
     """Rate-limit storage in the shared memory of a fleet: one exact count per key for
     every process of the host that names the same URL.
 
@@ -189,9 +193,11 @@ class ShmStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport, Time
             joins the fleet once, as the ``shm://`` lock store does).
     """
 
-    STORAGE_SCHEME = ["shm"]
+    STORAGE_SCHEME = ["shm"]  # noqa: RUF012 - limits registers a list of schemes
 
-    def __init__(self, uri: str, wrap_exceptions: bool = False, **options: float | str | bool) -> None:
+    def __init__(
+        self, uri: str, wrap_exceptions: bool = False, **options: float | str | bool
+    ) -> None:
         self.table = table_for(uri, dict(options))
         super().__init__(uri, wrap_exceptions=wrap_exceptions)
 
@@ -255,7 +261,7 @@ class ShmStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport, Time
         """
         self.table.clear(checked_key(key))
 
-    def acquire_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
+    def acquire_entry(self, key: str, limit: int, expiry: float, amount: int = 1) -> bool:
         """Take ``amount`` entries of ``key``'s moving window if fewer than ``limit -
         amount + 1`` were taken in the last ``expiry`` seconds.
 
@@ -279,7 +285,7 @@ class ShmStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport, Time
             return False
         return self.table.acquire_entry(checked_key(key), limit, seconds, amount)
 
-    def get_moving_window(self, key: str, limit: int, expiry: int) -> tuple[float, int]:
+    def get_moving_window(self, key: str, limit: int, expiry: float) -> tuple[float, int]:
         """The moving window of ``key`` now.
 
         Returns:
@@ -293,7 +299,9 @@ class ShmStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport, Time
         checked_window(self.table, limit, 1)
         return self.table.get_moving_window(checked_key(key), checked_expiry(expiry))
 
-    def acquire_sliding_window_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
+    def acquire_sliding_window_entry(
+        self, key: str, limit: int, expiry: float, amount: int = 1
+    ) -> bool:
         """Count ``amount`` in ``key``'s current window if the previous window's count,
         weighted by its share of the last ``expiry`` seconds, plus the current count
         leaves room; read and counted in one step.
@@ -315,9 +323,11 @@ class ShmStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport, Time
         seconds = checked_expiry(expiry)
         if amount > limit:
             return False
-        return self.table.acquire_sliding(self._keys(checked_key(key), expiry), limit, seconds, amount)
+        return self.table.acquire_sliding(
+            self._keys(checked_key(key), expiry), limit, seconds, amount
+        )
 
-    def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
+    def get_sliding_window(self, key: str, expiry: float) -> tuple[int, float, int, float]:
         """The two windows of ``key`` now.
 
         Returns:
@@ -330,7 +340,7 @@ class ShmStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport, Time
         seconds = checked_expiry(expiry)
         return self.table.sliding_window(self._keys(checked_key(key), expiry), seconds)
 
-    def clear_sliding_window(self, key: str, expiry: int) -> None:
+    def clear_sliding_window(self, key: str, expiry: float) -> None:
         """Forget the two windows of ``key``.
 
         Raises:

@@ -41,9 +41,11 @@ class AsyncShmStorage(
         ShmFull: no room in ``/dev/shm`` for a new table.
     """
 
-    STORAGE_SCHEME = ["async+shm"]
+    STORAGE_SCHEME = ["async+shm"]  # noqa: RUF012 - limits registers a list of schemes
 
-    def __init__(self, uri: str, wrap_exceptions: bool = False, **options: float | str | bool) -> None:
+    def __init__(
+        self, uri: str, wrap_exceptions: bool = False, **options: float | str | bool
+    ) -> None:
         self.table = table_for(uri, dict(options))
         super().__init__(uri, wrap_exceptions=wrap_exceptions)
 
@@ -93,7 +95,7 @@ class AsyncShmStorage(
         """
         self.table.clear(checked_key(key))
 
-    async def acquire_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
+    async def acquire_entry(self, key: str, limit: int, expiry: float, amount: int = 1) -> bool:
         """As :meth:`ShmStorage.acquire_entry <orbitive.limits.ShmStorage.acquire_entry>`:
         True when the entries were taken.
 
@@ -108,7 +110,7 @@ class AsyncShmStorage(
             return False
         return self.table.acquire_entry(checked_key(key), limit, seconds, amount)
 
-    async def get_moving_window(self, key: str, limit: int, expiry: int) -> tuple[float, int]:
+    async def get_moving_window(self, key: str, limit: int, expiry: float) -> tuple[float, int]:
         """(the oldest entry's time in the last ``expiry`` seconds, epoch seconds; how many
         entries are in them), ``(now, 0)`` when none is.
 
@@ -120,7 +122,7 @@ class AsyncShmStorage(
         return self.table.get_moving_window(checked_key(key), checked_expiry(expiry))
 
     async def acquire_sliding_window_entry(
-        self, key: str, limit: int, expiry: int, amount: int = 1
+        self, key: str, limit: int, expiry: float, amount: int = 1
     ) -> bool:
         """As :meth:`ShmStorage.acquire_sliding_window_entry
         <orbitive.limits.ShmStorage.acquire_sliding_window_entry>`: True when counted.
@@ -136,7 +138,7 @@ class AsyncShmStorage(
         keys = sliding_keys(self, checked_key(key), expiry)
         return self.table.acquire_sliding(keys, limit, seconds, amount)
 
-    async def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
+    async def get_sliding_window(self, key: str, expiry: float) -> tuple[int, float, int, float]:
         """(previous window's count, its time to live in seconds, current window's count,
         its time to live in seconds).
 
@@ -146,7 +148,7 @@ class AsyncShmStorage(
         seconds = checked_expiry(expiry)
         return self.table.sliding_window(sliding_keys(self, checked_key(key), expiry), seconds)
 
-    async def clear_sliding_window(self, key: str, expiry: int) -> None:
+    async def clear_sliding_window(self, key: str, expiry: float) -> None:
         """Forget the two windows of ``key``.
 
         Raises:

@@ -208,7 +208,7 @@ class RateTable:
             if value >= VALUE_MAX:
                 value = VALUE_MAX - 1
             buf[at + 24 : at + 32] = U64.pack(value)
-            return value
+            return int(value)
         if free < 0:
             raise self._full(key, "capacity", self.geometry.capacity)
         self._journaled(free, ENTRY.pack(lo, hi, now + expiry, amount))
@@ -255,7 +255,9 @@ class RateTable:
         with self.region:
             self.recover()
             now, buf, counters, windows = time.time(), self.buf, 0, 0
-            for at in range(ENTRIES_AT, ENTRIES_AT + ENTRY_SIZE * self.geometry.capacity, ENTRY_SIZE):
+            for at in range(
+                ENTRIES_AT, ENTRIES_AT + ENTRY_SIZE * self.geometry.capacity, ENTRY_SIZE
+            ):
                 _, _, expires, value = _unpack_entry(buf, at)
                 counters += live(expires, now) and 0 <= value < VALUE_MAX
                 buf[at + 16 : at + 24] = _ZERO8
@@ -286,7 +288,9 @@ class RateTable:
     ) -> tuple[int, float, int, float]:
         previous_count = self._value(*previous, now)[0]
         current_count = self._value(*current, now)[0]
-        previous_ttl = 0.0 if previous_count == 0 else (1 - (((now - expiry) / expiry) % 1)) * expiry
+        previous_ttl = (
+            0.0 if previous_count == 0 else (1 - (((now - expiry) / expiry) % 1)) * expiry
+        )
         current_ttl = (1 - ((now / expiry) % 1)) * expiry + expiry
         return previous_count, previous_ttl, current_count, current_ttl
 
@@ -364,7 +368,9 @@ class RateTable:
             self._stamp(at, head, amount, now)
             if now + expiry > expires:
                 buf[at + 16 : at + 24] = F64.pack(now + expiry)
-            buf[at + 24 : at + 32] = HEAD_COUNT.pack((head + amount) % window, min(window, count + amount))
+            buf[at + 24 : at + 32] = HEAD_COUNT.pack(
+                (head + amount) % window, min(window, count + amount)
+            )
             return True
 
     def _stamp(self, at: int, head: int, amount: int, now: float) -> None:
