@@ -51,13 +51,17 @@ KNOWN_KINDS = {
     231: "store lock transition ring",
     247: "resource pool",
     248: "budget board",
+    249: "rate-limit table",
 }
 #: What each lock table of a fleet is, by its state kind (``orbit locks FLEET``).
 TABLE_ROLES = {
     DEFAULT_STATE_KIND: "LockTable",
     STORE_STATE_KIND: "shm:// store",
 }
-KIND_HELP = "kind number 0..255 (228/229 lock table, 230/231 store lock table, 247 resource pool)"
+KIND_HELP = (
+    "kind number 0..255 (228/229 lock table, 230/231 store lock table, 247 resource pool, "
+    "249 rate-limit table)"
+)
 #: Longest wait of ``orbit watch`` between checks of its deadline, in seconds.
 _WATCH_STEP_S = 60.0
 #: Largest ``orbit watch --seconds`` (about 11.6 days); longer: leave it out.
