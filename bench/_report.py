@@ -69,6 +69,8 @@ def _notes(result: Result) -> str:
         return f"{extra['over_pair']:.2f}x its engine's try_lock + release"
     if "p99_us" in extra:
         return f"p99 {_value(extra['p99_us'], 'us')}"
+    if "admitted_share" in extra:
+        return f"{extra['admitted_share']:.0%} of the timed hits admitted"
     return ""
 
 

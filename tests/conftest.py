@@ -66,6 +66,7 @@ WHOLE_PROGRAM_MODULES: Final = frozenset(
         "limits/test_postgres_processes",
         "limits/test_processes",
         "limits/test_upstream",
+        "limits/test_servers",
         "lock/test_fork_inside",
         "lock/test_model",
         "lock/test_probe_bound",
