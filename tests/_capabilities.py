@@ -20,14 +20,3 @@ def require_c_steps(steps: object, module: str) -> None:
     if steps is None and not os.environ.get("CI"):
         pytest.skip(f"no C compiler at install: the Python steps run (CI requires {module})")
     assert steps is not None, f"{module} was not compiled"
-
-
-def orbitive_limits_registers(scheme: str) -> bool:
-    """Whether ``import orbitive.limits`` registers a storage of ``scheme`` (``shm``,
-    ``postgresql``) with ``limits``: its rows skip only while it does not."""
-    from limits._storage_scheme import SCHEMES  # noqa: PLC0415 - only some tests need limits
-
-    import orbitive.limits  # noqa: PLC0415
-
-    storage = SCHEMES.get(scheme)
-    return storage is not None and storage.__module__.startswith(f"{orbitive.limits.__name__}.")

@@ -1,11 +1,11 @@
 """``limits``' own storage and strategy tests, run on ``postgresql://``.
 
-Set ``ORBIT_LIMITS_SDIST`` to the unpacked sdist of the installed ``limits``
-(``pip download --no-binary :all: --no-deps limits==X``, then ``tar xzf``): the test
-runs pytest over its ``tests/test_strategy.py``, ``tests/test_storage.py`` and their
-``tests/aio/`` twins, keeping the in-memory cases (``-k in-memory``), whose
+The sdist of the installed ``limits`` comes from ``_sdist.limits_sdist``
+(``ORBIT_LIMITS_SDIST``, or fetched once): the test runs pytest over its
+``tests/test_strategy.py``, ``tests/test_storage.py`` and their ``tests/aio/`` twins,
+keeping the in-memory cases (``-k in-memory``), whose
 ``memory://`` and ``async+memory://`` the plugin ``_pg_upstream_plugin`` turns into
-this suite's PostgreSQL storages on a fresh schema. Without the variable it skips.
+this suite's PostgreSQL storages on a fresh schema.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from .._servers import TempPostgres
+from ._sdist import limits_sdist
 
-SDIST = os.environ.get("ORBIT_LIMITS_SDIST", "")
 #: Upstream's test files that exercise a storage (the others parse strings and limits).
 FILES = (
     "tests/test_strategy.py",
@@ -35,16 +35,11 @@ RUN_TIMEOUT_S = 900.0
 
 @pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
-@pytest.mark.skipif(
-    not SDIST,
-    reason="ORBIT_LIMITS_SDIST is not set: point it at the unpacked sdist of the installed "
-    "limits to run its storage and strategy tests on postgresql://",
-)
 def test_the_limits_packages_own_tests_pass_on_postgresql(postgres_server: TempPostgres) -> None:
-    root = Path(SDIST)
+    root = limits_sdist()
     found = re.search(r"limits-([0-9][^/]*)$", str(root.resolve()))
     assert found is not None and found.group(1) == version("limits"), (
-        f"ORBIT_LIMITS_SDIST={SDIST} is not the sdist of the installed limits {version('limits')}"
+        f"{root} is not the sdist of the installed limits {version('limits')}"
     )
     with postgres_server.schema_url("u_") as url:
         environment = dict(

@@ -26,7 +26,6 @@ from typing import Final
 
 import pytest
 
-from .._capabilities import orbitive_limits_registers
 from .._servers import TempRedis
 from ..clients._http import Answer, get_each_anew
 from ..docs._recipes import RECIPES, ROOT, free_port, started, write_recipes
@@ -59,8 +58,6 @@ def storage_uri(request: pytest.FixtureRequest, fleet_name: str) -> str:
     if request.param == "redis":
         redis_server: TempRedis = request.getfixturevalue("redis_server")
         return redis_server.url
-    if not orbitive_limits_registers("shm"):
-        pytest.skip("orbitive.limits registers no shm:// storage here")
     return f"shm://{fleet_name}"
 
 

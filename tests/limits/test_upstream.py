@@ -1,9 +1,7 @@
 """``limits``' own storage and strategy tests, from its sdist, run on ``shm://``.
 
-The sdist of the installed ``limits`` version is the unpacked directory named by the
-environment variable ``ORBIT_LIMITS_SDIST``, or else is fetched once (``pip download
---no-binary :all: --no-deps limits==X``) into ``~/.cache/orbitive-tests``; without
-either (no network), the test is skipped. Their in-memory cases of
+The sdist of the installed ``limits`` version comes from ``_sdist.limits_sdist``
+(``ORBIT_LIMITS_SDIST``, or fetched once). Their in-memory cases of
 ``tests/test_storage.py``, ``tests/test_strategy.py`` and their ``tests/aio`` twins run
 in a pytest of their own, with ``_upstream_plugin`` leading ``memory://`` to the SHM
 storages (see it). Every case must pass but the two that ask a moving window for a
@@ -16,7 +14,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -24,6 +21,7 @@ import limits
 import pytest
 
 from .._fleets import remove_fleet_files
+from ._sdist import limits_sdist
 
 pytestmark = pytest.mark.serial  # their cases time windows of 1 and 2 s
 
@@ -37,35 +35,8 @@ REFUSED_BY_DESIGN = {
 }
 
 
-def _sdist() -> Path:
-    """The unpacked sdist of the installed ``limits`` (see the module); skips without one."""
-    named = os.environ.get("ORBIT_LIMITS_SDIST")
-    if named:
-        return Path(named)
-    version = limits.__version__
-    cache = Path.home() / ".cache" / "orbitive-tests"
-    root = cache / f"limits-{version}"
-    if (root / "tests" / "utils.py").exists():
-        return root
-    cache.mkdir(parents=True, exist_ok=True)
-    fetched = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-         "-q", "-d", str(cache), f"limits=={version}"],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    archive = cache / f"limits-{version}.tar.gz"
-    if fetched.returncode != 0 or not archive.exists():
-        pytest.skip(f"no limits {version} sdist (set ORBIT_LIMITS_SDIST): {fetched.stderr[-300:]}")
-    with tarfile.open(archive) as opened:
-        if hasattr(tarfile, "data_filter"):
-            opened.extractall(cache, filter="data")
-        else:  # pragma: no cover - Python without the extraction filters
-            opened.extractall(cache)
-    return root
-
-
 def test_limits_own_storage_and_strategy_tests_pass_on_shm(tmp_path: Path, fleet: str) -> None:
-    root = _sdist()
+    root = limits_sdist()
     ini = tmp_path / "pytest.ini"
     ini.write_text("[pytest]\n")
     report = tmp_path / "report.xml"
