@@ -132,10 +132,11 @@ def test_version_and_python_dash_m(module: str) -> None:
     assert done.returncode == 0
     first, *modules = done.stdout.splitlines()
     assert first == f"orbit (orbitive) {__version__}, Python {platform.python_version()}"
-    loaded = _native.loaded()
+    loaded = {**_native.loaded(), **_native.extra_loaded()}
     assert [line.split()[0] for line in modules] == list(loaded)
     for line, built in zip(modules, loaded.values(), strict=True):
         assert line.endswith("  loaded" if built else "  not built (Python steps run)")
+    assert loaded["orbitive.limits._fastpath"] is not None  # the test extra has limits
 
 
 def test_an_unreachable_postgres_is_one_line_and_exit_1(capsys: Capture) -> None:

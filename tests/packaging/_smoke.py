@@ -21,7 +21,9 @@ import orbitive
 from orbitive import Fleet
 from orbitive.lock import Acquired, LockKey, LockOwner, LockTable, Occupied
 
-# The C modules setup.py builds; each has a Python twin that runs when it is missing.
+# The C modules of the core setup.py builds; each has a Python twin that runs when it is
+# missing. The wheel also carries orbitive.limits._fastpath, which imports only with the
+# limits extra (test_artifacts checks it is there).
 C_MODULES = ("orbitive._core._robust_c", "orbitive.lock._fastpath", "orbitive.pool._fastpath")
 CAPACITY = 4
 KEY = LockKey("smoke", "first-minutes")

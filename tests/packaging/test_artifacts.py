@@ -16,6 +16,8 @@ from pathlib import PurePosixPath
 import pytest
 import trove_classifiers
 
+from orbitive._core._native import EXTRA_MODULES
+
 from ._project import PYPROJECT, ROOT, VERSION, tracked_files
 from ._smoke import C_MODULES
 from .conftest import DIST_TIMEOUT, Release
@@ -110,7 +112,7 @@ def test_the_wheel_holds_the_package_and_its_c_modules_but_not_their_sources(
     python_files = {name for name in sources if name.endswith((".py", ".pyi", "py.typed"))}
     assert sorted(python_files - names) == []
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    modules = {module.replace(".", "/") + suffix for module in C_MODULES}
+    modules = {module.replace(".", "/") + suffix for module in (*C_MODULES, *EXTRA_MODULES)}
     assert sorted(modules - names) == []
     assert sorted(name for name in names if name.endswith((".c", ".h"))) == []
 

@@ -15,14 +15,19 @@ the cost and the remedy, and :func:`native` and ``orbit --version`` say what loa
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import warnings
 from pathlib import Path
 from typing import Final
 
-#: Every C module, by import name.
+#: Every C module of the core, by import name.
 MODULES: Final = ("orbitive._core._robust_c", "orbitive.lock._fastpath", "orbitive.pool._fastpath")
+#: The C modules of an extra's subpackage, each with the distribution that subpackage
+#: imports: they load only where that extra is installed, and :func:`native` leaves them
+#: out (the rate-limit table's steps: ``orbitive.limits`` imports ``limits``).
+EXTRA_MODULES: Final = {"orbitive.limits._fastpath": "limits"}
 #: How to get them: a compiler and headers, and a reinstall that does not reuse the
 #: wheel pip cached when it built this install without them.
 REMEDY: Final = (
@@ -38,6 +43,15 @@ _warned: set[str] = set()
 def loaded() -> dict[str, bool]:
     """Each C module's import name and whether it loads in this process."""
     return {name: _loads(name) for name in MODULES}
+
+
+def extra_loaded() -> dict[str, bool | None]:
+    """Each extra's C module (:data:`EXTRA_MODULES`) and whether it loads in this process:
+    None where its extra's distribution is not installed."""
+    return {
+        name: _loads(name) if importlib.util.find_spec(needs) is not None else None
+        for name, needs in EXTRA_MODULES.items()
+    }
 
 
 def _loads(name: str) -> bool:

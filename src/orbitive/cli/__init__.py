@@ -56,9 +56,13 @@ class _Parser(argparse.ArgumentParser):
 def version_text() -> str:
     """What ``orbit --version`` prints: the version, the interpreter, each C module's state."""
     lines = [f"orbit (orbitive) {__version__}, Python {platform.python_version()}"]
-    width = max(len(name) for name in _native.MODULES)
-    for name, loaded in _native.loaded().items():
-        lines.append(f"{name:<{width}}  {'loaded' if loaded else 'not built (Python steps run)'}")
+    states = {**_native.loaded(), **_native.extra_loaded()}
+    width = max(len(name) for name in states)
+    for name, loaded in states.items():
+        state = "loaded" if loaded else "not built (Python steps run)"
+        if loaded is None:
+            state = f"not installed (the {_native.EXTRA_MODULES[name]} extra)"
+        lines.append(f"{name:<{width}}  {state}")
     return "\n".join(lines) + "\n"
 
 
