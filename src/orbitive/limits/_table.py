@@ -111,24 +111,24 @@ _counter_digests: dict[str, tuple[int, int]] = {}
 _window_digests: dict[str, tuple[int, int]] = {}
 
 
+def _kept_digest(kept: dict[str, tuple[int, int]], key: str, person: bytes) -> tuple[int, int]:
+    """``key``'s digest from ``kept``, computed and kept there when missing."""
+    found = kept.get(key)
+    if found is None:
+        if len(kept) >= DIGESTS_KEPT:
+            kept.clear()
+        found = kept[key] = digest(key, person)
+    return found
+
+
 def counter_digest(key: str) -> tuple[int, int]:
     """The digest of a counter key (fixed window, sliding window)."""
-    found = _counter_digests.get(key)
-    if found is None:
-        if len(_counter_digests) >= DIGESTS_KEPT:
-            _counter_digests.clear()
-        found = _counter_digests[key] = digest(key, _COUNTER)
-    return found
+    return _kept_digest(_counter_digests, key, _COUNTER)
 
 
 def window_digest(key: str) -> tuple[int, int]:
     """The digest of a moving-window key."""
-    found = _window_digests.get(key)
-    if found is None:
-        if len(_window_digests) >= DIGESTS_KEPT:
-            _window_digests.clear()
-        found = _window_digests[key] = digest(key, _WINDOW)
-    return found
+    return _kept_digest(_window_digests, key, _WINDOW)
 
 
 def live(expires: float, now: float) -> bool:
@@ -206,18 +206,41 @@ class RateTable:
         """(offset of the key's live entry or -1, offset of the first reusable entry in
         its neighbourhood or -1). A miss that ends at an EMPTY entry turns the run of dead
         entries just before it EMPTY too (no probe can pass them to find anything)."""
-        buf, capacity = self.buf, self.geometry.capacity
-        slot = lo % capacity
+        buf = self.buf
+
+        def read(at: int) -> tuple[int, int, bool]:
+            elo, ehi, expires, value = _unpack_entry(buf, at)
+            return elo, ehi, live(expires, now) and 0 <= value < VALUE_MAX
+
+        geometry = self.geometry
+        return self._probe(
+            lo, hi, read, ENTRIES_AT, ENTRY_SIZE, geometry.capacity, geometry.probe, ENTRY_SIZE
+        )
+
+    def _probe(
+        self,
+        lo: int,
+        hi: int,
+        read: Callable[[int], tuple[int, int, bool]],
+        base: int,
+        stride: int,
+        count: int,
+        probe: int,
+        size: int,
+    ) -> tuple[int, int]:
+        """The linear probe of :meth:`_find` and :meth:`_find_slot` over ``count``
+        records of ``stride`` bytes from ``base`` (``size`` bytes of each zeroed to make
+        it EMPTY): ``read(at)`` gives a record's digest and whether it is usable (live)."""
+        index = lo % count
         free = -1
         run: list[int] = []
-        for _ in range(self.geometry.probe):
-            at = ENTRIES_AT + ENTRY_SIZE * slot
-            elo, ehi, expires, value = _unpack_entry(buf, at)
-            usable = live(expires, now) and 0 <= value < VALUE_MAX
-            if elo == lo and ehi == hi and usable:
+        for _ in range(probe):
+            at = base + stride * index
+            rlo, rhi, usable = read(at)
+            if rlo == lo and rhi == hi and usable:
                 return at, free
-            if elo == 0 and ehi == 0:
-                self._empty(run, ENTRY_SIZE)
+            if rlo == 0 and rhi == 0:
+                self._empty(run, size)
                 return -1, at if free < 0 else free
             if usable:
                 run.clear()
@@ -225,7 +248,7 @@ class RateTable:
                 run.append(at)
                 if free < 0:
                     free = at
-            slot = slot + 1 if slot + 1 < capacity else 0
+            index = index + 1 if index + 1 < count else 0
         return -1, free
 
     def _empty(self, run: list[int], size: int) -> None:
@@ -389,27 +412,23 @@ class RateTable:
     def _find_slot(self, lo: int, hi: int, now: float) -> tuple[int, int]:
         """(offset of the key's live window slot or -1, offset of the first reusable slot
         in its neighbourhood or -1); a miss empties dead slots as :meth:`_find` does."""
-        buf, windows, window = self.buf, self.geometry.windows, self.geometry.window
-        index = lo % windows
-        free = -1
-        run: list[int] = []
-        for _ in range(self.geometry.window_probe):
-            at = self._windows_at + self._slot_size * index
+        buf, window = self.buf, self.geometry.window
+
+        def read(at: int) -> tuple[int, int, bool]:
             slo, shi, expires, head, count = _unpack_slot(buf, at)
-            usable = live(expires, now) and head < window and count <= window
-            if slo == lo and shi == hi and usable:
-                return at, free
-            if slo == 0 and shi == 0:
-                self._empty(run, SLOT_HEAD_SIZE)
-                return -1, at if free < 0 else free
-            if usable:
-                run.clear()
-            else:
-                run.append(at)
-                if free < 0:
-                    free = at
-            index = index + 1 if index + 1 < windows else 0
-        return -1, free
+            return slo, shi, live(expires, now) and head < window and count <= window
+
+        geometry = self.geometry
+        return self._probe(
+            lo,
+            hi,
+            read,
+            self._windows_at,
+            self._slot_size,
+            geometry.windows,
+            geometry.window_probe,
+            SLOT_HEAD_SIZE,
+        )
 
     def acquire_entry(self, key: str, limit: int, expiry: float, amount: int) -> bool:
         """Add ``amount`` timestamps (now) to ``key``'s window if the window leaves room:
