@@ -1,9 +1,9 @@
 """``shm://``: the sync storage of ``limits`` over the fleet's rate-limit table.
 
-:class:`ShmStorage` checks its arguments (:func:`checked_key` and the others, shared
-with the asyncio form ``_shm_storage_async``) and runs one table step each
-(``_table.RateTable``). A process opens one table per (fleet, geometry)
-(:func:`table_for`), shared by its storages, sync and asyncio.
+:class:`ShmStorage` checks its arguments (:func:`checked_key` and the others) and
+runs one table step each (``_table.RateTable``); the asyncio form
+(``_shm_storage_async``) delegates every step to one. A process opens one table per
+(fleet, geometry) (:func:`table_for`), shared by its storages, sync and asyncio.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """``async+shm://``: the asyncio storage of ``limits`` over the fleet's rate-limit table.
 
-The twin of ``_shm_storage``: the same argument checks and the same table (one per
-process, fleet and geometry), each step run directly in the event loop's thread: a
-step holds the table's section for microseconds and never waits on I/O (a section
-held by a process that died is repaired by the next locker at once).
+The twin of ``_shm_storage``: each coroutine delegates to a :class:`ShmStorage` of the
+same URL (the same argument checks and the same table, one per process, fleet and
+geometry), its step run directly in the event loop's thread: a step holds the table's
+section for microseconds and never waits on I/O (a section held by a process that
+died is repaired by the next locker at once).
 """
 
 from __future__ import annotations
@@ -11,16 +12,7 @@ from __future__ import annotations
 from limits.aio.storage.base import MovingWindowSupport, SlidingWindowCounterSupport, Storage
 from limits.storage.base import TimestampedSlidingWindow
 
-from ._shm_storage import (
-    STORAGE_ERRORS,
-    checked_amount,
-    checked_expiry,
-    checked_key,
-    checked_window,
-    healthy,
-    sliding_keys,
-    table_for,
-)
+from ._shm_storage import STORAGE_ERRORS, ShmStorage
 
 
 class AsyncShmStorage(
@@ -46,7 +38,8 @@ class AsyncShmStorage(
     def __init__(
         self, uri: str, wrap_exceptions: bool = False, **options: float | str | bool
     ) -> None:
-        self.table = table_for(uri, dict(options))
+        self.sync = ShmStorage(uri, False, **options)  # unwrapped errors: this one wraps them
+        self.table = self.sync.table
         super().__init__(uri, wrap_exceptions=wrap_exceptions)
 
     @property
@@ -61,7 +54,7 @@ class AsyncShmStorage(
             InvalidRateKey, InvalidRateExpiry, InvalidRateAmount: a bad argument.
             RateTableFull: a new key finds no free entry near its home (nothing counted).
         """
-        return self.table.incr(checked_key(key), checked_expiry(expiry), checked_amount(amount))
+        return self.sync.incr(key, expiry, amount)
 
     async def get(self, key: str) -> int:
         """``key``'s counter (``int``), 0 when absent or expired.
@@ -69,7 +62,7 @@ class AsyncShmStorage(
         Raises:
             InvalidRateKey: ``key`` is not a ``str``.
         """
-        return self.table.get(checked_key(key))
+        return self.sync.get(key)
 
     async def get_expiry(self, key: str) -> float:
         """When ``key``'s counter expires, epoch seconds (``float``); now when it has none.
@@ -77,15 +70,15 @@ class AsyncShmStorage(
         Raises:
             InvalidRateKey: ``key`` is not a ``str``.
         """
-        return self.table.get_expiry(checked_key(key))
+        return self.sync.get_expiry(key)
 
     async def check(self) -> bool:
         """Whether the table can be used (its critical section can be entered)."""
-        return healthy(self.table)
+        return self.sync.check()
 
     async def reset(self) -> int:
         """Forget every counter and moving window; how many were live (``int``)."""
-        return self.table.reset()
+        return self.sync.reset()
 
     async def clear(self, key: str) -> None:
         """Forget ``key``'s counter and its moving window.
@@ -93,7 +86,7 @@ class AsyncShmStorage(
         Raises:
             InvalidRateKey: ``key`` is not a ``str``.
         """
-        self.table.clear(checked_key(key))
+        self.sync.clear(key)
 
     async def acquire_entry(self, key: str, limit: int, expiry: float, amount: int = 1) -> bool:
         """As :meth:`ShmStorage.acquire_entry <orbitive.limits.ShmStorage.acquire_entry>`:
@@ -104,11 +97,7 @@ class AsyncShmStorage(
             WindowTooLarge: ``limit`` is above the URL's ``window``.
             RateTableFull: a new key finds no free window slot near its home.
         """
-        limit, amount = checked_window(self.table, limit, amount)
-        seconds = checked_expiry(expiry)
-        if amount > limit:
-            return False
-        return self.table.acquire_entry(checked_key(key), limit, seconds, amount)
+        return self.sync.acquire_entry(key, limit, expiry, amount)
 
     async def get_moving_window(self, key: str, limit: int, expiry: float) -> tuple[float, int]:
         """(the oldest entry's time in the last ``expiry`` seconds, epoch seconds; how many
@@ -118,8 +107,7 @@ class AsyncShmStorage(
             InvalidRateKey, InvalidRateExpiry, InvalidRateAmount: a bad argument.
             WindowTooLarge: ``limit`` is above the URL's ``window``.
         """
-        checked_window(self.table, limit, 1)
-        return self.table.get_moving_window(checked_key(key), checked_expiry(expiry))
+        return self.sync.get_moving_window(key, limit, expiry)
 
     async def acquire_sliding_window_entry(
         self, key: str, limit: int, expiry: float, amount: int = 1
@@ -131,12 +119,7 @@ class AsyncShmStorage(
             InvalidRateKey, InvalidRateExpiry, InvalidRateAmount: a bad argument.
             RateTableFull: the current window's new counter finds no free entry.
         """
-        limit, amount = checked_amount(limit, "limit"), checked_amount(amount)
-        seconds = checked_expiry(expiry)
-        if amount > limit:
-            return False
-        keys = sliding_keys(self, checked_key(key), expiry)
-        return self.table.acquire_sliding(keys, limit, seconds, amount)
+        return self.sync.acquire_sliding_window_entry(key, limit, expiry, amount)
 
     async def get_sliding_window(self, key: str, expiry: float) -> tuple[int, float, int, float]:
         """(previous window's count, its time to live in seconds, current window's count,
@@ -145,8 +128,7 @@ class AsyncShmStorage(
         Raises:
             InvalidRateKey, InvalidRateExpiry: a bad argument.
         """
-        seconds = checked_expiry(expiry)
-        return self.table.sliding_window(sliding_keys(self, checked_key(key), expiry), seconds)
+        return self.sync.get_sliding_window(key, expiry)
 
     async def clear_sliding_window(self, key: str, expiry: float) -> None:
         """Forget the two windows of ``key``.
@@ -154,5 +136,4 @@ class AsyncShmStorage(
         Raises:
             InvalidRateKey, InvalidRateExpiry: a bad argument.
         """
-        checked_expiry(expiry)
-        self.table.clear_pair(sliding_keys(self, checked_key(key), expiry))
+        self.sync.clear_sliding_window(key, expiry)
