@@ -396,8 +396,25 @@ def sliding_window(row: tuple[Any, ...], expiry: float) -> tuple[int, float, int
     return int(prev), float(prev_ttl), int(cur), float((window + 2) * expiry - now)
 
 
+class ClosedWhenDropped:
+    """Closes the connections of a storage nobody refers to any more (``limits`` has no
+    close step: a storage made per ``asyncio.run`` would otherwise leave them open)."""
+
+    def close(self) -> None:
+        """Close the storage's connections (each storage has its own)."""
+        raise NotImplementedError
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # a half-made storage has no engine
+            self.close()
+
+
 class PostgresStorage(
-    Storage, MovingWindowSupport, SlidingWindowCounterSupport, TimestampedSlidingWindow
+    Storage,
+    MovingWindowSupport,
+    SlidingWindowCounterSupport,
+    TimestampedSlidingWindow,
+    ClosedWhenDropped,
 ):
     """Rate-limit counters in PostgreSQL, for the ``limits`` package (``postgresql://``).
 
@@ -531,10 +548,7 @@ class PostgresStorage(
             TypeError, ValueError: a bad argument (before any round trip).
             StoreError: see the class.
         """
-        params = hit_params(key, limit, expiry, amount)
-        if amount > limit:
-            return False
-        return bool(self._write(ACQUIRE_ENTRY, params)[0])
+        return self._hit(ACQUIRE_ENTRY, key, limit, expiry, amount)
 
     def get_moving_window(self, key: str, limit: int, expiry: int) -> tuple[float, int]:
         """The moving window of ``key`` now.
@@ -575,10 +589,7 @@ class PostgresStorage(
             TypeError, ValueError: a bad argument (before any round trip).
             StoreError: see the class.
         """
-        params = hit_params(key, limit, expiry, amount)
-        if amount > limit:
-            return False
-        return bool(self._write(ACQUIRE_SLIDING, params)[0])
+        return self._hit(ACQUIRE_SLIDING, key, limit, expiry, amount)
 
     def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
         """The sliding window of ``key`` now.
@@ -632,11 +643,13 @@ class PostgresStorage(
                 self._sweep_mutex.release()
         return row
 
-    def __del__(self) -> None:
-        """Close the connections of a storage nobody refers to any more (``limits`` has no
-        close step: a storage made per ``asyncio.run`` would otherwise leave them open)."""
-        with contextlib.suppress(Exception):  # a half-made storage has no engine
-            self.close()
+    def _hit(self, sql: str, key: str, limit: int, expiry: float, amount: int) -> bool:
+        """One acquisition (``sql``, on :func:`hit_params`): False without a round trip when
+        ``amount`` is above ``limit``."""
+        params = hit_params(key, limit, expiry, amount)
+        if amount > limit:
+            return False
+        return bool(self._write(sql, params)[0])
 
     def __repr__(self) -> str:
         return f"<PostgresStorage {_redacted(self._url)}>"

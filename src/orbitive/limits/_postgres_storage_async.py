@@ -12,7 +12,6 @@ is left; a statement is never abandoned half-way by a cancelled task.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any
 
@@ -38,6 +37,7 @@ from ._postgres_storage import (
     SLIDING_WINDOW,
     SWEEP,
     SWEEP_EVERY_S,
+    ClosedWhenDropped,
     checked_count,
     checked_expiry,
     checked_key,
@@ -53,7 +53,11 @@ ASYNC_SCHEMES = tuple(f"async+{scheme}" for scheme in SCHEMES)
 
 
 class AsyncPostgresStorage(
-    Storage, MovingWindowSupport, SlidingWindowCounterSupport, TimestampedSlidingWindow
+    Storage,
+    MovingWindowSupport,
+    SlidingWindowCounterSupport,
+    TimestampedSlidingWindow,
+    ClosedWhenDropped,
 ):
     """Rate-limit counters in PostgreSQL for ``limits.aio`` (``async+postgresql://``):
     the same tables, statements and rules as :class:`~._postgres_storage.PostgresStorage`,
@@ -159,10 +163,7 @@ class AsyncPostgresStorage(
         Raises:
             TypeError, ValueError: a bad argument. StoreError: see the class.
         """
-        params = hit_params(key, limit, expiry, amount)
-        if amount > limit:
-            return False
-        return bool((await self._write(ACQUIRE_ENTRY, params))[0])
+        return await self._hit(ACQUIRE_ENTRY, key, limit, expiry, amount)
 
     async def get_moving_window(self, key: str, limit: int, expiry: int) -> tuple[float, int]:
         """(the epoch second of the oldest hit in the last ``expiry`` seconds, or now when
@@ -184,10 +185,7 @@ class AsyncPostgresStorage(
         Raises:
             TypeError, ValueError: a bad argument. StoreError: see the class.
         """
-        params = hit_params(key, limit, expiry, amount)
-        if amount > limit:
-            return False
-        return bool((await self._write(ACQUIRE_SLIDING, params))[0])
+        return await self._hit(ACQUIRE_SLIDING, key, limit, expiry, amount)
 
     async def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
         """(previous window's count, seconds until it stops weighing, current window's
@@ -234,11 +232,13 @@ class AsyncPostgresStorage(
                 self._sweeping = False
         return row
 
-    def __del__(self) -> None:
-        """Close the connections of a storage nobody refers to any more (``limits`` has no
-        close step: a storage made per ``asyncio.run`` would otherwise leave them open)."""
-        with contextlib.suppress(Exception):  # a half-made storage has no engine
-            self.close()
+    async def _hit(self, sql: str, key: str, limit: int, expiry: float, amount: int) -> bool:
+        """One acquisition (``sql``, on ``hit_params``): False without a round trip when
+        ``amount`` is above ``limit``."""
+        params = hit_params(key, limit, expiry, amount)
+        if amount > limit:
+            return False
+        return bool((await self._write(sql, params))[0])
 
     def __repr__(self) -> str:
         return f"<AsyncPostgresStorage async+{_redacted(self._url)}>"
