@@ -75,38 +75,45 @@ def other_fleet() -> Iterator[str]:
     remove_fleet_files(name)
 
 
-@needs_c
-def test_the_c_steps_and_the_python_steps_give_the_same_answers_and_bytes(
-    fleet: str, other_fleet: str
-) -> None:
-    rng = random.Random(33)
+@pytest.fixture
+def twin_tables(fleet: str, other_fleet: str) -> Iterator[tuple[RateTable, RateTable]]:
+    """(a table of ``fleet`` on the C steps, one of ``other_fleet`` on the Python steps),
+    both of :data:`GEOMETRY`, closed afterwards."""
     with Fleet.join(fleet) as on_c, Fleet.join(other_fleet) as on_python:
         c_table, python_table = RateTable(on_c, GEOMETRY), RateTable(on_python, GEOMETRY)
         assert c_table.steps is not None
         python_table.steps = None
-        calls = {"incr": 0, "acquire": 0}
-        for _ in range(3000):
-            key = f"key-{rng.randrange(20)}"
-            if rng.random() < 0.5:
-                amount = rng.choice((1, 1, 2, 5, 2**61))
-                answers = [table.incr(key, 60.0, amount) for table in (c_table, python_table)]
-                calls["incr"] += 1
-            else:
-                limit = rng.randrange(1, GEOMETRY.window + 1)
-                amount = rng.randrange(1, limit + 1)
-                answers = [
-                    table.acquire_entry(key, limit, 60.0, amount)
-                    for table in (c_table, python_table)
-                ]
-                calls["acquire"] += 1
-            assert answers[0] == answers[1], (key, answers)
-            assert type(answers[0]) is type(answers[1])
-        assert _state(c_table) == _state(python_table)
-        assert [c_table.get_moving_window(f"key-{k}", 60.0)[1] for k in range(20)] == [
-            python_table.get_moving_window(f"key-{k}", 60.0)[1] for k in range(20)
-        ]
+        yield c_table, python_table
         c_table.close()
         python_table.close()
+
+
+@needs_c
+def test_the_c_steps_and_the_python_steps_give_the_same_answers_and_bytes(
+    twin_tables: tuple[RateTable, RateTable],
+) -> None:
+    rng = random.Random(33)
+    c_table, python_table = twin_tables
+    calls = {"incr": 0, "acquire": 0}
+    for _ in range(3000):
+        key = f"key-{rng.randrange(20)}"
+        if rng.random() < 0.5:
+            amount = rng.choice((1, 1, 2, 5, 2**61))
+            answers = [table.incr(key, 60.0, amount) for table in (c_table, python_table)]
+            calls["incr"] += 1
+        else:
+            limit = rng.randrange(1, GEOMETRY.window + 1)
+            amount = rng.randrange(1, limit + 1)
+            answers = [
+                table.acquire_entry(key, limit, 60.0, amount) for table in (c_table, python_table)
+            ]
+            calls["acquire"] += 1
+        assert answers[0] == answers[1], (key, answers)
+        assert type(answers[0]) is type(answers[1])
+    assert _state(c_table) == _state(python_table)
+    assert [c_table.get_moving_window(f"key-{k}", 60.0)[1] for k in range(20)] == [
+        python_table.get_moving_window(f"key-{k}", 60.0)[1] for k in range(20)
+    ]
     assert min(calls.values()) > 1000
 
 
@@ -131,35 +138,32 @@ def test_the_c_steps_decline_an_armed_journal_and_python_rolls_it_back(fleet: st
 
 @needs_c
 def test_the_c_and_python_sliding_window_steps_agree_at_any_time(
-    fleet: str, other_fleet: str
+    twin_tables: tuple[RateTable, RateTable],
 ) -> None:
     rng = random.Random(34)
-    with Fleet.join(fleet) as on_c, Fleet.join(other_fleet) as on_python:
-        c_table, python_table = RateTable(on_c, GEOMETRY), RateTable(on_python, GEOMETRY)
-        assert c_table.steps is not None
-        for table in (c_table, python_table):
-            for number in range(8):
-                table.incr(f"w{number}", 3600.0, number * 3)
-        now = time.time()
-        answers = []
-        for _ in range(2000):
-            previous, current = rng.sample([f"w{number}" for number in range(10)], 2)
-            limit = rng.randrange(1, 60)
-            amount = rng.randrange(1, limit + 1)
-            expiry = rng.choice((1.0, 7.5, 60.0))
-            now += rng.uniform(0, 0.1)  # time runs forward: a dead entry stays dead
-            from_c = c_table.steps.sliding(*_table.counter_digest(previous),
-                                           *_table.counter_digest(current), limit, expiry,
-                                           amount, now)  # fmt: skip
-            with python_table.region:
-                from_python = python_table._sliding_step(previous, current, limit, expiry,
-                                                          amount, now)  # fmt: skip
-            if from_c is None:  # a new current counter: the Python step writes it, in both
-                with c_table.region:
-                    from_c = c_table._sliding_step(previous, current, limit, expiry, amount, now)
-            answers.append(from_c)
-            assert from_c is from_python, (previous, current, limit, amount, expiry, now)
-        assert _state(c_table) == _state(python_table)
-        assert True in answers and False in answers
-        c_table.close()
-        python_table.close()
+    c_table, python_table = twin_tables
+    steps = c_table.steps
+    assert steps is not None
+    for table in (c_table, python_table):
+        for number in range(8):
+            table.incr(f"w{number}", 3600.0, number * 3)
+    now = time.time()
+    answers = []
+    for _ in range(2000):
+        previous, current = rng.sample([f"w{number}" for number in range(10)], 2)
+        limit = rng.randrange(1, 60)
+        amount = rng.randrange(1, limit + 1)
+        expiry = rng.choice((1.0, 7.5, 60.0))
+        now += rng.uniform(0, 0.1)  # time runs forward: a dead entry stays dead
+        from_c = steps.sliding(*_table.counter_digest(previous), *_table.counter_digest(current),
+                               limit, expiry, amount, now)  # fmt: skip
+        with python_table.region:
+            from_python = python_table._sliding_step(previous, current, limit, expiry,
+                                                      amount, now)  # fmt: skip
+        if from_c is None:  # a new current counter: the Python step writes it, in both
+            with c_table.region:
+                from_c = c_table._sliding_step(previous, current, limit, expiry, amount, now)
+        answers.append(from_c)
+        assert from_c is from_python, (previous, current, limit, amount, expiry, now)
+    assert _state(c_table) == _state(python_table)
+    assert True in answers and False in answers
