@@ -36,4 +36,22 @@ static int add_layout(PyObject *module, const LayoutConstant *constants, size_t 
     return added;
 }
 
+/* A table module's PyInit tail: the module of `def` with its `Steps` type (readied
+ * here) and its LAYOUT dict; NULL with an exception set on failure. */
+static inline PyObject *steps_module(PyModuleDef *def, PyTypeObject *steps,
+                                     const LayoutConstant *constants, size_t count)
+{
+    if (PyType_Ready(steps) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(def);
+    if (module == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(module, "Steps", (PyObject *)steps) < 0 ||
+        add_layout(module, constants, count) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
+
 #endif

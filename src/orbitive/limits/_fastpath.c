@@ -369,15 +369,5 @@ static const LayoutConstant layout[] = {
 
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
-    if (PyType_Ready(&StepsType) < 0)
-        return NULL;
-    PyObject *module = PyModule_Create(&fastpath_module);
-    if (module == NULL)
-        return NULL;
-    if (PyModule_AddObjectRef(module, "Steps", (PyObject *)&StepsType) < 0 ||
-        add_layout(module, layout, sizeof layout / sizeof layout[0]) < 0) {
-        Py_DECREF(module);
-        return NULL;
-    }
-    return module;
+    return steps_module(&fastpath_module, &StepsType, layout, sizeof layout / sizeof layout[0]);
 }

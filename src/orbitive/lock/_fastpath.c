@@ -504,16 +504,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
     python_renew = PyUnicode_InternFromString("renew");
     python_release_handing = PyUnicode_InternFromString("_release_handing");
     if (generation_name == NULL || crash_hook_name == NULL || python_acquire == NULL ||
-        python_release == NULL || python_renew == NULL || python_release_handing == NULL ||
-        PyType_Ready(&StepsType) < 0)
+        python_release == NULL || python_renew == NULL || python_release_handing == NULL)
         return NULL;
-    PyObject *module = PyModule_Create(&fastpath_module);
-    if (module == NULL)
-        return NULL;
-    if (PyModule_AddObjectRef(module, "Steps", (PyObject *)&StepsType) < 0 ||
-        add_layout(module, layout, sizeof layout / sizeof layout[0]) < 0) {
-        Py_DECREF(module);
-        return NULL;
-    }
-    return module;
+    return steps_module(&fastpath_module, &StepsType, layout, sizeof layout / sizeof layout[0]);
 }
