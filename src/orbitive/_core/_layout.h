@@ -1,4 +1,5 @@
-/* orbitive/_core/_layout.h: a C module's layout constants, exported as its LAYOUT dict.
+/* orbitive/_core/_layout.h: a C module's layout constants, exported as its LAYOUT dict,
+ * and a table module's PyInit tail (steps_module()).
  *
  * Each C module states the offsets, sizes and codes it shares with its Python twin
  * in enums and macros; add_layout() publishes them by name, so that
