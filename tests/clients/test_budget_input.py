@@ -29,6 +29,7 @@ from orbitive.clients._coordinator import Coordinator
 from orbitive.clients.psycopg import ConnectionPool
 from orbitive.store._network import split_timeout
 
+from .._fleets import new_fleet_name, remove_fleet_files
 from .._servers import TempPostgres, TempRedis
 from .conftest import CAPACITY
 
@@ -97,13 +98,15 @@ def test_the_repr_hides_the_password() -> None:
 
 @pytest.fixture
 def fleets() -> Iterator[list[Fleet]]:
-    """Two fleets of their own: two hosts, as far as a budget can tell."""
-    joined = [Fleet.join(f"budget-in-{secrets.token_hex(4)}", CAPACITY) for _ in range(2)]
+    """Two fleets of their own: two hosts, as far as a budget can tell (their SHM objects
+    removed afterwards)."""
+    joined = [Fleet.join(new_fleet_name(), CAPACITY) for _ in range(2)]
     try:
         yield joined
     finally:
         for fleet in joined:
             fleet.close()
+            remove_fleet_files(fleet.name)
 
 
 def pool(fleet: Fleet, db: str, budget: Budget, **options: int) -> ConnectionPool:
