@@ -106,6 +106,9 @@ def _load(
 ) -> list[Answer]:
     """Serve the recipe ``app`` with 4 workers and send it the 500 GETs; their answers."""
     write_recipes(tmp_path)
+    # The named-lock recipe's config, which gunicorn would load from the working directory
+    # unasked and which opens its store (shm://web): these recipes do not use it.
+    (tmp_path / "gunicorn.conf.py").unlink()
     port = free_port()
     env = dict(
         os.environ,
