@@ -479,15 +479,23 @@ def cycle_key(
 
 
 def wait_for_key(
-    channel: Channel, name: str, capacity: int, label: str, queue_s: float = 0.0
+    channel: Channel,
+    name: str,
+    capacity: int,
+    label: str,
+    queue_s: float = 0.0,
+    wait_cap_s: float = 0.0,
 ) -> None:
     """Join, say ("waiting", node), and once told wait for the key ``label`` (behind its
-    waiters first, for at most ``queue_s`` seconds, when that is not 0); report
+    waiters first, for at most ``queue_s`` seconds, when that is not 0; sleeping at most
+    ``wait_cap_s`` seconds at a time, when that is not 0, instead of WAIT_CAP_S); report
     ("granted", at). Then hold it until told, release it and say how many nodes were
     waiting then.
     """
     if queue_s:
         pytest.MonkeyPatch().setattr(_key_wait, "QUEUE_S", queue_s)
+    if wait_cap_s:
+        pytest.MonkeyPatch().setattr(_key_wait, "WAIT_CAP_S", wait_cap_s)
     with Fleet.join(name, capacity) as fleet:
         table = LockTable(fleet)
         key = LockKey("tests.children", label)

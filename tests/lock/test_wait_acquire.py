@@ -118,9 +118,14 @@ def test_a_release_wakes_the_waiter_of_another_process_at_once(
 
 
 def test_waiters_of_a_key_are_served_oldest_first(processes: Processes, holder: LockTable) -> None:
+    # The order holds among waiters that sleep less than WAIT_CAP_S; parking them one
+    # by one on a loaded host can take longer, and a sleep run out re-queues at the
+    # back: the children sleep up to 60 s at a time.
     held = hold(holder, "k")
-    started = [processes.start(wait_for_key, holder.fleet.name, CAPACITY, "k") for _ in range(3)]
-    waiters = [park(holder, child) for child in started]  # one by one, within WAIT_CAP_S
+    started = [
+        processes.start(wait_for_key, holder.fleet.name, CAPACITY, "k", 0.0, 60.0) for _ in range(3)
+    ]
+    waiters = [park(holder, child) for child in started]
     assert holder.release_waking(held.lease) == 3
     order = []
     for _ in waiters:
