@@ -7,6 +7,7 @@ import secrets
 from pathlib import Path
 
 from orbitive import Fleet
+from orbitive._core._access import euid
 from orbitive._core._region import SHM_DIR, object_name
 from orbitive.lock import LockLayout, LockTable
 
@@ -24,6 +25,15 @@ def shm_path(name: str, kind: int) -> Path:
 def fleet_files(name: str) -> list[Path]:
     """Every SHM object of fleet ``name`` (its membership object too) that exists now."""
     return list(SHM_DIR.glob(f"orbit-{name}-*"))
+
+
+def users_objects() -> frozenset[str]:
+    """The names of every orbitive SHM object (and client socket) of this user that exists now."""
+    uid = euid()
+    return frozenset(
+        path.name for pattern in (f"orbit-*-{uid}", f"orbit-*-{uid}.sock")
+        for path in SHM_DIR.glob(pattern)
+    )  # fmt: skip
 
 
 def remove_fleet_files(name: str) -> None:

@@ -13,6 +13,9 @@ Collection marks the timing-sensitive tests ``serial`` and the unit tests ``quic
 (see pyproject.toml's markers; scripts/test runs the ``serial`` ones in a pass of their
 own, one at a time). A test marked ``quick`` that starts a child process (a fork, a
 spawn, a subprocess) fails at teardown: the ``quick`` set stays one of unit tests.
+
+A run whose tests all passed fails all the same when it leaves an SHM object of this
+user in ``/dev/shm`` that was not there when it started: it names them.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import pytest
 from orbitive import Fleet
 from orbitive.lock import LockTable
 
-from ._fleets import new_fleet_name, remove_fleet_files
+from ._fleets import new_fleet_name, remove_fleet_files, users_objects
 from ._processes import START_METHODS, Processes
 from ._servers import DURABLE_POSTGRES, ServerUnavailable, TempPostgres, TempRedis, TempServer
 
@@ -78,7 +81,9 @@ WHOLE_PROGRAM_MODULES: Final = frozenset(
         "store/test_async_loop",
         "store/test_run",
         "store/test_shm_fork",
+        "tests/test_child_modules",
         "tests/test_import_graph",
+        "tests/test_shm_leaks",
     }
 )
 #: Tests, elsewhere among unit tests, that fork, spawn or run a program, or wait seconds on
@@ -123,6 +128,32 @@ PROCESS_FIXTURES: Final = frozenset(
     {"postgres_server", "redis_server", "durable_postgres_server", "durable_redis_server",
      "processes", "spawned", "prober_process", "hosts"}
 )  # fmt: skip
+
+
+_SHM_AT_START: Final = pytest.StashKey[frozenset[str]]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Note this user's SHM objects, in the run's own process (not in an xdist worker)."""
+    if not hasattr(session.config, "workerinput"):
+        session.config.stash[_SHM_AT_START] = users_objects()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail a passing run that left SHM objects behind (its workers have all ended)."""
+    before = session.config.stash.get(_SHM_AT_START, None)
+    if before is None or exitstatus != pytest.ExitCode.OK:
+        return
+    left = sorted(users_objects() - before)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(
+                f"the tests left {len(left)} SHM object(s) in /dev/shm: {', '.join(left)}",
+                red=True,
+            )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
