@@ -40,6 +40,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from orbitive._core._readiness_futex import _SYS_FUTEX as SYS_FUTEX
+
 START_METHODS = ("fork", "spawn")
 ROOT = Path(__file__).resolve().parent.parent
 #: Generous bound for a child's answer; reached only when something is broken.
@@ -151,6 +153,32 @@ def proc_threads(pid: int) -> list[str]:
                 wchan = (task / "wchan").read_text().strip() or "-"
                 lines.append(f"  thread {tid} ({name}): state {state}, kernel wait {wchan}")
     return lines
+
+
+def sleeps_in_futex_on(pid: int, path: Path) -> bool:
+    """Whether a thread of ``pid`` sleeps in futex(2) on a word of the file ``path``, as
+    mapped into that process (its ``/proc/PID/maps``, and each thread's system call in
+    ``/proc/PID/task/TID/syscall``: the number, then the futex's address).
+
+    Raises:
+        OSError: this machine has no known futex system call number (not 64-bit Linux
+            on x86_64 or aarch64), or ``pid`` is gone.
+    """
+    if SYS_FUTEX is None:
+        raise OSError("no futex system call number known for this machine")
+    mapped = []
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] == str(path):
+            start, end = fields[0].split("-")
+            mapped.append(range(int(start, 16), int(end, 16)))
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            call = (task / "syscall").read_text().split()
+            in_futex = len(call) > 1 and call[0] == str(SYS_FUTEX)
+            if in_futex and any(int(call[1], 16) in where for where in mapped):
+                return True
+    return False
 
 
 def _python_stacks(pid: int, stacks: Path) -> str:

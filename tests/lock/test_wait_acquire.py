@@ -14,12 +14,13 @@ import pytest
 
 from orbitive import Fleet
 from orbitive._core._errors import InvalidTtl
+from orbitive._core._region import SHM_DIR
 from orbitive.lock import Acquired, LockKey, LockOwner, LockTable, Occupied, _key_wait
 from orbitive.lock._key_wait import WAIT_CAP_S, queue_probe
 from orbitive.lock._ring import ANY_KEY, key_tag
 
 from .._children import wait_for_key
-from .._processes import Child, Processes
+from .._processes import Child, Processes, sleeps_in_futex_on
 
 CAPACITY = 6
 HOLDER = LockOwner(b"holder")
@@ -66,12 +67,12 @@ def wait_parked(table: LockTable, child: Child) -> int:
     said, node = child.recv()
     assert said == "waiting" and isinstance(node, int)
     child.send("go")
+    path = SHM_DIR / table._ring.region.name
     deadline = time.monotonic() + 10.0
-    while slot(table, node) == 0:
+    while slot(table, node) == 0 or not sleeps_in_futex_on(child.pid, path):
         assert time.monotonic() < deadline, "the child never waited"
         time.sleep(0.002)
-    time.sleep(0.05)  # asleep on the key word, behind any earlier waiter
-    return node
+    return node  # asleep on the key word, in the kernel's queue behind any earlier waiter
 
 
 def granted_at(child: Child) -> float:

@@ -15,13 +15,14 @@ from multiprocessing.connection import wait
 
 import pytest
 
+from orbitive._core._region import SHM_DIR
 from orbitive.lock import _key_wait
 from orbitive.lock._key_wait import QUEUE_S
 from orbitive.lock._ring import ANY_KEY, key_tag
 from orbitive.store import Store, open_store
 from orbitive.store._shm import ShmEngine
 
-from .._processes import Child, Processes
+from .._processes import Child, Processes, sleeps_in_futex_on
 from ._workers import CTX, PATIENCE_S, take_turns, wait_in_turn
 
 PROCESSES = 8
@@ -29,7 +30,8 @@ SECONDS = 2.0
 
 
 def _parked(store: Store, child: Child) -> Child:
-    """Let a started :func:`wait_in_turn` child wait, and return it once it waits."""
+    """Let a started :func:`wait_in_turn` child wait, and return it once it sleeps in the
+    kernel's queue of the name's word."""
     said, node = child.recv()
     assert said == "waiting"
     child.send("go")
@@ -37,11 +39,22 @@ def _parked(store: Store, child: Child) -> Child:
     assert isinstance(engine, ShmEngine)
     ring = engine._table._ring
     at = ring.geometry.waiting_offset + 4 * node
+    tag = key_tag(engine._keys["turn"].digest)
+    path = SHM_DIR / ring.region.name
+
+    def asleep() -> bool:
+        # In its wait proper: its slot shows the key's tag (ANY_KEY while it queues first,
+        # in a shorter futex wait of its own), and it sleeps on the ring before and after.
+        return (
+            sleeps_in_futex_on(child.pid, path)
+            and int.from_bytes(ring.buf[at : at + 4], "little") == tag
+            and sleeps_in_futex_on(child.pid, path)
+        )
+
     deadline = time.monotonic() + PATIENCE_S
-    while int.from_bytes(ring.buf[at : at + 4], "little") == 0:
+    while not asleep():  # then it is in the kernel's queue, behind the earlier ones
         assert time.monotonic() < deadline, "the child never waited"
         time.sleep(0.002)
-    time.sleep(0.05)  # asleep, behind the earlier ones
     return child
 
 
