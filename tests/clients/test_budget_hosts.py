@@ -83,9 +83,11 @@ def test_three_hosts_of_four_workers_never_hold_more_than_the_total(
 def hold_every_unit_idle(host: Host) -> None:
     """Make ``host`` hold every unit of a total of 4 in four idle connections.
 
-    A renewal that comes late (a loaded machine, a slow coordinator) makes the host
-    retire the idle connections it hands back, as it must while its units may lapse;
-    then the host is made busy again and the set-up starts over.
+    Busy until it holds every unit and four live connections: while its cap was below
+    4 its workers took turns, and the one without a connection when it turns idle
+    makes none. A renewal that comes late (a loaded machine, a slow coordinator) makes
+    the host retire the idle connections it hands back, as it must while its units may
+    lapse; then the set-up starts over.
 
     Raises:
         AssertionError: the host did not get there within SETTLE_S (its census said).
@@ -93,7 +95,10 @@ def hold_every_unit_idle(host: Host) -> None:
     deadline = time.monotonic() + SETTLE_S
     while True:
         host.mode("busy")
-        wait_for(lambda: host.census().get("budget_units") == 4, SETTLE_S)
+        wait_for(
+            lambda: (census := host.census()).get("budget_units") == 4 and census.get("live") == 4,
+            SETTLE_S,
+        )
         host.mode("idle")  # its workers stop, holding four idle connections
         with contextlib.suppress(AssertionError):
             wait_for(lambda: host.census().get("idle") == 4, 5.0)
