@@ -14,8 +14,10 @@ Collection marks the timing-sensitive tests ``serial`` and the unit tests ``quic
 own, one at a time). A test marked ``quick`` that starts a child process (a fork, a
 spawn, a subprocess) fails at teardown: the ``quick`` set stays one of unit tests.
 
-A run whose tests all passed fails all the same when it leaves an SHM object of this
-user in ``/dev/shm`` that was not there when it started: it names them.
+A run whose tests all passed fails all the same when it leaves an SHM object or client
+socket of this user in ``/dev/shm`` that was not there when it started: it names them.
+Another run at once in the same ``/dev/shm`` shows its objects too (run each in a
+private ``/dev/shm``, as scripts/test-pythons does).
 """
 
 from __future__ import annotations
