@@ -1,22 +1,31 @@
 """A relay between one real driver connection and PostgreSQL that decides as transaction
 mode's router will, and asks the server after every transaction whether it was right.
 
-:class:`DecidingRelay` listens on a loopback port; a psycopg connection made to it
-(``sslmode=disable``, ``gssencmode=disable``: the relay reads the startup's frames)
-reaches the server through it. Past the startup every message goes through
-:class:`~orbitive.clients._client_state.ClientState`: the relay passes on what it
-returns, runs the checks an :attr:`Outcome.CHECK` asks for on the same server
-session, answers ``Outcome.REFUSE`` with ``DISCARD ALL``, and after every
-transaction's end asks the server what the session keeps (:data:`TRUTH`, its
-answers never reaching the driver). :attr:`DecidingRelay.ends` lists, per ended
-transaction, the outcome, the pins and the server's answer.
+:class:`DecidingRelay` listens on a loopback port; a driver connection made to it
+(psycopg with ``sslmode=disable`` and ``gssencmode=disable``, asyncpg with
+``ssl=False``: the relay reads the startup's frames) reaches the server through it,
+on one of ``servers`` server connections, each opened with the driver's own startup.
+The transactions take the server connections in turn, as a fleet's take whichever
+is free, so a statement prepared in one transaction is used on another connection
+in the next. Past the startup every client message is renamed
+(:class:`~orbitive.clients._statement_names.StatementNames`), handed to the server
+connection's :class:`~orbitive.clients._server_statements.ServerStatements` and
+noted by :class:`~orbitive.clients._client_state.ClientState`; every server message
+comes back through the same two. The relay runs the checks an
+:attr:`Outcome.CHECK` asks for on the same server session, answers
+``Outcome.REFUSE`` with ``DISCARD ALL``, and after every transaction's end asks the
+server what the session keeps (:data:`TRUTH`, its answers never reaching the
+driver). :attr:`DecidingRelay.ends` lists, per ended transaction, the outcome, the
+pins and the server's answer; :attr:`DecidingRelay.used`, the server connection.
 """
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import threading
+from collections import deque
 from typing import NamedTuple
 
 from orbitive.clients import _wire
@@ -26,6 +35,8 @@ from orbitive.clients._client_state import (
     Outcome,
     settings_check,
 )
+from orbitive.clients._server_statements import ServerStatements
+from orbitive.clients._statement_names import StatementNames
 from orbitive.clients._wire import Framer, Message
 
 #: What the session keeps, counted by the server: advisory locks, temporary relations,
@@ -40,6 +51,8 @@ TRUTH = (
 TRUTH_NAMES = ("advisory", "temporary", "holdable", "prepared", "listening", "settings")
 #: Server message types of the startup, besides those after it.
 _STARTUP_BACKEND = frozenset({ord("R"), ord("K"), ord("v")})
+#: Command statuses after which the client has no prepared statement left.
+_DEALLOCATING = frozenset({b"DISCARD ALL\0", b"DEALLOCATE ALL\0"})
 
 
 class End(NamedTuple):
@@ -70,17 +83,31 @@ class DecidingRelay:
     Args:
         upstream: the server's address.
         refuse: ``ClientState(refuse=...)``.
+        servers: how many server connections the transactions take in turn.
+        max_prepared: ``ServerStatements(max_prepared=...)`` of each.
     """
 
-    def __init__(self, upstream: tuple[str, int], *, refuse: bool = False) -> None:
+    def __init__(
+        self,
+        upstream: tuple[str, int],
+        *,
+        refuse: bool = False,
+        servers: int = 1,
+        max_prepared: int = 256,
+    ) -> None:
         self.state = ClientState(refuse=refuse)
+        self.names = StatementNames()
+        self.statements = [ServerStatements(max_prepared) for _ in range(servers)]
         self.ends: list[End] = []
+        #: The server connection (its index) each ended transaction ran on.
+        self.used: list[int] = []
         self.error: BaseException | None = None
         self._upstream = upstream
+        self._turn = 0
+        self._framers = [Framer(_wire.BACKEND | _STARTUP_BACKEND) for _ in range(servers)]
+        self._pending: list[list[Message]] = [[] for _ in range(servers)]
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
-        self._server_framer = Framer(_wire.BACKEND | _STARTUP_BACKEND)
-        self._pending: list[Message] = []
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -99,58 +126,92 @@ class DecidingRelay:
             raise self.error
 
     def _run(self) -> None:
+        servers: list[socket.socket] = []
         try:
             client, _ = self._listener.accept()
             self._listener.close()
-            with client, socket.create_connection(self._upstream) as server:
-                self._relay(client, server)
+            with client:
+                servers += [socket.create_connection(self._upstream) for _ in self.statements]
+                self._relay(client, servers)
         except BaseException as error:  # re-raised in the test by join()
             self.error = error
+        finally:
+            for server in servers:
+                server.close()
 
-    def _relay(self, client: socket.socket, server: socket.socket) -> None:
+    def _relay(self, client: socket.socket, servers: list[socket.socket]) -> None:
         (length,) = struct.unpack("!I", _recv_exactly(client, 4))
-        server.sendall(struct.pack("!I", length) + _recv_exactly(client, length - 4))
-        while True:  # the startup: passed on until the server is ready
-            message = self._server_message(server)
-            client.sendall(message.frame())
-            if message.kind == _wire.READY_FOR_QUERY:
-                break
-        client_framer = Framer(_wire.FRONTEND)
-        while True:
-            data = client.recv(65536)
-            if not data:
-                return
-            for message in client_framer.feed(data):
-                if message.kind == _wire.TERMINATE:
-                    server.sendall(message.frame())
-                    return
-                self.state.from_client(message)
-                server.sendall(message.frame())
-                if message.kind in (_wire.SYNC, _wire.QUERY):
-                    self._answers(client, server)
+        startup = struct.pack("!I", length) + _recv_exactly(client, length - 4)
+        for turn, server in enumerate(servers):
+            self._turn = turn
+            server.sendall(startup)
+            while True:  # each server's startup; the first one's is the client's
+                message = self._server_message(server)
+                if turn == 0:
+                    client.sendall(message.frame())
+                if message.kind == _wire.READY_FOR_QUERY:
+                    break
+        self._turn = 0
+        self._serve(client, servers)
 
-    def _answers(self, client: socket.socket, server: socket.socket) -> None:
-        """Relay the server's answers up to its ``ReadyForQuery``, then end or go on."""
+    def _serve(self, client: socket.socket, servers: list[socket.socket]) -> None:
+        """Pass messages both ways. After a ``Sync`` or ``Query`` no client message
+        goes on until its ``ReadyForQuery`` came back (a pipeline is served one
+        ``Sync`` at a time), so a transaction's end is decided, and the next server
+        connection taken, with no message in flight."""
+        client_framer = Framer(_wire.FRONTEND)
+        queued: deque[Message] = deque()
+        awaiting = False
         while True:
-            outcome, out = self.state.from_server(self._server_message(server))
-            client.sendall(b"".join(message.frame() for message in out))
-            if outcome is Outcome.CONTINUE:
-                if out and out[-1].kind == _wire.READY_FOR_QUERY:
+            while queued and not awaiting:
+                message = queued.popleft()
+                if message.kind == _wire.TERMINATE:
                     return
-                continue
-            if outcome is Outcome.CHECK:
-                checks = self.state.checks
-                state = checks.STATE in checks and self._count(server, STATE_CHECK) > 0
-                settings = checks.SETTINGS in checks and self._count(server, settings_check()) > 0
-                outcome = self.state.checked(state=state, settings=settings)
-            elif outcome is Outcome.REFUSE:
-                self._swallow(server, b"DISCARD ALL")
-            truth = self._row(server, TRUTH)
-            kept = frozenset(
-                name for name, count in zip(TRUTH_NAMES, truth, strict=True) if count != b"0"
-            )
-            self.ends.append(End(outcome, self.state.pins, kept))
-            return
+                op = self.names.op(message)
+                self.state.from_client(op.message)
+                to_server, now = self.statements[self._turn].send(op)
+                servers[self._turn].sendall(b"".join(m.frame() for m in to_server))
+                client.sendall(b"".join(m.frame() for m in now))
+                awaiting = message.kind in (_wire.SYNC, _wire.QUERY)
+            server = servers[self._turn]
+            readable = [server] if awaiting or self._pending[self._turn] else []
+            if not readable:
+                readable, _, _ = select.select([client, server], [], [])
+            if server in readable:
+                statements = self.statements[self._turn]
+                for answer in statements.answer(self._server_message(server)):
+                    if self._pass_on(client, server, answer):
+                        awaiting = False
+            elif client in readable:
+                data = client.recv(65536)
+                if not data:
+                    return
+                queued += client_framer.feed(data)
+
+    def _pass_on(self, client: socket.socket, server: socket.socket, message: Message) -> bool:
+        """Pass one answer on through the client's state; True after a ``ReadyForQuery``."""
+        if message.kind == _wire.COMMAND_COMPLETE and message.body in _DEALLOCATING:
+            self.names.forget_all()
+        outcome, out = self.state.from_server(message)
+        client.sendall(b"".join(m.frame() for m in out))
+        if outcome is Outcome.CONTINUE:
+            return bool(out) and out[-1].kind == _wire.READY_FOR_QUERY
+        if outcome is Outcome.CHECK:
+            checks = self.state.checks
+            state = checks.STATE in checks and self._count(server, STATE_CHECK) > 0
+            settings = checks.SETTINGS in checks and self._count(server, settings_check()) > 0
+            outcome = self.state.checked(state=state, settings=settings)
+        elif outcome is Outcome.REFUSE:
+            self._swallow(server, b"DISCARD ALL")
+            self.statements[self._turn].forget_all()
+        counts = zip(TRUTH_NAMES, self._row(server, TRUTH), strict=True)
+        self.ends.append(
+            End(outcome, self.state.pins, frozenset(n for n, c in counts if c != b"0"))
+        )
+        self.used.append(self._turn)
+        if outcome is not Outcome.PINNED:
+            self._turn = (self._turn + 1) % len(self.statements)
+        return True
 
     def _count(self, server: socket.socket, text: bytes) -> int:
         return sum(int(value or b"0") for value in self._row(server, text))
@@ -163,6 +224,7 @@ class DecidingRelay:
     def _swallow(self, server: socket.socket, text: bytes) -> list[Message]:
         """Run ``text`` on the server session; its answers, up to ``ReadyForQuery``."""
         server.sendall(_wire.query(text).frame())
+        self.statements[self._turn].ran_query()
         answers = []
         while True:
             message = self._server_message(server)
@@ -173,13 +235,14 @@ class DecidingRelay:
                 return answers
 
     def _server_message(self, server: socket.socket) -> Message:
-        while not self._pending:
+        pending = self._pending[self._turn]
+        while not pending:
             data = server.recv(65536)
             if not data:
-                self._server_framer.end()
+                self._framers[self._turn].end()
                 raise EOFError("the server closed the session")
-            self._pending = self._server_framer.feed(data)
-        return self._pending.pop(0)
+            pending += self._framers[self._turn].feed(data)
+        return pending.pop(0)
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes:
