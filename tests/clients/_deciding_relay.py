@@ -52,6 +52,7 @@ TRUTH_NAMES = ("advisory", "temporary", "holdable", "prepared", "listening", "se
 #: Server message types of the startup, besides those after it.
 _STARTUP_BACKEND = frozenset({ord("R"), ord("K"), ord("v")})
 #: Command statuses after which the client has no prepared statement left.
+_COPY = frozenset({_wire.COPY_DATA, _wire.COPY_DONE, _wire.COPY_FAIL})
 _DEALLOCATING = frozenset({b"DISCARD ALL\0", b"DEALLOCATE ALL\0"})
 
 
@@ -156,14 +157,14 @@ class DecidingRelay:
 
     def _serve(self, client: socket.socket, servers: list[socket.socket]) -> None:
         """Pass messages both ways. After a ``Sync`` or ``Query`` no client message
-        goes on until its ``ReadyForQuery`` came back (a pipeline is served one
-        ``Sync`` at a time), so a transaction's end is decided, and the next server
-        connection taken, with no message in flight."""
+        but the data of a ``COPY`` goes on until its ``ReadyForQuery`` came back (a
+        pipeline is served one ``Sync`` at a time), so a transaction's end is
+        decided, and the next server connection taken, with no message in flight."""
         client_framer = Framer(_wire.FRONTEND)
         queued: deque[Message] = deque()
         awaiting = False
         while True:
-            while queued and not awaiting:
+            while queued and (not awaiting or queued[0].kind in _COPY):
                 message = queued.popleft()
                 if message.kind == _wire.TERMINATE:
                     return
@@ -172,9 +173,9 @@ class DecidingRelay:
                 to_server, now = self.statements[self._turn].send(op)
                 servers[self._turn].sendall(b"".join(m.frame() for m in to_server))
                 client.sendall(b"".join(m.frame() for m in now))
-                awaiting = message.kind in (_wire.SYNC, _wire.QUERY)
+                awaiting = awaiting or message.kind in (_wire.SYNC, _wire.QUERY)
             server = servers[self._turn]
-            readable = [server] if awaiting or self._pending[self._turn] else []
+            readable = [server] if self._pending[self._turn] else []
             if not readable:
                 readable, _, _ = select.select([client, server], [], [])
             if server in readable:
@@ -182,7 +183,7 @@ class DecidingRelay:
                 for answer in statements.answer(self._server_message(server)):
                     if self._pass_on(client, server, answer):
                         awaiting = False
-            elif client in readable:
+            if client in readable:
                 data = client.recv(65536)
                 if not data:
                     return

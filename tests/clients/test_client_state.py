@@ -139,6 +139,10 @@ SCENARIOS = {
     ),
     "SET LOCAL in a block": (["BEGIN", "SET LOCAL work_mem = '8MB'", "COMMIT"], [RELEASE]),
     "SET": (["SET work_mem = '8MB'", "RESET work_mem", "SELECT 1"], [PINNED, RELEASE, RELEASE]),
+    "a setting set back to its value": (
+        ["SET enable_seqscan = off", "SET enable_seqscan = on"],
+        [PINNED, RELEASE],
+    ),
     "a tracked SET": (["SET TimeZone = 'UTC'", "SET application_name = 'x'"], [RELEASE] * 2),
     "set_config, session and local": (
         [

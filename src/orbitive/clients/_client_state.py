@@ -81,7 +81,9 @@ STATE_CHECK: Final = (
 
 def settings_check(tracked: frozenset[bytes] = TRACKED) -> bytes:
     """The settings check: one row of one count, the settings this session set (``SET``,
-    ``set_config(..., false)``) other than the ``tracked`` ones.
+    ``set_config(..., false)``) to another value than a fresh session's (asyncpg sets
+    ``jit`` off around its type introspection, then back), other than the ``tracked``
+    ones.
 
     Raises:
         InvalidPoolOptions: a tracked name that is not 1 to 63 of ``[A-Za-z0-9_.]``.
@@ -92,7 +94,7 @@ def settings_check(tracked: frozenset[bytes] = TRACKED) -> bytes:
     names = ", ".join(f"'{name.decode('ascii').lower()}'" for name in sorted(tracked))
     return (
         "SELECT count(*) FROM pg_settings WHERE source = 'session'"
-        f" AND lower(name) NOT IN ({names})"
+        f" AND setting IS DISTINCT FROM reset_val AND lower(name) NOT IN ({names})"
     ).encode()
 
 
