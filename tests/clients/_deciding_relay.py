@@ -21,16 +21,20 @@ pins and the server's answer; :attr:`DecidingRelay.used`, the server connection.
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import struct
 import threading
 from collections import deque
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from orbitive.clients import _wire
+import psycopg
+
+from orbitive.clients import _startup, _wire
 from orbitive.clients._client_state import (
     STATE_CHECK,
+    TRACKED,
     ClientState,
     Outcome,
     settings_check,
@@ -86,6 +90,10 @@ class DecidingRelay:
         refuse: ``ClientState(refuse=...)``.
         servers: how many server connections the transactions take in turn.
         max_prepared: ``ServerStatements(max_prepared=...)`` of each.
+        handover: server connections libpq opened (psycopg connections, autocommit,
+            not used again until the relay ended): the relay takes their sockets
+            instead of opening its own, and answers the client's startup itself
+            (:mod:`orbitive.clients._startup`), as the router will.
     """
 
     def __init__(
@@ -95,7 +103,10 @@ class DecidingRelay:
         refuse: bool = False,
         servers: int = 1,
         max_prepared: int = 256,
+        handover: list[psycopg.Connection[Any]] | None = None,
     ) -> None:
+        self._handover = handover or []
+        servers = len(self._handover) or servers
         self.state = ClientState(refuse=refuse)
         self.names = StatementNames()
         self.statements = [ServerStatements(max_prepared) for _ in range(servers)]
@@ -132,6 +143,11 @@ class DecidingRelay:
             client, _ = self._listener.accept()
             self._listener.close()
             with client:
+                if self._handover:
+                    servers += [_taken(conn) for conn in self._handover]
+                    if self._answer_startup(client):
+                        self._serve(client, servers)
+                    return
                 servers += [socket.create_connection(self._upstream) for _ in self.statements]
                 self._relay(client, servers)
         except BaseException as error:  # re-raised in the test by join()
@@ -139,6 +155,43 @@ class DecidingRelay:
         finally:
             for server in servers:
                 server.close()
+
+    def _answer_startup(self, client: socket.socket) -> bool:
+        """Answer the client's startup as the router will; False when it was refused."""
+        data = b""
+        while True:
+            packet = _startup.read_first_packet(data)
+            if packet is None:
+                chunk = client.recv(65536)
+                if not chunk:
+                    return False
+                data += chunk
+                continue
+            first, size = packet
+            data = data[size:]
+            if isinstance(first, _startup.EncryptionRequest):
+                client.sendall(_startup.NO_ENCRYPTION)
+                continue
+            if isinstance(first, _startup.Cancel):
+                return False
+            info = self._handover[0].info
+            why = _startup.refusal(
+                first,
+                user=info.user,
+                database=info.dbname,
+                fixed={},
+                tracked=TRACKED,
+            )
+            if why is not None:
+                client.sendall(_startup.fatal("28000", why))
+                return False
+            reported = {
+                name: value
+                for name in _startup.REPORTED
+                if (value := info.pgconn.parameter_status(name)) is not None
+            }
+            client.sendall(_startup.startup_answer(reported, _startup.Cancel(os.getpid(), 7)))
+            return True
 
     def _relay(self, client: socket.socket, servers: list[socket.socket]) -> None:
         (length,) = struct.unpack("!I", _recv_exactly(client, 4))
@@ -244,6 +297,16 @@ class DecidingRelay:
                 raise EOFError("the server closed the session")
             pending += self._framers[self._turn].feed(data)
         return pending.pop(0)
+
+
+def _taken(conn: psycopg.Connection[Any]) -> socket.socket:
+    """The socket of a libpq connection, for the relay to read and write from now on.
+
+    It shares libpq's non-blocking mode (one open file); a timeout makes Python wait
+    for each read and write in ``poll`` and keeps the mode as it is."""
+    taken = socket.socket(fileno=os.dup(conn.pgconn.socket))
+    taken.settimeout(30.0)
+    return taken
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes:
