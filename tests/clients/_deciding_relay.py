@@ -37,6 +37,7 @@ from orbitive.clients._client_state import (
     TRACKED,
     ClientState,
     Outcome,
+    restore_query,
     settings_check,
 )
 from orbitive.clients._server_statements import ServerStatements
@@ -107,7 +108,8 @@ class DecidingRelay:
     ) -> None:
         self._handover = handover or []
         servers = len(self._handover) or servers
-        self.state = ClientState(refuse=refuse)
+        self._refuse = refuse
+        self.state = ClientState(refuse=refuse)  # given the startup's settings after it
         self.names = StatementNames()
         self.statements = [ServerStatements(max_prepared) for _ in range(servers)]
         self.ends: list[End] = []
@@ -118,6 +120,8 @@ class DecidingRelay:
         self._turn = 0
         self._framers = [Framer(_wire.BACKEND | _STARTUP_BACKEND) for _ in range(servers)]
         self._pending: list[list[Message]] = [[] for _ in range(servers)]
+        #: What each server connection last reported of each parameter.
+        self._reported: list[dict[bytes, bytes]] = [{} for _ in range(servers)]
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -185,11 +189,12 @@ class DecidingRelay:
             if why is not None:
                 client.sendall(_startup.fatal("28000", why))
                 return False
-            reported = {
-                name: value
-                for name in _startup.REPORTED
-                if (value := info.pgconn.parameter_status(name)) is not None
-            }
+            for conn, reported in zip(self._handover, self._reported, strict=True):
+                for name in _startup.REPORTED:
+                    if (value := conn.pgconn.parameter_status(name)) is not None:
+                        reported[name] = value
+            reported = self._reported[0]
+            self.state = ClientState(refuse=self._refuse, reported=reported)
             client.sendall(_startup.startup_answer(reported, _startup.Cancel(os.getpid(), 7)))
             return True
 
@@ -206,6 +211,7 @@ class DecidingRelay:
                 if message.kind == _wire.READY_FOR_QUERY:
                     break
         self._turn = 0
+        self.state = ClientState(refuse=self._refuse, reported=self._reported[0])
         self._serve(client, servers)
 
     def _serve(self, client: socket.socket, servers: list[socket.socket]) -> None:
@@ -221,6 +227,8 @@ class DecidingRelay:
                 message = queued.popleft()
                 if message.kind == _wire.TERMINATE:
                     return
+                if not self.state.bound:  # a transaction starts: the client's settings first
+                    self._restore_settings(servers[self._turn])
                 op = self.names.op(message)
                 self.state.from_client(op.message)
                 to_server, now = self.statements[self._turn].send(op)
@@ -296,7 +304,16 @@ class DecidingRelay:
                 self._framers[self._turn].end()
                 raise EOFError("the server closed the session")
             pending += self._framers[self._turn].feed(data)
-        return pending.pop(0)
+        message = pending.pop(0)
+        if message.kind == _wire.PARAMETER_STATUS:
+            name, value = _wire.parameter_status(message.body)
+            self._reported[self._turn][name] = value
+        return message
+
+    def _restore_settings(self, server: socket.socket) -> None:
+        query = restore_query(self.state.settings, self._reported[self._turn])
+        if query is not None:
+            self._swallow(server, query)
 
 
 def _taken(conn: psycopg.Connection[Any]) -> socket.socket:

@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from orbitive.clients import _startup
+from orbitive.clients._client_state import Outcome, restore_query
 from orbitive.clients._startup import Cancel, EncryptionRequest, Startup, read_first_packet
 from orbitive.pool import MalformedError
 
@@ -151,3 +152,31 @@ def test_a_refused_startup_reaches_the_driver_as_a_fatal_error(
     with pytest.raises(psycopg.OperationalError, match="this router serves role 'postgres' only"):
         psycopg.connect(relay.conninfo(user="intruder"))
     relay.join()
+
+
+def test_a_client_keeps_its_tracked_settings_on_every_connection(
+    server_connections: list[psycopg.Connection],
+) -> None:
+    """A connection that another client left with another time zone serves this client
+    with its own, and a setting this client makes follows it to every connection."""
+    server_connections[1].execute("SET TimeZone = 'America/Lima'")
+    server_connections[2].execute("SET application_name = $$it's $orb0$ here$$")
+    own = server_connections[0].info.parameter_status("TimeZone")
+    relay = DecidingRelay(("", 0), handover=server_connections)
+    with psycopg.connect(relay.conninfo(), autocommit=True) as conn:
+        before = {conn.execute("SHOW TimeZone").fetchone() for _ in range(3)}
+        conn.execute("SET TimeZone = 'Asia/Tokyo'")
+        conn.execute("SET application_name = 'mine'")
+        both = "SELECT current_setting('TimeZone'), current_setting('application_name')"
+        after = {conn.execute(both).fetchone() for _ in range(6)}
+    relay.join()
+    assert before == {(own,)}
+    assert after == {("Asia/Tokyo", "mine")}
+    assert set(relay.used) == {0, 1, 2}
+    assert all(end.outcome is Outcome.RELEASE for end in relay.ends)
+
+
+def test_a_setting_value_is_quoted_whatever_it_holds() -> None:
+    query = restore_query({b"application_name": b"a $orb0$ b'c"}, {})
+    assert query == b"SELECT set_config('application_name', $orb1$a $orb0$ b'c$orb1$, false)"
+    assert restore_query({b"TimeZone": b"UTC"}, {b"TimeZone": b"UTC"}) is None

@@ -33,7 +33,9 @@ instead: its answers are held back and replaced by an ``ErrorResponse`` of SQLST
 from __future__ import annotations
 
 import enum
+import itertools
 import re
+from collections.abc import Mapping
 from typing import Final, final
 
 from .._core._errors import InvalidPoolOptions
@@ -98,6 +100,41 @@ def settings_check(tracked: frozenset[bytes] = TRACKED) -> bytes:
     ).encode()
 
 
+def restore_query(wanted: Mapping[bytes, bytes], current: Mapping[bytes, bytes]) -> bytes | None:
+    """The statement that gives a server connection a client's tracked settings, or
+    ``None`` when they are equal already.
+
+    Args:
+        wanted: the client's values (:attr:`ClientState.settings`).
+        current: the values the server connection last reported.
+
+    Returns:
+        One ``SELECT set_config(...)`` for every setting whose value differs, values
+        dollar-quoted (no escape depends on ``standard_conforming_strings``); its
+        answers are the router's to swallow, and its ``ParameterStatus`` messages
+        bring ``current`` up to date.
+
+    Raises:
+        InvalidPoolOptions: a name that is not a setting's name.
+    """
+    calls = []
+    for name, value in sorted(wanted.items()):
+        if current.get(name) == value:
+            continue
+        if not _SETTING_NAME.fullmatch(name):
+            raise InvalidPoolOptions(f"{name!r} is not a setting's name", key="track_settings")
+        tag = next(
+            f"$orb{n}$".encode() for n in itertools.count() if f"$orb{n}".encode() not in value
+        )
+        calls.append(b"set_config('" + name + b"', " + tag + value + tag + b", false)")
+    return b"SELECT " + b", ".join(calls) if calls else None
+
+
+def _dollar_tag(value: bytes) -> bytes:
+    """A dollar-quote tag that does not occur in ``value``."""
+    return next(b"$orb%d$" % n for n in itertools.count() if b"$orb%d" % n not in value)
+
+
 class Outcome(enum.Enum):
     """What the router does with the server connection after a server message."""
 
@@ -139,6 +176,8 @@ class ClientState:
             (``state_check="always"``), for applications whose functions take session
             advisory locks, create temporary tables or set settings by other names.
         tracked: the reported settings restored on every connection instead of pinned.
+        reported: the values the client was told at its startup; of these, the
+            tracked ones are its settings until the server reports others.
     """
 
     __slots__ = (
@@ -162,6 +201,7 @@ class ClientState:
         refuse: bool = False,
         always_check: bool = False,
         tracked: frozenset[bytes] = TRACKED,
+        reported: Mapping[bytes, bytes] | None = None,
     ) -> None:
         self._refuse = refuse
         self._always = always_check
@@ -171,7 +211,9 @@ class ClientState:
         #: Why the session keeps this client's connection (``"LISTEN"``, ``"state"``...).
         self.pins: frozenset[str] = frozenset()
         #: The tracked settings this client set, by name, as the server reported them.
-        self._settings: dict[bytes, bytes] = {}
+        self._settings = {
+            name: value for name, value in (reported or {}).items() if name in tracked
+        }
         self._texts: list[bytes] = []
         self._checks = Checks.NONE
         self._commands = 0
