@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from orbitive.store import ErrorKind, StoreError, open_store
+from orbitive.store._postgres import SCHEMA_VERSION
 
 from .._processes import Processes
 from .._servers import TempPostgres
@@ -134,3 +135,35 @@ def test_a_table_from_before_attempt_ids_is_upgraded_in_place(postgres_url: str)
         assert store.force_release("old")
         lock = store.try_lock("old", "w1", 60.0)
         assert lock is not None and lock.release()
+
+
+def test_a_store_opens_without_a_lock_once_its_schema_is_in_place(postgres_url: str) -> None:
+    """Every worker of a fleet opens the store: with the schema in place at its version
+    that is one catalog read, never DDL whose table locks wait behind the transactions
+    in flight (a release holds its receipts table; CREATE INDEX IF NOT EXISTS would
+    wait for it)."""
+    open_store(postgres_url).close()
+    with psycopg.connect(postgres_url) as holder:
+        holder.execute("LOCK TABLE orbitive_semaphore_receipts IN ROW EXCLUSIVE MODE")
+        holder.execute("LOCK TABLE orbitive_locks IN ROW EXCLUSIVE MODE")
+        started = time.monotonic()
+        separator = "&" if "?" in postgres_url else "?"
+        open_store(f"{postgres_url}{separator}timeout=2").close()
+        assert time.monotonic() - started < 2.0
+
+
+def test_a_schema_of_another_version_is_brought_up_to_this_one(postgres_url: str) -> None:
+    open_store(postgres_url).close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("COMMENT ON FUNCTION orbitive_lock_release(text, text, bigint, text) IS NULL")
+        conn.execute("DROP INDEX orbitive_lock_receipts_done")
+    with open_store(postgres_url) as store:
+        lock = store.try_lock("a", "w0", 60.0)
+        assert lock is not None and lock.release()
+    with psycopg.connect(postgres_url) as conn:
+        row = conn.execute(
+            "SELECT obj_description("
+            "'orbitive_lock_release(text, text, bigint, text)'::regprocedure),"
+            " to_regclass('orbitive_lock_receipts_done') IS NOT NULL"
+        ).fetchone()
+    assert row == (SCHEMA_VERSION, True)

@@ -144,21 +144,20 @@ BEGIN
     WHERE x.key = p_key;
     RETURN true;
 END $fn$"""
-#: The whole schema as one statement (one transaction), idempotent and serialised.
 #: The schema's version, kept as the comment of both functions: a schema of this version
-#: in place is used as it is (by a user who may not create anything), another one is
-#: brought up to it.
+#: in place, in the schema it would be created in (the first of the search path), is
+#: used as it is (by a user who may not create anything), another one is brought up to it.
 SCHEMA_VERSION: Final = "orbitive.limits schema 1"
 _SCHEMA_CURRENT: Final = f"""
-    to_regclass('orbitive_limits_counters') IS NOT NULL
-    AND to_regclass('orbitive_limits_moving') IS NOT NULL
-    AND to_regclass('orbitive_limits_sliding') IS NOT NULL
-    AND obj_description(to_regprocedure(
-        'orbitive_limits_acquire_entry(text, bigint, float8, bigint)'), 'pg_proc')
-        IS NOT DISTINCT FROM '{SCHEMA_VERSION}'
-    AND obj_description(to_regprocedure(
-        'orbitive_limits_acquire_sliding(text, bigint, float8, bigint)'), 'pg_proc')
-        IS NOT DISTINCT FROM '{SCHEMA_VERSION}'"""
+    to_regclass(format('%I.orbitive_limits_counters', current_schema())) IS NOT NULL
+    AND to_regclass(format('%I.orbitive_limits_moving', current_schema())) IS NOT NULL
+    AND to_regclass(format('%I.orbitive_limits_sliding', current_schema())) IS NOT NULL
+    AND obj_description(to_regprocedure(format(
+        '%I.orbitive_limits_acquire_entry(text, bigint, float8, bigint)', current_schema())),
+        'pg_proc') IS NOT DISTINCT FROM '{SCHEMA_VERSION}'
+    AND obj_description(to_regprocedure(format(
+        '%I.orbitive_limits_acquire_sliding(text, bigint, float8, bigint)', current_schema())),
+        'pg_proc') IS NOT DISTINCT FROM '{SCHEMA_VERSION}'"""
 #: The whole schema as one statement (one transaction), idempotent and serialised.
 SCHEMA: Final = f"""
 DO $orbitive$

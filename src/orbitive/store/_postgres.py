@@ -20,7 +20,10 @@ Facts this engine relies on:
   run in the function ``orbitive_lock_acquire``: one round trip per acquire.
 * ``CREATE TABLE IF NOT EXISTS`` (and ``CREATE OR REPLACE FUNCTION``) are not
   safe against a concurrent creator, so the schema is created under a
-  transaction-scoped advisory lock; that is the only advisory lock used.
+  transaction-scoped advisory lock; that is the only advisory lock used. It is
+  created only when it is not in place at :data:`SCHEMA_VERSION` (one catalog
+  read): the DDL's table locks would make every store open wait behind the
+  transactions in flight, and hold up those that follow.
 * A retried call never changes the answer (see ``_remote``): the grant stores
   its attempt id in the row, so a retry whose first try committed finds a live
   row of its own attempt and reports it granted; release and force-release
@@ -281,6 +284,33 @@ _SCHEMA: Final = (
     "ON orbitive_semaphore_receipts (done_at)",
     _UNIT_ACQUIRE_FUNCTION,
     _UNIT_RELEASE_FUNCTION,
+)
+#: The schema's version, kept as the comment of every function: a schema of this
+#: version in place is used as it is, with no DDL and no lock (a store opened by every
+#: worker of a fleet would otherwise take each table's DDL locks, and wait behind every
+#: transaction in flight on them); another one is brought up to it.
+SCHEMA_VERSION: Final = "orbitive.store schema 1"
+_FUNCTIONS: Final = (
+    "orbitive_lock_acquire(text, text, float8, text)",
+    "orbitive_lock_release(text, text, bigint, text)",
+    "orbitive_semaphore_acquire(text, integer, text, float8, text)",
+    "orbitive_semaphore_release(text, text, integer[], bigint[], text)",
+)
+_TABLES: Final = (
+    "orbitive_locks",
+    "orbitive_lock_receipts",
+    "orbitive_semaphores",
+    "orbitive_semaphore_receipts",
+)
+#: The schema is in place at this version in the schema it would be created in (the
+#: first of the search path: a store's schema must not borrow another's tables).
+_SCHEMA_CURRENT: Final = "SELECT " + " AND ".join(
+    [f"to_regclass(format('%I.{table}', current_schema())) IS NOT NULL" for table in _TABLES]
+    + [
+        f"obj_description(to_regprocedure(format('%I.{function}', current_schema())), 'pg_proc')"
+        f" IS NOT DISTINCT FROM '{SCHEMA_VERSION}'"
+        for function in _FUNCTIONS
+    ]
 )
 _ACQUIRE: Final = "SELECT * FROM orbitive_lock_acquire(%(name)s, %(owner)s, %(ttl)s, %(attempt)s)"
 _RENEW: Final = f"""
@@ -612,6 +642,11 @@ def slot_infos(rows: list[tuple[Any, ...]]) -> list[SlotInfo]:
 
 def _ensure_schema(conn: psycopg.Connection[Any]) -> None:
     with conn.transaction():
+        current = conn.execute(_SCHEMA_CURRENT).fetchone()
+        if current is not None and current[0]:
+            return  # in place: nothing to create, no lock taken
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
         for statement in _SCHEMA:
             conn.execute(statement)
+        for function in _FUNCTIONS:
+            conn.execute(f"COMMENT ON FUNCTION {function} IS '{SCHEMA_VERSION}'")
