@@ -70,19 +70,6 @@ class End(NamedTuple):
     kept: frozenset[str]
 
 
-def data_row(body: bytes) -> list[bytes | None]:
-    """The text values of a ``DataRow`` (``None`` for NULL)."""
-    (count,) = struct.unpack_from("!H", body)
-    values: list[bytes | None] = []
-    offset = 2
-    for _ in range(count):
-        (size,) = struct.unpack_from("!i", body, offset)
-        offset += 4
-        values.append(None if size < 0 else body[offset : offset + size])
-        offset += max(size, 0)
-    return values
-
-
 class DecidingRelay:
     """Relays one connection to the server at ``upstream`` (host, port), deciding.
 
@@ -281,7 +268,7 @@ class DecidingRelay:
     def _row(self, server: socket.socket, text: bytes) -> list[bytes | None]:
         rows = [m for m in self._swallow(server, text) if m.kind == _wire.DATA_ROW]
         assert len(rows) == 1, f"{text!r} returned {len(rows)} rows"
-        return data_row(rows[0].body)
+        return _wire.data_row(rows[0].body)
 
     def _swallow(self, server: socket.socket, text: bytes) -> list[Message]:
         """Run ``text`` on the server session; its answers, up to ``ReadyForQuery``."""

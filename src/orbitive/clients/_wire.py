@@ -27,6 +27,7 @@ from .._core._errors import MalformedError, SessionClosed
 MESSAGE_MAX: Final = 64 << 20
 HEADER: Final = struct.Struct("!BI")
 _U16: Final = struct.Struct("!H")
+_I32: Final = struct.Struct("!i")
 
 # What a client (a driver) sends after the startup.
 QUERY: Final = ord("Q")
@@ -261,6 +262,35 @@ def parse_statement(body: bytes) -> tuple[bytes, bytes, bytes]:
     if len(body) != end + _U16.size + 4 * count:
         raise MalformedError(f"Parse names {count} parameter types in {len(body) - end - 2} bytes")
     return name, text, body[end:]
+
+
+def data_row(body: bytes) -> list[bytes | None]:
+    """The values of a ``DataRow``, as sent (``None`` for NULL).
+
+    Raises:
+        MalformedError: a count or a length that runs past the body, or bytes after
+            the last value.
+    """
+    if len(body) < _U16.size:
+        raise MalformedError("a DataRow has no column count")
+    (count,) = _U16.unpack_from(body)
+    values: list[bytes | None] = []
+    offset = _U16.size
+    for _ in range(count):
+        if len(body) < offset + _I32.size:
+            raise MalformedError("a DataRow ends inside a length")
+        (size,) = _I32.unpack_from(body, offset)
+        offset += _I32.size
+        if size < 0:
+            values.append(None)
+            continue
+        if len(body) < offset + size:
+            raise MalformedError("a DataRow ends inside a value")
+        values.append(body[offset : offset + size])
+        offset += size
+    if offset != len(body):
+        raise MalformedError("a DataRow has bytes after its last value")
+    return values
 
 
 def bind_names(body: bytes) -> tuple[bytes, bytes, int]:

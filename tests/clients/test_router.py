@@ -1,0 +1,162 @@
+"""Transaction mode's reference router: many driver connections served on a few server
+connections, first come first served, with what each client's session keeps kept
+for it, and a client that leaves mid-transaction leaving nothing half done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import asyncpg
+import psycopg
+import pytest
+
+from orbitive.clients._router import Router
+
+from .._servers import TempPostgres
+
+PORT = 6432
+
+
+@pytest.fixture
+def router(
+    postgres_server: TempPostgres, tmp_path_factory: pytest.TempPathFactory, tag: str
+) -> Iterator[Router]:
+    """A router on two server connections (their ``application_name`` is the test's tag)."""
+    url = f"{postgres_server.url}?application_name={tag}"
+    conns = [psycopg.connect(url, autocommit=True) for _ in range(2)]
+    started = Router(str(tmp_path_factory.mktemp("router")), PORT, conns)
+    yield started
+    started.close()
+    for conn in conns:
+        conn.close()
+
+
+def _conninfo(router: Router) -> str:
+    folder = router.path.rsplit("/", 1)[0]
+    return f"host={folder} port={PORT} user=postgres dbname=postgres"
+
+
+def _sessions(postgres_server: TempPostgres, tag: str) -> int:
+    with psycopg.connect(postgres_server.url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (tag,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_eight_clients_share_two_server_connections(
+    router: Router, postgres_server: TempPostgres, tag: str
+) -> None:
+    errors: list[BaseException] = []
+    pids: set[int] = set()
+    peak = [0]
+
+    def client(number: int) -> None:
+        try:
+            with psycopg.connect(_conninfo(router), autocommit=True) as conn:
+                for value in range(25):
+                    with conn.transaction():
+                        row = conn.execute(
+                            "SELECT %s::int * 2, pg_backend_pid()", (number * 100 + value,)
+                        ).fetchone()
+                    assert row is not None and row[0] == (number * 100 + value) * 2
+                    pids.add(row[1])
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        peak[0] = max(peak[0], _sessions(postgres_server, tag))
+        time.sleep(0.05)
+    assert errors == []
+    assert len(pids) == 2 and peak[0] == 2
+    assert router.server_connections == 2
+
+
+def test_waiting_clients_are_served_in_the_order_they_asked(
+    postgres_server: TempPostgres, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    with psycopg.connect(postgres_server.url, autocommit=True) as only:
+        router = Router(str(tmp_path_factory.mktemp("router")), PORT, [only])
+        try:
+            holder = psycopg.connect(_conninfo(router))
+            holder.execute("SELECT 1")  # a transaction open: the only connection is taken
+            served: list[tuple[int, float]] = []
+            threads = []
+            for number in range(4):
+
+                def ask(number: int = number) -> None:
+                    with psycopg.connect(_conninfo(router), autocommit=True) as conn:
+                        row = conn.execute(
+                            "SELECT extract(epoch FROM clock_timestamp())"
+                        ).fetchone()
+                        assert row is not None
+                        served.append((number, float(row[0])))
+
+                threads.append(threading.Thread(target=ask))
+                threads[-1].start()
+                time.sleep(0.2)  # each asks after the one before is waiting
+            holder.commit()
+            holder.close()
+            for thread in threads:
+                thread.join(10)
+        finally:
+            router.close()
+    assert [number for number, _ in sorted(served, key=lambda item: item[1])] == [0, 1, 2, 3]
+
+
+def test_a_client_gone_mid_transaction_leaves_nothing_and_the_rest_go_on(
+    router: Router, postgres_server: TempPostgres
+) -> None:
+    with psycopg.connect(postgres_server.url, autocommit=True) as admin:
+        admin.execute("CREATE TABLE IF NOT EXISTS routed (n int)")
+        admin.execute("TRUNCATE routed")
+        leaver = psycopg.connect(_conninfo(router))
+        leaver.execute("INSERT INTO routed VALUES (1)")
+        leaver.pgconn.finish()  # the socket closes inside the transaction
+        with psycopg.connect(_conninfo(router), autocommit=True) as other:
+            other.execute("INSERT INTO routed VALUES (2)")
+            row = other.execute("SELECT array_agg(n ORDER BY n) FROM routed").fetchone()
+        assert row == ([2],)
+        admin.execute("DROP TABLE routed")
+    assert router.server_connections == 1  # the one it held was closed: rolled back
+
+
+def test_a_pinned_client_keeps_its_connection_and_leaves_it_clean(router: Router) -> None:
+    with psycopg.connect(_conninfo(router), autocommit=True) as listener:
+        listener.execute("LISTEN news")
+        pid = listener.execute("SELECT pg_backend_pid()").fetchone()
+        assert pid == listener.execute("SELECT pg_backend_pid()").fetchone()
+    channels = "SELECT count(*) FROM pg_listening_channels()"
+    for _ in range(4):
+        with psycopg.connect(_conninfo(router), autocommit=True) as conn:
+            assert conn.execute(channels).fetchone() == (0,)  # no one inherits the LISTEN
+    assert router.server_connections == 2
+
+
+def test_asyncpg_is_served_by_the_router(router: Router) -> None:
+    async def body() -> list[int]:
+        folder = router.path.rsplit("/", 1)[0]
+        conns = [
+            await asyncpg.connect(host=folder, port=PORT, user="postgres", database="postgres")
+            for _ in range(4)
+        ]
+        try:
+            values = await asyncio.gather(
+                *(conn.fetchval("SELECT $1::int + 1", n) for n, conn in enumerate(conns))
+            )
+            async with conns[0].transaction():
+                await conns[0].execute("SELECT 1")
+            return list(values)
+        finally:
+            for conn in conns:
+                await conn.close()
+
+    assert asyncio.run(asyncio.wait_for(body(), 30)) == [1, 2, 3, 4]
