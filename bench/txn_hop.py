@@ -15,13 +15,17 @@ GIL. One psycopg connection (autocommit) runs ``SELECT 1`` in a loop:
   thread that never blocks, as a worker's request thread computing: the relay
   thread waits for the GIL (``sys.getswitchinterval()``, 5 ms) after each read.
   A router in C that never takes the GIL has no such wait; a relay in Python in
-  a busy worker does. (CPU here leaves the busy relay out.)
+  a busy worker does. (CPU here leaves the busy process out.)
+* ``router`` and ``router, GIL busy``: through transaction mode's reference
+  router (:class:`orbitive.clients._router.Router`, in Python) in a process of its
+  own, on one server connection, with and without such a thread beside it: what
+  the router's decisions (framing, statement names, the transaction's end) add to
+  a plain relay.
 
-Then, on the direct connection, the cost of the session-state checks the design
-runs after a transaction that may have left state behind: :data:`STATE_CHECK`
-(advisory locks, temporary tables, holdable cursors, SQL prepared statements,
-channels listened to) and :data:`SETTINGS_CHECK` (settings changed in the session,
-the one check that reads every setting).
+Then, on the direct connection, the cost of the session-state checks the router
+runs after a transaction that may have left state behind: its state check
+(advisory locks, temporary tables, holdable cursors) and its settings check
+(settings changed in the session, the one check that reads every setting).
 
 Reported per case: the median and p99 round trip in µs, and the CPU µs per
 statement of every process on the path (client, relays, backend). Run:
@@ -45,18 +49,12 @@ from typing import Any, Final
 
 import psycopg
 
+from orbitive.clients import _client_state
+from orbitive.clients._router import Router
 from tests._servers import TempPostgres
 
-#: The check after a transaction whose tags or text may have left session state:
-#: one statement reading only this backend's own state.
-STATE_CHECK: Final = """SELECT
- (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()),
- (SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema()),
- (SELECT count(*) FROM pg_cursors WHERE is_holdable),
- (SELECT count(*) FROM pg_prepared_statements WHERE from_sql),
- (SELECT count(*) FROM pg_listening_channels())"""
-#: Settings changed in this session (``SET``, ``set_config(..., false)``).
-SETTINGS_CHECK: Final = "SELECT count(*) FROM pg_settings WHERE source = 'session'"
+STATE_CHECK: Final = _client_state.STATE_CHECK.decode()
+SETTINGS_CHECK: Final = _client_state.settings_check().decode()
 _TICKS: Final = os.sysconf("SC_CLK_TCK")
 
 
@@ -80,16 +78,47 @@ def _relay(listen: str, upstream: str) -> None:
                 pairs[key.fd].sendall(data)
 
 
+def _spin() -> None:
+    count = 0
+    while True:
+        count += 1
+
+
 def _busy_relay(listen: str, upstream: str) -> None:
     """:func:`_relay`, with another thread of the process running Python all along."""
-
-    def spin() -> None:
-        count = 0
-        while True:
-            count += 1
-
-    threading.Thread(target=spin, daemon=True).start()
+    threading.Thread(target=_spin, daemon=True).start()
     _relay(listen, upstream)
+
+
+def _router(listen: str, upstream: str, busy: bool = False) -> None:
+    """Transaction mode's reference router on ``listen``, on one server connection to
+    the server whose socket is ``upstream``; this thread spins when ``busy``."""
+    folder, name = os.path.split(listen)
+    upstream_folder, upstream_name = os.path.split(upstream)
+    conn = psycopg.connect(
+        host=upstream_folder,
+        port=int(upstream_name.rsplit(".", 1)[1]),
+        user="postgres",
+        dbname="postgres",
+        autocommit=True,
+    )
+    Router(folder, int(name.rsplit(".", 1)[1]), [conn])
+    if busy:
+        _spin()
+    threading.Event().wait()
+
+
+def _busy_router(listen: str, upstream: str) -> None:
+    _router(listen, upstream, busy=True)
+
+
+#: What runs at each hop of a path, by name.
+HOPS: Final = {
+    "relay": _relay,
+    "busy relay": _busy_relay,
+    "router": _router,
+    "busy router": _busy_router,
+}
 
 
 def _cpu_s(pid: int) -> float:
@@ -124,17 +153,18 @@ Conn = psycopg.Connection[tuple[int]]
 
 
 def _through(
-    hops: int, busy: bool, pg: TempPostgres, work: Path, run: Callable[[Conn, list[int]], Row]
+    hops: tuple[str, ...], pg: TempPostgres, work: Path, run: Callable[[Conn, list[int]], Row]
 ) -> Row:
-    """Run ``run`` on a connection through ``hops`` relay processes (folders under
-    ``work``), :func:`_busy_relay` ones when ``busy`` (their CPU not counted)."""
+    """Run ``run`` on a connection through a process per hop (:data:`HOPS`, folders
+    under ``work``); the CPU of a busy one is not counted."""
     upstream = str(pg.root / f".s.PGSQL.{pg.port}")
     relays: list[multiprocessing.Process] = []
-    for hop in range(hops):
-        folder = work / f"hop{hop}"
+    busy = any(hop.startswith("busy") for hop in hops)
+    for number, hop in enumerate(hops):
+        folder = work / f"hop{number}"
         folder.mkdir(parents=True)
         listen = str(folder / f".s.PGSQL.{pg.port}")
-        target = _busy_relay if busy else _relay
+        target = HOPS[hop]
         relay = multiprocessing.Process(target=target, args=(listen, upstream), daemon=True)
         relay.start()
         while not os.path.exists(listen):
@@ -157,15 +187,16 @@ def _through(
             relay.kill()
 
 
-#: (label, relays on the path, whether they are busy, statement, share of
-#: ``--statements`` it runs).
+#: (label, the hops on the path, statement, share of ``--statements`` it runs).
 CASES: Final = (
-    ("direct", 0, False, "SELECT 1", 1.0),
-    ("1 hop", 1, False, "SELECT 1", 1.0),
-    ("2 hops", 2, False, "SELECT 1", 1.0),
-    ("1 hop, GIL busy", 1, True, "SELECT 1", 0.1),
-    ("direct, state check", 0, False, STATE_CHECK, 0.25),
-    ("direct, settings", 0, False, SETTINGS_CHECK, 0.25),
+    ("direct", (), "SELECT 1", 1.0),
+    ("1 hop", ("relay",), "SELECT 1", 1.0),
+    ("2 hops", ("relay", "relay"), "SELECT 1", 1.0),
+    ("1 hop, GIL busy", ("busy relay",), "SELECT 1", 0.1),
+    ("router", ("router",), "SELECT 1", 1.0),
+    ("router, GIL busy", ("busy router",), "SELECT 1", 0.1),
+    ("direct, state check", (), STATE_CHECK, 0.25),
+    ("direct, settings", (), SETTINGS_CHECK, 0.25),
 )
 
 
@@ -177,13 +208,13 @@ def main() -> None:
     rows: list[tuple[str, Row]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="orbit-hop-") as scratch:
-            for number, (label, hops, busy, query, share) in enumerate(CASES):
+            for number, (label, hops, query, share) in enumerate(CASES):
                 count = int(args.statements * share)
 
                 def run(conn: Conn, pids: list[int], query: str = query, count: int = count) -> Row:
                     return _measure(conn, query, count, pids)
 
-                rows.append((label, _through(hops, busy, pg, Path(scratch) / str(number), run)))
+                rows.append((label, _through(hops, pg, Path(scratch) / str(number), run)))
     finally:
         pg.stop()
     print(f"{'path':<22}{'p50 µs':>10}{'p99 µs':>10}{'CPU µs/stmt':>14}")

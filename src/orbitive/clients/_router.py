@@ -150,11 +150,15 @@ class Router:
         self._waiting: collections.deque[_Client] = collections.deque()
         self._selector = selectors.DefaultSelector()
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Bound under another name and renamed once listening, so that a driver
+        # never finds the socket refusing connections.
+        binding = f"{self.path}.{os.getpid()}.new"
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-        self._listener.bind(self.path)
-        os.chmod(self.path, 0o600)
+            os.unlink(binding)
+        self._listener.bind(binding)
+        os.chmod(binding, 0o600)
         self._listener.listen(128)
+        os.replace(binding, self.path)
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector.register(self._listener, selectors.EVENT_READ, self._accept)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
