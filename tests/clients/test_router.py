@@ -160,3 +160,41 @@ def test_asyncpg_is_served_by_the_router(router: Router) -> None:
                 await conn.close()
 
     assert asyncio.run(asyncio.wait_for(body(), 30)) == [1, 2, 3, 4]
+
+
+def test_copy_both_ways_and_large_rows_pass_through_the_router(router: Router) -> None:
+    big = "x" * 3_000_000  # a row larger than any socket buffer
+    with psycopg.connect(_conninfo(router), autocommit=True) as conn:
+        conn.execute("CREATE TEMP TABLE copied (n int, s text)")  # pins: one connection
+        with conn.cursor() as cursor, cursor.copy("COPY copied FROM STDIN") as copy:
+            for n in range(1000):
+                copy.write_row((n, big if n == 500 else f"row {n}"))
+        with conn.cursor() as cursor, cursor.copy("COPY copied TO STDOUT") as copy:
+            size = sum(len(block) for block in copy)
+        assert size > 3_000_000
+        row = conn.execute("SELECT count(*), max(length(s)) FROM copied").fetchone()
+        assert row == (1000, 3_000_000)
+        echoed = conn.execute("SELECT %s::text", (big,)).fetchone()
+        assert echoed == (big,)
+
+
+def test_clients_that_prepare_the_same_statement_share_it_on_a_connection(
+    router: Router,
+) -> None:
+    conns = [
+        psycopg.connect(_conninfo(router), autocommit=True, prepare_threshold=0) for _ in range(3)
+    ]
+    try:
+        for round_ in range(4):
+            for number, conn in enumerate(conns):
+                row = conn.execute("SELECT %s::int + %s::int", (round_, number)).fetchone()
+                assert row == (round_ + number,)
+        counted = (
+            conns[0]
+            .execute("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'orb_%%'")
+            .fetchone()
+        )
+    finally:
+        for conn in conns:
+            conn.close()
+    assert counted is not None and counted[0] <= 2  # this query's and the shared one
