@@ -6,6 +6,7 @@ for it, and a client that leaves mid-transaction leaving nothing half done.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -198,3 +199,18 @@ def test_clients_that_prepare_the_same_statement_share_it_on_a_connection(
         for conn in conns:
             conn.close()
     assert counted is not None and counted[0] <= 2  # this query's and the shared one
+
+
+def test_a_cancel_request_cancels_the_statement_where_it_runs(router: Router) -> None:
+    """(``cancel_safe``: the blocking ``cancel()`` holds the GIL while it waits for the
+    router's answer, and the reference router shares this process.)"""
+    with psycopg.connect(_conninfo(router), autocommit=True) as conn:
+        threading.Timer(0.5, conn.cancel_safe).start()
+        started = time.monotonic()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            conn.execute("SELECT pg_sleep(20)")
+        assert time.monotonic() - started < 10
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    with psycopg.connect(_conninfo(router), autocommit=True) as other:
+        key = other.pgconn.backend_pid
+        assert key == os.getpid()  # the router's process, not a server's

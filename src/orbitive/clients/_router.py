@@ -46,6 +46,7 @@ from ._client_state import (
     settings_check,
 )
 from ._server_statements import ServerStatements
+from ._startup import Cancel
 from ._statement_names import StatementNames
 from ._wire import Framer, Message
 
@@ -94,6 +95,7 @@ class _Client:
         self.names = StatementNames()
         self.queued: collections.deque[Message] = collections.deque()
         self.server: _Server | None = None
+        self.secret = -1  # of its BackendKeyData, once started
         self.awaiting = False  # a Sync or Query went on; its ReadyForQuery has not come
         self.in_block = False  # the last ReadyForQuery said T or E
 
@@ -164,7 +166,8 @@ class Router:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         for server in self._servers:
             self._selector.register(server.sock, selectors.EVENT_READ, server)
-        self._secret = secrets.randbits(31)
+        #: Clients by the secret key of their ``BackendKeyData``, for cancel requests.
+        self._by_secret: dict[int, _Client] = {}
         self._thread = threading.Thread(target=self._run, name="orbitive-router", daemon=True)
         self._thread.start()
 
@@ -236,7 +239,8 @@ class Router:
                 client.sock.sendall(_startup.NO_ENCRYPTION)
                 continue
             if isinstance(first, _startup.Cancel):
-                raise EOFError  # cancels are not served yet
+                self._cancel(first)
+                raise EOFError  # a cancel request gets no answer: the connection closes
             why = _startup.refusal(
                 first, user=self._user, database=self._database, fixed={}, tracked=TRACKED
             )
@@ -245,10 +249,30 @@ class Router:
                 raise EOFError
             reported = self._servers[0].reported
             client.state = ClientState(refuse=client.refuse, reported=reported)
-            cancel = _startup.Cancel(os.getpid(), self._secret)
+            client.secret = secrets.randbits(31)
+            while client.secret in self._by_secret:
+                client.secret = secrets.randbits(31)
+            self._by_secret[client.secret] = client
+            cancel = _startup.Cancel(os.getpid(), client.secret)
             client.sock.sendall(_startup.startup_answer(reported, cancel))
             client.framer = Framer(_wire.FRONTEND)
             client.queued += client.framer.feed(client.first)
+
+    def _cancel(self, request: Cancel) -> None:
+        """Cancel what the named client runs, where it runs: libpq's cancel request on
+        the server connection serving it, sent from a thread of its own (it connects
+        to the server; psycopg's ``cancel_safe`` waits without the GIL). A key that
+        names no client, or one not running anything, is ignored, as the server
+        ignores it.
+
+        A driver in the router's own process must cancel with ``cancel_safe()``:
+        psycopg's ``cancel()`` (libpq's ``PQcancel``) holds the GIL while it waits for
+        the router's answer, which this router, in Python, cannot then give."""
+        client = self._by_secret.get(request.secret)
+        if request.process != os.getpid() or client is None or client.server is None:
+            return
+        conn = client.server.conn
+        threading.Thread(target=_cancel_quietly, args=(conn,), daemon=True).start()
 
     def _pump(self, client: _Client) -> None:
         """Pass on what the client sent, as far as its turn and its last ``Sync`` allow."""
@@ -389,6 +413,8 @@ class Router:
         if client.framer is None and client.sock.fileno() < 0:
             return  # gone already
         client.framer = None
+        if self._by_secret.get(client.secret) is client:
+            del self._by_secret[client.secret]
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(client.sock)
         client.sock.close()
@@ -424,6 +450,11 @@ class Router:
                     _startup.fatal("08006", "the server connection serving this client was lost")
                 )
             self._client_gone(client)
+
+
+def _cancel_quietly(conn: Any) -> None:
+    with contextlib.suppress(Exception):
+        conn.cancel_safe(timeout=WRITE_TIMEOUT_S)
 
 
 def _counts(answers: list[Message]) -> list[int]:
