@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +17,9 @@ import asyncpg
 import psycopg
 import pytest
 
+from orbitive.clients import _wire
 from orbitive.clients._router import Router
+from orbitive.clients._wire import Framer, Message
 
 from .._servers import TempPostgres
 
@@ -214,3 +218,31 @@ def test_a_cancel_request_cancels_the_statement_where_it_runs(router: Router) ->
     with psycopg.connect(_conninfo(router), autocommit=True) as other:
         key = other.pgconn.backend_pid
         assert key == os.getpid()  # the router's process, not a server's
+
+
+def test_a_fast_path_function_call_runs_as_a_query_does(router: Router) -> None:
+    """libpq's large-object functions use the fast path (FunctionCall): it runs on a
+    server connection and ends with ReadyForQuery, as a simple query."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    with sock:
+        sock.connect(router.path)
+        body = b"user\0postgres\0database\0postgres\0\0"
+        sock.sendall(struct.pack("!II", len(body) + 8, 3 << 16) + body)
+        framer = Framer(_wire.BACKEND | {ord("R"), ord("K")})
+        assert _read_until_ready(sock, framer)[0].kind == ord("R")
+        oid = 2026  # pg_backend_pid(): no arguments, an int4 in binary
+        call = struct.pack("!IHHH", oid, 0, 0, 1)
+        sock.sendall(Message(_wire.FUNCTION_CALL, call).frame())
+        answers = _read_until_ready(sock, framer)
+        assert [m.kind for m in answers] == [ord("V"), _wire.READY_FOR_QUERY]
+        assert struct.unpack("!i", answers[0].body[:4]) == (4,)  # four bytes of int4
+
+
+def _read_until_ready(sock: socket.socket, framer: Framer) -> list[Message]:
+    messages: list[Message] = []
+    while not messages or messages[-1].kind != _wire.READY_FOR_QUERY:
+        data = sock.recv(65536)
+        assert data, "the router closed the connection"
+        messages += framer.feed(data)
+    return messages

@@ -53,6 +53,8 @@ from ._wire import Framer, Message
 #: Seconds a write to a client or server may wait for room in its socket.
 WRITE_TIMEOUT_S: Final = 10.0
 _COPY: Final = frozenset({_wire.COPY_DATA, _wire.COPY_DONE, _wire.COPY_FAIL})
+#: Client messages whose answers end with a ``ReadyForQuery``.
+_ANSWERED_BY_READY: Final = frozenset({_wire.SYNC, _wire.QUERY, _wire.FUNCTION_CALL})
 _DEALLOCATING: Final = frozenset({b"DISCARD ALL\0", b"DEALLOCATE ALL\0"})
 _READ_SIZE: Final = 65536
 
@@ -294,7 +296,7 @@ class Router:
                 self._client_gone(client)
                 return
             to_server, now = server.statements.send(op)
-            client.awaiting = client.awaiting or message.kind in (_wire.SYNC, _wire.QUERY)
+            client.awaiting = client.awaiting or message.kind in _ANSWERED_BY_READY
             if not server.send(to_server):
                 self._server_gone(server)
                 return

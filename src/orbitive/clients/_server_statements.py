@@ -45,6 +45,7 @@ _ENDS: Final = {
     _wire.CLOSE: frozenset({_wire.CLOSE_COMPLETE}),
     _wire.SYNC: frozenset({_wire.READY_FOR_QUERY}),
     _wire.QUERY: frozenset({_wire.READY_FOR_QUERY}),
+    _wire.FUNCTION_CALL: frozenset({_wire.READY_FOR_QUERY}),
 }
 #: Server messages that may come at any time, outside any answer.
 _ASYNCHRONOUS: Final = frozenset(
@@ -185,7 +186,7 @@ class ServerStatements:
 
     def _failed(self) -> None:
         """An error: the server skips to ``Sync``; what it skips prepares nothing."""
-        if self._answers[0].kind == _wire.QUERY:
+        if self._answers[0].kind in (_wire.QUERY, _wire.FUNCTION_CALL):
             return  # a simple query's error: its ReadyForQuery follows
         while self._answers and self._answers[0].kind != _wire.SYNC:
             prepares = self._answers.popleft().prepares

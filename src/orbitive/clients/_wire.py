@@ -62,10 +62,12 @@ PORTAL_SUSPENDED: Final = ord("s")
 COPY_IN_RESPONSE: Final = ord("G")
 COPY_OUT_RESPONSE: Final = ord("H")
 NOTIFICATION_RESPONSE: Final = ord("A")
+FUNCTION_CALL_RESPONSE: Final = ord("V")
 
-#: Every type a client may send once its connection is started. ``FunctionCall``
-#: (the fast-path interface) and ``PasswordMessage`` are not among them: a router
-#: answers the first with an error and takes the second as a broken stream.
+#: Every type a client may send once its connection is started (``FunctionCall``, the
+#: fast-path interface libpq's large-object functions use, included: it runs as a
+#: simple query does). ``PasswordMessage`` is not among them: after the startup it
+#: is a broken stream.
 FRONTEND: Final = frozenset(
     {QUERY, PARSE, BIND, DESCRIBE, EXECUTE, CLOSE, FLUSH, SYNC}
     | {COPY_DATA, COPY_DONE, COPY_FAIL, TERMINATE, FUNCTION_CALL}
@@ -78,6 +80,7 @@ BACKEND: Final = frozenset(
     | {EMPTY_QUERY_RESPONSE, ERROR_RESPONSE, NOTICE_RESPONSE, PARSE_COMPLETE}
     | {BIND_COMPLETE, CLOSE_COMPLETE, PARAMETER_DESCRIPTION, NO_DATA, PORTAL_SUSPENDED}
     | {COPY_IN_RESPONSE, COPY_OUT_RESPONSE, COPY_DATA, COPY_DONE, NOTIFICATION_RESPONSE}
+    | {FUNCTION_CALL_RESPONSE}
 )
 #: ``ReadyForQuery`` status bytes: idle, in a transaction block, in a failed block.
 IDLE: Final = ord("I")
