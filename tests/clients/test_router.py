@@ -6,12 +6,13 @@ for it, and a client that leaves mid-transaction leaving nothing half done.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import asyncpg
 import psycopg
@@ -99,15 +100,14 @@ def test_waiting_clients_are_served_in_the_order_they_asked(
 
                 def ask(number: int = number) -> None:
                     with psycopg.connect(_conninfo(router), autocommit=True) as conn:
-                        row = conn.execute(
-                            "SELECT extract(epoch FROM clock_timestamp())"
-                        ).fetchone()
+                        now = "SELECT extract(epoch FROM clock_timestamp())"
+                        row = conn.execute(now).fetchone()
                         assert row is not None
                         served.append((number, float(row[0])))
 
                 threads.append(threading.Thread(target=ask))
                 threads[-1].start()
-                time.sleep(0.2)  # each asks after the one before is waiting
+                _until(functools.partial(_waits, router, number + 1))  # it asked
             holder.commit()
             holder.close()
             for thread in threads:
@@ -115,6 +115,17 @@ def test_waiting_clients_are_served_in_the_order_they_asked(
         finally:
             router.close()
     assert [number for number, _ in sorted(served, key=lambda item: item[1])] == [0, 1, 2, 3]
+
+
+def _waits(router: Router, count: int) -> bool:
+    return router.waiting == count
+
+
+def _until(condition: Callable[[], bool], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
 
 
 def test_a_client_gone_mid_transaction_leaves_nothing_and_the_rest_go_on(
@@ -205,19 +216,29 @@ def test_clients_that_prepare_the_same_statement_share_it_on_a_connection(
     assert counted is not None and counted[0] <= 2  # this query's and the shared one
 
 
-def test_a_cancel_request_cancels_the_statement_where_it_runs(router: Router) -> None:
+def test_a_cancel_request_cancels_the_statement_where_it_runs(
+    router: Router, postgres_server: TempPostgres
+) -> None:
     """(``cancel_safe``: the blocking ``cancel()`` holds the GIL while it waits for the
     router's answer, and the reference router shares this process.)"""
-    with psycopg.connect(_conninfo(router), autocommit=True) as conn:
-        threading.Timer(0.5, conn.cancel_safe).start()
-        started = time.monotonic()
+    running = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)'"
+    with (
+        psycopg.connect(_conninfo(router), autocommit=True) as conn,
+        psycopg.connect(postgres_server.url, autocommit=True) as admin,
+    ):
+
+        def cancel_once_running() -> None:
+            _until(lambda: admin.execute(running).fetchone() == (1,))
+            conn.cancel_safe()
+
+        canceller = threading.Thread(target=cancel_once_running)
+        canceller.start()
         with pytest.raises(psycopg.errors.QueryCanceled):
-            conn.execute("SELECT pg_sleep(20)")
-        assert time.monotonic() - started < 10
+            conn.execute("SELECT pg_sleep(60)")
+        canceller.join(30)
         assert conn.execute("SELECT 1").fetchone() == (1,)
     with psycopg.connect(_conninfo(router), autocommit=True) as other:
-        key = other.pgconn.backend_pid
-        assert key == os.getpid()  # the router's process, not a server's
+        assert other.pgconn.backend_pid == os.getpid()  # the router's process: its own key
 
 
 def test_a_fast_path_function_call_runs_as_a_query_does(router: Router) -> None:

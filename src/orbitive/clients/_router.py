@@ -186,6 +186,11 @@ class Router:
         """How many server connections the router still has."""
         return len(self._servers)
 
+    @property
+    def waiting(self) -> int:
+        """How many clients wait for a server connection, now."""
+        return len(self._waiting)
+
     def _run(self) -> None:
         try:
             while True:
