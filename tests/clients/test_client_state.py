@@ -54,7 +54,7 @@ def test_the_framer_gives_the_same_messages_however_the_stream_is_cut() -> None:
     [
         (b"Q\x00\x00\x00\x03", "length 3 is outside"),
         (b"Q\xff\xff\xff\xff", "length 4294967295 is outside"),
-        (b"Q\x04\x00\x00\x05", "is outside 4 to"),  # 64 MiB and 1 byte
+        (b"Q\x40\x00\x00\x03", "is outside 4 to"),  # PostgreSQL's limit and 1 byte
         (b"p\x00\x00\x00\x08pass", "type 0x70 is not allowed"),  # a password, after the startup
         (b"\x00\x00\x00\x00\x08", "type 0x00 is not allowed"),  # a startup packet, after it
     ],

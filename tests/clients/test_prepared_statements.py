@@ -177,3 +177,25 @@ def test_asyncpg_statements_work_on_every_connection(
 
     _run(body)
     _every_connection_served(relay)
+
+
+def test_an_eviction_the_server_skipped_after_an_error_keeps_the_statement() -> None:
+    """A full cache closes its oldest statement before a new one; when an error earlier
+    in the same Sync makes the server skip that Close, the statement is still
+    prepared, and is neither parsed again (42P05) nor closed twice."""
+    names, statements = StatementNames(), ServerStatements(max_prepared=1)
+    statements.send(names.op(_parse(b"a", b"SELECT 1")))
+    statements.send(names.op(Message(_wire.SYNC, b"")))
+    for answer in (Message(_wire.PARSE_COMPLETE, b""), _wire.ready_for_query(_wire.IDLE)):
+        statements.answer(answer)
+    old = next(iter(statements.prepared))
+    failing = Message(_wire.EXECUTE, b"\0\0\0\0\0")  # fails: no portal
+    statements.send(names.op(failing))
+    to_server, _ = statements.send(names.op(_parse(b"b", b"SELECT 2")))
+    assert [m.kind for m in to_server] == [_wire.CLOSE, _wire.PARSE]  # the eviction
+    statements.send(names.op(Message(_wire.SYNC, b"")))
+    statements.answer(_wire.error_response("ERROR", "34000", "portal does not exist"))
+    statements.answer(_wire.ready_for_query(_wire.IDLE))
+    assert statements.prepared == {old}  # skipped: still there, the new one is not
+    to_server, now = statements.send(names.op(_parse(b"c", b"SELECT 1")))
+    assert to_server == [] and now == [Message(_wire.PARSE_COMPLETE, b"")]

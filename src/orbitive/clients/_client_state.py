@@ -63,7 +63,11 @@ _WAYS_OUT: Final = {
     b"LOAD": "load the library through the server's settings",
     b"DECLARE CURSOR": "declare the cursor inside a transaction, without WITH HOLD",
 }
-_TABLE_STATUSES: Final = frozenset({b"CREATE TABLE", b"CREATE TABLE AS", b"SELECT"})
+#: Command statuses of statements that may create a temporary object.
+_CREATING_STATUSES: Final = frozenset(
+    {b"CREATE TABLE", b"CREATE TABLE AS", b"SELECT", b"CREATE VIEW", b"CREATE SEQUENCE"}
+    | {b"CREATE FUNCTION", b"CREATE TYPE", b"CREATE DOMAIN", b"CREATE PROCEDURE"}
+)
 _SET_CONFIG: Final = re.compile(rb"(?i)\bset_config\b")
 _ADVISORY: Final = re.compile(rb"(?i)\bpg_(?:try_)?advisory_lock(?:_shared)?\b")
 _TEMPORARY: Final = re.compile(rb"(?i)\b(?:temp|temporary|pg_temp)\b")
@@ -72,20 +76,25 @@ _UNDOING: Final = re.compile(rb"(?i)\b(?:pg_advisory_unlock(?:_all|_shared)?|clo
 #: The SQLSTATE of a refused statement: feature_not_supported.
 REFUSED_SQLSTATE: Final = "0A000"
 #: The state check: one row of three counts, this session's advisory locks, temporary
-#: relations and holdable cursors (``bench/txn_hop.py`` measures it).
+#: objects (relations, views and sequences, functions, types) and holdable cursors
+#: (``bench/txn_hop.py`` measures it).
 STATE_CHECK: Final = (
     b"SELECT (SELECT count(*) FROM pg_locks"
     b" WHERE locktype = 'advisory' AND pid = pg_backend_pid()),"
-    b" (SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema()),"
+    b" (SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema())"
+    b" + (SELECT count(*) FROM pg_proc WHERE pronamespace = pg_my_temp_schema())"
+    b" + (SELECT count(*) FROM pg_type WHERE typnamespace = pg_my_temp_schema()),"
     b" (SELECT count(*) FROM pg_cursors WHERE is_holdable)"
 )
 
 
-def settings_check(tracked: frozenset[bytes] = TRACKED) -> bytes:
+def settings_check(tracked: frozenset[bytes] = TRACKED, role: bytes | None = None) -> bytes:
     """The settings check: one row of one count, the settings this session set (``SET``,
     ``set_config(..., false)``) to another value than a fresh session's (asyncpg sets
     ``jit`` off around its type introspection, then back), other than the ``tracked``
-    ones.
+    ones; and a role taken (``SET ROLE``, ``SET SESSION AUTHORIZATION``, which
+    ``pg_settings`` does not show): a current user other than the session user, or a
+    session user other than ``role``, the one the connection logged in as.
 
     Raises:
         InvalidPoolOptions: a tracked name that is not 1 to 63 of ``[A-Za-z0-9_.]``.
@@ -94,10 +103,15 @@ def settings_check(tracked: frozenset[bytes] = TRACKED) -> bytes:
         if not _SETTING_NAME.fullmatch(name):
             raise InvalidPoolOptions(f"{name!r} is not a setting's name", key="track_settings")
     names = ", ".join(f"'{name.decode('ascii').lower()}'" for name in sorted(tracked))
-    return (
-        "SELECT count(*) FROM pg_settings WHERE source = 'session'"
-        f" AND setting IS DISTINCT FROM reset_val AND lower(name) NOT IN ({names})"
+    check = (
+        "SELECT (SELECT count(*) FROM pg_settings WHERE source = 'session'"
+        f" AND setting IS DISTINCT FROM reset_val AND lower(name) NOT IN ({names}))"
+        " + (current_user <> session_user)::int"
     ).encode()
+    if role is not None:
+        tag = _dollar_tag(role)
+        check += b" + (session_user <> " + tag + role + tag + b")::int"
+    return check
 
 
 def restore_query(wanted: Mapping[bytes, bytes], current: Mapping[bytes, bytes]) -> bytes | None:
@@ -310,7 +324,7 @@ class ClientState:
             self.pins |= {_PINS_AT_ONCE[name]}
 
     def _creates_temporary(self, name: bytes) -> bool:
-        return name in _TABLE_STATUSES and any(map(_TEMPORARY.search, self._texts))
+        return name in _CREATING_STATUSES and any(map(_TEMPORARY.search, self._texts))
 
     def _ready(self, status: int, message: Message) -> tuple[Outcome, list[Message]]:
         refusing, messages = self._refusing, [*self._held, message]

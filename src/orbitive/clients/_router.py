@@ -11,26 +11,37 @@ transaction ends and what pins (:mod:`._client_state`), gives each client its
 tracked settings on every connection, and runs the checks, refusals and clean-ups
 on the server connection itself, their answers swallowed.
 
-A client's messages go on one ``Sync`` (or ``Query``) at a time: the next waits for
-the ``ReadyForQuery`` of the last, so a transaction's end is decided with nothing
-of the client's in flight. A client that leaves inside a transaction takes its
-server connection with it (closed: the server rolls back); one that leaves pinned
-has it cleaned (``DISCARD ALL``) before anyone else gets it.
+Every socket is non-blocking, with a buffer of what is still to be written: a
+client that does not read its answers holds up only its own server connection
+(whose reading stops while that client's buffer holds more than
+:data:`BUFFER_HIGH` bytes), never the other clients. A client's messages go on
+one ``Sync`` (or ``Query``) at a time: the next waits for the ``ReadyForQuery`` of
+the last, so a transaction's end is decided with nothing of the client's in flight.
+A client that leaves with anything sent since its last ``ReadyForQuery``, or inside
+a transaction block, takes its server connection with it (closed: the server rolls
+back); one that leaves pinned has it cleaned (``DISCARD ALL``) before anyone else
+gets it. A cancel request holds the server connection until it has reached the
+server, so it never cancels the statement of a client served after.
 
 This is the reference, not the fast path: the thread takes the GIL for every
-message. Loans to other processes, cancel requests and the pool's accounting of
-the server connections are not here yet.
+message. Loans to other processes and the pool's accounting of the server
+connections are not here yet: a server connection lost is not replaced, and once
+none is left every waiting or new client gets ``FATAL`` 08006.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import errno
+import logging
 import os
+import queue
 import secrets
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, final
 
@@ -50,46 +61,57 @@ from ._startup import Cancel
 from ._statement_names import StatementNames
 from ._wire import Framer, Message
 
-#: Seconds a write to a client or server may wait for room in its socket.
-WRITE_TIMEOUT_S: Final = 10.0
+#: Bytes waiting to be written to one side above which the other side is not read.
+BUFFER_HIGH: Final = 1 << 20
 _COPY: Final = frozenset({_wire.COPY_DATA, _wire.COPY_DONE, _wire.COPY_FAIL})
 #: Client messages whose answers end with a ``ReadyForQuery``.
 _ANSWERED_BY_READY: Final = frozenset({_wire.SYNC, _wire.QUERY, _wire.FUNCTION_CALL})
 _DEALLOCATING: Final = frozenset({b"DISCARD ALL\0", b"DEALLOCATE ALL\0"})
 _READ_SIZE: Final = 65536
+#: Seconds the router stops accepting after the process ran out of descriptors.
+_ACCEPT_PAUSE_S: Final = 0.1
+_OUT_OF_DESCRIPTORS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_log = logging.getLogger("orbitive.clients")
 
 
-class _Server:
+class _Endpoint:
+    """One side's socket, with what is still to be written to it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sock.setblocking(False)
+        self.out = bytearray()
+        self.gone = False
+
+
+class _Server(_Endpoint):
     """One server connection: the libpq connection that opened it (kept, never used
     while the router runs), its socket, and what the router knows of its session."""
 
     def __init__(self, conn: Any, max_prepared: int) -> None:
+        super().__init__(socket.socket(fileno=os.dup(conn.pgconn.socket)))
         self.conn = conn
-        self.sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
-        self.sock.settimeout(WRITE_TIMEOUT_S)  # non-blocking underneath, as libpq left it
-        self.framer = Framer(_wire.BACKEND)
+        self.framer = Framer(_wire.BACKEND, _wire.BACKEND_MESSAGE_MAX)
         self.statements = ServerStatements(max_prepared)
         self.reported = {
             name: value
             for name in _startup.REPORTED
             if (value := conn.pgconn.parameter_status(name)) is not None
         }
+        self.opened_with = dict(self.reported)  # what libpq believes of the session
         self.client: _Client | None = None
         #: The router's own statement running, and what to do with its answers.
         self.internal: list[Message] | None = None
         self.then: Callable[[list[Message]], None] | None = None
-
-    def send(self, messages: Sequence[Message]) -> bool:
-        """Write ``messages``; False when the connection broke."""
-        return _send(self.sock, messages)
+        self.cancelling = 0  # cancel requests on their way to the server
+        self.held = False  # given back while cancelling: idle once they arrived
 
 
-class _Client:
+class _Client(_Endpoint):
     """One driver connection: its startup bytes, then its messages and state."""
 
     def __init__(self, sock: socket.socket, refuse: bool) -> None:
-        self.sock = sock
-        self.sock.settimeout(WRITE_TIMEOUT_S)
+        super().__init__(sock)
         self.first = b""  # the startup packet, until it is whole
         self.framer: Framer | None = None
         self.refuse = refuse
@@ -98,21 +120,9 @@ class _Client:
         self.queued: collections.deque[Message] = collections.deque()
         self.server: _Server | None = None
         self.secret = -1  # of its BackendKeyData, once started
+        self.sent = False  # a message went on since the last ReadyForQuery
         self.awaiting = False  # a Sync or Query went on; its ReadyForQuery has not come
         self.in_block = False  # the last ReadyForQuery said T or E
-
-    def send(self, messages: Sequence[Message]) -> bool:
-        """Write ``messages``; False when the connection broke."""
-        return _send(self.sock, messages)
-
-
-def _send(sock: socket.socket, messages: Sequence[Message]) -> bool:
-    if messages:
-        try:
-            sock.sendall(b"".join(message.frame() for message in messages))
-        except OSError:
-            return False
-    return True
 
 
 @final
@@ -124,13 +134,14 @@ class Router:
         port: the number in the socket's name, ``.s.PGSQL.{port}`` (what a driver
             is given as its port).
         connections: psycopg connections in autocommit mode, idle, of one role and
-            database: the router takes their sockets; nothing else may use them
-            until :meth:`close`.
+            database, opened alike: the router takes their sockets; nothing else may
+            use them until :meth:`close`.
         refuse: ``on_session_state="refuse"``.
         max_prepared: statements kept prepared per server connection.
 
     Raises:
         ValueError: no connections.
+        OSError: the socket cannot be bound.
     """
 
     def __init__(
@@ -150,34 +161,37 @@ class Router:
         self._database = connections[0].info.dbname
         self._refuse = refuse
         self._servers = [_Server(conn, max_prepared) for conn in connections]
+        #: What a fresh session reports: what a new client is told and starts with.
+        self._fresh = dict(self._servers[0].reported)
+        self._settings_check = settings_check(TRACKED, self._user.encode())
         self._idle = collections.deque(self._servers)
         self._waiting: collections.deque[_Client] = collections.deque()
+        self._by_secret: dict[int, _Client] = {}
+        self._posted: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._stopping = False
+        self._accept_again = 0.0  # monotonic time to accept again after EMFILE; 0: now
         self._selector = selectors.DefaultSelector()
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        # Bound under another name and renamed once listening, so that a driver
-        # never finds the socket refusing connections.
-        binding = f"{self.path}.{os.getpid()}.new"
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(binding)
-        self._listener.bind(binding)
-        os.chmod(binding, 0o600)
-        self._listener.listen(128)
-        os.replace(binding, self.path)
+        self._listener = _listening(self.path)
         self._wake_r, self._wake_w = socket.socketpair()
-        self._selector.register(self._listener, selectors.EVENT_READ, self._accept)
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._listener, selectors.EVENT_READ, None)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         for server in self._servers:
             self._selector.register(server.sock, selectors.EVENT_READ, server)
-        #: Clients by the secret key of their ``BackendKeyData``, for cancel requests.
-        self._by_secret: dict[int, _Client] = {}
         self._thread = threading.Thread(target=self._run, name="orbitive-router", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
         """Stop serving: every client connection is closed, the server connections are
-        left to their libpq connections (idle ones usable again; one a client left in
-        a transaction closed)."""
-        self._wake_w.send(b"x")
+        left to their libpq connections (idle ones as libpq left them usable again;
+        one a client left in a transaction, or with other settings, closed). Calling
+        it again does nothing."""
+        if self._stopping:
+            return
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
         self._thread.join()
         self._wake_w.close()
 
@@ -191,48 +205,160 @@ class Router:
         """How many clients wait for a server connection, now."""
         return len(self._waiting)
 
+    # -- the loop ------------------------------------------------------------------------
+
     def _run(self) -> None:
         try:
-            while True:
-                for key, _ in self._selector.select():
-                    if key.data is None:
-                        return
-                    if isinstance(key.data, _Server):
-                        self._server_readable(key.data)
-                    elif isinstance(key.data, _Client):
-                        self._client_readable(key.data)
-                    else:
-                        key.data()
+            while not self._stopping:
+                for key, mask in self._selector.select(self._select_timeout()):
+                    self._dispatch(key, mask)
         finally:
-            for server in list(self._servers):
-                if server.client is not None or server.internal is not None:
-                    self._server_gone(server)  # its session is a client's: not libpq's again
-            for key in list(self._selector.get_map().values()):
-                if isinstance(key.data, _Client):
-                    self._client_gone(key.data)
-            for server in self._servers:
-                server.sock.close()
-            self._listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-            self._wake_r.close()
-            self._selector.close()
+            self._shut()
+
+    def _select_timeout(self) -> float | None:
+        if not self._accept_again:
+            return None
+        left = self._accept_again - time.monotonic()
+        if left <= 0:
+            self._accept_again = 0.0
+            self._selector.register(self._listener, selectors.EVENT_READ, None)
+            return 0.0
+        return left
+
+    def _dispatch(self, key: selectors.SelectorKey, mask: int) -> None:
+        endpoint = key.data
+        if endpoint is None:
+            if key.fileobj is self._listener:
+                self._accept()
+            else:
+                self._posted_work()
+            return
+        try:
+            if mask & selectors.EVENT_WRITE:
+                self._flush(endpoint)
+                client = endpoint.client if isinstance(endpoint, _Server) else None
+                if client is not None and len(endpoint.out) < BUFFER_HIGH:
+                    self._pump(client)  # it waited for room in this buffer
+            if mask & selectors.EVENT_READ and not endpoint.gone:
+                if isinstance(endpoint, _Server):
+                    self._server_readable(endpoint)
+                else:
+                    self._client_readable(endpoint)
+        except Exception:  # a bug must cost one connection, never the router
+            _log.exception("transaction mode's router dropped a connection after an error")
+            self._drop(endpoint)
+
+    def _drop(self, endpoint: _Endpoint) -> None:
+        if isinstance(endpoint, _Server):
+            self._server_gone(endpoint)
+        else:
+            assert isinstance(endpoint, _Client)
+            self._client_gone(endpoint)
+
+    def _posted_work(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            self._wake_r.recv(4096)
+        while True:
+            try:
+                work = self._posted.get_nowait()
+            except queue.Empty:
+                return
+            work()
 
     def _accept(self) -> None:
-        sock, _ = self._listener.accept()
+        try:
+            sock, _ = self._listener.accept()
+        except BlockingIOError:
+            return
+        except OSError as error:
+            if error.errno not in _OUT_OF_DESCRIPTORS:
+                raise
+            _log.warning("transaction mode's router stops accepting for %.1f s: %s",
+                         _ACCEPT_PAUSE_S, error)  # fmt: skip
+            self._selector.unregister(self._listener)
+            self._accept_again = time.monotonic() + _ACCEPT_PAUSE_S
+            return
         client = _Client(sock, self._refuse)
         self._selector.register(sock, selectors.EVENT_READ, client)
+
+    def _shut(self) -> None:
+        for server in list(self._servers):
+            libpqs = server.client is None and server.internal is None and not server.out
+            if not libpqs or server.reported != server.opened_with:
+                self._server_gone(server)  # its session is not what libpq believes
+        for key in list(self._selector.get_map().values()):
+            if isinstance(key.data, _Client):
+                self._client_gone(key.data)
+        for server in self._servers:
+            server.sock.close()
+        self._listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        self._wake_r.close()
+        self._selector.close()
+
+    # -- writing, with backpressure --------------------------------------------------------
+
+    def _write(self, endpoint: _Endpoint, messages: Sequence[Message]) -> None:
+        """Queue ``messages`` for ``endpoint`` and write what the socket takes now."""
+        if endpoint.gone or not messages:
+            return
+        endpoint.out += b"".join(message.frame() for message in messages)
+        self._flush(endpoint)
+
+    def _flush(self, endpoint: _Endpoint) -> None:
+        try:
+            while endpoint.out:
+                sent = endpoint.sock.send(endpoint.out)
+                del endpoint.out[:sent]
+        except BlockingIOError:
+            pass
+        except OSError:
+            self._drop(endpoint)
+            return
+        self._watch(endpoint)
+        other = _partner(endpoint)
+        if other is not None:
+            self._watch(other)  # read the other side only while this one has room
+
+    def _watch(self, endpoint: _Endpoint) -> None:
+        """Register what the endpoint waits for: room to write its buffer, and bytes to
+        read unless the side it feeds holds :data:`BUFFER_HIGH` bytes unwritten."""
+        if endpoint.gone:
+            return
+        fed = _partner(endpoint)
+        reading = fed is None or len(fed.out) < BUFFER_HIGH
+        events = (selectors.EVENT_READ if reading else 0) | (
+            selectors.EVENT_WRITE if endpoint.out else 0
+        )
+        key = self._selector.get_map().get(endpoint.sock)
+        if not events:
+            if key is not None:
+                self._selector.unregister(endpoint.sock)
+        elif key is None:
+            self._selector.register(endpoint.sock, events, endpoint)
+        elif key.events != events:
+            self._selector.modify(endpoint.sock, events, endpoint)
+
+    # -- clients -------------------------------------------------------------------------
 
     def _client_readable(self, client: _Client) -> None:
         try:
             data = client.sock.recv(_READ_SIZE)
-            if not data:
-                raise EOFError
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._client_gone(client)
+            return
+        try:
             if client.framer is None:
                 self._startup(client, data)
             else:
                 client.queued += client.framer.feed(data)
-        except (OSError, EOFError, MalformedError):
+        except MalformedError as error:
+            self._write(client, [_wire.error_response("FATAL", "08P01", str(error))])
             self._client_gone(client)
             return
         self._pump(client)
@@ -243,75 +369,61 @@ class Router:
             first, size = packet
             client.first = client.first[size:]
             if isinstance(first, _startup.EncryptionRequest):
-                client.sock.sendall(_startup.NO_ENCRYPTION)
+                client.sock.send(_startup.NO_ENCRYPTION)  # nothing is buffered yet
                 continue
-            if isinstance(first, _startup.Cancel):
+            if isinstance(first, Cancel):
                 self._cancel(first)
-                raise EOFError  # a cancel request gets no answer: the connection closes
+                self._client_gone(client)  # a cancel request gets no answer
+                return
             why = _startup.refusal(
                 first, user=self._user, database=self._database, fixed={}, tracked=TRACKED
             )
             if why is not None:
-                client.sock.sendall(_startup.fatal("28000", why))
-                raise EOFError
-            reported = self._servers[0].reported
-            client.state = ClientState(refuse=client.refuse, reported=reported)
+                self._write(client, [_wire.error_response("FATAL", "28000", why)])
+                self._client_gone(client)
+                return
+            settings = {**self._fresh, **_startup.tracked_settings(first, TRACKED)}
+            client.state = ClientState(refuse=client.refuse, reported=settings)
             client.secret = secrets.randbits(31)
             while client.secret in self._by_secret:
                 client.secret = secrets.randbits(31)
             self._by_secret[client.secret] = client
-            cancel = _startup.Cancel(os.getpid(), client.secret)
-            client.sock.sendall(_startup.startup_answer(reported, cancel))
+            answer = _startup.startup_answer(settings, Cancel(os.getpid(), client.secret))
+            client.out += answer
             client.framer = Framer(_wire.FRONTEND)
             client.queued += client.framer.feed(client.first)
-
-    def _cancel(self, request: Cancel) -> None:
-        """Cancel what the named client runs, where it runs: libpq's cancel request on
-        the server connection serving it, sent from a thread of its own (it connects
-        to the server; psycopg's ``cancel_safe`` waits without the GIL). A key that
-        names no client, or one not running anything, is ignored, as the server
-        ignores it.
-
-        A driver in the router's own process must cancel with ``cancel_safe()``:
-        psycopg's ``cancel()`` (libpq's ``PQcancel``) holds the GIL while it waits for
-        the router's answer, which this router, in Python, cannot then give."""
-        client = self._by_secret.get(request.secret)
-        if request.process != os.getpid() or client is None or client.server is None:
-            return
-        conn = client.server.conn
-        threading.Thread(target=_cancel_quietly, args=(conn,), daemon=True).start()
+            self._flush(client)
 
     def _pump(self, client: _Client) -> None:
-        """Pass on what the client sent, as far as its turn and its last ``Sync`` allow."""
-        while client.queued and client.framer is not None:
+        """Pass on what the client sent, as far as its turn, its last ``Sync`` and its
+        server connection's buffer allow."""
+        while client.queued and not client.gone and client.framer is not None:
             message = client.queued[0]
+            if client.awaiting and message.kind not in _COPY:
+                return
             if message.kind == _wire.TERMINATE:
                 self._client_gone(client)
                 return
-            if client.awaiting and message.kind not in _COPY:
-                return
             server = client.server or self._take(client)
-            if server is None or server.internal is not None:
+            if server is None or server.internal is not None or server.cancelling:
                 return
+            if len(server.out) >= BUFFER_HIGH:
+                return  # resumed when the server's buffer drains
             client.queued.popleft()
-            try:
-                op = client.names.op(message)
-                client.state.from_client(op.message)
-            except MalformedError:
-                self._client_gone(client)
-                return
+            op = client.names.op(message)
+            client.state.from_client(op.message)
             to_server, now = server.statements.send(op)
+            client.sent = True
             client.awaiting = client.awaiting or message.kind in _ANSWERED_BY_READY
-            if not server.send(to_server):
-                self._server_gone(server)
-                return
-            if not client.send(now):
-                self._client_gone(client)
-                return
+            self._write(server, to_server)
+            self._write(client, now)
 
     def _take(self, client: _Client) -> _Server | None:
         """A server connection for the client's next transaction, with its settings;
-        None while it waits its turn."""
+        None while it waits its turn, or when none is left (the client is told)."""
+        if not self._servers:
+            self._no_server_left(client)
+            return None
         if not self._idle or (self._waiting and self._waiting[0] is not client):
             if client not in self._waiting:
                 self._waiting.append(client)
@@ -320,18 +432,99 @@ class Router:
             self._waiting.popleft()
         server = self._idle.popleft()
         server.client, client.server = client, server
+        self._watch(server)
         query = restore_query(client.state.settings, server.reported)
         if query is not None:
             self._internal(server, query, lambda _: self._pump(client))
         return server
 
+    def _no_server_left(self, client: _Client) -> None:
+        fatal = _wire.error_response("FATAL", "08006", "transaction mode has no server connection")
+        self._write(client, [fatal])
+        self._client_gone(client)
+
     def _give_back(self, server: _Server) -> None:
-        if server.client is not None:
-            server.client.server = None
+        """The server connection's client is done with it: to the oldest waiting client,
+        else idle (once no cancel request is still on its way to it)."""
+        client = server.client
+        if client is not None:
+            client.server = None
         server.client = None
+        if server.gone:
+            return
+        if server.cancelling:
+            server.held = True
+            return
         self._idle.append(server)
+        self._watch(server)
         if self._waiting:
             self._pump(self._waiting[0])
+        if client is not None and client.queued:
+            self._pump(client)  # its next transaction, behind those that waited
+
+    def _client_gone(self, client: _Client) -> None:
+        if client.gone:
+            return
+        client.gone = True
+        with contextlib.suppress(OSError):
+            client.sock.send(client.out)  # a last error, if it fits
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(client.sock)
+        client.sock.close()
+        if self._by_secret.get(client.secret) is client:
+            del self._by_secret[client.secret]
+        if client in self._waiting:
+            self._waiting.remove(client)
+        server = client.server
+        if server is None:
+            return
+        if client.sent or client.in_block or server.internal is not None or server.out:
+            self._server_gone(server)  # inside a transaction: closing it rolls it back
+        elif client.state.pins:
+            server.statements.forget_all()
+            self._internal(server, b"DISCARD ALL", lambda _: self._give_back(server))
+        else:
+            self._give_back(server)
+
+    def _cancel(self, request: Cancel) -> None:
+        """Cancel what the named client runs, where it runs: libpq's cancel request on
+        the server connection serving it, from a thread of its own (it connects to the
+        server; psycopg's ``cancel_safe`` waits without the GIL). The connection goes
+        to no other client before the request reached the server, so it never
+        cancels theirs. A key that names no client, or one running nothing, is
+        ignored, as the server ignores it.
+
+        A driver in the router's own process must cancel with ``cancel_safe()``:
+        psycopg's ``cancel()`` (libpq's ``PQcancel``) holds the GIL while it waits for
+        the router's answer, which this router, in Python, cannot then give."""
+        client = self._by_secret.get(request.secret)
+        if request.process != os.getpid() or client is None:
+            return
+        server = client.server
+        if server is None or not client.awaiting:
+            return
+        server.cancelling += 1
+
+        def send() -> None:
+            with contextlib.suppress(Exception):
+                server.conn.cancel_safe(timeout=10.0)
+            self._posted.put(lambda: self._cancelled(server))
+            with contextlib.suppress(OSError):
+                self._wake_w.send(b"c")
+
+        threading.Thread(target=send, name="orbitive-router-cancel", daemon=True).start()
+
+    def _cancelled(self, server: _Server) -> None:
+        server.cancelling -= 1
+        if server.cancelling or server.gone:
+            return
+        if server.held:
+            server.held = False
+            self._give_back(server)
+        elif server.client is not None:
+            self._pump(server.client)
+
+    # -- servers -------------------------------------------------------------------------
 
     def _internal(
         self, server: _Server, text: bytes, then: Callable[[list[Message]], None]
@@ -339,25 +532,27 @@ class Router:
         """Run the router's own statement on the server; ``then`` gets its answers."""
         server.internal, server.then = [], then
         server.statements.ran_query()
-        if not server.send([_wire.query(text)]):
-            self._server_gone(server)
+        self._write(server, [_wire.query(text)])
 
     def _server_readable(self, server: _Server) -> None:
         try:
             data = server.sock.recv(_READ_SIZE)
-            if not data:
-                raise EOFError
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._server_gone(server)
+            return
+        try:
             messages = server.framer.feed(data)
-        except (OSError, EOFError, MalformedError):
+        except MalformedError:
             self._server_gone(server)
             return
         for message in messages:
-            if server not in self._servers:
+            if server.gone:
                 return
-            try:
-                self._server_message(server, message)
-            except MalformedError:
-                self._server_gone(server)
+            self._server_message(server, message)
 
     def _server_message(self, server: _Server, message: Message) -> None:
         if message.kind == _wire.PARAMETER_STATUS:
@@ -378,13 +573,13 @@ class Router:
             if answer.kind == _wire.COMMAND_COMPLETE and answer.body in _DEALLOCATING:
                 client.names.forget_all()
             outcome, out = client.state.from_server(answer)
-            if not client.send(out):
-                self._client_gone(client)
-                return
+            self._write(client, out)
             if answer.kind == _wire.READY_FOR_QUERY:
-                client.awaiting = False
+                client.awaiting = client.sent = False
                 client.in_block = answer.body != b"I"
             self._after(server, client, outcome)
+            if client.gone:
+                return
         if server.client is client and server.internal is None:
             self._pump(client)
 
@@ -396,51 +591,24 @@ class Router:
             self._internal(server, b"DISCARD ALL", lambda _: self._give_back(server))
         elif outcome is Outcome.CHECK:
             checks = client.state.checks
-            text = b"; ".join(
-                query
-                for wanted, query in (
-                    (Checks.STATE, STATE_CHECK),
-                    (Checks.SETTINGS, settings_check()),
-                )
-                if wanted in checks
-            )
+            both = ((Checks.STATE, STATE_CHECK), (Checks.SETTINGS, self._settings_check))
+            text = b"; ".join(query for wanted, query in both if wanted in checks)
 
             def decide(answers: list[Message]) -> None:
-                rows = iter(_counts(answers))
-                state = Checks.STATE in checks and next(rows) > 0
-                settings = Checks.SETTINGS in checks and next(rows) > 0
+                found = _found(answers, len([1 for wanted, _ in both if wanted in checks]))
+                state = Checks.STATE in checks and found.pop(0)
+                settings = Checks.SETTINGS in checks and found.pop(0)
                 if client.state.checked(state=state, settings=settings) is Outcome.RELEASE:
                     self._give_back(server)
-                else:
+                elif not client.gone:
                     self._pump(client)
 
             self._internal(server, text, decide)
 
-    def _client_gone(self, client: _Client) -> None:
-        if client.framer is None and client.sock.fileno() < 0:
-            return  # gone already
-        client.framer = None
-        if self._by_secret.get(client.secret) is client:
-            del self._by_secret[client.secret]
-        with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(client.sock)
-        client.sock.close()
-        if client in self._waiting:
-            self._waiting.remove(client)
-        server = client.server
-        if server is None:
-            return
-        if client.awaiting or client.in_block or server.internal is not None:
-            self._server_gone(server)  # inside a transaction: closing it rolls it back
-        elif client.state.pins:
-            server.statements.forget_all()
-            self._internal(server, b"DISCARD ALL", lambda _: self._give_back(server))
-        else:
-            self._give_back(server)
-
     def _server_gone(self, server: _Server) -> None:
-        if server not in self._servers:
+        if server.gone:
             return
+        server.gone = True
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(server.sock)
         server.sock.close()
@@ -452,22 +620,46 @@ class Router:
         client, server.client = server.client, None
         if client is not None:
             client.server = None
-            with contextlib.suppress(OSError):
-                client.sock.sendall(
-                    _startup.fatal("08006", "the server connection serving this client was lost")
-                )
+            lost = "the server connection serving this client was lost"
+            self._write(client, [_wire.error_response("FATAL", "08006", lost)])
             self._client_gone(client)
+        if not self._servers:
+            for waiting in list(self._waiting):
+                self._no_server_left(waiting)
 
 
-def _cancel_quietly(conn: Any) -> None:
-    with contextlib.suppress(Exception):
-        conn.cancel_safe(timeout=WRITE_TIMEOUT_S)
+def _partner(endpoint: _Endpoint) -> _Endpoint | None:
+    """The other side of what a client or server connection carries now."""
+    if isinstance(endpoint, _Server):
+        return endpoint.client
+    assert isinstance(endpoint, _Client)
+    return endpoint.server
 
 
-def _counts(answers: list[Message]) -> list[int]:
-    """The sum of each result row's counts, in order, of the router's own checks."""
-    return [
-        sum(int(value or b"0") for value in _wire.data_row(message.body))
+def _listening(path: str) -> socket.socket:
+    """A non-blocking Unix socket listening at ``path`` (0600), bound under another
+    name and renamed once listening, so that a driver never finds it refusing."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    binding = f"{path}.{os.getpid()}.new"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(binding)
+    listener.bind(binding)
+    os.chmod(binding, 0o600)
+    listener.listen(128)
+    os.replace(binding, path)
+    listener.setblocking(False)
+    return listener
+
+
+def _found(answers: list[Message], checks: int) -> list[bool]:
+    """Whether each of the router's ``checks`` found state (a row whose counts sum
+    above zero); a check that failed (cancelled by a ``statement_timeout`` the
+    client set, say) found it, since nothing says otherwise."""
+    if any(message.kind == _wire.ERROR_RESPONSE for message in answers):
+        return [True] * checks
+    rows = [
+        sum(int(value or b"0") for value in _wire.data_row(message.body)) > 0
         for message in answers
         if message.kind == _wire.DATA_ROW
     ]
+    return rows if len(rows) == checks else [True] * checks

@@ -67,12 +67,15 @@ class Answer(NamedTuple):
         synthetic: the message the router writes instead of a server answer (the
             client message was not sent), or None.
         prepares: the statement whose ``Parse`` this answers, or None.
+        closes: the server name of the statement whose eviction ``Close`` this
+            answers, or None.
     """
 
     kind: int
     swallow: bool = False
     synthetic: Message | None = None
     prepares: Statement | None = None
+    closes: bytes | None = None
 
 
 @final
@@ -178,18 +181,23 @@ class ServerStatements:
             if len(self._named) >= self._max:
                 oldest, _ = self._named.popitem(last=False)
                 out.append(Message(_wire.CLOSE, b"S" + oldest + b"\0"))
-                self._answers.append(Answer(_wire.CLOSE, swallow=True))
+                self._answers.append(Answer(_wire.CLOSE, swallow=True, closes=oldest))
             self._named[statement.name] = None
         out.append(parse)
         self._answers.append(Answer(_wire.PARSE, swallow=swallow, prepares=statement))
         return out
 
     def _failed(self) -> None:
-        """An error: the server skips to ``Sync``; what it skips prepares nothing."""
+        """An error: the server skips to ``Sync``; what it skips prepares nothing, and
+        closes nothing (an evicted statement it did not close is still prepared)."""
         if self._answers[0].kind in (_wire.QUERY, _wire.FUNCTION_CALL):
             return  # a simple query's error: its ReadyForQuery follows
         while self._answers and self._answers[0].kind != _wire.SYNC:
-            prepares = self._answers.popleft().prepares
+            skipped = self._answers.popleft()
+            if skipped.closes is not None:
+                self._named[skipped.closes] = None
+                self._named.move_to_end(skipped.closes, last=False)  # the next to go
+            prepares = skipped.prepares
             if prepares is None:
                 continue
             if prepares.name:

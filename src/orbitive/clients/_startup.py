@@ -147,15 +147,17 @@ def refusal(
         fixed: the other startup parameters the key's server connections were opened
             with: a client's must be absent or equal (an empty ``options`` is absent).
         tracked: parameters a client may set to any value (the router sets them on
-            every connection the client gets).
+            every connection the client gets), matched without regard to case as
+            the server matches setting names.
     """
     parameters = startup.parameters
+    lowered = {name.lower() for name in tracked}
     if parameters.get(b"user") != user.encode():
         return f"this router serves role {user!r} only"
     if parameters.get(b"database", parameters.get(b"user")) != database.encode():
         return f"this router serves database {database!r} only"
     for name, value in parameters.items():
-        if name in _OWN or name in tracked or fixed.get(name) == value:
+        if name in _OWN or name.lower() in lowered or fixed.get(name) == value:
             continue
         if name == b"options" and not value:
             continue
@@ -165,6 +167,18 @@ def refusal(
             f" pool's connections have {fixed.get(name, b'none').decode(errors='replace')!r}"
         )
     return None
+
+
+def tracked_settings(startup: Startup, tracked: frozenset[bytes]) -> dict[bytes, bytes]:
+    """The tracked settings a client's startup asks for, by their names in ``tracked``
+    (``application_name`` from psycopg, ``TimeZone`` from asyncpg's
+    ``server_settings``, whatever their case)."""
+    names = {name.lower(): name for name in tracked}
+    return {
+        names[name.lower()]: value
+        for name, value in startup.parameters.items()
+        if name.lower() in names
+    }
 
 
 def startup_answer(server_parameters: Mapping[bytes, bytes], cancel: Cancel) -> bytes:

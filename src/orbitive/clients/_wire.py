@@ -23,8 +23,12 @@ from typing import Final, NamedTuple, final
 
 from .._core._errors import MalformedError, SessionClosed
 
-#: Largest message body accepted, in bytes (remote mode's request limit).
-MESSAGE_MAX: Final = 64 << 20
+#: Largest body of a client's message, in bytes: PostgreSQL's own limit
+#: (``PQ_LARGE_MESSAGE_LIMIT``, ``MaxAllocSize - 1``), so that nothing the server
+#: would take is refused on the way.
+MESSAGE_MAX: Final = 0x3FFF_FFFE
+#: Largest body of a server's message, in bytes: what its signed 32-bit length allows.
+BACKEND_MESSAGE_MAX: Final = 0x7FFF_FFFF - 4
 HEADER: Final = struct.Struct("!BI")
 _U16: Final = struct.Struct("!H")
 _I32: Final = struct.Struct("!i")

@@ -1,0 +1,269 @@
+"""Transaction mode's reference router under what broke it once: a statement sent while
+its own check runs, a check that fails, a client gone with messages unanswered or
+that never reads, settings of one client seen by another, roles and temporary
+objects, a Terminate behind a statement, and what ``close()`` leaves to libpq.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+
+from orbitive.clients import _wire
+from orbitive.clients._router import Router
+from orbitive.clients._wire import Framer, Message
+
+from .._servers import TempPostgres
+
+PORT = 6433
+
+
+@pytest.fixture
+def server_connections(
+    postgres_server: TempPostgres, tag: str
+) -> Iterator[list[psycopg.Connection]]:
+    url = f"{postgres_server.url}?application_name={tag}"
+    conns = [psycopg.connect(url, autocommit=True) for _ in range(2)]
+    yield conns
+    for conn in conns:
+        conn.close()
+
+
+@pytest.fixture
+def router(
+    server_connections: list[psycopg.Connection], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Router]:
+    started = Router(str(tmp_path_factory.mktemp("router")), PORT, server_connections)
+    yield started
+    started.close()
+
+
+def _conninfo(router: Router, **extra: str) -> str:
+    folder = router.path.rsplit("/", 1)[0]
+    more = "".join(f" {name}={value}" for name, value in extra.items())
+    return f"host={folder} port={PORT} user=postgres dbname=postgres{more}"
+
+
+class _Raw:
+    """A client speaking the protocol by hand, to send what drivers never do."""
+
+    def __init__(self, router: Router) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        self.sock.connect(router.path)
+        self.framer = Framer(_wire.BACKEND | {ord("R"), ord("K")})
+        body = b"user\0postgres\0database\0postgres\0\0"
+        self.sock.sendall(struct.pack("!II", len(body) + 8, 3 << 16) + body)
+        self.until_ready()
+
+    def __enter__(self) -> _Raw:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+    def send(self, *messages: Message) -> None:
+        self.sock.sendall(b"".join(message.frame() for message in messages))
+
+    def until_ready(self) -> list[Message]:
+        messages: list[Message] = []
+        while not messages or messages[-1].kind != _wire.READY_FOR_QUERY:
+            data = self.sock.recv(65536)
+            assert data, "the router closed the connection"
+            messages += self.framer.feed(data)
+        return messages
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "SET work_mem = '8MB'; RESET work_mem",
+        "SELECT pg_advisory_lock(1), pg_advisory_unlock(1)",
+        "CREATE TEMP TABLE t1 (a int); DROP TABLE t1",
+        "SELECT set_config('work_mem', '9MB', false)",
+    ],
+)
+def test_a_statement_sent_while_the_routers_check_runs_goes_on_after_it(
+    router: Router, statement: str
+) -> None:
+    with psycopg.connect(_conninfo(router), autocommit=True) as conn:
+        for _ in range(3):
+            conn.execute(statement)
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_check_the_server_cancels_pins_and_costs_nothing_else(router: Router) -> None:
+    with psycopg.connect(_conninfo(router), autocommit=True) as conn:
+        conn.execute("SET statement_timeout = 1")  # the settings check after it is cancelled
+        conn.execute("SET statement_timeout = 0")
+        assert conn.execute("SELECT 2").fetchone() == (2,)
+    with psycopg.connect(_conninfo(router), autocommit=True) as other:
+        assert other.execute("SELECT 3").fetchone() == (3,)
+    assert router.server_connections == 2
+
+
+def test_a_client_gone_with_statements_unsynced_commits_nothing(
+    router: Router, postgres_server: TempPostgres
+) -> None:
+    with psycopg.connect(postgres_server.url, autocommit=True) as admin:
+        admin.execute("CREATE TABLE IF NOT EXISTS unsynced (n int)")
+        admin.execute("TRUNCATE unsynced")
+        with _Raw(router) as raw:
+            insert = b"INSERT INTO unsynced VALUES (1)"
+            raw.send(
+                Message(_wire.PARSE, b"\0" + insert + b"\0\0\0"),
+                Message(_wire.BIND, b"\0\0\0\0\0\0\0\0"),
+                Message(_wire.EXECUTE, b"\0\0\0\0\0"),
+                Message(_wire.FLUSH, b""),
+            )
+            raw.sock.recv(65536)  # its ParseComplete...: the statement ran, not committed
+        with psycopg.connect(_conninfo(router), autocommit=True) as other:
+            assert other.execute("SELECT count(*) FROM unsynced").fetchone() == (0,)
+            assert other.execute("SELECT count(*) FROM unsynced").fetchone() == (0,)
+        admin.execute("DROP TABLE unsynced")
+    assert router.server_connections == 1  # its connection was closed: rolled back
+
+
+def test_a_terminate_behind_a_statement_waits_for_its_answer(
+    router: Router, postgres_server: TempPostgres
+) -> None:
+    with psycopg.connect(postgres_server.url, autocommit=True) as admin:
+        admin.execute("CREATE TABLE IF NOT EXISTS terminated (n int)")
+        admin.execute("TRUNCATE terminated")
+        for number in range(3):
+            with _Raw(router) as raw:
+                raw.send(
+                    _wire.query(f"INSERT INTO terminated VALUES ({number})".encode()),
+                    Message(_wire.TERMINATE, b""),
+                )
+                while raw.sock.recv(65536):
+                    pass  # the router closes once the statement was answered
+        rows = admin.execute("SELECT array_agg(n ORDER BY n) FROM terminated").fetchone()
+        admin.execute("DROP TABLE terminated")
+    assert rows == ([0, 1, 2],)
+    assert router.server_connections == 2  # each went back, none was closed
+
+
+def test_a_client_that_never_reads_holds_up_only_its_own_connection(router: Router) -> None:
+    with _Raw(router) as slow:
+        _read_slowly(router, slow)
+
+
+def _read_slowly(router: Router, slow: _Raw) -> None:
+    slow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.send(_wire.query(b"SELECT repeat('x', 1000) FROM generate_series(1, 100000)"))
+    with psycopg.connect(_conninfo(router), autocommit=True) as other:
+        for _ in range(5):
+            assert other.execute("SELECT 1").fetchone() == (1,)
+    assert router.server_connections == 2  # the slow client still holds its own
+    received = 0
+    while received < 100_000_000:  # it reads at last: every row arrives
+        data = slow.sock.recv(1 << 20)
+        assert data
+        received += len(data)
+        if data.endswith(b"Z\x00\x00\x00\x05I"):
+            break
+    assert received > 100_000_000
+
+
+def test_a_new_client_gets_the_fresh_settings_and_its_own_startup_ones(
+    router: Router,
+) -> None:
+    with psycopg.connect(_conninfo(router), autocommit=True) as first:
+        first.execute("SET TimeZone = 'Asia/Tokyo'")
+        first.execute("SET DateStyle = 'German'")
+        fresh = psycopg.connect(_conninfo(router), autocommit=True)
+        named = psycopg.connect(_conninfo(router, application_name="named"), autocommit=True)
+        with fresh, named:
+            show = "SELECT current_setting('TimeZone'), current_setting('application_name')"
+            for _ in range(3):  # on either connection
+                assert fresh.execute(show).fetchone() != ("Asia/Tokyo", "")
+                assert fresh.info.parameter_status("TimeZone") != "Asia/Tokyo"
+                row = named.execute(show).fetchone()
+                assert row is not None and row[1] == "named"
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "SET ROLE orbit_low",
+        "SET SESSION AUTHORIZATION orbit_low",
+        "SELECT set_config('role', 'orbit_low', false)",
+        "CREATE TEMP VIEW v AS SELECT 1 AS x",
+        "CREATE TEMP SEQUENCE s",
+    ],
+)
+def test_a_role_taken_or_a_temporary_object_pins(
+    router: Router, postgres_server: TempPostgres, statement: str
+) -> None:
+    with psycopg.connect(postgres_server.url, autocommit=True) as admin:
+        admin.execute(
+            "DO $$ BEGIN CREATE ROLE orbit_low; EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        )
+    with psycopg.connect(_conninfo(router), autocommit=True) as pinned:
+        pinned.execute(statement)
+        pid = pinned.execute("SELECT pg_backend_pid()").fetchone()
+        for _ in range(4):
+            with psycopg.connect(_conninfo(router), autocommit=True) as other:
+                row = other.execute(
+                    "SELECT pg_backend_pid(), current_user, to_regclass('v'), to_regclass('s')"
+                ).fetchone()
+                assert row is not None and row[1:] == ("postgres", None, None)
+                assert (row[0],) != pid  # never served on the pinned connection
+
+
+def test_close_leaves_libpq_only_connections_as_it_believes_them(
+    server_connections: list[psycopg.Connection], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    router = Router(str(tmp_path_factory.mktemp("router")), PORT, server_connections)
+    with psycopg.connect(_conninfo(router), autocommit=True) as conn:
+        conn.execute("SET DateStyle = 'SQL, DMY'")  # one transaction: one connection
+    router.close()
+    usable = [conn for conn in server_connections if not conn.closed]
+    assert len(usable) == 1  # the other, whose session is not what libpq believes, closed
+    for conn in usable:
+        row = conn.execute("SELECT '2024-03-04'::date, current_setting('DateStyle')").fetchone()
+        assert row is not None and row[1] == conn.info.parameter_status("DateStyle")
+
+
+def test_once_no_server_connection_is_left_clients_are_told_not_left_waiting(
+    postgres_server: TempPostgres, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    only = psycopg.connect(postgres_server.url, autocommit=True)
+    router = Router(str(tmp_path_factory.mktemp("router")), PORT, [only])
+    try:
+        leaver = psycopg.connect(_conninfo(router))
+        leaver.execute("SELECT 1")  # in a transaction, on the only connection
+        with psycopg.connect(_conninfo(router), autocommit=True) as waiter:
+            errors: list[BaseException] = []
+            waiting = threading.Thread(target=_lost, args=(waiter, errors))
+            waiting.start()
+            _until(lambda: router.waiting == 1)
+            leaver.pgconn.finish()  # gone inside its transaction: the connection closes
+            waiting.join(30)
+            assert not waiting.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], psycopg.OperationalError)
+        assert "no server connection" in str(errors[0])
+        assert router.server_connections == 0
+    finally:
+        router.close()
+
+
+def _lost(conn: psycopg.Connection, errors: list[BaseException]) -> None:
+    try:
+        conn.execute("SELECT 1")
+    except BaseException as error:
+        errors.append(error)
+
+
+def _until(condition: Callable[[], bool], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
