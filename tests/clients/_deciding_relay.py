@@ -186,8 +186,8 @@ class DecidingRelay:
             return True
 
     def _relay(self, client: socket.socket, servers: list[socket.socket]) -> None:
-        (length,) = struct.unpack("!I", _recv_exactly(client, 4))
-        startup = struct.pack("!I", length) + _recv_exactly(client, length - 4)
+        (length,) = struct.unpack("!I", client.recv(4, socket.MSG_WAITALL))
+        startup = struct.pack("!I", length) + client.recv(length - 4, socket.MSG_WAITALL)
         for turn, server in enumerate(servers):
             self._turn = turn
             server.sendall(startup)
@@ -311,13 +311,3 @@ def _taken(conn: psycopg.Connection[Any]) -> socket.socket:
     taken = socket.socket(fileno=os.dup(conn.pgconn.socket))
     taken.settimeout(30.0)
     return taken
-
-
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise EOFError("the client closed during its startup")
-        data += chunk
-    return data

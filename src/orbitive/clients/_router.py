@@ -343,12 +343,9 @@ class Router:
     # -- clients -------------------------------------------------------------------------
 
     def _client_readable(self, client: _Client) -> None:
-        try:
-            data = client.sock.recv(_READ_SIZE)
-        except BlockingIOError:
+        data = _receive(client)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             self._client_gone(client)
             return
@@ -535,12 +532,9 @@ class Router:
         self._write(server, [_wire.query(text)])
 
     def _server_readable(self, server: _Server) -> None:
-        try:
-            data = server.sock.recv(_READ_SIZE)
-        except BlockingIOError:
+        data = _receive(server)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             self._server_gone(server)
             return
@@ -626,6 +620,17 @@ class Router:
         if not self._servers:
             for waiting in list(self._waiting):
                 self._no_server_left(waiting)
+
+
+def _receive(endpoint: _Endpoint) -> bytes | None:
+    """What the socket has to read: None when nothing yet, ``b""`` when it ended or
+    broke."""
+    try:
+        return endpoint.sock.recv(_READ_SIZE)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
 
 
 def _partner(endpoint: _Endpoint) -> _Endpoint | None:
