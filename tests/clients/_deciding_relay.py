@@ -22,7 +22,7 @@ pins and the server's answer; :attr:`DecidingRelay.used`, the server connection.
 from __future__ import annotations
 
 import os
-import select
+import selectors
 import socket
 import struct
 import threading
@@ -225,7 +225,7 @@ class DecidingRelay:
             server = servers[self._turn]
             readable = [server] if self._pending[self._turn] else []
             if not readable:
-                readable, _, _ = select.select([client, server], [], [])
+                readable = _readable(client, server)
             if server in readable:
                 statements = self.statements[self._turn]
                 for answer in statements.answer(self._server_message(server)):
@@ -301,6 +301,15 @@ class DecidingRelay:
         query = restore_query(self.state.settings, self._reported[self._turn])
         if query is not None:
             self._swallow(server, query)
+
+
+def _readable(*socks: socket.socket) -> list[socket.socket]:
+    """Which of ``socks`` have bytes to read, once one has (``selectors``: a test
+    process may hold descriptors past 1024, which ``select.select`` cannot watch)."""
+    with selectors.DefaultSelector() as selector:
+        for sock in socks:
+            selector.register(sock, selectors.EVENT_READ)
+        return [key.fileobj for key, _ in selector.select()]  # type: ignore[misc]
 
 
 def _taken(conn: psycopg.Connection[Any]) -> socket.socket:
