@@ -110,12 +110,11 @@ class _Server(_Endpoint):
 class _Client(_Endpoint):
     """One driver connection: its startup bytes, then its messages and state."""
 
-    def __init__(self, sock: socket.socket, refuse: bool) -> None:
+    def __init__(self, sock: socket.socket) -> None:
         super().__init__(sock)
         self.first = b""  # the startup packet, until it is whole
         self.framer: Framer | None = None
-        self.refuse = refuse
-        self.state = ClientState(refuse=refuse)
+        self.state = ClientState()  # replaced once its startup is read
         self.names = StatementNames()
         self.queued: collections.deque[Message] = collections.deque()
         self.server: _Server | None = None
@@ -278,7 +277,7 @@ class Router:
             self._selector.unregister(self._listener)
             self._accept_again = time.monotonic() + _ACCEPT_PAUSE_S
             return
-        client = _Client(sock, self._refuse)
+        client = _Client(sock)
         self._selector.register(sock, selectors.EVENT_READ, client)
 
     def _shut(self) -> None:
@@ -380,7 +379,7 @@ class Router:
                 self._client_gone(client)
                 return
             settings = {**self._fresh, **_startup.tracked_settings(first, TRACKED)}
-            client.state = ClientState(refuse=client.refuse, reported=settings)
+            client.state = ClientState(refuse=self._refuse, reported=settings)
             client.secret = secrets.randbits(31)
             while client.secret in self._by_secret:
                 client.secret = secrets.randbits(31)
