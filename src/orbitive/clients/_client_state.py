@@ -58,7 +58,7 @@ TRACKED: Final = frozenset(
 _PINS_AT_ONCE: Final = {b"LISTEN": "LISTEN", b"PREPARE": "PREPARE", b"LOAD": "LOAD"}
 #: What refusing each refusable command status tells the client to do instead.
 _WAYS_OUT: Final = {
-    b"LISTEN": "listen on a connection of a pool with mode='session'",
+    b"LISTEN": "listen on a connection of its own",
     b"PREPARE": "use the driver's prepared statements, not SQL PREPARE",
     b"LOAD": "load the library through the server's settings",
     b"DECLARE CURSOR": "declare the cursor inside a transaction, without WITH HOLD",
