@@ -35,6 +35,7 @@ statement of every process on the path (client, relays, backend). Run:
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
 import os
 import selectors
@@ -49,7 +50,8 @@ from typing import Any, Final
 
 import psycopg
 
-from orbitive.clients import _client_state
+from orbitive import Fleet
+from orbitive.clients import ClientPool, PoolOptions, _client_state
 from orbitive.clients._router import Router
 from tests._servers import TempPostgres
 
@@ -91,18 +93,25 @@ def _busy_relay(listen: str, upstream: str) -> None:
 
 
 def _router(listen: str, upstream: str, busy: bool = False) -> None:
-    """Transaction mode's reference router on ``listen``, on one server connection to
-    the server whose socket is ``upstream``; this thread spins when ``busy``."""
+    """Transaction mode's reference router on ``listen``, on a pool of one server
+    connection to the server whose socket is ``upstream``; this thread spins when
+    ``busy``."""
     folder, name = os.path.split(listen)
     upstream_folder, upstream_name = os.path.split(upstream)
-    conn = psycopg.connect(
+    conninfo = psycopg.conninfo.make_conninfo(
         host=upstream_folder,
         port=int(upstream_name.rsplit(".", 1)[1]),
         user="postgres",
         dbname="postgres",
-        autocommit=True,
     )
-    Router(folder, int(name.rsplit(".", 1)[1]), [conn])
+    pool: ClientPool[psycopg.Connection[Any]] = ClientPool(
+        Fleet.local("txnhop", 1),
+        conninfo,
+        create=functools.partial(psycopg.connect, conninfo, autocommit=True),
+        close=psycopg.Connection.close,
+        options=PoolOptions(max_live=1, max_idle=1),
+    )
+    Router(folder, int(name.rsplit(".", 1)[1]), pool)
     if busy:
         _spin()
     threading.Event().wait()

@@ -47,6 +47,42 @@ def test_a_returned_client_is_reused_and_created_once(fleet: Fleet) -> None:
     assert first.closed  # close() closes the idle ones
 
 
+def test_take_idle_hands_out_only_an_idle_client_never_creating_or_waiting(
+    fleet: Fleet,
+) -> None:
+    with _pool(fleet, max_live=1) as pool:
+        assert pool.take_idle() is None  # none idle: nothing created
+        assert pool.statistics().created_count == 0
+        held = pool.getconn()
+        started = time.monotonic()
+        assert pool.take_idle() is None  # at max_live: no wait either
+        assert time.monotonic() - started < 1.0
+        pool.putconn(held)
+        assert pool.take_idle() is held
+        assert pool.statistics().in_use == 1
+        pool.putconn(held)
+    assert pool.take_idle() is None  # closed
+
+
+def test_take_idle_checks_what_it_hands_out_and_retires_what_fails(fleet: Fleet) -> None:
+    broken: set[int] = set()
+    pool = ClientPool(
+        fleet,
+        "fake",
+        create=FakeClient,
+        close=close,
+        check=lambda client: client.serial not in broken,
+        options=PoolOptions(max_live=2),
+    )
+    with pool:
+        first, second = pool.getconn(), pool.getconn()
+        pool.putconn(first)
+        pool.putconn(second)
+        broken.add(second.serial)  # the newest idle one, taken first
+        assert pool.take_idle() is first
+        assert retired(pool, 1) and second.closed
+
+
 def test_max_idle_closes_what_would_exceed_it(fleet: Fleet) -> None:
     with _pool(fleet, max_live=3, max_idle=1) as pool:
         held = [pool.getconn() for _ in range(3)]

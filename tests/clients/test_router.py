@@ -1,58 +1,57 @@
 """Transaction mode's reference router: many driver connections served on a few server
-connections, first come first served, with what each client's session keeps kept
-for it, and a client that leaves mid-transaction leaving nothing half done.
+connections of a pool, first come first served, with what each client's session keeps
+kept for it, and a client that leaves mid-transaction leaving nothing half done.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import asyncpg
 import psycopg
 import pytest
 
-from orbitive.clients import _wire
+from orbitive import Fleet
+from orbitive.clients import ClientPool, _wire
 from orbitive.clients._router import Router
 from orbitive.clients._wire import Framer, Message
 
+from .._processes import Processes
 from .._servers import TempPostgres
+from ._router_pool import ROUNDS, routing_process, server_pool, sessions, until
 
 PORT = 6432
 
 
 @pytest.fixture
+def pool(
+    fleet: Fleet, postgres_server: TempPostgres, tag: str
+) -> Iterator[ClientPool[psycopg.Connection]]:
+    """At most two server connections (their ``application_name`` is the test's tag)."""
+    with server_pool(fleet, postgres_server.url, tag, 2) as opened:
+        yield opened
+
+
+@pytest.fixture
 def router(
-    postgres_server: TempPostgres, tmp_path_factory: pytest.TempPathFactory, tag: str
+    pool: ClientPool[psycopg.Connection], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Router]:
-    """A router on two server connections (their ``application_name`` is the test's tag)."""
-    url = f"{postgres_server.url}?application_name={tag}"
-    conns = [psycopg.connect(url, autocommit=True) for _ in range(2)]
-    started = Router(str(tmp_path_factory.mktemp("router")), PORT, conns)
+    started = Router(str(tmp_path_factory.mktemp("router")), PORT, pool)
     yield started
     started.close()
-    for conn in conns:
-        conn.close()
 
 
 def _conninfo(router: Router) -> str:
     folder = router.path.rsplit("/", 1)[0]
     return f"host={folder} port={PORT} user=postgres dbname=postgres"
-
-
-def _sessions(postgres_server: TempPostgres, tag: str) -> int:
-    with psycopg.connect(postgres_server.url) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (tag,)
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def test_eight_clients_share_two_server_connections(
@@ -79,18 +78,21 @@ def test_eight_clients_share_two_server_connections(
     for thread in threads:
         thread.start()
     while any(thread.is_alive() for thread in threads):
-        peak[0] = max(peak[0], _sessions(postgres_server, tag))
+        peak[0] = max(peak[0], sessions(postgres_server, tag))
         time.sleep(0.05)
     assert errors == []
     assert len(pids) == 2 and peak[0] == 2
-    assert router.server_connections == 2
+    assert router.server_connections == 0  # each went back to the pool between transactions
 
 
 def test_waiting_clients_are_served_in_the_order_they_asked(
-    postgres_server: TempPostgres, tmp_path_factory: pytest.TempPathFactory
+    fleet: Fleet,
+    postgres_server: TempPostgres,
+    tag: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    with psycopg.connect(postgres_server.url, autocommit=True) as only:
-        router = Router(str(tmp_path_factory.mktemp("router")), PORT, [only])
+    with server_pool(fleet, postgres_server.url, tag, 1) as only:
+        router = Router(str(tmp_path_factory.mktemp("router")), PORT, only)
         try:
             holder = psycopg.connect(_conninfo(router))
             holder.execute("SELECT 1")  # a transaction open: the only connection is taken
@@ -107,7 +109,7 @@ def test_waiting_clients_are_served_in_the_order_they_asked(
 
                 threads.append(threading.Thread(target=ask))
                 threads[-1].start()
-                _until(functools.partial(_waits, router, number + 1))  # it asked
+                until(functools.partial(_waits, router, number + 1))  # it asked
             holder.commit()
             holder.close()
             for thread in threads:
@@ -121,15 +123,8 @@ def _waits(router: Router, count: int) -> bool:
     return router.waiting == count
 
 
-def _until(condition: Callable[[], bool], seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.01)
-
-
 def test_a_client_gone_mid_transaction_leaves_nothing_and_the_rest_go_on(
-    router: Router, postgres_server: TempPostgres
+    router: Router, pool: ClientPool[psycopg.Connection], postgres_server: TempPostgres
 ) -> None:
     with psycopg.connect(postgres_server.url, autocommit=True) as admin:
         admin.execute("CREATE TABLE IF NOT EXISTS routed (n int)")
@@ -142,10 +137,12 @@ def test_a_client_gone_mid_transaction_leaves_nothing_and_the_rest_go_on(
             row = other.execute("SELECT array_agg(n ORDER BY n) FROM routed").fetchone()
         assert row == ([2],)
         admin.execute("DROP TABLE routed")
-    assert router.server_connections == 1  # the one it held was closed: rolled back
+    until(lambda: pool.statistics().closed_count == 1)  # the one it held: rolled back
 
 
-def test_a_pinned_client_keeps_its_connection_and_leaves_it_clean(router: Router) -> None:
+def test_a_pinned_client_keeps_its_connection_and_leaves_it_clean(
+    router: Router, pool: ClientPool[psycopg.Connection]
+) -> None:
     with psycopg.connect(_conninfo(router), autocommit=True) as listener:
         listener.execute("LISTEN news")
         pid = listener.execute("SELECT pg_backend_pid()").fetchone()
@@ -154,7 +151,7 @@ def test_a_pinned_client_keeps_its_connection_and_leaves_it_clean(router: Router
     for _ in range(4):
         with psycopg.connect(_conninfo(router), autocommit=True) as conn:
             assert conn.execute(channels).fetchone() == (0,)  # no one inherits the LISTEN
-    assert router.server_connections == 2
+    assert pool.statistics().closed_count == 0  # cleaned, not closed
 
 
 def test_asyncpg_is_served_by_the_router(router: Router) -> None:
@@ -228,7 +225,7 @@ def test_a_cancel_request_cancels_the_statement_where_it_runs(
     ):
 
         def cancel_once_running() -> None:
-            _until(lambda: admin.execute(running).fetchone() == (1,))
+            until(lambda: admin.execute(running).fetchone() == (1,))
             conn.cancel_safe()
 
         canceller = threading.Thread(target=cancel_once_running)
@@ -267,3 +264,41 @@ def _read_until_ready(sock: socket.socket, framer: Framer) -> list[Message]:
         assert data, "the router closed the connection"
         messages += framer.feed(data)
     return messages
+
+
+def test_the_routers_of_two_processes_share_max_live_and_serve_every_client(
+    fleet_name: str,
+    postgres_server: TempPostgres,
+    tag: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Each process's router asks the key's pool; a connection given back while the
+    other process waits at ``max_live`` is closed for it there (session mode's handover,
+    until loans carry transactions across), so the server never holds more than two."""
+    clients = 3
+    with Processes("fork") as procs:
+        children = [
+            procs.start(
+                routing_process,
+                fleet_name,
+                postgres_server.url,
+                tag,
+                str(tmp_path_factory.mktemp("router")),
+                clients,
+            )
+            for _ in range(2)
+        ]
+        assert [child.recv() for child in children] == ["ready", "ready"]
+        for child in children:
+            child.send("go")
+        served: list[list[int]] = []
+        peak = 0
+        deadline = time.monotonic() + 120
+        while len(served) < len(children):
+            peak = max(peak, sessions(postgres_server, tag))
+            with contextlib.suppress(TimeoutError):
+                served.append(children[len(served)].recv(0.02))
+            assert time.monotonic() < deadline, "the routing processes never finished"
+    assert [len(pids) for pids in served] == [clients * ROUNDS] * 2
+    assert peak <= 2
+    assert all(served)

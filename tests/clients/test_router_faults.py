@@ -1,7 +1,8 @@
 """Transaction mode's reference router under what broke it once: a statement sent while
 its own check runs, a check that fails, a client gone with messages unanswered or
 that never reads, settings of one client seen by another, roles and temporary
-objects, a Terminate behind a statement, and what ``close()`` leaves to libpq.
+objects, a Terminate behind a statement, what ``close()`` leaves to libpq, and a
+pool that loses a connection or has none to give.
 """
 
 from __future__ import annotations
@@ -9,37 +10,35 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import psycopg
 import pytest
 
-from orbitive.clients import _wire
+from orbitive import Fleet
+from orbitive.clients import ClientPool, _wire
 from orbitive.clients._router import Router
 from orbitive.clients._wire import Framer, Message
 
 from .._servers import TempPostgres
+from ._router_pool import server_pool, sessions, until
 
 PORT = 6433
 
 
 @pytest.fixture
-def server_connections(
-    postgres_server: TempPostgres, tag: str
-) -> Iterator[list[psycopg.Connection]]:
-    url = f"{postgres_server.url}?application_name={tag}"
-    conns = [psycopg.connect(url, autocommit=True) for _ in range(2)]
-    yield conns
-    for conn in conns:
-        conn.close()
+def pool(
+    fleet: Fleet, postgres_server: TempPostgres, tag: str
+) -> Iterator[ClientPool[psycopg.Connection]]:
+    with server_pool(fleet, postgres_server.url, tag, 2) as opened:
+        yield opened
 
 
 @pytest.fixture
 def router(
-    server_connections: list[psycopg.Connection], tmp_path_factory: pytest.TempPathFactory
+    pool: ClientPool[psycopg.Connection], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Router]:
-    started = Router(str(tmp_path_factory.mktemp("router")), PORT, server_connections)
+    started = Router(str(tmp_path_factory.mktemp("router")), PORT, pool)
     yield started
     started.close()
 
@@ -98,18 +97,20 @@ def test_a_statement_sent_while_the_routers_check_runs_goes_on_after_it(
             assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
-def test_a_check_the_server_cancels_pins_and_costs_nothing_else(router: Router) -> None:
+def test_a_check_the_server_cancels_pins_and_costs_nothing_else(
+    router: Router, pool: ClientPool[psycopg.Connection]
+) -> None:
     with psycopg.connect(_conninfo(router), autocommit=True) as conn:
         conn.execute("SET statement_timeout = 1")  # the settings check after it is cancelled
         conn.execute("SET statement_timeout = 0")
         assert conn.execute("SELECT 2").fetchone() == (2,)
     with psycopg.connect(_conninfo(router), autocommit=True) as other:
         assert other.execute("SELECT 3").fetchone() == (3,)
-    assert router.server_connections == 2
+    assert pool.statistics().closed_count == 0
 
 
 def test_a_client_gone_with_statements_unsynced_commits_nothing(
-    router: Router, postgres_server: TempPostgres
+    router: Router, pool: ClientPool[psycopg.Connection], postgres_server: TempPostgres
 ) -> None:
     with psycopg.connect(postgres_server.url, autocommit=True) as admin:
         admin.execute("CREATE TABLE IF NOT EXISTS unsynced (n int)")
@@ -127,11 +128,11 @@ def test_a_client_gone_with_statements_unsynced_commits_nothing(
             assert other.execute("SELECT count(*) FROM unsynced").fetchone() == (0,)
             assert other.execute("SELECT count(*) FROM unsynced").fetchone() == (0,)
         admin.execute("DROP TABLE unsynced")
-    assert router.server_connections == 1  # its connection was closed: rolled back
+    until(lambda: pool.statistics().closed_count == 1)  # its connection: rolled back
 
 
 def test_a_terminate_behind_a_statement_waits_for_its_answer(
-    router: Router, postgres_server: TempPostgres
+    router: Router, pool: ClientPool[psycopg.Connection], postgres_server: TempPostgres
 ) -> None:
     with psycopg.connect(postgres_server.url, autocommit=True) as admin:
         admin.execute("CREATE TABLE IF NOT EXISTS terminated (n int)")
@@ -147,21 +148,24 @@ def test_a_terminate_behind_a_statement_waits_for_its_answer(
         rows = admin.execute("SELECT array_agg(n ORDER BY n) FROM terminated").fetchone()
         admin.execute("DROP TABLE terminated")
     assert rows == ([0, 1, 2],)
-    assert router.server_connections == 2  # each went back, none was closed
+    assert pool.statistics().closed_count == 0  # each went back, none was closed
 
 
-def test_a_client_that_never_reads_holds_up_only_its_own_connection(router: Router) -> None:
+def test_a_client_that_never_reads_holds_up_only_its_own_connection(
+    router: Router, pool: ClientPool[psycopg.Connection]
+) -> None:
     with _Raw(router) as slow:
-        _read_slowly(router, slow)
+        _read_slowly(router, pool, slow)
 
 
-def _read_slowly(router: Router, slow: _Raw) -> None:
+def _read_slowly(router: Router, pool: ClientPool[psycopg.Connection], slow: _Raw) -> None:
     slow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     slow.send(_wire.query(b"SELECT repeat('x', 1000) FROM generate_series(1, 100000)"))
     with psycopg.connect(_conninfo(router), autocommit=True) as other:
         for _ in range(5):
             assert other.execute("SELECT 1").fetchone() == (1,)
-    assert router.server_connections == 2  # the slow client still holds its own
+    until(lambda: router.server_connections == 1)  # the slow client still holds its own
+    assert pool.statistics().closed_count == 0
     received = 0
     while received < 100_000_000:  # it reads at last: every row arrives
         data = slow.sock.recv(1 << 20)
@@ -218,52 +222,68 @@ def test_a_role_taken_or_a_temporary_object_pins(
                 assert (row[0],) != pid  # never served on the pinned connection
 
 
-def test_close_leaves_libpq_only_connections_as_it_believes_them(
-    server_connections: list[psycopg.Connection], tmp_path_factory: pytest.TempPathFactory
+def test_close_tells_a_client_mid_transaction_and_closes_every_server_connection(
+    router: Router, postgres_server: TempPostgres, tag: str
 ) -> None:
-    router = Router(str(tmp_path_factory.mktemp("router")), PORT, server_connections)
-    with psycopg.connect(_conninfo(router), autocommit=True) as conn:
-        conn.execute("SET DateStyle = 'SQL, DMY'")  # one transaction: one connection
-    router.close()
-    usable = [conn for conn in server_connections if not conn.closed]
-    assert len(usable) == 1  # the other, whose session is not what libpq believes, closed
-    for conn in usable:
-        row = conn.execute("SELECT '2024-03-04'::date, current_setting('DateStyle')").fetchone()
-        assert row is not None and row[1] == conn.info.parameter_status("DateStyle")
-
-
-def test_once_no_server_connection_is_left_clients_are_told_not_left_waiting(
-    postgres_server: TempPostgres, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    only = psycopg.connect(postgres_server.url, autocommit=True)
-    router = Router(str(tmp_path_factory.mktemp("router")), PORT, [only])
-    try:
-        leaver = psycopg.connect(_conninfo(router))
-        leaver.execute("SELECT 1")  # in a transaction, on the only connection
-        with psycopg.connect(_conninfo(router), autocommit=True) as waiter:
-            errors: list[BaseException] = []
-            waiting = threading.Thread(target=_lost, args=(waiter, errors))
-            waiting.start()
-            _until(lambda: router.waiting == 1)
-            leaver.pgconn.finish()  # gone inside its transaction: the connection closes
-            waiting.join(30)
-            assert not waiting.is_alive()
-        assert len(errors) == 1 and isinstance(errors[0], psycopg.OperationalError)
-        assert "no server connection" in str(errors[0])
-        assert router.server_connections == 0
-    finally:
+    with (
+        psycopg.connect(_conninfo(router)) as inside,
+        psycopg.connect(_conninfo(router), autocommit=True) as between,
+    ):
+        inside.execute("SELECT 1")  # a transaction open: one connection
+        assert between.execute("SELECT 1").fetchone() == (1,)  # the other, given back
+        assert sessions(postgres_server, tag) == 2
         router.close()
+        with pytest.raises(psycopg.OperationalError):
+            inside.execute("SELECT 2")
+        with pytest.raises(psycopg.OperationalError):
+            between.execute("SELECT 2")
+    until(lambda: sessions(postgres_server, tag) == 0)
 
 
-def _lost(conn: psycopg.Connection, errors: list[BaseException]) -> None:
-    try:
-        conn.execute("SELECT 1")
-    except BaseException as error:
-        errors.append(error)
+def test_a_server_connection_lost_is_replaced_for_the_waiting_client(
+    fleet: Fleet,
+    postgres_server: TempPostgres,
+    tag: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    with server_pool(fleet, postgres_server.url, tag, 1) as only:
+        router = Router(str(tmp_path_factory.mktemp("router")), PORT, only)
+        try:
+            leaver = psycopg.connect(_conninfo(router))
+            leaver.execute("SELECT 1")  # in a transaction, on the only connection
+            with psycopg.connect(_conninfo(router), autocommit=True) as waiter:
+                served: list[object] = []
+                waiting = threading.Thread(
+                    target=lambda: served.append(waiter.execute("SELECT 2").fetchone())
+                )
+                waiting.start()
+                until(lambda: router.waiting == 1)
+                leaver.pgconn.finish()  # gone inside its transaction: the connection closes
+                waiting.join(30)
+            assert served == [(2,)]  # on a connection the pool opened in its place
+            until(lambda: only.statistics().closed_count == 1)
+            assert only.statistics().created_count == 2
+        finally:
+            router.close()
 
 
-def _until(condition: Callable[[], bool], seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.01)
+def test_a_client_the_pool_has_no_connection_for_in_time_is_told_not_left_waiting(
+    fleet: Fleet,
+    postgres_server: TempPostgres,
+    tag: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    with server_pool(fleet, postgres_server.url, tag, 1) as only:
+        router = Router(str(tmp_path_factory.mktemp("router")), PORT, only, wait_timeout=0.3)
+        try:
+            with (
+                psycopg.connect(_conninfo(router)) as holder,
+                psycopg.connect(_conninfo(router), autocommit=True) as waiter,
+            ):
+                holder.execute("SELECT 1")  # in a transaction, on the only connection
+                with pytest.raises(psycopg.errors.TooManyConnections, match="no server conn"):
+                    waiter.execute("SELECT 1")
+                assert waiter.closed or waiter.broken
+                assert holder.execute("SELECT 3").fetchone() == (3,)  # the holder goes on
+        finally:
+            router.close()

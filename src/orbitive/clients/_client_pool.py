@@ -364,6 +364,23 @@ class ClientPool(Generic[C]):
         self._local()
         return self._checkout.run(timeout).client
 
+    def take_idle(self) -> C | None:
+        """One of this process's idle clients of the key, checked with ``check``, or None
+        at once: it never creates a client and never waits, so a thread that must not
+        block (transaction mode's router) can ask. Hand it back with :meth:`putconn`.
+
+        Raises:
+            BaseException: one from ``check`` (KeyboardInterrupt, say), once the client
+                is handed over to be closed.
+        """
+        if self._fork != _fork.generation or self._closed:
+            return None
+        while (entry := self._ledger.take(self._family)) is not None:
+            if self._checkout.usable(entry):
+                self.counters.requests += 1
+                return entry.client
+        return None
+
     def putconn(self, client: C) -> None:
         """Hand a client back: reset it, then keep it idle or close it (one table step).
 

@@ -2,9 +2,12 @@
 
 One thread serves every client connection of the router's process on a Unix socket
 (``{folder}/.s.PGSQL.{port}``, where libpq and asyncpg look for one) and runs each
-client's transactions on the server connections it was handed: an idle one, else
-the client waits, first come first served, for the next one a transaction gives
-back (docs/architecture.md, "Transaction mode: the plan"). It answers each driver's
+client's transactions on server connections of the key's pool (its
+:class:`ServerSupply`): an idle one of this process, else the client waits, first
+come first served, for the next one a transaction gives back or the pool hands over
+(docs/architecture.md, "Transaction mode: the plan"). A transaction's connection
+goes back to the pool when it ends, so the pool's table counts it idle between
+transactions. It answers each driver's
 startup itself (:mod:`._startup`), renames statements and writes the answers it
 owes (:mod:`._statement_names`, :mod:`._server_statements`), decides where a
 transaction ends and what pins (:mod:`._client_state`), gives each client its
@@ -23,10 +26,17 @@ back); one that leaves pinned has it cleaned (``DISCARD ALL``) before anyone els
 gets it. A cancel request holds the server connection until it has reached the
 server, so it never cancels the statement of a client served after.
 
+The router's thread never blocks: it asks the pool for an idle connection with
+:meth:`ServerSupply.take_idle`, and a client that finds none waits while a thread of
+its own runs :meth:`ServerSupply.getconn` (which may open a connection under
+``max_live``, or wait for one). What the router knows of a connection's session (the
+statements prepared on it, its reported settings) stays with the connection between
+transactions. A connection that broke is discarded, and the pool opens another for
+the next waiting client; one the pool cannot give within its timeout ends the
+oldest waiting client's connection with ``FATAL`` 53300.
+
 This is the reference, not the fast path: the thread takes the GIL for every
-message. Loans to other processes and the pool's accounting of the server
-connections are not here yet: a server connection lost is not replaced, and once
-none is left every waiting or new client gets ``FATAL`` 08006.
+message. Loans to other processes are not here yet.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import functools
 import logging
 import os
 import queue
@@ -42,10 +53,11 @@ import selectors
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Final, final
+from typing import Any, Final, Protocol, final
 
-from .._core._errors import MalformedError
+from .._core._errors import MalformedError, PoolTimeout
 from . import _startup, _wire
 from ._client_state import (
     STATE_CHECK,
@@ -74,6 +86,44 @@ _OUT_OF_DESCRIPTORS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUF
 _log = logging.getLogger("orbitive.clients")
 
 
+class ServerSupply(Protocol):
+    """Where the router's server connections come from and go back to: transaction
+    mode's :class:`~._client_pool.ClientPool` of psycopg connections (autocommit, of
+    one role and database, opened alike), whose methods these are."""
+
+    def take_idle(self) -> Any | None:
+        """An idle connection of this process, or None at once (never blocks)."""
+
+    def getconn(self, timeout: float | None = None) -> Any:
+        """A connection, waiting or opening one (raises when none comes in time)."""
+
+    def putconn(self, client: Any) -> None:
+        """Hand a connection back, idle between transactions."""
+
+    def discard(self, client: Any) -> None:
+        """Close a connection that broke, or holds a session no one may inherit."""
+
+    def close(self) -> None:
+        """Close every connection; a ``getconn`` still waiting then raises at once."""
+
+
+class _Session:
+    """What the router knows of one server connection's session, kept between the
+    transactions it serves: its framing, the statements prepared on it, and the
+    settings it reports (libpq's own record of them goes stale: nobody reads it)."""
+
+    __slots__ = ("framer", "reported", "statements")
+
+    def __init__(self, conn: Any, max_prepared: int) -> None:
+        self.framer = Framer(_wire.BACKEND, _wire.BACKEND_MESSAGE_MAX)
+        self.statements = ServerStatements(max_prepared)
+        self.reported = {
+            name: value
+            for name in _startup.REPORTED
+            if (value := conn.pgconn.parameter_status(name)) is not None
+        }
+
+
 class _Endpoint:
     """One side's socket, with what is still to be written to it."""
 
@@ -85,20 +135,15 @@ class _Endpoint:
 
 
 class _Server(_Endpoint):
-    """One server connection: the libpq connection that opened it (kept, never used
-    while the router runs), its socket, and what the router knows of its session."""
+    """One server connection while the router holds it: the libpq connection that
+    opened it (never used meanwhile), a socket of its own on the same connection, and
+    its :class:`_Session` (the same objects, updated in place)."""
 
-    def __init__(self, conn: Any, max_prepared: int) -> None:
+    def __init__(self, conn: Any, session: _Session) -> None:
         super().__init__(socket.socket(fileno=os.dup(conn.pgconn.socket)))
         self.conn = conn
-        self.framer = Framer(_wire.BACKEND, _wire.BACKEND_MESSAGE_MAX)
-        self.statements = ServerStatements(max_prepared)
-        self.reported = {
-            name: value
-            for name in _startup.REPORTED
-            if (value := conn.pgconn.parameter_status(name)) is not None
-        }
-        self.opened_with = dict(self.reported)  # what libpq believes of the session
+        self.framer, self.statements = session.framer, session.statements
+        self.reported = session.reported
         self.client: _Client | None = None
         #: The router's own statement running, and what to do with its answers.
         self.internal: list[Message] | None = None
@@ -126,47 +171,59 @@ class _Client(_Endpoint):
 
 @final
 class Router:
-    """Serves drivers' connections on the server connections it is handed.
+    """Serves drivers' connections on server connections of the key's pool.
 
     Args:
         folder: the directory of the listening socket (created 0700 if missing).
         port: the number in the socket's name, ``.s.PGSQL.{port}`` (what a driver
             is given as its port).
-        connections: psycopg connections in autocommit mode, idle, of one role and
-            database, opened alike: the router takes their sockets; nothing else may
-            use them until :meth:`close`.
+        supply: the pool of server connections (see :class:`ServerSupply`), the
+            router's own: only the router uses its connections, and :meth:`close`
+            closes it.
         refuse: ``on_session_state="refuse"``.
         max_prepared: statements kept prepared per server connection.
+        wait_timeout: seconds a transaction waits for a server connection (float
+            > 0); None: the pool's own ``acquire_timeout``.
 
     Raises:
-        ValueError: no connections.
         OSError: the socket cannot be bound.
+        Exception: one from ``supply.getconn()``, which the router calls once to
+            learn the role, the database and what a fresh session reports
+            (``PoolTimeout``, ``ClientCreateError``, ...).
     """
 
     def __init__(
         self,
         folder: str,
         port: int,
-        connections: Sequence[Any],
+        supply: ServerSupply,
         *,
         refuse: bool = False,
         max_prepared: int = 256,
+        wait_timeout: float | None = None,
     ) -> None:
-        if not connections:
-            raise ValueError("a router needs at least one server connection")
+        first = supply.getconn(wait_timeout)
+        try:
+            self._user, self._database = first.info.user, first.info.dbname
+            #: What a fresh session reports: what a new client is told and starts with.
+            self._fresh = dict(_Session(first, max_prepared).reported)
+        finally:
+            supply.putconn(first)
         os.makedirs(folder, mode=0o700, exist_ok=True)
         self.path = os.path.join(folder, f".s.PGSQL.{port}")
-        self._user = connections[0].info.user
-        self._database = connections[0].info.dbname
-        self._refuse = refuse
-        self._servers = [_Server(conn, max_prepared) for conn in connections]
-        #: What a fresh session reports: what a new client is told and starts with.
-        self._fresh = dict(self._servers[0].reported)
+        self._supply, self._wait_timeout = supply, wait_timeout
+        self._refuse, self._max_prepared = refuse, max_prepared
+        #: The connections the router holds now (serving a client, or its own statement).
+        self._servers: list[_Server] = []
+        self._sessions: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
         self._settings_check = settings_check(TRACKED, self._user.encode())
-        self._idle = collections.deque(self._servers)
         self._waiting: collections.deque[_Client] = collections.deque()
+        self._taking = 0  # getconn calls running for waiting clients
+        self._takers: set[threading.Thread] = set()
         self._by_secret: dict[int, _Client] = {}
         self._posted: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._post_lock = threading.Lock()
+        self._shut_down = False  # posted work then runs its orphan instead
         self._stopping = False
         self._accept_again = 0.0  # monotonic time to accept again after EMFILE; 0: now
         self._selector = selectors.DefaultSelector()
@@ -176,16 +233,14 @@ class Router:
         self._wake_w.setblocking(False)
         self._selector.register(self._listener, selectors.EVENT_READ, None)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        for server in self._servers:
-            self._selector.register(server.sock, selectors.EVENT_READ, server)
         self._thread = threading.Thread(target=self._run, name="orbitive-router", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
-        """Stop serving: every client connection is closed, the server connections are
-        left to their libpq connections (idle ones as libpq left them usable again;
-        one a client left in a transaction, or with other settings, closed). Calling
-        it again does nothing."""
+        """Stop serving: every client connection is closed (one inside a transaction
+        is told), then the pool, once the connections the router held are back in it
+        or, one a client left in a transaction, closed. Returns once no thread of the
+        router asks the pool any more. Calling it again does nothing."""
         if self._stopping:
             return
         self._stopping = True
@@ -193,10 +248,13 @@ class Router:
             self._wake_w.send(b"x")
         self._thread.join()
         self._wake_w.close()
+        self._supply.close()  # a getconn still waiting raises now
+        for taker in list(self._takers):
+            taker.join()
 
     @property
     def server_connections(self) -> int:
-        """How many server connections the router still has."""
+        """How many server connections the router holds now."""
         return len(self._servers)
 
     @property
@@ -254,6 +312,17 @@ class Router:
             assert isinstance(endpoint, _Client)
             self._client_gone(endpoint)
 
+    def _post(self, work: Callable[[], None], orphan: Callable[[], None]) -> None:
+        """Have the router's thread run ``work`` (from another thread); once it has
+        stopped, run ``orphan`` here instead."""
+        with self._post_lock:
+            if self._shut_down:
+                orphan()
+                return
+            self._posted.put(work)
+            with contextlib.suppress(OSError):
+                self._wake_w.send(b"w")
+
     def _posted_work(self) -> None:
         with contextlib.suppress(BlockingIOError):
             self._wake_r.recv(4096)
@@ -282,14 +351,17 @@ class Router:
 
     def _shut(self) -> None:
         for server in list(self._servers):
-            libpqs = server.client is None and server.internal is None and not server.out
-            if not libpqs or server.reported != server.opened_with:
-                self._server_gone(server)  # its session is not what libpq believes
+            unused = server.client is None and server.internal is None and not server.out
+            if unused and not server.cancelling:
+                self._release(server)
+            else:
+                self._server_gone(server)
         for key in list(self._selector.get_map().values()):
             if isinstance(key.data, _Client):
                 self._client_gone(key.data)
-        for server in self._servers:
-            server.sock.close()
+        with self._post_lock:
+            self._shut_down = True
+        self._posted_work()  # connections that came meanwhile go back
         self._listener.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
@@ -416,17 +488,27 @@ class Router:
 
     def _take(self, client: _Client) -> _Server | None:
         """A server connection for the client's next transaction, with its settings;
-        None while it waits its turn, or when none is left (the client is told)."""
-        if not self._servers:
-            self._no_server_left(client)
-            return None
-        if not self._idle or (self._waiting and self._waiting[0] is not client):
+        None while it waits its turn (a thread then asks the pool for one)."""
+        if self._waiting and self._waiting[0] is not client:
             if client not in self._waiting:
                 self._waiting.append(client)
             return None
+        conn = self._supply.take_idle()
+        if conn is None:
+            if not self._waiting:
+                self._waiting.append(client)
+            self._ask_pool()
+            return None
         if self._waiting:
             self._waiting.popleft()
-        server = self._idle.popleft()
+        return self._bind(client, conn)
+
+    def _bind(self, client: _Client, conn: Any) -> _Server:
+        session = self._sessions.get(conn)
+        if session is None:
+            session = self._sessions[conn] = _Session(conn, self._max_prepared)
+        server = _Server(conn, session)
+        self._servers.append(server)
         server.client, client.server = client, server
         self._watch(server)
         query = restore_query(client.state.settings, server.reported)
@@ -434,14 +516,49 @@ class Router:
             self._internal(server, query, lambda _: self._pump(client))
         return server
 
-    def _no_server_left(self, client: _Client) -> None:
-        fatal = _wire.error_response("FATAL", "08006", "transaction mode has no server connection")
-        self._write(client, [fatal])
+    def _ask_pool(self) -> None:
+        """As many ``getconn`` calls running, each in a thread, as clients waiting."""
+        while self._taking < len(self._waiting):
+            self._taking += 1
+            taker = threading.Thread(target=self._getconn, name="orbitive-router-take", daemon=True)
+            self._takers.add(taker)
+            taker.start()
+
+    def _getconn(self) -> None:
+        try:
+            conn = self._supply.getconn(self._wait_timeout)
+        except Exception as error:
+            self._post(functools.partial(self._not_given, error), lambda: None)
+        else:
+            self._post(functools.partial(self._given, conn), lambda: self._supply.putconn(conn))
+        finally:
+            self._takers.discard(threading.current_thread())
+
+    def _given(self, conn: Any) -> None:
+        """A connection the pool handed over: the oldest waiting client's."""
+        self._taking -= 1
+        if self._stopping or not self._waiting:
+            self._supply.putconn(conn)
+            return
+        client = self._waiting.popleft()
+        self._bind(client, conn)
+        self._pump(client)
+
+    def _not_given(self, error: Exception) -> None:
+        """The pool gave no connection: the oldest waiting client is told, and closed."""
+        self._taking -= 1
+        if not self._waiting:
+            return
+        client = self._waiting.popleft()
+        code = "53300" if isinstance(error, PoolTimeout) else "08006"
+        why = f"transaction mode got no server connection: {error}"
+        self._write(client, [_wire.error_response("FATAL", code, why)])
         self._client_gone(client)
 
     def _give_back(self, server: _Server) -> None:
-        """The server connection's client is done with it: to the oldest waiting client,
-        else idle (once no cancel request is still on its way to it)."""
+        """The server connection's client is done with it: back to the pool (once no
+        cancel request is still on its way to it), then to the oldest waiting client
+        if the pool keeps it idle."""
         client = server.client
         if client is not None:
             client.server = None
@@ -451,12 +568,23 @@ class Router:
         if server.cancelling:
             server.held = True
             return
-        self._idle.append(server)
-        self._watch(server)
+        self._release(server)
         if self._waiting:
             self._pump(self._waiting[0])
         if client is not None and client.queued:
             self._pump(client)  # its next transaction, behind those that waited
+
+    def _release(self, server: _Server) -> None:
+        """Hand the server connection back to the pool; the router's socket on it closes."""
+        self._forget(server)
+        self._supply.putconn(server.conn)
+
+    def _forget(self, server: _Server) -> None:
+        server.gone = True
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(server.sock)
+        server.sock.close()
+        self._servers.remove(server)
 
     def _client_gone(self, client: _Client) -> None:
         if client.gone:
@@ -504,9 +632,7 @@ class Router:
         def send() -> None:
             with contextlib.suppress(Exception):
                 server.conn.cancel_safe(timeout=10.0)
-            self._posted.put(lambda: self._cancelled(server))
-            with contextlib.suppress(OSError):
-                self._wake_w.send(b"c")
+            self._post(lambda: self._cancelled(server), lambda: None)
 
         threading.Thread(target=send, name="orbitive-router-cancel", daemon=True).start()
 
@@ -599,26 +725,21 @@ class Router:
             self._internal(server, text, decide)
 
     def _server_gone(self, server: _Server) -> None:
+        """Discard the server connection (broken, or its session is no one's to
+        inherit); its client, if any, is told and closed."""
         if server.gone:
             return
-        server.gone = True
-        with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(server.sock)
-        server.sock.close()
+        self._forget(server)
         with contextlib.suppress(Exception):
-            server.conn.close()
-        if server in self._idle:
-            self._idle.remove(server)
-        self._servers.remove(server)
+            self._supply.discard(server.conn)
         client, server.client = server.client, None
         if client is not None:
             client.server = None
             lost = "the server connection serving this client was lost"
             self._write(client, [_wire.error_response("FATAL", "08006", lost)])
             self._client_gone(client)
-        if not self._servers:
-            for waiting in list(self._waiting):
-                self._no_server_left(waiting)
+        if self._waiting and not self._stopping:
+            self._pump(self._waiting[0])  # the pool may open another
 
 
 def _receive(endpoint: _Endpoint) -> bytes | None:
