@@ -110,6 +110,7 @@ def _router(listen: str, upstream: str, busy: bool = False) -> None:
         create=functools.partial(psycopg.connect, conninfo, autocommit=True),
         close=psycopg.Connection.close,
         options=PoolOptions(max_live=1, max_idle=1),
+        lends=True,
     )
     Router(folder, int(name.rsplit(".", 1)[1]), pool)
     if busy:

@@ -37,6 +37,7 @@ def server_pool(
         create=functools.partial(psycopg.connect, url, autocommit=True),
         close=psycopg.Connection.close,
         options=PoolOptions(max_live=max_live, max_idle=max_live),
+        lends=True,
     )
 
 
@@ -51,32 +52,48 @@ def sessions(postgres_server: TempPostgres, tag: str) -> int:
 
 
 def routing_process(
-    channel: Channel, fleet_name: str, server_url: str, tag: str, folder: str, clients: int
+    channel: Channel,
+    fleet_name: str,
+    server_url: str,
+    tag: str,
+    folder: str,
+    clients: int,
+    max_live: int,
 ) -> None:
-    """A process of the fleet with its own router on a pool of at most two server
-    connections, and ``clients`` client connections to it: once told to go, each runs
-    :data:`ROUNDS` transactions. Reports the server processes that served them."""
-    with Fleet.join(fleet_name, 16) as fleet, server_pool(fleet, server_url, tag, 2) as pool:
+    """A process of the fleet with its own router on a pool of at most ``max_live``
+    server connections, and ``clients`` client connections to it: once told to go,
+    each runs :data:`ROUNDS` transactions. Reports the server processes that served
+    them, the errors its clients met, and how many connections its pool borrowed and
+    created."""
+    with (
+        Fleet.join(fleet_name, 16) as fleet,
+        server_pool(fleet, server_url, tag, max_live) as pool,
+    ):
         router = Router(folder, ROUTING_PORT, pool)
         try:
             channel.send("ready")
             channel.recv()
             served: list[int] = []
+            errors: list[str] = []
 
             def client() -> None:
                 conninfo = f"host={folder} port={ROUTING_PORT} user=postgres dbname=postgres"
-                with psycopg.connect(conninfo, autocommit=True) as conn:
-                    for _ in range(ROUNDS):
-                        with conn.transaction():
-                            row = conn.execute("SELECT pg_backend_pid(), pg_sleep(0.002)")
-                            served.append(row.fetchall()[0][0])
+                try:
+                    with psycopg.connect(conninfo, autocommit=True) as conn:
+                        for _ in range(ROUNDS):
+                            with conn.transaction():
+                                row = conn.execute("SELECT pg_backend_pid(), pg_sleep(0.002)")
+                                served.append(row.fetchall()[0][0])
+                except Exception as error:  # the test sees it
+                    errors.append(repr(error))
 
             threads = [threading.Thread(target=client) for _ in range(clients)]
             for thread in threads:
                 thread.start()
             for thread in threads:
                 thread.join()
-            channel.send(served)
+            stats = pool.statistics()
+            channel.send((served, errors, stats.borrowed_count, stats.created_count))
         finally:
             router.close()
 

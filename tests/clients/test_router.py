@@ -272,9 +272,10 @@ def test_the_routers_of_two_processes_share_max_live_and_serve_every_client(
     tag: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """Each process's router asks the key's pool; a connection given back while the
-    other process waits at ``max_live`` is closed for it there (session mode's handover,
-    until loans carry transactions across), so the server never holds more than two."""
+    """Each process's router asks the key's pool: a transaction runs on a connection of
+    its process, on the other's as a loan, or on one opened when a connection given
+    back while the other waits at ``max_live`` is closed for it there; the server never
+    holds more than two."""
     clients = 3
     with Processes("fork") as procs:
         children = [
@@ -285,20 +286,58 @@ def test_the_routers_of_two_processes_share_max_live_and_serve_every_client(
                 tag,
                 str(tmp_path_factory.mktemp("router")),
                 clients,
+                2,
             )
             for _ in range(2)
         ]
         assert [child.recv() for child in children] == ["ready", "ready"]
         for child in children:
             child.send("go")
-        served: list[list[int]] = []
+        reports: list[tuple[list[int], list[str], int, int]] = []
         peak = 0
         deadline = time.monotonic() + 120
-        while len(served) < len(children):
+        while len(reports) < len(children):
             peak = max(peak, sessions(postgres_server, tag))
             with contextlib.suppress(TimeoutError):
-                served.append(children[len(served)].recv(0.02))
+                reports.append(children[len(reports)].recv(0.02))
             assert time.monotonic() < deadline, "the routing processes never finished"
-    assert [len(pids) for pids in served] == [clients * ROUNDS] * 2
+    assert [report[1] for report in reports] == [[], []]
+    assert [len(report[0]) for report in reports] == [clients * ROUNDS] * 2
     assert peak <= 2
-    assert all(served)
+
+
+def test_a_process_without_a_connection_runs_its_transactions_on_anothers(
+    fleet: Fleet,
+    fleet_name: str,
+    postgres_server: TempPostgres,
+    tag: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """With ``max_live`` 1 held by this process's idle connection, every transaction of
+    the other process runs on it, carried there (a loan): one server session all along,
+    and the other process opens nothing after its first (which it gave up to us)."""
+    with Processes("fork") as procs:
+        folder = str(tmp_path_factory.mktemp("router"))
+        borrower = procs.start(routing_process, fleet_name, postgres_server.url, tag, folder, 2, 1)
+        assert borrower.recv() == "ready"  # it opened the only connection, idle now
+        with server_pool(fleet, postgres_server.url, tag, 1) as pool:
+            owner = Router(str(tmp_path_factory.mktemp("router")), PORT, pool)  # ours now
+            try:
+                with psycopg.connect(_conninfo(owner), autocommit=True) as conn:
+                    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+                assert row is not None
+                borrower.send("go")
+                peak = 0
+                deadline = time.monotonic() + 120
+                while True:
+                    peak = max(peak, sessions(postgres_server, tag))
+                    with contextlib.suppress(TimeoutError):
+                        served, errors, borrowed, created = borrower.recv(0.02)
+                        break
+                    assert time.monotonic() < deadline, "the borrower never finished"
+            finally:
+                owner.close()
+    assert errors == []
+    assert set(served) == {row[0]} and len(served) == 2 * ROUNDS
+    assert borrowed == 2 * ROUNDS and created == 1
+    assert peak == 1

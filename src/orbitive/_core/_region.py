@@ -205,10 +205,12 @@ def check_space(names_and_sizes: Collection[tuple[str, int]]) -> None:
         raise no_space([name for name, _ in new], needed)
 
 
-def client_socket_name(fleet: str, kind: int, node: int, tag: str) -> str:
+def client_socket_name(fleet: str, kind: int, node: int, tag: str, *, loans: bool = False) -> str:
     """The name in ``/dev/shm`` of the Unix socket a client pool's owner on ``node``
-    serves remote requests on (``tag``: hex digits of the pool's key)."""
-    return f"orbit-{fleet}-{kind}-clients-{node}-{tag}-{euid()}.sock"
+    serves remote requests on (``tag``: hex digits of the pool's key), or, ``loans``,
+    lends its server connections to other processes' transactions on."""
+    role = "txn" if loans else "clients"
+    return f"orbit-{fleet}-{kind}-{role}-{node}-{tag}-{euid()}.sock"
 
 
 def unlink_object(name: str) -> bool:
@@ -270,7 +272,7 @@ def _fleet_names(fleet: str) -> Iterator[tuple[str, re.Match[str]]]:
     pattern = re.compile(
         rf"orbit-{escaped}-(?:(?P<kind>\d{{1,3}})|(?P<members>members))-{uid}"
         rf"(?:{re.escape(CREATING)}\d+-[0-9a-f]+)?"
-        rf"|orbit-{escaped}-(?P<socket>\d{{1,3}})-clients-\d+-[0-9a-f]+-{uid}\.sock"
+        rf"|orbit-{escaped}-(?P<socket>\d{{1,3}})-(?:clients|txn)-\d+-[0-9a-f]+-{uid}\.sock"
         rf"|orbit-{escaped}-(?P<watch>\d{{1,3}})-{uid}\.w\d+\.n\d+\.b\d+"
     )
     for entry in os.scandir(SHM_DIR):

@@ -252,7 +252,9 @@ def _entry_row(fleet: str, name: str) -> Row:
     if CREATING in name:
         what = "left by a creation whose process died"
     elif name.endswith(".sock"):
-        what = "client pool socket of node " + name.split("-clients-")[1].partition("-")[0]
+        role, _, rest = name[len(f"orbit-{fleet}-{kind_text}-") :].partition("-")
+        owner = "transaction mode" if role == "txn" else "client pool"
+        what = f"{owner} socket of node " + rest.partition("-")[0]
     elif (watch := _WATCH.search(name)) is not None:
         what = f"readiness socket of node {watch[1]}"
     else:

@@ -66,6 +66,7 @@ from ._statistics import Counters
 _log = logging.getLogger("orbitive.clients")
 
 C = TypeVar("C")
+R = TypeVar("R")
 
 #: Longest single sleep of a waiter: it re-checks at least this often.
 WAIT_SLICE_S: Final = 1.0
@@ -90,7 +91,8 @@ class Create:
 @final
 @dataclass(frozen=True, slots=True)
 class Borrow:
-    """Run the request on another process's idle client (answer: the reply, or None)."""
+    """Run the request on another process's idle client (answer: the reply, or None;
+    in transaction mode: a loan of it, or None)."""
 
 
 @final
@@ -162,11 +164,10 @@ class Checkout(Generic[C]):
 
     # -- the plan -----------------------------------------------------------------------
 
-    def plan(
-        self, timeout: float | None, borrowing: bool
-    ) -> Generator[Action, Any, Entry[C] | bytes]:
+    def plan(self, timeout: float | None, borrowing: bool) -> Generator[Action, Any, Any]:
         """The checkout's decisions, without the I/O: yields what to do, returns the entry
-        checked out (or, ``borrowing``, the reply another process's client gave).
+        checked out (or, ``borrowing``, what the borrow gave: the reply another process's
+        client gave in remote mode, a loan in transaction mode).
 
         A waiter is counted out as soon as it is served (before its client is
         checked or created), or when the generator closes.
@@ -181,7 +182,7 @@ class Checkout(Generic[C]):
                 if step is None and borrowing:
                     reply = yield _BORROW
                     if reply is not None:
-                        return reply  # type: ignore[no-any-return]
+                        return reply
                 if step is None and not is_polite:
                     step = self._ledger.claim(self._max_live)
                     if step is None:
@@ -214,13 +215,9 @@ class Checkout(Generic[C]):
     def run(self, timeout: float | None, borrow: None = None) -> Entry[C]: ...
 
     @overload
-    def run(
-        self, timeout: float | None, borrow: Callable[[], bytes | None]
-    ) -> Entry[C] | bytes: ...
+    def run(self, timeout: float | None, borrow: Callable[[], R | None]) -> Entry[C] | R: ...
 
-    def run(
-        self, timeout: float | None, borrow: Callable[[], bytes | None] | None = None
-    ) -> Entry[C] | bytes:
+    def run(self, timeout: float | None, borrow: Callable[[], Any] | None = None) -> Entry[C] | Any:
         """The sync driver of :meth:`plan` (raises as ``ClientPool.getconn`` documents)."""
         steps = self.plan(timeout, borrow is not None)
         try:
@@ -236,7 +233,7 @@ class Checkout(Generic[C]):
                 else:
                     action = steps.send(None if borrow is None else borrow())
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            return done.value
         except FleetError:
             self._check_open()  # closed meanwhile: PoolClosed
             raise

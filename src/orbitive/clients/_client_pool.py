@@ -60,7 +60,8 @@ from .._core._errors import (
     TooManyRequests,
 )
 from .._core._fleet import Fleet
-from ..pool import POOL_KIND, Pool
+from .._core._region import SHM_DIR, client_socket_name
+from ..pool import POOL_KIND, Pool, ResourceId
 from ..pool._table import Table
 from ._allowance import check_coordinator
 from ._budget import Budget
@@ -75,6 +76,7 @@ from ._statistics import ClientPoolStatistics, Counters, collect
 from ._upkeep import Upkeep
 
 C = TypeVar("C")
+R = TypeVar("R")
 
 #: How often the upkeep thread runs when nothing wakes it (death scans, timeouts).
 UPKEEP_INTERVAL_S: Final = 0.2
@@ -117,6 +119,9 @@ class ClientPool(Generic[C]):
             at once from another thread (shuts its socket down), for when the
             host's units may lapse before the client is handed back; None:
             such a client is retired only when handed back.
+        lends: other processes may borrow this pool's idle clients, as transaction
+            mode's routers do (:meth:`getconn_or_borrow`, :meth:`lend`): a return
+            then wakes every waiter of the key, in any process.
 
     Raises:
         InvalidPoolOptions: a bad key, callable, label or options object.
@@ -154,6 +159,7 @@ class ClientPool(Generic[C]):
         label: str | None = None,
         budget: Budget | None = None,
         sever: Callable[[C], Any] | None = None,
+        lends: bool = False,
     ) -> None:
         self._closed = True  # until fully built
         check_callable("create", create, optional=False)
@@ -186,7 +192,8 @@ class ClientPool(Generic[C]):
         self._max_lifetime, self._turn = options.max_lifetime, options.handoff_after
         self._turn_uses = options.handoff_uses or 1 << 64  # None: no bound by count
         self._create, self._close, self._check, self._reset = create, close, check, reset
-        self._handler, self._sever = handler, sever
+        self._handler, self._sever, self._lends = handler, sever, lends
+        self._lent: dict[int, Entry[C]] = {}  # lend(): by id(client), until lent_back()
         self._fleet = fleet
         self._pool = Pool(fleet, kind=kind)
         limits = (options.max_live, options.min_idle, options.idle_limit)
@@ -216,7 +223,7 @@ class ClientPool(Generic[C]):
             self._pool.kind,
             self.key,
             self._create,
-            borrowers=self._handler is not None,
+            borrowers=self._handler is not None or self._lends,
         )
         retiring = Retiring(ledger, self.counters)
         if self.budget is not None:
@@ -380,6 +387,49 @@ class ClientPool(Generic[C]):
                 self.counters.requests += 1
                 return entry.client
         return None
+
+    def getconn_or_borrow(
+        self, borrow: Callable[[], R | None], timeout: float | None = None
+    ) -> C | R:
+        """:meth:`getconn`, with ``borrow()`` tried before each claim or wait: what it
+        returns, unless None, is returned instead of a client (transaction mode's
+        router borrows another process's idle client this way, as a loan).
+
+        Raises:
+            As :meth:`getconn`, and what ``borrow`` raises.
+        """
+        self.counters.requests += 1
+        if timeout is not None:
+            seconds("timeout", timeout)
+        self._local()
+        got = self._checkout.run(timeout, borrow)
+        if isinstance(got, Entry):
+            return got.client
+        self.counters.borrowed += 1
+        return got
+
+    def lend(self, rid: ResourceId) -> C | None:
+        """The idle client whose unit a borrower's accepted lease names, out of the idle
+        ones until :meth:`lent_back`; None when it is gone (retired meanwhile)."""
+        entry = self._ledger.lend(rid, self._family)
+        if entry is None:
+            return None
+        self._lent[id(entry.client)] = entry
+        return entry.client
+
+    def lent_back(self, client: C, *, keep: bool) -> None:
+        """A client :meth:`lend` gave out is idle again, or (not ``keep``: broken, or in a
+        session no one may inherit) closed. Its unit is the lease's: the caller
+        completes it after this."""
+        entry = self._lent.pop(id(client))
+        if not keep or not self._ledger.lent_back(entry):
+            self._retiring.retire(entry)
+
+    def loan_socket(self, node: int) -> str:
+        """Where the routers of node ``node`` take loans of this pool's clients."""
+        tag = str(self.key)[:12]
+        name = client_socket_name(self._fleet.name, self._pool.kind, node, tag, loans=True)
+        return str(SHM_DIR / name)
 
     def putconn(self, client: C) -> None:
         """Hand a client back: reset it, then keep it idle or close it (one table step).

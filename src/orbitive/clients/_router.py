@@ -57,8 +57,9 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol, final
 
-from .._core._errors import MalformedError, PoolTimeout
-from . import _startup, _wire
+from .._core._errors import AccessDenied, MalformedError, OrbitError, PoolTimeout
+from ..pool.session import FRAME_SIZE, decode_frame
+from . import _loan_header, _loans, _startup, _wire
 from ._client_state import (
     STATE_CHECK,
     TRACKED,
@@ -68,9 +69,19 @@ from ._client_state import (
     restore_query,
     settings_check,
 )
-from ._server_statements import ServerStatements
+from ._remote import ours
+from ._router_ends import (
+    SERVER_SIDE,
+    Borrower,
+    Client,
+    Endpoint,
+    Loan,
+    ServerConnection,
+    Session,
+    partner,
+    receive,
+)
 from ._startup import Cancel
-from ._statement_names import StatementNames
 from ._wire import Framer, Message
 
 #: Bytes waiting to be written to one side above which the other side is not read.
@@ -79,9 +90,12 @@ _COPY: Final = frozenset({_wire.COPY_DATA, _wire.COPY_DONE, _wire.COPY_FAIL})
 #: Client messages whose answers end with a ``ReadyForQuery``.
 _ANSWERED_BY_READY: Final = frozenset({_wire.SYNC, _wire.QUERY, _wire.FUNCTION_CALL})
 _DEALLOCATING: Final = frozenset({b"DISCARD ALL\0", b"DEALLOCATE ALL\0"})
-_READ_SIZE: Final = 65536
 #: Seconds the router stops accepting after the process ran out of descriptors.
 _ACCEPT_PAUSE_S: Final = 0.1
+#: Seconds a closing router lets other processes' transactions on its connections
+#: run on before it ends them as a vanished borrower's.
+LOAN_CLOSE_WAIT_S: Final = 5.0
+_CLOSING_TICK_S: Final = 0.02
 _OUT_OF_DESCRIPTORS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _log = logging.getLogger("orbitive.clients")
 
@@ -89,13 +103,31 @@ _log = logging.getLogger("orbitive.clients")
 class ServerSupply(Protocol):
     """Where the router's server connections come from and go back to: transaction
     mode's :class:`~._client_pool.ClientPool` of psycopg connections (autocommit, of
-    one role and database, opened alike), whose methods these are."""
+    one role and database, opened alike, ``lends=True``), whose methods these are."""
+
+    key: Any
+
+    @property
+    def pool(self) -> Any:
+        """The pool table's handle (reservations, candidates, accepting leases)."""
 
     def take_idle(self) -> Any | None:
         """An idle connection of this process, or None at once (never blocks)."""
 
     def getconn(self, timeout: float | None = None) -> Any:
         """A connection, waiting or opening one (raises when none comes in time)."""
+
+    def getconn_or_borrow(self, borrow: Callable[[], Any], timeout: float | None = None) -> Any:
+        """:meth:`getconn`, or what ``borrow()`` gave (a loan), tried before each wait."""
+
+    def lend(self, rid: Any) -> Any | None:
+        """The idle connection an accepted lease names, lent until :meth:`lent_back`."""
+
+    def lent_back(self, client: Any, *, keep: bool) -> None:
+        """A lent connection idle again, or (not ``keep``) closed."""
+
+    def loan_socket(self, node: int) -> str:
+        """Where the routers of node ``node`` take loans."""
 
     def putconn(self, client: Any) -> None:
         """Hand a connection back, idle between transactions."""
@@ -105,68 +137,6 @@ class ServerSupply(Protocol):
 
     def close(self) -> None:
         """Close every connection; a ``getconn`` still waiting then raises at once."""
-
-
-class _Session:
-    """What the router knows of one server connection's session, kept between the
-    transactions it serves: its framing, the statements prepared on it, and the
-    settings it reports (libpq's own record of them goes stale: nobody reads it)."""
-
-    __slots__ = ("framer", "reported", "statements")
-
-    def __init__(self, conn: Any, max_prepared: int) -> None:
-        self.framer = Framer(_wire.BACKEND, _wire.BACKEND_MESSAGE_MAX)
-        self.statements = ServerStatements(max_prepared)
-        self.reported = {
-            name: value
-            for name in _startup.REPORTED
-            if (value := conn.pgconn.parameter_status(name)) is not None
-        }
-
-
-class _Endpoint:
-    """One side's socket, with what is still to be written to it."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.sock.setblocking(False)
-        self.out = bytearray()
-        self.gone = False
-
-
-class _Server(_Endpoint):
-    """One server connection while the router holds it: the libpq connection that
-    opened it (never used meanwhile), a socket of its own on the same connection, and
-    its :class:`_Session` (the same objects, updated in place)."""
-
-    def __init__(self, conn: Any, session: _Session) -> None:
-        super().__init__(socket.socket(fileno=os.dup(conn.pgconn.socket)))
-        self.conn = conn
-        self.framer, self.statements = session.framer, session.statements
-        self.reported = session.reported
-        self.client: _Client | None = None
-        #: The router's own statement running, and what to do with its answers.
-        self.internal: list[Message] | None = None
-        self.then: Callable[[list[Message]], None] | None = None
-        self.cancelling = 0  # cancel requests on their way to the server
-        self.held = False  # given back while cancelling: idle once they arrived
-
-
-class _Client(_Endpoint):
-    """One driver connection: its startup bytes, then its messages and state."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        super().__init__(sock)
-        self.first = b""  # the startup packet, until it is whole
-        self.framer: Framer | None = None
-        self.state = ClientState()  # replaced once its startup is read
-        self.names = StatementNames()
-        self.queued: collections.deque[Message] = collections.deque()
-        self.server: _Server | None = None
-        self.secret = -1  # of its BackendKeyData, once started
-        self.sent = False  # a message went on since the last ReadyForQuery
-        self.awaiting = False  # a Sync or Query went on; its ReadyForQuery has not come
-        self.in_block = False  # the last ReadyForQuery said T or E
 
 
 @final
@@ -179,14 +149,16 @@ class Router:
             is given as its port).
         supply: the pool of server connections (see :class:`ServerSupply`), the
             router's own: only the router uses its connections, and :meth:`close`
-            closes it.
+            closes it. The router lends its idle ones to the routers of the pool's
+            other processes on :meth:`ServerSupply.loan_socket`, and borrows theirs.
         refuse: ``on_session_state="refuse"``.
         max_prepared: statements kept prepared per server connection.
         wait_timeout: seconds a transaction waits for a server connection (float
             > 0); None: the pool's own ``acquire_timeout``.
 
     Raises:
-        OSError: the socket cannot be bound.
+        OSError: a socket cannot be bound.
+        AccessDenied: the loan socket's path is taken by something not ours.
         Exception: one from ``supply.getconn()``, which the router calls once to
             learn the role, the database and what a fresh session reports
             (``PoolTimeout``, ``ClientCreateError``, ...).
@@ -206,7 +178,7 @@ class Router:
         try:
             self._user, self._database = first.info.user, first.info.dbname
             #: What a fresh session reports: what a new client is told and starts with.
-            self._fresh = dict(_Session(first, max_prepared).reported)
+            self._fresh = dict(Session(first, max_prepared).reported)
         finally:
             supply.putconn(first)
         os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -214,33 +186,39 @@ class Router:
         self._supply, self._wait_timeout = supply, wait_timeout
         self._refuse, self._max_prepared = refuse, max_prepared
         #: The connections the router holds now (serving a client, or its own statement).
-        self._servers: list[_Server] = []
-        self._sessions: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
+        self._servers: list[ServerConnection | Loan] = []
+        self._sessions: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
         self._settings_check = settings_check(TRACKED, self._user.encode())
-        self._waiting: collections.deque[_Client] = collections.deque()
+        self._waiting: collections.deque[Client] = collections.deque()
         self._taking = 0  # getconn calls running for waiting clients
         self._takers: set[threading.Thread] = set()
-        self._by_secret: dict[int, _Client] = {}
+        self._by_secret: dict[int, Client] = {}
         self._posted: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._post_lock = threading.Lock()
         self._shut_down = False  # posted work then runs its orphan instead
         self._stopping = False
         self._accept_again = 0.0  # monotonic time to accept again after EMFILE; 0: now
         self._selector = selectors.DefaultSelector()
+        self.loan_path = supply.loan_socket(supply.pool.node)
+        if os.path.lexists(self.loan_path) and not ours(self.loan_path):
+            raise AccessDenied(f"{self.loan_path!r} is not a socket of ours; refusing it")
         self._listener = _listening(self.path)
+        self._loan_listener = _listening(self.loan_path)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._selector.register(self._listener, selectors.EVENT_READ, None)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        for listener in (self._listener, self._loan_listener, self._wake_r):
+            self._selector.register(listener, selectors.EVENT_READ, None)
         self._thread = threading.Thread(target=self._run, name="orbitive-router", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
-        """Stop serving: every client connection is closed (one inside a transaction
-        is told), then the pool, once the connections the router held are back in it
-        or, one a client left in a transaction, closed. Returns once no thread of the
-        router asks the pool any more. Calling it again does nothing."""
+        """Stop serving: no client or loan is accepted any more; the transactions
+        other processes run on this router's connections may end, for at most
+        :data:`LOAN_CLOSE_WAIT_S`; then every client connection is closed (one inside
+        a transaction is told), and the pool, once the connections the router held
+        are back in it or, one a client left in a transaction, closed. Returns once no
+        thread of the router asks the pool any more. Calling it again does nothing."""
         if self._stopping:
             return
         self._stopping = True
@@ -266,19 +244,39 @@ class Router:
 
     def _run(self) -> None:
         try:
-            while not self._stopping:
+            closing_until = None
+            while True:
+                if self._stopping:
+                    if closing_until is None:
+                        closing_until = time.monotonic() + LOAN_CLOSE_WAIT_S
+                        self._stop_accepting()
+                    if not self._lending() or time.monotonic() >= closing_until:
+                        break
                 for key, mask in self._selector.select(self._select_timeout()):
                     self._dispatch(key, mask)
         finally:
             self._shut()
 
+    def _stop_accepting(self) -> None:
+        for listener in (self._listener, self._loan_listener):
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(listener)
+        self._accept_again = 0.0
+
+    def _lending(self) -> bool:
+        """Whether another process's client still runs a transaction here."""
+        return any(isinstance(server.client, Borrower) for server in self._servers)
+
     def _select_timeout(self) -> float | None:
+        if self._stopping:
+            return _CLOSING_TICK_S
         if not self._accept_again:
             return None
         left = self._accept_again - time.monotonic()
         if left <= 0:
             self._accept_again = 0.0
-            self._selector.register(self._listener, selectors.EVENT_READ, None)
+            for listener in (self._listener, self._loan_listener):
+                self._selector.register(listener, selectors.EVENT_READ, None)
             return 0.0
         return left
 
@@ -286,18 +284,20 @@ class Router:
         endpoint = key.data
         if endpoint is None:
             if key.fileobj is self._listener:
-                self._accept()
+                self._accept(self._listener, Client)
+            elif key.fileobj is self._loan_listener:
+                self._accept(self._loan_listener, Borrower)
             else:
                 self._posted_work()
             return
         try:
             if mask & selectors.EVENT_WRITE:
                 self._flush(endpoint)
-                client = endpoint.client if isinstance(endpoint, _Server) else None
+                client = endpoint.client if isinstance(endpoint, SERVER_SIDE) else None
                 if client is not None and len(endpoint.out) < BUFFER_HIGH:
                     self._pump(client)  # it waited for room in this buffer
             if mask & selectors.EVENT_READ and not endpoint.gone:
-                if isinstance(endpoint, _Server):
+                if isinstance(endpoint, SERVER_SIDE):
                     self._server_readable(endpoint)
                 else:
                     self._client_readable(endpoint)
@@ -305,11 +305,11 @@ class Router:
             _log.exception("transaction mode's router dropped a connection after an error")
             self._drop(endpoint)
 
-    def _drop(self, endpoint: _Endpoint) -> None:
-        if isinstance(endpoint, _Server):
+    def _drop(self, endpoint: Endpoint) -> None:
+        if isinstance(endpoint, SERVER_SIDE):
             self._server_gone(endpoint)
         else:
-            assert isinstance(endpoint, _Client)
+            assert isinstance(endpoint, Client)
             self._client_gone(endpoint)
 
     def _post(self, work: Callable[[], None], orphan: Callable[[], None]) -> None:
@@ -333,9 +333,9 @@ class Router:
                 return
             work()
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket, kind: type[Client]) -> None:
         try:
-            sock, _ = self._listener.accept()
+            sock, _ = listener.accept()
         except BlockingIOError:
             return
         except OSError as error:
@@ -343,10 +343,14 @@ class Router:
                 raise
             _log.warning("transaction mode's router stops accepting for %.1f s: %s",
                          _ACCEPT_PAUSE_S, error)  # fmt: skip
-            self._selector.unregister(self._listener)
+            for paused in (self._listener, self._loan_listener):
+                self._selector.unregister(paused)
             self._accept_again = time.monotonic() + _ACCEPT_PAUSE_S
             return
-        client = _Client(sock)
+        if kind is Borrower and not _loans.peer_is_us(sock):
+            sock.close()  # only this user's processes borrow
+            return
+        client = kind(sock)
         self._selector.register(sock, selectors.EVENT_READ, client)
 
     def _shut(self) -> None:
@@ -357,27 +361,28 @@ class Router:
             else:
                 self._server_gone(server)
         for key in list(self._selector.get_map().values()):
-            if isinstance(key.data, _Client):
+            if isinstance(key.data, Client):
                 self._client_gone(key.data)
         with self._post_lock:
             self._shut_down = True
         self._posted_work()  # connections that came meanwhile go back
-        self._listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        for listener, path in ((self._listener, self.path), (self._loan_listener, self.loan_path)):
+            listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         self._wake_r.close()
         self._selector.close()
 
     # -- writing, with backpressure --------------------------------------------------------
 
-    def _write(self, endpoint: _Endpoint, messages: Sequence[Message]) -> None:
+    def _write(self, endpoint: Endpoint, messages: Sequence[Message]) -> None:
         """Queue ``messages`` for ``endpoint`` and write what the socket takes now."""
         if endpoint.gone or not messages:
             return
         endpoint.out += b"".join(message.frame() for message in messages)
         self._flush(endpoint)
 
-    def _flush(self, endpoint: _Endpoint) -> None:
+    def _flush(self, endpoint: Endpoint) -> None:
         try:
             while endpoint.out:
                 sent = endpoint.sock.send(endpoint.out)
@@ -388,16 +393,16 @@ class Router:
             self._drop(endpoint)
             return
         self._watch(endpoint)
-        other = _partner(endpoint)
+        other = partner(endpoint)
         if other is not None:
             self._watch(other)  # read the other side only while this one has room
 
-    def _watch(self, endpoint: _Endpoint) -> None:
+    def _watch(self, endpoint: Endpoint) -> None:
         """Register what the endpoint waits for: room to write its buffer, and bytes to
         read unless the side it feeds holds :data:`BUFFER_HIGH` bytes unwritten."""
         if endpoint.gone:
             return
-        fed = _partner(endpoint)
+        fed = partner(endpoint)
         reading = fed is None or len(fed.out) < BUFFER_HIGH
         events = (selectors.EVENT_READ if reading else 0) | (
             selectors.EVENT_WRITE if endpoint.out else 0
@@ -413,25 +418,63 @@ class Router:
 
     # -- clients -------------------------------------------------------------------------
 
-    def _client_readable(self, client: _Client) -> None:
-        data = _receive(client)
+    def _client_readable(self, client: Client) -> None:
+        data = receive(client)
         if data is None:
             return
         if not data:
             self._client_gone(client)
             return
         try:
-            if client.framer is None:
-                self._startup(client, data)
-            else:
+            if client.framer is not None:
                 client.queued += client.framer.feed(data)
+            elif isinstance(client, Borrower):
+                self._loan_taken(client, data)
+            else:
+                self._startup(client, data)
         except MalformedError as error:
             self._write(client, [_wire.error_response("FATAL", "08P01", str(error))])
             self._client_gone(client)
             return
         self._pump(client)
 
-    def _startup(self, client: _Client, data: bytes) -> None:
+    def _loan_taken(self, client: Borrower, data: bytes) -> None:
+        """The start of a loan: once the lease frame and the loan header are whole, the
+        lease is accepted and the connection it names lent to the borrower's client
+        (told :data:`~._loans.ACCEPTED`); a lease refused, or a connection gone, ends
+        the loan, and the borrower tries another way.
+
+        Raises:
+            MalformedError: a malformed lease frame or loan header.
+        """
+        client.first += data
+        decoded = _loan_header.decode(client.first[FRAME_SIZE:])
+        if decoded is None:
+            return
+        header, size = decoded
+        try:
+            execution = self._supply.pool.accept(decode_frame(client.first[:FRAME_SIZE]))
+        except OrbitError:  # stale, replayed, another node's: nothing was accepted
+            self._client_gone(client)
+            return
+        conn = self._supply.lend(execution.id)
+        if conn is None:  # retired since the reservation
+            execution.complete()
+            self._client_gone(client)
+            return
+        rest, client.first = client.first[FRAME_SIZE + size :], b""
+
+        def back(keep: bool) -> None:
+            self._supply.lent_back(conn, keep=keep)
+            execution.complete()
+
+        client.state = ClientState(refuse=self._refuse, reported=dict(header.settings))
+        client.framer = Framer(_wire.FRONTEND | {_loans.STATEMENT})
+        self._write(client, [Message(_loans.ACCEPTED, b"\0")])
+        self._bind(client, conn, functools.partial(back, True), functools.partial(back, False))
+        client.queued += client.framer.feed(rest)
+
+    def _startup(self, client: Client, data: bytes) -> None:
         client.first += data
         while client.framer is None and (packet := _startup.read_first_packet(client.first)):
             first, size = packet
@@ -462,7 +505,7 @@ class Router:
             client.queued += client.framer.feed(client.first)
             self._flush(client)
 
-    def _pump(self, client: _Client) -> None:
+    def _pump(self, client: Client) -> None:
         """Pass on what the client sent, as far as its turn, its last ``Sync`` and its
         server connection's buffer allow."""
         while client.queued and not client.gone and client.framer is not None:
@@ -472,13 +515,20 @@ class Router:
             if message.kind == _wire.TERMINATE:
                 self._client_gone(client)
                 return
+            if client.server is None and isinstance(client, Borrower):
+                self._client_gone(client)  # its loan was released: it has no more
+                return
             server = client.server or self._take(client)
             if server is None or server.internal is not None or server.cancelling:
                 return
+            if isinstance(server, Loan) and server.done_due is not None:
+                return  # the owner's DONE says where the next transaction runs
             if len(server.out) >= BUFFER_HIGH:
                 return  # resumed when the server's buffer drains
             client.queued.popleft()
             op = client.names.op(message)
+            if op is None:
+                continue  # a statement the borrower's next message uses
             client.state.from_client(op.message)
             to_server, now = server.statements.send(op)
             client.sent = True
@@ -486,7 +536,7 @@ class Router:
             self._write(server, to_server)
             self._write(client, now)
 
-    def _take(self, client: _Client) -> _Server | None:
+    def _take(self, client: Client) -> ServerConnection | None:
         """A server connection for the client's next transaction, with its settings;
         None while it waits its turn (a thread then asks the pool for one)."""
         if self._waiting and self._waiting[0] is not client:
@@ -503,11 +553,25 @@ class Router:
             self._waiting.popleft()
         return self._bind(client, conn)
 
-    def _bind(self, client: _Client, conn: Any) -> _Server:
+    def _bind(
+        self,
+        client: Client,
+        conn: Any,
+        release: Callable[[], None] | None = None,
+        discard: Callable[[], None] | None = None,
+    ) -> ServerConnection:
+        """Bind a server connection to the client, with the client's settings. Given
+        back or dropped, it goes back to the pool (``release`` and ``discard`` say
+        otherwise for one lent to another process)."""
         session = self._sessions.get(conn)
         if session is None:
-            session = self._sessions[conn] = _Session(conn, self._max_prepared)
-        server = _Server(conn, session)
+            session = self._sessions[conn] = Session(conn, self._max_prepared)
+        server = ServerConnection(
+            conn,
+            session,
+            release or functools.partial(self._supply.putconn, conn),
+            discard or functools.partial(self._supply.discard, conn),
+        )
         self._servers.append(server)
         server.client, client.server = client, server
         self._watch(server)
@@ -517,20 +581,29 @@ class Router:
         return server
 
     def _ask_pool(self) -> None:
-        """As many ``getconn`` calls running, each in a thread, as clients waiting."""
+        """As many checkouts running, each in a thread, as clients waiting: each may
+        borrow another process's idle connection for the settings of the client it
+        was started for."""
         while self._taking < len(self._waiting):
+            settings = dict(self._waiting[self._taking].state.settings)
             self._taking += 1
-            taker = threading.Thread(target=self._getconn, name="orbitive-router-take", daemon=True)
+            taker = threading.Thread(
+                target=self._getconn, args=(settings,), name="orbitive-router-take", daemon=True
+            )
             self._takers.add(taker)
             taker.start()
 
-    def _getconn(self) -> None:
+    def _getconn(self, settings: dict[bytes, bytes]) -> None:
+        borrow = functools.partial(_loans.borrow, self._supply, settings)
         try:
-            conn = self._supply.getconn(self._wait_timeout)
+            got = self._supply.getconn_or_borrow(borrow, self._wait_timeout)
         except Exception as error:
             self._post(functools.partial(self._not_given, error), lambda: None)
         else:
-            self._post(functools.partial(self._given, conn), lambda: self._supply.putconn(conn))
+            if isinstance(got, socket.socket):
+                self._post(functools.partial(self._lent, got, settings), got.close)
+            else:
+                self._post(functools.partial(self._given, got), lambda: self._supply.putconn(got))
         finally:
             self._takers.discard(threading.current_thread())
 
@@ -544,6 +617,23 @@ class Router:
         self._bind(client, conn)
         self._pump(client)
 
+    def _lent(self, sock: socket.socket, settings: dict[bytes, bytes]) -> None:
+        """A loan of another process's connection: the oldest waiting client's, if the
+        owner was told its settings (else the loan ends unused, and a checkout starts
+        again for the client)."""
+        self._taking -= 1
+        if self._stopping or not self._waiting or self._waiting[0].state.settings != settings:
+            sock.close()
+            if not self._stopping:
+                self._ask_pool()
+            return
+        client = self._waiting.popleft()
+        loan = Loan(sock, settings)
+        self._servers.append(loan)
+        loan.client, client.server = client, loan
+        self._watch(loan)
+        self._pump(client)
+
     def _not_given(self, error: Exception) -> None:
         """The pool gave no connection: the oldest waiting client is told, and closed."""
         self._taking -= 1
@@ -555,7 +645,7 @@ class Router:
         self._write(client, [_wire.error_response("FATAL", code, why)])
         self._client_gone(client)
 
-    def _give_back(self, server: _Server) -> None:
+    def _give_back(self, server: ServerConnection | Loan) -> None:
         """The server connection's client is done with it: back to the pool (once no
         cancel request is still on its way to it), then to the oldest waiting client
         if the pool keeps it idle."""
@@ -574,19 +664,20 @@ class Router:
         if client is not None and client.queued:
             self._pump(client)  # its next transaction, behind those that waited
 
-    def _release(self, server: _Server) -> None:
-        """Hand the server connection back to the pool; the router's socket on it closes."""
+    def _release(self, server: ServerConnection | Loan) -> None:
+        """Give the server connection back to where it came from; the router's socket
+        on it closes (on a loan, that ends the loan)."""
         self._forget(server)
-        self._supply.putconn(server.conn)
+        server.release()
 
-    def _forget(self, server: _Server) -> None:
+    def _forget(self, server: ServerConnection | Loan) -> None:
         server.gone = True
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(server.sock)
         server.sock.close()
         self._servers.remove(server)
 
-    def _client_gone(self, client: _Client) -> None:
+    def _client_gone(self, client: Client) -> None:
         if client.gone:
             return
         client.gone = True
@@ -604,7 +695,7 @@ class Router:
             return
         if client.sent or client.in_block or server.internal is not None or server.out:
             self._server_gone(server)  # inside a transaction: closing it rolls it back
-        elif client.state.pins:
+        elif client.state.pins and isinstance(server, ServerConnection):  # a loan's owner cleans
             server.statements.forget_all()
             self._internal(server, b"DISCARD ALL", lambda _: self._give_back(server))
         else:
@@ -620,12 +711,14 @@ class Router:
 
         A driver in the router's own process must cancel with ``cancel_safe()``:
         psycopg's ``cancel()`` (libpq's ``PQcancel``) holds the GIL while it waits for
-        the router's answer, which this router, in Python, cannot then give."""
+        the router's answer, which this router, in Python, cannot then give. A statement
+        running on a loan is not cancelled yet (the owner would cancel it on its
+        connection: not built)."""
         client = self._by_secret.get(request.secret)
         if request.process != os.getpid() or client is None:
             return
         server = client.server
-        if server is None or not client.awaiting:
+        if not isinstance(server, ServerConnection) or not client.awaiting:
             return
         server.cancelling += 1
 
@@ -636,7 +729,7 @@ class Router:
 
         threading.Thread(target=send, name="orbitive-router-cancel", daemon=True).start()
 
-    def _cancelled(self, server: _Server) -> None:
+    def _cancelled(self, server: ServerConnection) -> None:
         server.cancelling -= 1
         if server.cancelling or server.gone:
             return
@@ -649,15 +742,15 @@ class Router:
     # -- servers -------------------------------------------------------------------------
 
     def _internal(
-        self, server: _Server, text: bytes, then: Callable[[list[Message]], None]
+        self, server: ServerConnection, text: bytes, then: Callable[[list[Message]], None]
     ) -> None:
         """Run the router's own statement on the server; ``then`` gets its answers."""
         server.internal, server.then = [], then
         server.statements.ran_query()
         self._write(server, [_wire.query(text)])
 
-    def _server_readable(self, server: _Server) -> None:
-        data = _receive(server)
+    def _server_readable(self, server: ServerConnection | Loan) -> None:
+        data = receive(server)
         if data is None:
             return
         if not data:
@@ -673,7 +766,10 @@ class Router:
                 return
             self._server_message(server, message)
 
-    def _server_message(self, server: _Server, message: Message) -> None:
+    def _server_message(self, server: ServerConnection | Loan, message: Message) -> None:
+        if isinstance(server, Loan) and message.kind == _loans.DONE:
+            self._loan_done(server, message.body)
+            return
         if message.kind == _wire.PARAMETER_STATUS:
             name, value = _wire.parameter_status(message.body)
             server.reported[name] = value
@@ -702,12 +798,20 @@ class Router:
         if server.client is client and server.internal is None:
             self._pump(client)
 
-    def _after(self, server: _Server, client: _Client, outcome: Outcome) -> None:
+    def _after(self, server: ServerConnection | Loan, client: Client, outcome: Outcome) -> None:
+        if isinstance(server, Loan):
+            if outcome is not Outcome.CONTINUE:
+                server.done_due = outcome  # the owner decides, and says so
+            return
         if outcome is Outcome.RELEASE:
-            self._give_back(server)
+            self._ended(server, client, released=True)
+        elif outcome is Outcome.PINNED:
+            self._ended(server, client, released=False)
         elif outcome is Outcome.REFUSE:
             server.statements.forget_all()
-            self._internal(server, b"DISCARD ALL", lambda _: self._give_back(server))
+            self._internal(
+                server, b"DISCARD ALL", lambda _: self._ended(server, client, released=True)
+            )
         elif outcome is Outcome.CHECK:
             checks = client.state.checks
             both = ((Checks.STATE, STATE_CHECK), (Checks.SETTINGS, self._settings_check))
@@ -717,21 +821,54 @@ class Router:
                 found = _found(answers, len([1 for wanted, _ in both if wanted in checks]))
                 state = Checks.STATE in checks and found.pop(0)
                 settings = Checks.SETTINGS in checks and found.pop(0)
-                if client.state.checked(state=state, settings=settings) is Outcome.RELEASE:
-                    self._give_back(server)
-                elif not client.gone:
+                released = client.state.checked(state=state, settings=settings) is Outcome.RELEASE
+                self._ended(server, client, released=released, state=state, settings=settings)
+                if not released and not client.gone:
                     self._pump(client)
 
             self._internal(server, text, decide)
 
-    def _server_gone(self, server: _Server) -> None:
+    def _ended(
+        self,
+        server: ServerConnection,
+        client: Client,
+        *,
+        released: bool,
+        state: bool = False,
+        settings: bool = False,
+    ) -> None:
+        """The client's transaction ended here: a borrower is told how (its loan's
+        :data:`~._loans.DONE`), and a connection it left nothing on goes back."""
+        if isinstance(client, Borrower):
+            self._write(client, [_loans.done(released=released, state=state, settings=settings)])
+        if released:
+            self._give_back(server)
+
+    def _loan_done(self, loan: Loan, body: bytes) -> None:
+        """The owner's word on the transaction that ended on the loan: released (the
+        loan ends) or pinned (the client's next transactions go over it too)."""
+        try:
+            released, state, settings = _loans.read_done(body)
+        except MalformedError:
+            self._server_gone(loan)
+            return
+        due, loan.done_due = loan.done_due, None
+        client = loan.client
+        if client is not None and due is Outcome.CHECK:
+            client.state.checked(state=state, settings=settings)
+        if released:
+            self._give_back(loan)
+        elif client is not None:
+            self._pump(client)
+
+    def _server_gone(self, server: ServerConnection | Loan) -> None:
         """Discard the server connection (broken, or its session is no one's to
         inherit); its client, if any, is told and closed."""
         if server.gone:
             return
         self._forget(server)
         with contextlib.suppress(Exception):
-            self._supply.discard(server.conn)
+            server.discard()
         client, server.client = server.client, None
         if client is not None:
             client.server = None
@@ -740,25 +877,6 @@ class Router:
             self._client_gone(client)
         if self._waiting and not self._stopping:
             self._pump(self._waiting[0])  # the pool may open another
-
-
-def _receive(endpoint: _Endpoint) -> bytes | None:
-    """What the socket has to read: None when nothing yet, ``b""`` when it ended or
-    broke."""
-    try:
-        return endpoint.sock.recv(_READ_SIZE)
-    except BlockingIOError:
-        return None
-    except OSError:
-        return b""
-
-
-def _partner(endpoint: _Endpoint) -> _Endpoint | None:
-    """The other side of what a client or server connection carries now."""
-    if isinstance(endpoint, _Server):
-        return endpoint.client
-    assert isinstance(endpoint, _Client)
-    return endpoint.server
 
 
 def _listening(path: str) -> socket.socket:
