@@ -104,3 +104,47 @@ def until(condition: Callable[[], bool], seconds: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "the condition never held"
         time.sleep(0.01)
+
+
+def owning_process(
+    channel: Channel, fleet_name: str, server_url: str, tag: str, folder: str
+) -> None:
+    """A process of the fleet whose router, started once another process's router
+    holds the key's only connection (``max_live`` 1), takes it over (that idle one is
+    closed for it) and lends it: it runs nothing of its own, until killed."""
+    with (
+        Fleet.join(fleet_name, 16) as fleet,
+        server_pool(fleet, server_url, tag, 1) as pool,
+    ):
+        router = Router(folder, ROUTING_PORT, pool)
+        try:
+            channel.send("ready")
+            channel.recv(None)
+        finally:
+            router.close()
+
+
+def borrowing_process(
+    channel: Channel, fleet_name: str, server_url: str, tag: str, folder: str, table: str
+) -> None:
+    """A process of the fleet whose router opens the key's only connection (``max_live``
+    1); once another process took it over and it is told to go, one of its clients
+    inserts a row into ``table`` inside a transaction, on a loan, reports the server
+    process, and stays inside the transaction until killed."""
+    with (
+        Fleet.join(fleet_name, 16) as fleet,
+        server_pool(fleet, server_url, tag, 1) as pool,
+    ):
+        router = Router(folder, ROUTING_PORT, pool)
+        try:
+            channel.send("ready")
+            channel.recv()
+            conninfo = f"host={folder} port={ROUTING_PORT} user=postgres dbname=postgres"
+            with psycopg.connect(conninfo) as conn:
+                conn.execute(f"INSERT INTO {table} VALUES (1)")
+                row = conn.execute("SELECT pg_backend_pid()").fetchone()
+                assert row is not None
+                channel.send((row[0], pool.statistics().borrowed_count))
+                channel.recv(None)
+        finally:
+            router.close()

@@ -1,0 +1,179 @@
+"""Loans between transaction mode's routers: a process whose key's only connection
+(``max_live`` 1) another process holds runs its transactions there. What a driver
+sees is what it sees on a connection of its own (prepared statements, pins, errors);
+the owner killed mid-loan leaves its borrower a named error and nothing committed,
+and the borrower killed mid-loan leaves the owner's connection rolled back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Iterator
+
+import asyncpg
+import psycopg
+import pytest
+
+from orbitive import Fleet
+from orbitive.clients import ClientPool
+from orbitive.clients._router import Router
+
+from .._processes import Child, Processes
+from .._servers import TempPostgres
+from ._router_pool import (
+    borrowing_process,
+    owning_process,
+    server_pool,
+    sessions,
+    until,
+)
+
+PORT = 6435
+
+
+@pytest.fixture
+def table(postgres_server: TempPostgres) -> Iterator[str]:
+    """An empty table of this test's own."""
+    name = f"loaned_{secrets.token_hex(4)}"
+    with psycopg.connect(postgres_server.url, autocommit=True) as admin:
+        admin.execute(f"CREATE TABLE {name} (n int)")
+        yield name
+        admin.execute(f"DROP TABLE {name}")
+
+
+@pytest.fixture
+def pool(
+    fleet: Fleet, postgres_server: TempPostgres, tag: str
+) -> Iterator[ClientPool[psycopg.Connection]]:
+    with server_pool(fleet, postgres_server.url, tag, 1) as opened:
+        yield opened
+
+
+@pytest.fixture
+def borrower(
+    pool: ClientPool[psycopg.Connection], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Router]:
+    """This process's router, holding no connection: another process took it over."""
+    router = Router(str(tmp_path_factory.mktemp("router")), PORT, pool)  # opens the only one
+    yield router
+    router.close()
+
+
+@pytest.fixture
+def owner(
+    borrower: Router,
+    fleet_name: str,
+    postgres_server: TempPostgres,
+    tag: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Child]:
+    """Another process of the fleet whose router took the only connection over."""
+    del borrower  # started first: it opened the connection the owner takes over
+    folder = str(tmp_path_factory.mktemp("owner"))
+    with Processes("fork") as procs:
+        child = procs.start(owning_process, fleet_name, postgres_server.url, tag, folder)
+        assert child.recv() == "ready"
+        yield child
+
+
+def _conninfo(router: Router) -> str:
+    folder = router.path.rsplit("/", 1)[0]
+    return f"host={folder} port={PORT} user=postgres dbname=postgres"
+
+
+def test_prepared_statements_of_psycopg_and_asyncpg_run_on_a_loan(
+    borrower: Router, owner: Child, pool: ClientPool[psycopg.Connection]
+) -> None:
+    del owner
+    conns = [
+        psycopg.connect(_conninfo(borrower), autocommit=True, prepare_threshold=0) for _ in range(2)
+    ]
+    try:
+        for round_ in range(4):
+            for number, conn in enumerate(conns):
+                row = conn.execute("SELECT %s::int * %s::int", (round_, number)).fetchone()
+                assert row == (round_ * number,)
+        with conns[0].transaction():
+            with pytest.raises(psycopg.errors.DivisionByZero), conns[0].transaction():
+                conns[0].execute("SELECT 1 / %s::int", (0,))
+            assert conns[0].execute("SELECT %s::int", (7,)).fetchone() == (7,)
+    finally:
+        for conn in conns:
+            conn.close()
+
+    async def with_asyncpg() -> list[int]:
+        folder = borrower.path.rsplit("/", 1)[0]
+        conn = await asyncpg.connect(host=folder, port=PORT, user="postgres", database="postgres")
+        try:
+            return [await conn.fetchval("SELECT $1::int + 1", n) for n in range(5)]
+        finally:
+            await conn.close()
+
+    assert asyncio.run(asyncio.wait_for(with_asyncpg(), 30)) == [1, 2, 3, 4, 5]
+    stats = pool.statistics()
+    assert stats.created_count == 1 and stats.borrowed_count > 10  # all on the owner's
+
+
+def test_a_pin_keeps_the_loan_and_ends_clean(
+    borrower: Router, owner: Child, pool: ClientPool[psycopg.Connection]
+) -> None:
+    del owner
+    with psycopg.connect(_conninfo(borrower), autocommit=True) as listener:
+        listener.execute("LISTEN news")  # pins: the loan stays this client's
+        pid = listener.execute("SELECT pg_backend_pid()").fetchone()
+        assert listener.execute("SELECT pg_backend_pid()").fetchone() == pid
+        borrowed = pool.statistics().borrowed_count
+        assert listener.execute("SELECT 1").fetchone() == (1,)
+        assert pool.statistics().borrowed_count == borrowed  # the same loan
+    channels = "SELECT count(*) FROM pg_listening_channels()"
+    with psycopg.connect(_conninfo(borrower), autocommit=True) as other:
+        assert other.execute(channels).fetchone() == (0,)  # the owner cleaned it
+        assert other.execute("SELECT pg_backend_pid()").fetchone() == pid
+
+
+def test_the_owner_killed_mid_loan_tells_the_client_and_commits_nothing(
+    borrower: Router,
+    owner: Child,
+    pool: ClientPool[psycopg.Connection],
+    postgres_server: TempPostgres,
+    tag: str,
+    table: str,
+) -> None:
+    with psycopg.connect(_conninfo(borrower)) as conn:
+        conn.execute(f"INSERT INTO {table} VALUES (1)")  # inside a transaction, on a loan
+        assert pool.statistics().borrowed_count == 1
+        owner.kill()
+        with pytest.raises(psycopg.OperationalError, match="lost"):
+            conn.execute("SELECT 1")
+    until(lambda: sessions(postgres_server, tag) == 0)  # the server rolled it back
+    with psycopg.connect(_conninfo(borrower), autocommit=True) as after:
+        assert after.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
+    assert sessions(postgres_server, tag) == 1  # the pool opened its own once the owner died
+
+
+def test_the_borrower_killed_mid_loan_leaves_the_owners_connection_rolled_back(
+    fleet: Fleet,
+    fleet_name: str,
+    postgres_server: TempPostgres,
+    tag: str,
+    table: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    folder = str(tmp_path_factory.mktemp("borrower"))
+    with Processes("fork") as procs:
+        child = procs.start(borrowing_process, fleet_name, postgres_server.url, tag, folder, table)
+        assert child.recv() == "ready"  # it opened the only connection
+        with server_pool(fleet, postgres_server.url, tag, 1) as pool:
+            router = Router(str(tmp_path_factory.mktemp("owner")), PORT, pool)  # takes it over
+            try:
+                child.send("go")
+                _, borrowed = child.recv()
+                assert borrowed == 1  # its transaction runs on our connection
+                child.kill()
+                until(lambda: pool.statistics().closed_count == 1)  # closed: rolled back
+                with psycopg.connect(_conninfo(router), autocommit=True) as after:
+                    assert after.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
+                assert sessions(postgres_server, tag) == 1
+            finally:
+                router.close()
