@@ -8,7 +8,9 @@ and the borrower killed mid-loan leaves the owner's connection rolled back.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import socket
 from collections.abc import Iterator
 
 import asyncpg
@@ -16,7 +18,7 @@ import psycopg
 import pytest
 
 from orbitive import Fleet
-from orbitive.clients import ClientPool
+from orbitive.clients import ClientPool, _loans
 from orbitive.clients._router import Router
 
 from .._processes import Child, Processes
@@ -177,3 +179,26 @@ def test_the_borrower_killed_mid_loan_leaves_the_owners_connection_rolled_back(
                 assert sessions(postgres_server, tag) == 1
             finally:
                 router.close()
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"\x00" * 48 + b"PTXN",  # a lease frame of zeros
+        os.urandom(200),
+        b"",  # connects and leaves
+    ],
+    ids=["zero-frame", "random", "nothing"],
+)
+def test_a_loan_socket_refuses_what_no_router_sends_and_serves_on(
+    borrower: Router, owner: Child, sent: bytes
+) -> None:
+    del owner
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as hostile:
+        hostile.settimeout(10)
+        hostile.connect(borrower.loan_path)
+        hostile.sendall(sent)
+        hostile.shutdown(socket.SHUT_WR)
+        assert hostile.recv(65536)[:1] != bytes([_loans.ACCEPTED])  # refused, or an error
+    with psycopg.connect(_conninfo(borrower), autocommit=True) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
