@@ -21,6 +21,9 @@ GIL. One psycopg connection (autocommit) runs ``SELECT 1`` in a loop:
   own, on one server connection, with and without such a thread beside it: what
   the router's decisions (framing, statement names, the transaction's end) add to
   a plain relay.
+* ``router, loan``: through a reference router whose key's only connection another
+  process's router holds: every statement is a loan (the lease reserved, carried and
+  accepted, the statement relayed twice, the owner's DONE).
 
 Then, on the direct connection, the cost of the session-state checks the router
 runs after a transaction that may have left state behind: its state check
@@ -39,6 +42,7 @@ import functools
 import multiprocessing
 import os
 import selectors
+import signal
 import socket
 import statistics
 import tempfile
@@ -53,6 +57,7 @@ import psycopg
 from orbitive import Fleet
 from orbitive.clients import ClientPool, PoolOptions, _client_state
 from orbitive.clients._router import Router
+from tests._fleets import remove_fleet_files
 from tests._servers import TempPostgres
 
 STATE_CHECK: Final = _client_state.STATE_CHECK.decode()
@@ -63,8 +68,9 @@ _TICKS: Final = os.sysconf("SC_CLK_TCK")
 def _relay(listen: str, upstream: str) -> None:
     """Accept one connection on ``listen`` and copy bytes both ways to ``upstream``."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(listen)
+    server.bind(listen + ".new")
     server.listen(1)
+    os.rename(listen + ".new", listen)  # found only once it listens
     client, _ = server.accept()
     up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     up.connect(upstream)
@@ -92,10 +98,10 @@ def _busy_relay(listen: str, upstream: str) -> None:
     _relay(listen, upstream)
 
 
-def _router(listen: str, upstream: str, busy: bool = False) -> None:
+def _router(listen: str, upstream: str, busy: bool = False, fleet: Fleet | None = None) -> None:
     """Transaction mode's reference router on ``listen``, on a pool of one server
-    connection to the server whose socket is ``upstream``; this thread spins when
-    ``busy``."""
+    connection to the server whose socket is ``upstream`` (on ``fleet``, or a fleet of
+    its own); this thread spins when ``busy``."""
     folder, name = os.path.split(listen)
     upstream_folder, upstream_name = os.path.split(upstream)
     conninfo = psycopg.conninfo.make_conninfo(
@@ -105,7 +111,7 @@ def _router(listen: str, upstream: str, busy: bool = False) -> None:
         dbname="postgres",
     )
     pool: ClientPool[psycopg.Connection[Any]] = ClientPool(
-        Fleet.local("txnhop", 1),
+        fleet or Fleet.local(_LOCAL_FLEET, 1),
         conninfo,
         create=functools.partial(psycopg.connect, conninfo, autocommit=True),
         close=psycopg.Connection.close,
@@ -118,6 +124,35 @@ def _router(listen: str, upstream: str, busy: bool = False) -> None:
     threading.Event().wait()
 
 
+def _owner(listen: str, upstream: str) -> None:
+    """A router of the fleet of :func:`_loaning_router` that takes its key's only
+    connection over and lends it; its pid goes beside ``listen``."""
+    Path(listen).parent.parent.joinpath("pids").write_text(str(os.getpid()))
+    _router(listen, upstream, fleet=Fleet.join(_LOAN_FLEET, 4))
+
+
+def _loaning_router(listen: str, upstream: str) -> None:
+    """A router of a fleet of two whose key's only connection another process's router
+    holds: each statement runs there, on a loan (two relays in Python)."""
+    fleet = Fleet.join(_LOAN_FLEET, 4)
+    here, owner = (str(Path(listen).parent / side / Path(listen).name) for side in "bo")
+    for path in (here, owner):
+        Path(path).parent.mkdir()
+    serving = threading.Thread(target=_router, args=(here, upstream), kwargs={"fleet": fleet})
+    serving.start()  # its router opens the connection
+    while not os.path.exists(here):
+        time.sleep(0.01)
+    if os.fork() == 0:  # a daemonic process starts no multiprocessing child
+        try:
+            _owner(owner, upstream)
+        finally:
+            os._exit(1)
+    while not os.path.exists(owner):
+        time.sleep(0.01)  # the owner's router took the connection over
+    os.symlink(here, listen)
+    serving.join()
+
+
 def _busy_router(listen: str, upstream: str) -> None:
     _router(listen, upstream, busy=True)
 
@@ -128,7 +163,10 @@ HOPS: Final = {
     "busy relay": _busy_relay,
     "router": _router,
     "busy router": _busy_router,
+    "loan": _loaning_router,
 }
+_LOAN_FLEET: Final = f"txnhop{os.getpid()}"
+_LOCAL_FLEET: Final = f"txnhop{os.getpid()}l"
 
 
 def _cpu_s(pid: int) -> float:
@@ -190,11 +228,18 @@ def _through(
             assert backend is not None
             counted = [] if busy else relays
             pids = [backend[0], *(relay.pid for relay in counted if relay.pid is not None)]
-            return run(conn, pids)
+            return run(conn, pids + _owners(work))
     finally:
         for relay in relays:
             relay.join(5)
             relay.kill()
+        for pid in _owners(work):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _owners(work: Path) -> list[int]:
+    """The processes of loans' owners on a path (:func:`_owner`)."""
+    return [int(found.read_text()) for found in work.glob("*/pids")]
 
 
 #: (label, the hops on the path, statement, share of ``--statements`` it runs).
@@ -205,6 +250,7 @@ CASES: Final = (
     ("1 hop, GIL busy", ("busy relay",), "SELECT 1", 0.1),
     ("router", ("router",), "SELECT 1", 1.0),
     ("router, GIL busy", ("busy router",), "SELECT 1", 0.1),
+    ("router, loan", ("loan",), "SELECT 1", 1.0),
     ("direct, state check", (), STATE_CHECK, 0.25),
     ("direct, settings", (), SETTINGS_CHECK, 0.25),
 )
@@ -227,6 +273,8 @@ def main() -> None:
                 rows.append((label, _through(hops, pg, Path(scratch) / str(number), run)))
     finally:
         pg.stop()
+        for fleet in (_LOAN_FLEET, _LOCAL_FLEET):
+            remove_fleet_files(fleet)  # and the loan sockets of its routers
     print(f"{'path':<22}{'p50 µs':>10}{'p99 µs':>10}{'CPU µs/stmt':>14}")
     for label, row in rows:
         print(f"{label:<22}{row['p50_us']:>10.1f}{row['p99_us']:>10.1f}{row['cpu_us']:>14.1f}")
