@@ -55,6 +55,39 @@ def psycopg_requests(
         pool.close()
 
 
+def transaction_mode_worker(
+    channel: Channel, fleet_name: str, url: str, table: str, worker: int, rounds: int
+) -> None:
+    """A worker of the fleet with a transaction-mode ConnectionPool (``max_live`` 2):
+    four threads insert ``rounds`` rows each into ``table``, one transaction each;
+    reports "done" (a thread's error fails the worker)."""
+    errors: list[BaseException] = []
+    with Fleet.join(fleet_name, 16) as fleet:
+        options = PoolOptions(max_live=2, mode="transaction")
+        with ConnectionPool(url, fleet=fleet, options=options) as pool:
+
+            def work(thread: int) -> None:
+                try:
+                    for n in range(rounds):
+                        with pool.connection() as conn:
+                            conn.execute(
+                                f'INSERT INTO "{table}" VALUES (%s, %s)',
+                                (worker, thread * rounds + n),
+                            )
+                            conn.execute(SLOW_QUERY)
+                except BaseException as error:
+                    errors.append(error)
+
+            threads = [threading.Thread(target=work, args=(number,)) for number in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    if errors:
+        raise errors[0]
+    channel.send("done")
+
+
 def psycopg_holder(
     channel: Channel, fleet_name: str, capacity: int, url: str, tag: str, max_live: int, hold: int
 ) -> None:

@@ -172,6 +172,12 @@ class ClientPool(Generic[C]):
             options = PoolOptions()
         elif type(options) is not PoolOptions:
             raise _bad_options(options)
+        if options.mode != "session":
+            raise InvalidPoolOptions(
+                "mode='transaction' is for PostgreSQL pools (so far orbitive.clients.psycopg"
+                ".ConnectionPool): a ClientPool keeps each client in its process",
+                key="mode",
+            )
         self.key = pool_key(key)
         if budget is not None:
             if type(budget) is not Budget:

@@ -19,6 +19,10 @@ SECONDS_MAX: Final = 1e9
 HANDOFF_GRACE_S: Final = 0.05
 #: The largest size an option takes (a u32 table counter).
 SIZE_MAX: Final = (1 << 32) - 1
+#: ``PoolOptions.mode``'s words.
+MODES: Final = ("session", "transaction")
+#: ``PoolOptions.on_session_state``'s words.
+ON_SESSION_STATE: Final = ("pin", "refuse")
 
 
 def _size(name: str, value: object, low: int) -> int:
@@ -78,11 +82,23 @@ class PoolOptions:
             wait whatever a request takes.
         handoff_uses: also end a turn after this many checkouts (an int >= 1),
             or None: only ``handoff_after`` does. 1 hands over at once.
+        mode: ``"session"`` (a connection stays with its process; the default) or
+            ``"transaction"`` (PostgreSQL adapters: a driver's connection goes to
+            its process's router, which runs each transaction on an idle server
+            connection of any process of the fleet; docs/architecture.md,
+            "Transaction mode"). ``max_live``, ``min_idle`` and ``max_idle`` then
+            count server connections. The psycopg pools take it so far.
+        on_session_state: in transaction mode, what a statement that leaves state
+            in the session (``LISTEN``, SQL ``PREPARE``, ``LOAD``, a holdable
+            cursor) does when it runs alone: ``"pin"`` (the default: the server
+            connection stays with the client while the state lasts) or
+            ``"refuse"`` (it is undone and answered SQLSTATE 0A000).
 
     Raises:
         InvalidPoolOptions: a size is not an int in range (bools refused), the
-            sizes break ``min_idle <= max_idle <= max_live``, or a duration is
-            not a finite number of seconds above zero (at most 1e9).
+            sizes break ``min_idle <= max_idle <= max_live``, a duration is not a
+            finite number of seconds above zero (at most 1e9), or ``mode`` or
+            ``on_session_state`` is not one of its words.
     """
 
     max_live: int = 4
@@ -94,6 +110,8 @@ class PoolOptions:
     max_lifetime: float = 3600.0
     handoff_after: float = 0.5
     handoff_uses: int | None = None
+    mode: str = "session"
+    on_session_state: str = "pin"
 
     def __post_init__(self) -> None:
         max_live = _size("max_live", self.max_live, 1)
@@ -109,6 +127,13 @@ class PoolOptions:
                 key="max_idle",
             )
         object.__setattr__(self, "max_idle", max_idle)
+        for name, words in (("mode", MODES), ("on_session_state", ON_SESSION_STATE)):
+            if type(getattr(self, name)) is not str or getattr(self, name) not in words:
+                raise InvalidPoolOptions(
+                    f"{name} must be one of {', '.join(map(repr, words))}, "
+                    f"got {shown(getattr(self, name))}",
+                    key=name,
+                )
         for name in ("acquire_timeout", "idle_timeout", "max_lifetime", "handoff_after"):
             object.__setattr__(self, name, _seconds(name, getattr(self, name)))
 

@@ -90,6 +90,10 @@ _COPY: Final = frozenset({_wire.COPY_DATA, _wire.COPY_DONE, _wire.COPY_FAIL})
 #: Client messages whose answers end with a ``ReadyForQuery``.
 _ANSWERED_BY_READY: Final = frozenset({_wire.SYNC, _wire.QUERY, _wire.FUNCTION_CALL})
 _DEALLOCATING: Final = frozenset({b"DISCARD ALL\0", b"DEALLOCATE ALL\0"})
+_EMPTY_ANSWER: Final = (
+    Message(_wire.EMPTY_QUERY_RESPONSE, b""),
+    _wire.ready_for_query(_wire.IDLE),
+)
 #: Seconds the router stops accepting after the process ran out of descriptors.
 _ACCEPT_PAUSE_S: Final = 0.1
 #: Seconds a closing router lets other processes' transactions on its connections
@@ -258,9 +262,17 @@ class Router:
             self._shut()
 
     def _stop_accepting(self) -> None:
-        for listener in (self._listener, self._loan_listener):
+        """Close the listening sockets and remove their paths: a driver or a borrower
+        that connects now is refused at once (one in a backlog no one accepts would
+        wait for its timeout). Idempotent."""
+        for listener, path in ((self._listener, self.path), (self._loan_listener, self.loan_path)):
+            if listener.fileno() < 0:
+                continue
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(listener)
+            listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         self._accept_again = 0.0
 
     def _lending(self) -> bool:
@@ -366,10 +378,7 @@ class Router:
         with self._post_lock:
             self._shut_down = True
         self._posted_work()  # connections that came meanwhile go back
-        for listener, path in ((self._listener, self.path), (self._loan_listener, self.loan_path)):
-            listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        self._stop_accepting()
         self._wake_r.close()
         self._selector.close()
 
@@ -518,6 +527,10 @@ class Router:
             if client.server is None and isinstance(client, Borrower):
                 self._client_gone(client)  # its loan was released: it has no more
                 return
+            if client.server is None and message.kind == _wire.QUERY and message.body == b"\0":
+                client.queued.popleft()  # an empty query (a pool's check): answered here
+                self._write(client, _EMPTY_ANSWER)
+                continue
             server = client.server or self._take(client)
             if server is None or server.internal is not None or server.cancelling:
                 return

@@ -50,9 +50,10 @@ from .._core import _errors
 from .._core._errors import InvalidPoolOptions, OrbitError, UnknownClient, shown
 from .._core._fleet import Fleet
 from ..pool import POOL_KIND, Key
+from . import _transaction
 from ._budget import Budget
 from ._client_pool import ClientPool
-from ._options import PoolOptions
+from ._options import PoolOptions, pool_key
 from ._psycopg_compat import (
     REFUSED,
     UNSET,
@@ -65,6 +66,7 @@ from ._psycopg_compat import (
     refuse,
 )
 from ._psycopg_connections import (
+    CLIENT_SIDE,
     IDLE,
     OPEN,
     check_connection,
@@ -388,13 +390,53 @@ class ConnectionPool(_Base):
         self._configure, self._reset_hook = configure, reset
         self._lock = threading.Lock()
         counted = None if check is None else self._counted(check)
-        self._build = lambda: ClientPool(
-            fleet, derived, self._connect, close, check=counted, reset=self._reset,
-            options=self._options, kind=kind, label=self.name, budget=budget,
-            sever=sever_connection,
-        )  # fmt: skip
+        #: What ``connect`` gets: the conninfo and kwargs, or, in transaction mode,
+        #: the process's router's socket and the client-side kwargs.
+        self._target, self._target_kwargs = self.conninfo, self.kwargs
+        self._router: _transaction.TransactionRouter | None = None
+        if self._options.mode == "transaction" and budget is not None:
+            raise InvalidPoolOptions(
+                "mode='transaction' takes no budget yet: use one without it", key="budget"
+            )
+        self._build = lambda: self._client_pool(fleet, derived, counted, kind, budget)
         if open is None or open:
             self.open()
+
+    def _client_pool(
+        self,
+        fleet: Fleet,
+        key: object,
+        check: Callable[[psycopg.Connection[Any]], None] | None,
+        kind: int,
+        budget: Budget | None,
+    ) -> ClientPool[Any]:
+        """The ClientPool of the pool's connections: to the server (session mode), or
+        to the process's router of the key (transaction mode, :mod:`._transaction`)."""
+        if self._options.mode == "session":
+            return ClientPool(
+                fleet, key, self._connect, close, check=check, reset=self._reset,
+                options=self._options, kind=kind, label=self.name, budget=budget,
+                sever=sever_connection,
+            )  # fmt: skip
+        servers = pool_key(key)
+        params = {name: value for name, value in self.kwargs.items() if name not in CLIENT_SIDE}
+        conninfo = psycopg.conninfo.make_conninfo(self.conninfo, **params)
+        router = _transaction.attach(fleet, conninfo, servers, self._options, kind, self.name)
+        try:
+            self._target = router.client_conninfo(conninfo)
+            self._target_kwargs = {
+                name: value for name, value in self.kwargs.items() if name in CLIENT_SIDE
+            }
+            clients: ClientPool[Any] = ClientPool(
+                fleet, _transaction.clients_key(servers), self._connect, close, check=check,
+                reset=self._reset, options=_transaction.client_options(self._options),
+                kind=kind, label=_transaction.clients_label(self.name),
+            )  # fmt: skip
+        except BaseException:
+            _transaction.detach(router)
+            raise
+        self._router = router
+        return clients
 
     def _counted(
         self, check: Callable[[psycopg.Connection[Any]], None]
@@ -414,7 +456,7 @@ class ConnectionPool(_Base):
     def _connect(self) -> psycopg.Connection[Any]:
         began = self._connecting()
         try:
-            conn = self.connection_class.connect(self.conninfo, **self.kwargs)
+            conn = self.connection_class.connect(self._target, **self._target_kwargs)
         except Exception:
             self._stats.counts["connections_errors"] += 1
             raise
@@ -522,9 +564,11 @@ class ConnectionPool(_Base):
         pool has none: it returns once this process's idle connections are closed.
         """
         with self._lock:
-            clients = self._clients
+            clients, router, self._router = self._clients, self._router, None
         if clients is not None:
             clients.close()
+        if router is not None:
+            _transaction.detach(router)
 
     def check(self) -> None:
         """Check this process's idle connections with :func:`check_connection`: those that

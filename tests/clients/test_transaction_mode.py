@@ -1,0 +1,125 @@
+"""``PoolOptions(mode="transaction")`` in the psycopg pool: the user's code is unchanged,
+its connections go to the process's router, and ``max_live`` counts the server
+connections the fleet's transactions share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from orbitive import Fleet
+from orbitive.clients import ClientPool, InvalidPoolOptions, PoolOptions
+from orbitive.clients.psycopg import AsyncConnectionPool, ConnectionPool
+
+from .._processes import Processes
+from .._servers import TempPostgres
+from ._router_pool import sessions
+from ._workers import transaction_mode_worker
+
+ROUNDS = 20
+
+
+@pytest.fixture
+def url(postgres_server: TempPostgres, tag: str) -> Iterator[str]:
+    """The server's URL, its connections tagged, and a table of the test's own."""
+    with psycopg.connect(postgres_server.url, autocommit=True) as admin:
+        admin.execute(f'CREATE TABLE "{tag}" (worker int, n int)')
+        yield f"{postgres_server.url}?application_name={tag}"
+        admin.execute(f'DROP TABLE "{tag}"')
+
+
+def test_threads_share_max_live_server_connections_and_every_commit_lands(
+    fleet: Fleet, url: str, postgres_server: TempPostgres, tag: str
+) -> None:
+    errors: list[BaseException] = []
+    options = PoolOptions(max_live=2, mode="transaction")
+    with ConnectionPool(url, fleet=fleet, options=options) as pool:
+
+        def work(worker: int) -> None:
+            try:
+                for n in range(ROUNDS):
+                    with pool.connection() as conn:  # commits at the end of the block
+                        conn.execute(f'INSERT INTO "{tag}" VALUES (%s, %s)', (worker, n))
+                        conn.execute("SELECT pg_sleep(0.001)")
+            except BaseException as error:
+                errors.append(error)
+
+        threads = [threading.Thread(target=work, args=(worker,)) for worker in range(8)]
+        for thread in threads:
+            thread.start()
+        peak = 0
+        while any(thread.is_alive() for thread in threads):
+            peak = max(peak, sessions(postgres_server, tag))
+            time.sleep(0.02)
+        with pool.connection() as conn:
+            rows = conn.execute(f'SELECT count(DISTINCT (worker, n)) FROM "{tag}"').fetchone()
+    assert errors == []
+    assert rows == (8 * ROUNDS,)
+    assert peak <= 2
+    until_closed = time.monotonic() + 10
+    while sessions(postgres_server, tag) and time.monotonic() < until_closed:
+        time.sleep(0.02)
+    assert sessions(postgres_server, tag) == 0  # closing the pool closed its router's
+
+
+def test_the_processes_of_a_fleet_share_max_live_in_transaction_mode(
+    fleet_name: str, url: str, postgres_server: TempPostgres, tag: str
+) -> None:
+    with Processes("fork") as procs:
+        workers = [
+            procs.start(transaction_mode_worker, fleet_name, url, tag, worker, ROUNDS)
+            for worker in range(3)
+        ]
+        peak = 0
+        done: list[object] = []
+        deadline = time.monotonic() + 120
+        while len(done) < len(workers):
+            peak = max(peak, sessions(postgres_server, tag))
+            with contextlib.suppress(TimeoutError):
+                done.append(workers[len(done)].recv(0.02))
+            assert time.monotonic() < deadline, "the workers never finished"
+    assert done == ["done"] * 3
+    assert peak <= 2
+    with psycopg.connect(postgres_server.url) as conn:
+        rows = conn.execute(f'SELECT count(DISTINCT (worker, n)) FROM "{tag}"').fetchone()
+    assert rows == (3 * 4 * ROUNDS,)
+
+
+def test_session_state_pins_and_is_never_found_by_another_transaction(
+    fleet: Fleet, url: str
+) -> None:
+    options = PoolOptions(max_live=2, mode="transaction")
+    with (
+        ConnectionPool(url, fleet=fleet, options=options) as pool,
+        pool.connection() as listener,
+    ):
+        listener.autocommit = True
+        listener.execute("LISTEN news")
+        listener.execute("CREATE TEMP TABLE mine (n int)")
+        pid = listener.execute("SELECT pg_backend_pid()").fetchone()
+        for _ in range(3):
+            with pool.connection() as other:
+                row = other.execute(
+                    "SELECT pg_backend_pid(), count(*) FROM pg_listening_channels()"
+                ).fetchone()
+                assert row is not None and (row[0],) != pid and row[1] == 0
+        assert listener.execute("SELECT pg_backend_pid()").fetchone() == pid
+
+
+def test_transaction_mode_refuses_what_it_does_not_take_yet(fleet: Fleet, url: str) -> None:
+    options = PoolOptions(mode="transaction")
+    with pytest.raises(InvalidPoolOptions, match="mode"):
+        ClientPool(fleet, "k", create=object, close=lambda client: None, options=options)
+    with pytest.raises(InvalidPoolOptions, match="mode"):
+        AsyncConnectionPool(url, fleet=fleet, options=options)
+    for bad in ("Transaction", "", None, 1):
+        with pytest.raises(InvalidPoolOptions, match="mode must be one of"):
+            PoolOptions(mode=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidPoolOptions, match="on_session_state"):
+        PoolOptions(on_session_state="ignore")
