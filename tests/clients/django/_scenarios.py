@@ -398,6 +398,52 @@ def a_fleet_of_another_capacity_is_improperly_configured_at_the_first_connection
     assert server_count() == 0
 
 
+@scenario
+def transaction_mode_keeps_what_a_session_holds_on_shared_connections() -> None:
+    """``mode="transaction"``, ``max_live`` 2: row locks inside ``atomic()``, a
+    ``.iterator()`` cursor inside and outside it, ``LISTEN``/``NOTIFY`` and a session
+    advisory lock keep working, each on the connection that holds it, and another
+    thread's transactions never find them; the server never sees more than 2."""
+    from tests.clients.django.ledger.models import Account  # noqa: PLC0415 - after setup
+
+    accounts()
+    assert pool().clients.label.endswith("(router clients)")  # the router's clients
+
+    def lock_taken_elsewhere() -> bool:
+        try:
+            with transaction.atomic():
+                Account.objects.select_for_update(nowait=True).get(name="a")
+        except DatabaseError:
+            return True
+        return False
+
+    with transaction.atomic():
+        Account.objects.select_for_update().get(name="a")
+        mine = backend()
+        assert in_thread(lock_taken_elsewhere)  # the row lock is this transaction's
+        names = [one.name for one in Account.objects.order_by("name").iterator(chunk_size=1)]
+        assert names == ["a", "b"] and backend() == mine  # one connection all along
+    assert not in_thread(lock_taken_elsewhere)  # released with the transaction
+    names = [one.name for one in Account.objects.order_by("name").iterator(chunk_size=1)]
+    assert names == ["a", "b"]  # a WITH HOLD cursor, in autocommit: pinned while open
+    with connection.cursor() as cursor:
+        cursor.execute("LISTEN ledger")  # pins: notifications reach this client
+        in_thread(lambda: connection.cursor().execute("NOTIFY ledger, 'posted'"))
+        notices = list(connection.connection.notifies(timeout=10, stop_after=1))
+        assert [notice.payload for notice in notices] == ["posted"]
+        cursor.execute("SELECT pg_advisory_lock(42)")
+        taken = "SELECT pg_try_advisory_lock(42)"
+        assert in_thread(lambda: connection.cursor().execute(taken).fetchone()) == (False,)
+        cursor.execute("SELECT pg_advisory_unlock(42)")
+    channels = "SELECT count(*) FROM pg_listening_channels()"
+    assert in_thread(lambda: connection.cursor().execute(channels).fetchone()) == (0,)
+    with transaction.atomic():
+        Account.objects.filter(name="a").update(balance=90)
+        Account.objects.filter(name="b").update(balance=10)
+    assert sorted(Account.objects.values_list("name", "balance")) == [("a", 90), ("b", 10)]
+    assert server_count() <= 2
+
+
 def main(name: str) -> None:
     configure()
     SCENARIOS[name]()

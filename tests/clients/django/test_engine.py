@@ -96,6 +96,13 @@ def test_row_locks_server_side_cursors_listen_and_advisory_locks_keep_working(
     scenario("row_locks_server_side_cursors_listen_and_advisory_locks_keep_working")
 
 
+def test_transaction_mode_keeps_what_a_session_holds_on_shared_connections(
+    scenario: Any,
+) -> None:
+    name = "transaction_mode_keeps_what_a_session_holds_on_shared_connections"
+    scenario(name, max_live=2, mode="transaction", timeout=10)
+
+
 def test_a_forked_child_never_uses_its_parents_pool_or_connection(scenario: Any) -> None:
     scenario("a_forked_child_never_uses_its_parents_pool_or_connection")
 

@@ -32,6 +32,8 @@ _OPTION_FIELDS: Final = {
     "max_lifetime": "max_lifetime",
     "handoff_after": "handoff_after",
     "handoff_uses": "handoff_uses",
+    "mode": "mode",
+    "on_session_state": "on_session_state",
 }
 #: Every key ``OPTIONS["pool"]`` takes.
 KEYS: Final = ("fleet", "fleet_capacity", *_OPTION_FIELDS, "budget")
