@@ -5,6 +5,7 @@ connections the fleet's transactions share.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -14,12 +15,13 @@ import psycopg
 import pytest
 
 from orbitive import Fleet
-from orbitive.clients import ClientPool, InvalidPoolOptions, PoolOptions
+from orbitive.clients import Budget, ClientPool, InvalidPoolOptions, PoolOptions
 from orbitive.clients.psycopg import AsyncConnectionPool, ConnectionPool
 
 from .._processes import Processes
 from .._servers import TempPostgres
 from ._router_pool import sessions
+from ._sampling import ServerConnections
 from ._workers import transaction_mode_worker
 
 ROUNDS = 20
@@ -112,12 +114,40 @@ def test_session_state_pins_and_is_never_found_by_another_transaction(
         assert listener.execute("SELECT pg_backend_pid()").fetchone() == pid
 
 
-def test_transaction_mode_refuses_what_it_does_not_take_yet(fleet: Fleet, url: str) -> None:
+def test_asyncio_tasks_share_max_live_server_connections(
+    fleet: Fleet, url: str, postgres_server: TempPostgres, tag: str
+) -> None:
+    async def body() -> int:
+        options = PoolOptions(max_live=2, mode="transaction")
+        async with AsyncConnectionPool(url, fleet=fleet, options=options) as pool:
+
+            async def work(worker: int) -> None:
+                for n in range(ROUNDS):
+                    async with pool.connection() as conn:
+                        await conn.execute(f'INSERT INTO "{tag}" VALUES (%s, %s)', (worker, n))
+                        await conn.execute("SELECT pg_sleep(0.001)")
+
+            await asyncio.gather(*(work(worker) for worker in range(6)))
+            async with pool.connection() as conn:
+                cursor = await conn.execute(f'SELECT count(DISTINCT (worker, n)) FROM "{tag}"')
+                row = await cursor.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    with ServerConnections(postgres_server.url, tag) as server:
+        assert asyncio.run(asyncio.wait_for(body(), 60)) == 6 * ROUNDS
+    assert 1 <= server.highest <= 2
+
+
+def test_transaction_mode_refuses_what_it_does_not_take_yet(
+    fleet: Fleet, url: str, postgres_server: TempPostgres
+) -> None:
     options = PoolOptions(mode="transaction")
     with pytest.raises(InvalidPoolOptions, match="mode"):
         ClientPool(fleet, "k", create=object, close=lambda client: None, options=options)
-    with pytest.raises(InvalidPoolOptions, match="mode"):
-        AsyncConnectionPool(url, fleet=fleet, options=options)
+    budget = Budget(postgres_server.url, "transaction-mode", total=2)
+    with pytest.raises(InvalidPoolOptions, match="budget"):
+        ConnectionPool(url, fleet=fleet, options=options, budget=budget)
     for bad in ("Transaction", "", None, 1):
         with pytest.raises(InvalidPoolOptions, match="mode must be one of"):
             PoolOptions(mode=bad)  # type: ignore[arg-type]

@@ -106,6 +106,8 @@ class _Base:
     name: str
     _clients: ClientPool[Any] | None
     _build: Callable[[], ClientPool[Any]]
+    _connect: Callable[[], Any]
+    _reset: Callable[[Any], Any]
 
     def _setup(
         self,
@@ -130,7 +132,52 @@ class _Base:
         self.conninfo, self.kwargs = conninfo, dict(kwargs)
         self._clients, self._opened = None, False
         self._stats = Stats()
+        #: What ``connect`` gets: the conninfo and kwargs, or, in transaction mode,
+        #: the process's router's socket and the client-side kwargs.
+        self._target, self._target_kwargs = self.conninfo, self.kwargs
+        self._router: _transaction.TransactionRouter | None = None
         return derived
+
+    def _client_pool(
+        self,
+        fleet: Fleet,
+        key: object,
+        check: Callable[[Any], Any] | None,
+        kind: int,
+        budget: Budget | None,
+        close: Callable[[Any], Any],
+    ) -> ClientPool[Any]:
+        """The ClientPool of the pool's connections: to the server (session mode), or
+        to the process's router of the key (transaction mode, :mod:`._transaction`)."""
+        if self._options.mode == "session":
+            return ClientPool(
+                fleet, key, self._connect, close, check=check, reset=self._reset,
+                options=self._options, kind=kind, label=self.name, budget=budget,
+                sever=sever_connection,
+            )  # fmt: skip
+        if budget is not None:
+            raise InvalidPoolOptions(
+                "mode='transaction' takes no budget yet: use one without it", key="budget"
+            )
+        servers = pool_key(key)
+        params = {name: value for name, value in self.kwargs.items() if name not in CLIENT_SIDE}
+        conninfo = psycopg.conninfo.make_conninfo(self.conninfo, **params)
+        router = _transaction.attach(fleet, conninfo, servers, self._options, kind, self.name)
+        try:
+            self._target = router.client_conninfo(conninfo)
+            self._target_kwargs = {
+                name: value for name, value in self.kwargs.items() if name in CLIENT_SIDE
+            }
+            clients: ClientPool[Any] = ClientPool(
+                fleet, _transaction.clients_key(servers), self._connect, close, check=check,
+                reset=self._reset, options=_transaction.client_options(self._options),
+                kind=kind, label=_transaction.clients_label(self.name),
+            )  # fmt: skip
+        except BaseException:
+            _transaction.detach(router)
+            raise
+        self._router = router
+        return clients
 
     @property
     def closed(self) -> bool:
@@ -390,53 +437,9 @@ class ConnectionPool(_Base):
         self._configure, self._reset_hook = configure, reset
         self._lock = threading.Lock()
         counted = None if check is None else self._counted(check)
-        #: What ``connect`` gets: the conninfo and kwargs, or, in transaction mode,
-        #: the process's router's socket and the client-side kwargs.
-        self._target, self._target_kwargs = self.conninfo, self.kwargs
-        self._router: _transaction.TransactionRouter | None = None
-        if self._options.mode == "transaction" and budget is not None:
-            raise InvalidPoolOptions(
-                "mode='transaction' takes no budget yet: use one without it", key="budget"
-            )
-        self._build = lambda: self._client_pool(fleet, derived, counted, kind, budget)
+        self._build = lambda: self._client_pool(fleet, derived, counted, kind, budget, close)
         if open is None or open:
             self.open()
-
-    def _client_pool(
-        self,
-        fleet: Fleet,
-        key: object,
-        check: Callable[[psycopg.Connection[Any]], None] | None,
-        kind: int,
-        budget: Budget | None,
-    ) -> ClientPool[Any]:
-        """The ClientPool of the pool's connections: to the server (session mode), or
-        to the process's router of the key (transaction mode, :mod:`._transaction`)."""
-        if self._options.mode == "session":
-            return ClientPool(
-                fleet, key, self._connect, close, check=check, reset=self._reset,
-                options=self._options, kind=kind, label=self.name, budget=budget,
-                sever=sever_connection,
-            )  # fmt: skip
-        servers = pool_key(key)
-        params = {name: value for name, value in self.kwargs.items() if name not in CLIENT_SIDE}
-        conninfo = psycopg.conninfo.make_conninfo(self.conninfo, **params)
-        router = _transaction.attach(fleet, conninfo, servers, self._options, kind, self.name)
-        try:
-            self._target = router.client_conninfo(conninfo)
-            self._target_kwargs = {
-                name: value for name, value in self.kwargs.items() if name in CLIENT_SIDE
-            }
-            clients: ClientPool[Any] = ClientPool(
-                fleet, _transaction.clients_key(servers), self._connect, close, check=check,
-                reset=self._reset, options=_transaction.client_options(self._options),
-                kind=kind, label=_transaction.clients_label(self.name),
-            )  # fmt: skip
-        except BaseException:
-            _transaction.detach(router)
-            raise
-        self._router = router
-        return clients
 
     def _counted(
         self, check: Callable[[psycopg.Connection[Any]], None]
@@ -645,11 +648,7 @@ class AsyncConnectionPool(_Base):
         self.close_returns = _close_returns(close_returns)
         self._configure, self._reset_hook = configure, reset
         counted = None if check is None else self._counted(check)
-        self._build = lambda: ClientPool(
-            fleet, derived, self._connect, close_async, check=counted, reset=self._reset,
-            options=self._options, kind=kind, label=self.name, budget=budget,
-            sever=sever_connection,
-        )  # fmt: skip
+        self._build = lambda: self._client_pool(fleet, derived, counted, kind, budget, close_async)
         if open is None or open:
             self._start()
 
@@ -671,7 +670,7 @@ class AsyncConnectionPool(_Base):
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         began = self._connecting()
         try:
-            conn = await self.connection_class.connect(self.conninfo, **self.kwargs)
+            conn = await self.connection_class.connect(self._target, **self._target_kwargs)
         except Exception:
             self._stats.counts["connections_errors"] += 1
             raise
@@ -695,8 +694,12 @@ class AsyncConnectionPool(_Base):
                 raise psycopg.ProgrammingError("reset() left the connection in a transaction")
 
     async def open(self, wait: bool = False, timeout: float = 30.0) -> None:
-        """As :meth:`ConnectionPool.open`."""
-        self._start()
+        """As :meth:`ConnectionPool.open` (in transaction mode the process's router may
+        start, which connects once: in a thread, off the loop)."""
+        if self._options.mode == "transaction":
+            await asyncio.to_thread(self._start)
+        else:
+            self._start()
         if wait:
             await self.wait(timeout)
 
@@ -747,8 +750,11 @@ class AsyncConnectionPool(_Base):
 
     async def close(self, timeout: float = 5.0) -> None:
         """As :meth:`ConnectionPool.close`."""
+        router, self._router = self._router, None
         if self._clients is not None:
             await self._clients.close_async()
+        if router is not None:
+            await asyncio.to_thread(_transaction.detach, router)  # it joins the router
 
     async def check(self) -> None:
         """As :meth:`ConnectionPool.check`, on the event loop."""
