@@ -4,11 +4,12 @@ the server's own count of them, and a process that routes its own clients."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Iterator
+from typing import Any, Final
 
 import psycopg
 
@@ -19,8 +20,8 @@ from orbitive.clients._router import Router
 from .._processes import Channel
 from .._servers import TempPostgres
 
-#: The port in the name of a routing process's socket.
-ROUTING_PORT: Final = 6434
+#: The port in the name of a test router's socket (each has a folder of its own).
+PORT: Final = 6434
 #: Transactions each client of a routing process runs.
 ROUNDS: Final = 30
 
@@ -39,6 +40,39 @@ def server_pool(
         options=PoolOptions(max_live=max_live, max_idle=max_live),
         lends=True,
     )
+
+
+@contextlib.contextmanager
+def routed(
+    fleet: Fleet, server_url: str, tag: str, folder: str, max_live: int, **router: Any
+) -> Iterator[tuple[Router, ClientPool[psycopg.Connection]]]:
+    """A router on ``folder`` (:data:`PORT`) on a :func:`server_pool`; both closed after.
+    ``router``: more of :class:`~orbitive.clients._router.Router`'s arguments."""
+    with server_pool(fleet, server_url, tag, max_live) as pool:
+        started = Router(folder, PORT, pool, **router)
+        try:
+            yield started, pool
+        finally:
+            started.close()
+
+
+def conninfo_of(router: Router, **extra: str) -> str:
+    """How a driver reaches ``router`` (``extra``: more connection parameters)."""
+    folder = router.path.rsplit("/", 1)[0]
+    more = "".join(f" {name}={value}" for name, value in extra.items())
+    return f"host={folder} port={PORT} user=postgres dbname=postgres{more}"
+
+
+@contextlib.contextmanager
+def _routing(
+    fleet_name: str, server_url: str, tag: str, folder: str, max_live: int
+) -> Iterator[tuple[Router, ClientPool[psycopg.Connection]]]:
+    """:func:`routed` in a process of its own, on its own member of the fleet."""
+    with (
+        Fleet.join(fleet_name, 16) as fleet,
+        routed(fleet, server_url, tag, folder, max_live) as ends,
+    ):
+        yield ends
 
 
 def sessions(postgres_server: TempPostgres, tag: str) -> int:
@@ -65,37 +99,29 @@ def routing_process(
     each runs :data:`ROUNDS` transactions. Reports the server processes that served
     them, the errors its clients met, and how many connections its pool borrowed and
     created."""
-    with (
-        Fleet.join(fleet_name, 16) as fleet,
-        server_pool(fleet, server_url, tag, max_live) as pool,
-    ):
-        router = Router(folder, ROUTING_PORT, pool)
-        try:
-            channel.send("ready")
-            channel.recv()
-            served: list[int] = []
-            errors: list[str] = []
+    with _routing(fleet_name, server_url, tag, folder, max_live) as (router, pool):
+        channel.send("ready")
+        channel.recv()
+        served: list[int] = []
+        errors: list[str] = []
 
-            def client() -> None:
-                conninfo = f"host={folder} port={ROUTING_PORT} user=postgres dbname=postgres"
-                try:
-                    with psycopg.connect(conninfo, autocommit=True) as conn:
-                        for _ in range(ROUNDS):
-                            with conn.transaction():
-                                row = conn.execute("SELECT pg_backend_pid(), pg_sleep(0.002)")
-                                served.append(row.fetchall()[0][0])
-                except Exception as error:  # the test sees it
-                    errors.append(repr(error))
+        def client() -> None:
+            try:
+                with psycopg.connect(conninfo_of(router), autocommit=True) as conn:
+                    for _ in range(ROUNDS):
+                        with conn.transaction():
+                            row = conn.execute("SELECT pg_backend_pid(), pg_sleep(0.002)")
+                            served.append(row.fetchall()[0][0])
+            except Exception as error:  # the test sees it
+                errors.append(repr(error))
 
-            threads = [threading.Thread(target=client) for _ in range(clients)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            stats = pool.statistics()
-            channel.send((served, errors, stats.borrowed_count, stats.created_count))
-        finally:
-            router.close()
+        threads = [threading.Thread(target=client) for _ in range(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        stats = pool.statistics()
+        channel.send((served, errors, stats.borrowed_count, stats.created_count))
 
 
 def until(condition: Callable[[], bool], seconds: float = 30.0) -> None:
@@ -112,16 +138,9 @@ def owning_process(
     """A process of the fleet whose router, started once another process's router
     holds the key's only connection (``max_live`` 1), takes it over (that idle one is
     closed for it) and lends it: it runs nothing of its own, until killed."""
-    with (
-        Fleet.join(fleet_name, 16) as fleet,
-        server_pool(fleet, server_url, tag, 1) as pool,
-    ):
-        router = Router(folder, ROUTING_PORT, pool)
-        try:
-            channel.send("ready")
-            channel.recv(None)
-        finally:
-            router.close()
+    with _routing(fleet_name, server_url, tag, folder, 1):
+        channel.send("ready")
+        channel.recv(None)
 
 
 def borrowing_process(
@@ -131,20 +150,12 @@ def borrowing_process(
     1); once another process took it over and it is told to go, one of its clients
     inserts a row into ``table`` inside a transaction, on a loan, reports the server
     process, and stays inside the transaction until killed."""
-    with (
-        Fleet.join(fleet_name, 16) as fleet,
-        server_pool(fleet, server_url, tag, 1) as pool,
-    ):
-        router = Router(folder, ROUTING_PORT, pool)
-        try:
-            channel.send("ready")
-            channel.recv()
-            conninfo = f"host={folder} port={ROUTING_PORT} user=postgres dbname=postgres"
-            with psycopg.connect(conninfo) as conn:
-                conn.execute(f"INSERT INTO {table} VALUES (1)")
-                row = conn.execute("SELECT pg_backend_pid()").fetchone()
-                assert row is not None
-                channel.send((row[0], pool.statistics().borrowed_count))
-                channel.recv(None)
-        finally:
-            router.close()
+    with _routing(fleet_name, server_url, tag, folder, 1) as (router, pool):
+        channel.send("ready")
+        channel.recv()
+        with psycopg.connect(conninfo_of(router)) as conn:
+            conn.execute(f"INSERT INTO {table} VALUES (1)")
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            assert row is not None
+            channel.send((row[0], pool.statistics().borrowed_count))
+            channel.recv(None)

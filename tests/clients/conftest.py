@@ -10,13 +10,17 @@ import secrets
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from orbitive import Fleet
+from orbitive.clients import ClientPool
+from orbitive.clients._router import Router
 
 from .._processes import REPLY_TIMEOUT, Child, Processes
 from .._servers import TempPostgres
 from ._budget_hosts import Host
+from ._router_pool import PORT, server_pool
 from ._workers import budget_prober
 
 #: Nodes of a test fleet: up to 8 workers, the test process and a few spares.
@@ -34,6 +38,25 @@ def fleet(fleet_name: str) -> Iterator[Fleet]:
 def pg_url(postgres_server: TempPostgres) -> str:
     """The session server's URL."""
     return postgres_server.url
+
+
+@pytest.fixture
+def router_pool(
+    fleet: Fleet, postgres_server: TempPostgres, tag: str
+) -> Iterator[ClientPool[psycopg.Connection]]:
+    """At most two server connections for transaction mode's router (tagged ``tag``)."""
+    with server_pool(fleet, postgres_server.url, tag, 2) as opened:
+        yield opened
+
+
+@pytest.fixture
+def router(
+    router_pool: ClientPool[psycopg.Connection], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Router]:
+    """Transaction mode's reference router on :func:`router_pool`."""
+    started = Router(str(tmp_path_factory.mktemp("router")), PORT, router_pool)
+    yield started
+    started.close()
 
 
 @pytest.fixture

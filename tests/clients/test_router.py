@@ -13,7 +13,6 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
 
 import asyncpg
 import psycopg
@@ -26,32 +25,16 @@ from orbitive.clients._wire import Framer, Message
 
 from .._processes import Processes
 from .._servers import TempPostgres
-from ._router_pool import ROUNDS, routing_process, server_pool, sessions, until
-
-PORT = 6432
-
-
-@pytest.fixture
-def pool(
-    fleet: Fleet, postgres_server: TempPostgres, tag: str
-) -> Iterator[ClientPool[psycopg.Connection]]:
-    """At most two server connections (their ``application_name`` is the test's tag)."""
-    with server_pool(fleet, postgres_server.url, tag, 2) as opened:
-        yield opened
-
-
-@pytest.fixture
-def router(
-    pool: ClientPool[psycopg.Connection], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Router]:
-    started = Router(str(tmp_path_factory.mktemp("router")), PORT, pool)
-    yield started
-    started.close()
-
-
-def _conninfo(router: Router) -> str:
-    folder = router.path.rsplit("/", 1)[0]
-    return f"host={folder} port={PORT} user=postgres dbname=postgres"
+from ._router_pool import (
+    PORT,
+    ROUNDS,
+    conninfo_of,
+    routed,
+    routing_process,
+    server_pool,
+    sessions,
+    until,
+)
 
 
 def test_eight_clients_share_two_server_connections(
@@ -63,7 +46,7 @@ def test_eight_clients_share_two_server_connections(
 
     def client(number: int) -> None:
         try:
-            with psycopg.connect(_conninfo(router), autocommit=True) as conn:
+            with psycopg.connect(conninfo_of(router), autocommit=True) as conn:
                 for value in range(25):
                     with conn.transaction():
                         row = conn.execute(
@@ -91,31 +74,28 @@ def test_waiting_clients_are_served_in_the_order_they_asked(
     tag: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    with server_pool(fleet, postgres_server.url, tag, 1) as only:
-        router = Router(str(tmp_path_factory.mktemp("router")), PORT, only)
-        try:
-            holder = psycopg.connect(_conninfo(router))
-            holder.execute("SELECT 1")  # a transaction open: the only connection is taken
-            served: list[tuple[int, float]] = []
-            threads = []
-            for number in range(4):
+    folder = str(tmp_path_factory.mktemp("router"))
+    with routed(fleet, postgres_server.url, tag, folder, 1) as (router, _):
+        holder = psycopg.connect(conninfo_of(router))
+        holder.execute("SELECT 1")  # a transaction open: the only connection is taken
+        served: list[tuple[int, float]] = []
+        threads = []
+        for number in range(4):
 
-                def ask(number: int = number) -> None:
-                    with psycopg.connect(_conninfo(router), autocommit=True) as conn:
-                        now = "SELECT extract(epoch FROM clock_timestamp())"
-                        row = conn.execute(now).fetchone()
-                        assert row is not None
-                        served.append((number, float(row[0])))
+            def ask(number: int = number) -> None:
+                with psycopg.connect(conninfo_of(router), autocommit=True) as conn:
+                    now = "SELECT extract(epoch FROM clock_timestamp())"
+                    row = conn.execute(now).fetchone()
+                    assert row is not None
+                    served.append((number, float(row[0])))
 
-                threads.append(threading.Thread(target=ask))
-                threads[-1].start()
-                until(functools.partial(_waits, router, number + 1))  # it asked
-            holder.commit()
-            holder.close()
-            for thread in threads:
-                thread.join(10)
-        finally:
-            router.close()
+            threads.append(threading.Thread(target=ask))
+            threads[-1].start()
+            until(functools.partial(_waits, router, number + 1))  # it asked
+        holder.commit()
+        holder.close()
+        for thread in threads:
+            thread.join(10)
     assert [number for number, _ in sorted(served, key=lambda item: item[1])] == [0, 1, 2, 3]
 
 
@@ -124,34 +104,34 @@ def _waits(router: Router, count: int) -> bool:
 
 
 def test_a_client_gone_mid_transaction_leaves_nothing_and_the_rest_go_on(
-    router: Router, pool: ClientPool[psycopg.Connection], postgres_server: TempPostgres
+    router: Router, router_pool: ClientPool[psycopg.Connection], postgres_server: TempPostgres
 ) -> None:
     with psycopg.connect(postgres_server.url, autocommit=True) as admin:
         admin.execute("CREATE TABLE IF NOT EXISTS routed (n int)")
         admin.execute("TRUNCATE routed")
-        leaver = psycopg.connect(_conninfo(router))
+        leaver = psycopg.connect(conninfo_of(router))
         leaver.execute("INSERT INTO routed VALUES (1)")
         leaver.pgconn.finish()  # the socket closes inside the transaction
-        with psycopg.connect(_conninfo(router), autocommit=True) as other:
+        with psycopg.connect(conninfo_of(router), autocommit=True) as other:
             other.execute("INSERT INTO routed VALUES (2)")
             row = other.execute("SELECT array_agg(n ORDER BY n) FROM routed").fetchone()
         assert row == ([2],)
         admin.execute("DROP TABLE routed")
-    until(lambda: pool.statistics().closed_count == 1)  # the one it held: rolled back
+    until(lambda: router_pool.statistics().closed_count == 1)  # the one it held: rolled back
 
 
 def test_a_pinned_client_keeps_its_connection_and_leaves_it_clean(
-    router: Router, pool: ClientPool[psycopg.Connection]
+    router: Router, router_pool: ClientPool[psycopg.Connection]
 ) -> None:
-    with psycopg.connect(_conninfo(router), autocommit=True) as listener:
+    with psycopg.connect(conninfo_of(router), autocommit=True) as listener:
         listener.execute("LISTEN news")
         pid = listener.execute("SELECT pg_backend_pid()").fetchone()
         assert pid == listener.execute("SELECT pg_backend_pid()").fetchone()
     channels = "SELECT count(*) FROM pg_listening_channels()"
     for _ in range(4):
-        with psycopg.connect(_conninfo(router), autocommit=True) as conn:
+        with psycopg.connect(conninfo_of(router), autocommit=True) as conn:
             assert conn.execute(channels).fetchone() == (0,)  # no one inherits the LISTEN
-    assert pool.statistics().closed_count == 0  # cleaned, not closed
+    assert router_pool.statistics().closed_count == 0  # cleaned, not closed
 
 
 def test_asyncpg_is_served_by_the_router(router: Router) -> None:
@@ -177,7 +157,7 @@ def test_asyncpg_is_served_by_the_router(router: Router) -> None:
 
 def test_copy_both_ways_and_large_rows_pass_through_the_router(router: Router) -> None:
     big = "x" * 3_000_000  # a row larger than any socket buffer
-    with psycopg.connect(_conninfo(router), autocommit=True) as conn:
+    with psycopg.connect(conninfo_of(router), autocommit=True) as conn:
         conn.execute("CREATE TEMP TABLE copied (n int, s text)")  # pins: one connection
         with conn.cursor() as cursor, cursor.copy("COPY copied FROM STDIN") as copy:
             for n in range(1000):
@@ -195,7 +175,7 @@ def test_clients_that_prepare_the_same_statement_share_it_on_a_connection(
     router: Router,
 ) -> None:
     conns = [
-        psycopg.connect(_conninfo(router), autocommit=True, prepare_threshold=0) for _ in range(3)
+        psycopg.connect(conninfo_of(router), autocommit=True, prepare_threshold=0) for _ in range(3)
     ]
     try:
         for round_ in range(4):
@@ -220,7 +200,7 @@ def test_a_cancel_request_cancels_the_statement_where_it_runs(
     router's answer, and the reference router shares this process.)"""
     running = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)'"
     with (
-        psycopg.connect(_conninfo(router), autocommit=True) as conn,
+        psycopg.connect(conninfo_of(router), autocommit=True) as conn,
         psycopg.connect(postgres_server.url, autocommit=True) as admin,
     ):
 
@@ -234,7 +214,7 @@ def test_a_cancel_request_cancels_the_statement_where_it_runs(
             conn.execute("SELECT pg_sleep(60)")
         canceller.join(30)
         assert conn.execute("SELECT 1").fetchone() == (1,)
-    with psycopg.connect(_conninfo(router), autocommit=True) as other:
+    with psycopg.connect(conninfo_of(router), autocommit=True) as other:
         assert other.pgconn.backend_pid == os.getpid()  # the router's process: its own key
 
 
@@ -323,7 +303,7 @@ def test_a_process_without_a_connection_runs_its_transactions_on_anothers(
         with server_pool(fleet, postgres_server.url, tag, 1) as pool:
             owner = Router(str(tmp_path_factory.mktemp("router")), PORT, pool)  # ours now
             try:
-                with psycopg.connect(_conninfo(owner), autocommit=True) as conn:
+                with psycopg.connect(conninfo_of(owner), autocommit=True) as conn:
                     row = conn.execute("SELECT pg_backend_pid()").fetchone()
                 assert row is not None
                 borrower.send("go")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -21,32 +20,7 @@ from orbitive.clients._router import Router
 from orbitive.clients._wire import Framer, Message
 
 from .._servers import TempPostgres
-from ._router_pool import server_pool, sessions, until
-
-PORT = 6433
-
-
-@pytest.fixture
-def pool(
-    fleet: Fleet, postgres_server: TempPostgres, tag: str
-) -> Iterator[ClientPool[psycopg.Connection]]:
-    with server_pool(fleet, postgres_server.url, tag, 2) as opened:
-        yield opened
-
-
-@pytest.fixture
-def router(
-    pool: ClientPool[psycopg.Connection], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Router]:
-    started = Router(str(tmp_path_factory.mktemp("router")), PORT, pool)
-    yield started
-    started.close()
-
-
-def _conninfo(router: Router, **extra: str) -> str:
-    folder = router.path.rsplit("/", 1)[0]
-    more = "".join(f" {name}={value}" for name, value in extra.items())
-    return f"host={folder} port={PORT} user=postgres dbname=postgres{more}"
+from ._router_pool import conninfo_of, routed, sessions, until
 
 
 class _Raw:
@@ -91,26 +65,26 @@ class _Raw:
 def test_a_statement_sent_while_the_routers_check_runs_goes_on_after_it(
     router: Router, statement: str
 ) -> None:
-    with psycopg.connect(_conninfo(router), autocommit=True) as conn:
+    with psycopg.connect(conninfo_of(router), autocommit=True) as conn:
         for _ in range(3):
             conn.execute(statement)
             assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
 def test_a_check_the_server_cancels_pins_and_costs_nothing_else(
-    router: Router, pool: ClientPool[psycopg.Connection]
+    router: Router, router_pool: ClientPool[psycopg.Connection]
 ) -> None:
-    with psycopg.connect(_conninfo(router), autocommit=True) as conn:
+    with psycopg.connect(conninfo_of(router), autocommit=True) as conn:
         conn.execute("SET statement_timeout = 1")  # the settings check after it is cancelled
         conn.execute("SET statement_timeout = 0")
         assert conn.execute("SELECT 2").fetchone() == (2,)
-    with psycopg.connect(_conninfo(router), autocommit=True) as other:
+    with psycopg.connect(conninfo_of(router), autocommit=True) as other:
         assert other.execute("SELECT 3").fetchone() == (3,)
-    assert pool.statistics().closed_count == 0
+    assert router_pool.statistics().closed_count == 0
 
 
 def test_a_client_gone_with_statements_unsynced_commits_nothing(
-    router: Router, pool: ClientPool[psycopg.Connection], postgres_server: TempPostgres
+    router: Router, router_pool: ClientPool[psycopg.Connection], postgres_server: TempPostgres
 ) -> None:
     with psycopg.connect(postgres_server.url, autocommit=True) as admin:
         admin.execute("CREATE TABLE IF NOT EXISTS unsynced (n int)")
@@ -124,15 +98,15 @@ def test_a_client_gone_with_statements_unsynced_commits_nothing(
                 Message(_wire.FLUSH, b""),
             )
             raw.sock.recv(65536)  # its ParseComplete...: the statement ran, not committed
-        with psycopg.connect(_conninfo(router), autocommit=True) as other:
+        with psycopg.connect(conninfo_of(router), autocommit=True) as other:
             assert other.execute("SELECT count(*) FROM unsynced").fetchone() == (0,)
             assert other.execute("SELECT count(*) FROM unsynced").fetchone() == (0,)
         admin.execute("DROP TABLE unsynced")
-    until(lambda: pool.statistics().closed_count == 1)  # its connection: rolled back
+    until(lambda: router_pool.statistics().closed_count == 1)  # its connection: rolled back
 
 
 def test_a_terminate_behind_a_statement_waits_for_its_answer(
-    router: Router, pool: ClientPool[psycopg.Connection], postgres_server: TempPostgres
+    router: Router, router_pool: ClientPool[psycopg.Connection], postgres_server: TempPostgres
 ) -> None:
     with psycopg.connect(postgres_server.url, autocommit=True) as admin:
         admin.execute("CREATE TABLE IF NOT EXISTS terminated (n int)")
@@ -148,24 +122,24 @@ def test_a_terminate_behind_a_statement_waits_for_its_answer(
         rows = admin.execute("SELECT array_agg(n ORDER BY n) FROM terminated").fetchone()
         admin.execute("DROP TABLE terminated")
     assert rows == ([0, 1, 2],)
-    assert pool.statistics().closed_count == 0  # each went back, none was closed
+    assert router_pool.statistics().closed_count == 0  # each went back, none was closed
 
 
 def test_a_client_that_never_reads_holds_up_only_its_own_connection(
-    router: Router, pool: ClientPool[psycopg.Connection]
+    router: Router, router_pool: ClientPool[psycopg.Connection]
 ) -> None:
     with _Raw(router) as slow:
-        _read_slowly(router, pool, slow)
+        _read_slowly(router, router_pool, slow)
 
 
-def _read_slowly(router: Router, pool: ClientPool[psycopg.Connection], slow: _Raw) -> None:
+def _read_slowly(router: Router, router_pool: ClientPool[psycopg.Connection], slow: _Raw) -> None:
     slow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     slow.send(_wire.query(b"SELECT repeat('x', 1000) FROM generate_series(1, 100000)"))
-    with psycopg.connect(_conninfo(router), autocommit=True) as other:
+    with psycopg.connect(conninfo_of(router), autocommit=True) as other:
         for _ in range(5):
             assert other.execute("SELECT 1").fetchone() == (1,)
     until(lambda: router.server_connections == 1)  # the slow client still holds its own
-    assert pool.statistics().closed_count == 0
+    assert router_pool.statistics().closed_count == 0
     received = 0
     while received < 100_000_000:  # it reads at last: every row arrives
         data = slow.sock.recv(1 << 20)
@@ -179,11 +153,11 @@ def _read_slowly(router: Router, pool: ClientPool[psycopg.Connection], slow: _Ra
 def test_a_new_client_gets_the_fresh_settings_and_its_own_startup_ones(
     router: Router,
 ) -> None:
-    with psycopg.connect(_conninfo(router), autocommit=True) as first:
+    with psycopg.connect(conninfo_of(router), autocommit=True) as first:
         first.execute("SET TimeZone = 'Asia/Tokyo'")
         first.execute("SET DateStyle = 'German'")
-        fresh = psycopg.connect(_conninfo(router), autocommit=True)
-        named = psycopg.connect(_conninfo(router, application_name="named"), autocommit=True)
+        fresh = psycopg.connect(conninfo_of(router), autocommit=True)
+        named = psycopg.connect(conninfo_of(router, application_name="named"), autocommit=True)
         with fresh, named:
             show = "SELECT current_setting('TimeZone'), current_setting('application_name')"
             for _ in range(3):  # on either connection
@@ -210,11 +184,11 @@ def test_a_role_taken_or_a_temporary_object_pins(
         admin.execute(
             "DO $$ BEGIN CREATE ROLE orbit_low; EXCEPTION WHEN duplicate_object THEN NULL; END $$"
         )
-    with psycopg.connect(_conninfo(router), autocommit=True) as pinned:
+    with psycopg.connect(conninfo_of(router), autocommit=True) as pinned:
         pinned.execute(statement)
         pid = pinned.execute("SELECT pg_backend_pid()").fetchone()
         for _ in range(4):
-            with psycopg.connect(_conninfo(router), autocommit=True) as other:
+            with psycopg.connect(conninfo_of(router), autocommit=True) as other:
                 row = other.execute(
                     "SELECT pg_backend_pid(), current_user, to_regclass('v'), to_regclass('s')"
                 ).fetchone()
@@ -226,8 +200,8 @@ def test_close_tells_a_client_mid_transaction_and_closes_every_server_connection
     router: Router, postgres_server: TempPostgres, tag: str
 ) -> None:
     with (
-        psycopg.connect(_conninfo(router)) as inside,
-        psycopg.connect(_conninfo(router), autocommit=True) as between,
+        psycopg.connect(conninfo_of(router)) as inside,
+        psycopg.connect(conninfo_of(router), autocommit=True) as between,
     ):
         inside.execute("SELECT 1")  # a transaction open: one connection
         assert between.execute("SELECT 1").fetchone() == (1,)  # the other, given back
@@ -246,25 +220,22 @@ def test_a_server_connection_lost_is_replaced_for_the_waiting_client(
     tag: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    with server_pool(fleet, postgres_server.url, tag, 1) as only:
-        router = Router(str(tmp_path_factory.mktemp("router")), PORT, only)
-        try:
-            leaver = psycopg.connect(_conninfo(router))
-            leaver.execute("SELECT 1")  # in a transaction, on the only connection
-            with psycopg.connect(_conninfo(router), autocommit=True) as waiter:
-                served: list[object] = []
-                waiting = threading.Thread(
-                    target=lambda: served.append(waiter.execute("SELECT 2").fetchone())
-                )
-                waiting.start()
-                until(lambda: router.waiting == 1)
-                leaver.pgconn.finish()  # gone inside its transaction: the connection closes
-                waiting.join(30)
-            assert served == [(2,)]  # on a connection the pool opened in its place
-            until(lambda: only.statistics().closed_count == 1)
-            assert only.statistics().created_count == 2
-        finally:
-            router.close()
+    folder = str(tmp_path_factory.mktemp("router"))
+    with routed(fleet, postgres_server.url, tag, folder, 1) as (router, only):
+        leaver = psycopg.connect(conninfo_of(router))
+        leaver.execute("SELECT 1")  # in a transaction, on the only connection
+        with psycopg.connect(conninfo_of(router), autocommit=True) as waiter:
+            served: list[object] = []
+            waiting = threading.Thread(
+                target=lambda: served.append(waiter.execute("SELECT 2").fetchone())
+            )
+            waiting.start()
+            until(lambda: router.waiting == 1)
+            leaver.pgconn.finish()  # gone inside its transaction: the connection closes
+            waiting.join(30)
+        assert served == [(2,)]  # on a connection the pool opened in its place
+        until(lambda: only.statistics().closed_count == 1)
+        assert only.statistics().created_count == 2
 
 
 def test_a_client_the_pool_has_no_connection_for_in_time_is_told_not_left_waiting(
@@ -273,17 +244,14 @@ def test_a_client_the_pool_has_no_connection_for_in_time_is_told_not_left_waitin
     tag: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    with server_pool(fleet, postgres_server.url, tag, 1) as only:
-        router = Router(str(tmp_path_factory.mktemp("router")), PORT, only, wait_timeout=0.3)
-        try:
-            with (
-                psycopg.connect(_conninfo(router)) as holder,
-                psycopg.connect(_conninfo(router), autocommit=True) as waiter,
-            ):
-                holder.execute("SELECT 1")  # in a transaction, on the only connection
-                with pytest.raises(psycopg.errors.TooManyConnections, match="no server conn"):
-                    waiter.execute("SELECT 1")
-                assert waiter.closed or waiter.broken
-                assert holder.execute("SELECT 3").fetchone() == (3,)  # the holder goes on
-        finally:
-            router.close()
+    folder = str(tmp_path_factory.mktemp("router"))
+    with (
+        routed(fleet, postgres_server.url, tag, folder, 1, wait_timeout=0.3) as (router, _),
+        psycopg.connect(conninfo_of(router)) as holder,
+        psycopg.connect(conninfo_of(router), autocommit=True) as waiter,
+    ):
+        holder.execute("SELECT 1")  # in a transaction, on the only connection
+        with pytest.raises(psycopg.errors.TooManyConnections, match="no server conn"):
+            waiter.execute("SELECT 1")
+        assert waiter.closed or waiter.broken
+        assert holder.execute("SELECT 3").fetchone() == (3,)  # the holder goes on

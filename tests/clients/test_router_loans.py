@@ -24,14 +24,14 @@ from orbitive.clients._router import Router
 from .._processes import Child, Processes
 from .._servers import TempPostgres
 from ._router_pool import (
+    PORT,
     borrowing_process,
+    conninfo_of,
     owning_process,
     server_pool,
     sessions,
     until,
 )
-
-PORT = 6435
 
 
 @pytest.fixture
@@ -79,17 +79,13 @@ def owner(
         yield child
 
 
-def _conninfo(router: Router) -> str:
-    folder = router.path.rsplit("/", 1)[0]
-    return f"host={folder} port={PORT} user=postgres dbname=postgres"
-
-
 def test_prepared_statements_of_psycopg_and_asyncpg_run_on_a_loan(
     borrower: Router, owner: Child, pool: ClientPool[psycopg.Connection]
 ) -> None:
     del owner
     conns = [
-        psycopg.connect(_conninfo(borrower), autocommit=True, prepare_threshold=0) for _ in range(2)
+        psycopg.connect(conninfo_of(borrower), autocommit=True, prepare_threshold=0)
+        for _ in range(2)
     ]
     try:
         for round_ in range(4):
@@ -121,7 +117,7 @@ def test_a_pin_keeps_the_loan_and_ends_clean(
     borrower: Router, owner: Child, pool: ClientPool[psycopg.Connection]
 ) -> None:
     del owner
-    with psycopg.connect(_conninfo(borrower), autocommit=True) as listener:
+    with psycopg.connect(conninfo_of(borrower), autocommit=True) as listener:
         listener.execute("LISTEN news")  # pins: the loan stays this client's
         pid = listener.execute("SELECT pg_backend_pid()").fetchone()
         assert listener.execute("SELECT pg_backend_pid()").fetchone() == pid
@@ -129,7 +125,7 @@ def test_a_pin_keeps_the_loan_and_ends_clean(
         assert listener.execute("SELECT 1").fetchone() == (1,)
         assert pool.statistics().borrowed_count == borrowed  # the same loan
     channels = "SELECT count(*) FROM pg_listening_channels()"
-    with psycopg.connect(_conninfo(borrower), autocommit=True) as other:
+    with psycopg.connect(conninfo_of(borrower), autocommit=True) as other:
         assert other.execute(channels).fetchone() == (0,)  # the owner cleaned it
         assert other.execute("SELECT pg_backend_pid()").fetchone() == pid
 
@@ -142,14 +138,14 @@ def test_the_owner_killed_mid_loan_tells_the_client_and_commits_nothing(
     tag: str,
     table: str,
 ) -> None:
-    with psycopg.connect(_conninfo(borrower)) as conn:
+    with psycopg.connect(conninfo_of(borrower)) as conn:
         conn.execute(f"INSERT INTO {table} VALUES (1)")  # inside a transaction, on a loan
         assert pool.statistics().borrowed_count == 1
         owner.kill()
         with pytest.raises(psycopg.OperationalError, match="lost"):
             conn.execute("SELECT 1")
     until(lambda: sessions(postgres_server, tag) == 0)  # the server rolled it back
-    with psycopg.connect(_conninfo(borrower), autocommit=True) as after:
+    with psycopg.connect(conninfo_of(borrower), autocommit=True) as after:
         assert after.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
     assert sessions(postgres_server, tag) == 1  # the pool opened its own once the owner died
 
@@ -174,7 +170,7 @@ def test_the_borrower_killed_mid_loan_leaves_the_owners_connection_rolled_back(
                 assert borrowed == 1  # its transaction runs on our connection
                 child.kill()
                 until(lambda: pool.statistics().closed_count == 1)  # closed: rolled back
-                with psycopg.connect(_conninfo(router), autocommit=True) as after:
+                with psycopg.connect(conninfo_of(router), autocommit=True) as after:
                     assert after.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
                 assert sessions(postgres_server, tag) == 1
             finally:
@@ -200,5 +196,5 @@ def test_a_loan_socket_refuses_what_no_router_sends_and_serves_on(
         hostile.sendall(sent)
         hostile.shutdown(socket.SHUT_WR)
         assert hostile.recv(65536)[:1] != bytes([_loans.ACCEPTED])  # refused, or an error
-    with psycopg.connect(_conninfo(borrower), autocommit=True) as conn:
+    with psycopg.connect(conninfo_of(borrower), autocommit=True) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)

@@ -150,6 +150,18 @@ def accounts() -> None:
     Account.objects.bulk_create([Account(name="a", balance=100), Account(name="b", balance=0)])
 
 
+def lock_taken_elsewhere() -> bool:
+    """Whether account a's row is locked by another transaction (tried without waiting)."""
+    from tests.clients.django.ledger.models import Account  # noqa: PLC0415 - after setup
+
+    try:
+        with transaction.atomic():
+            Account.objects.select_for_update(nowait=True).get(name="a")
+    except DatabaseError:
+        return True
+    return False
+
+
 # -- the scenarios -----------------------------------------------------------------------
 
 
@@ -216,14 +228,6 @@ def row_locks_server_side_cursors_listen_and_advisory_locks_keep_working() -> No
 
     accounts()
     mine = backend()
-
-    def lock_taken_elsewhere() -> bool:
-        try:
-            with transaction.atomic():
-                Account.objects.select_for_update(nowait=True).get(name="a")
-        except DatabaseError:
-            return True
-        return False
 
     with transaction.atomic():
         Account.objects.select_for_update().get(name="a")
@@ -408,14 +412,6 @@ def transaction_mode_keeps_what_a_session_holds_on_shared_connections() -> None:
 
     accounts()
     assert pool().clients.label.endswith("(router clients)")  # the router's clients
-
-    def lock_taken_elsewhere() -> bool:
-        try:
-            with transaction.atomic():
-                Account.objects.select_for_update(nowait=True).get(name="a")
-        except DatabaseError:
-            return True
-        return False
 
     with transaction.atomic():
         Account.objects.select_for_update().get(name="a")
