@@ -109,7 +109,7 @@ def fleets() -> Iterator[list[Fleet]]:
             remove_fleet_files(fleet.name)
 
 
-def pool(fleet: Fleet, db: str, budget: Budget, **options: int) -> ConnectionPool:
+def pool(fleet: Fleet, db: str, budget: Budget, **options: Any) -> ConnectionPool:
     return ConnectionPool(db, fleet=fleet, options=PoolOptions(max_live=4, **options),
                           budget=budget)  # fmt: skip
 

@@ -131,7 +131,7 @@ def test_a_killed_worker_holding_two_connections_frees_the_cap_within_a_second(
 def test_max_idle_and_min_idle_hold_fleet_wide_under_churn(
     spawned: Processes, fleet: Fleet, fleet_name: str, pg_url: str, tag: str
 ) -> None:
-    options = {"max_live": 4, "max_idle": 2, "min_idle": 1}
+    options: dict[str, Any] = {"max_live": 4, "max_idle": 2, "min_idle": 1}
     children = _start_requests(spawned, fleet_name, pg_url, tag, 4, options, 150)
     idle_seen, live_seen = [], []
     with ConnectionPool(
