@@ -12,8 +12,9 @@ from pathlib import Path
 import orbitive.clients
 
 PACKAGE = Path(orbitive.clients.__file__).parent
-#: The modules that may build a ClientPool: the package's face and the adapters.
-FACES = {"__init__", "psycopg", "sqlalchemy", "asyncpg"}
+#: The modules that may build a ClientPool: the package's face, the adapters, and the
+#: transaction mode's router of a key (it pools its server connections in one).
+FACES = {"__init__", "psycopg", "sqlalchemy", "asyncpg", "_transaction"}
 
 
 def imports_within_clients() -> dict[str, set[str]]:
