@@ -113,14 +113,14 @@ def test_a_forked_child_renews_only_its_own_locks(store_url: str, tmp_path: Path
         parent = processes.start(fork_and_renew, store_url, str(result))
         said, _ = parent.recv()
         assert said == "forked"
-        os.kill(parent.pid, signal.SIGSTOP)  # its own renewer can no longer renew "parent"
-        try:
-            deadline = time.monotonic() + PATIENCE_S
-            while not result.exists():
-                assert time.monotonic() < deadline, "the forked child never reported"
-                time.sleep(0.05)
-        finally:
-            os.kill(parent.pid, signal.SIGCONT)
+        # Its own renewer no longer renews "parent". A kill, not a stop: a process stopped
+        # inside a SQLite write would keep the database's write lock, and the child's
+        # renewals would wait for it until its lease lapsed.
+        os.kill(parent.pid, signal.SIGKILL)
+        deadline = time.monotonic() + PATIENCE_S
+        while not result.exists():
+            assert time.monotonic() < deadline, "the forked child never reported"
+            time.sleep(0.05)
     time.sleep(0.05)  # written just before the child exits: read it whole
     seen = json.loads(result.read_text())
     assert seen == {"child_lost": False, "child_held": True, "parent_held": False, "renewers": 1}
