@@ -88,13 +88,15 @@ def test_wait_running_out_exits_75(sqlite_url: str, run_store: Store) -> None:
 
 def test_renews_while_the_command_runs(sqlite_url: str, run_store: Store, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
-    code = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); time.sleep(1.5)"
-    proc = subprocess.Popen(orbit_run(sqlite_url, *python(code), ttl="0.5"))
+    # SQLite's leases run on the wall clock (time.time()): a forward step of it longer
+    # than what is left of the ttl takes the lease away. 1.5 s leaves a second of room.
+    code = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); time.sleep(2.5)"
+    proc = subprocess.Popen(orbit_run(sqlite_url, *python(code), ttl="1.5"))
     deadline = time.monotonic() + 30
     while not ready.exists():  # the command runs: orbit run holds the lock
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.01)
-    time.sleep(0.8)  # past the first ttl: only renewal keeps it
+    time.sleep(1.8)  # past the first ttl: only renewal keeps it
     assert run_store.try_lock("job", "intruder", 60.0) is None
     assert proc.wait(30) == 0
     assert run_store.inspect("job") is None
