@@ -13,13 +13,14 @@ import contextlib
 import io
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
 import pytest
 
 from orbitive import Fleet
-from orbitive._core._region import CREATING, SHM_DIR, object_name
+from orbitive._core._region import CREATING, SHM_DIR, object_name, router_folder_name
 from orbitive.cli import main
 from orbitive.store import open_store
 
@@ -147,3 +148,41 @@ def test_clear_removes_the_readiness_socket_of_a_killed_waiter(
 def readiness_sockets(fleet: str) -> list[Path]:
     """The readiness sockets of ``fleet`` in ``/dev/shm``."""
     return [path for path in SHM_DIR.glob(f"orbit-{fleet}-*") if path.is_socket()]
+
+
+def _router_leftover(fleet: str, port: int) -> Path:
+    """A router's folder as a killed process leaves it: its listening socket still bound
+    to a name (a SIGKILL unlinks nothing)."""
+    folder = SHM_DIR / router_folder_name(fleet, 231, 3)
+    folder.mkdir(mode=0o700)
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(folder / f".s.PGSQL.{port}"))
+    return folder
+
+
+def test_clear_removes_the_folder_and_socket_of_a_killed_router(fleet_name: str) -> None:
+    folder = _router_leftover(fleet_name, 6432)
+    assert main(["clear", fleet_name, "--all", "--yes"]) == 0
+    assert not folder.exists()
+
+
+@pytest.mark.parametrize("planted", ["file", "symlink"])
+def test_clear_leaves_a_router_folder_holding_what_no_router_makes_and_names_it(
+    fleet_name: str, planted: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = _router_leftover(fleet_name, 6432)
+    odd = folder / ".s.PGSQL.6433"
+    if planted == "file":
+        odd.write_bytes(b"")
+    else:
+        odd.symlink_to("/etc/passwd")
+    try:
+        assert main(["clear", fleet_name, "--all", "--yes"]) == 1
+        assert odd.is_symlink() or odd.is_file()
+        err = capsys.readouterr().err
+        assert f"not removing {str(odd)!r}: not a file or socket orbitive makes" in err
+    finally:
+        odd.unlink()
+        for leftover in folder.iterdir():
+            leftover.unlink()
+        folder.rmdir()

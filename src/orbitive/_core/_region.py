@@ -213,25 +213,51 @@ def client_socket_name(fleet: str, kind: int, node: int, tag: str, *, loans: boo
     return f"orbit-{fleet}-{kind}-{role}-{node}-{tag}-{euid()}.sock"
 
 
+def router_folder_name(fleet: str, kind: int, node: int) -> str:
+    """The name in ``/dev/shm`` of the folder (0700) that holds the listening sockets
+    (``.s.PGSQL.{port}``) of the transaction mode's routers of ``node``."""
+    return f"orbit-{fleet}-{kind}-pg-{node}-{euid()}"
+
+
+#: What a router's folder may hold: its listening sockets, named as libpq looks for them.
+_ROUTER_SOCKET: Final = re.compile(r"\.s\.PGSQL\.\d{1,5}")
+
+
 def unlink_object(name: str) -> bool:
-    """Remove an SHM object name (or client socket) of ours; True if it existed.
+    """Remove an SHM object name (or client socket, or router folder) of ours; True if
+    it existed.
 
     Mappings stay valid. A name that is another user's, or neither a regular
     file nor a socket, is left as it is: the sticky ``/dev/shm`` lets only its
-    owner remove it, and root must not remove what another user planted.
+    owner remove it, and root must not remove what another user planted. A router's
+    folder (:func:`router_folder_name`, a directory, never a symlink) goes with the
+    sockets in it, only when each is a socket of ours named as a router names one.
 
     Raises:
-        AccessDenied: the name is not ours to remove (the message names it).
+        AccessDenied: the name, or something in a router's folder, is not ours to
+            remove (the message names it).
     """
     path = _path(name)
     try:
         info = os.lstat(path)
     except FileNotFoundError:
         return False
+    if stat.S_ISDIR(info.st_mode):
+        return _remove_router_folder(path, info)
+    _check_removable(path, info, stat.S_ISREG(info.st_mode) or stat.S_ISSOCK(info.st_mode))
+    return _unlink(path)
+
+
+def _check_removable(path: Path, info: os.stat_result, made_by_us: bool) -> None:
+    """Raise AccessDenied unless ``path`` (its ``lstat`` ``info``) is ours and of a
+    type orbitive makes there (``made_by_us``)."""
     if info.st_uid != euid():
         raise AccessDenied(f"not removing {str(path)!r}: owned by uid {info.st_uid}, not {euid()}")
-    if not (stat.S_ISREG(info.st_mode) or stat.S_ISSOCK(info.st_mode)):
+    if not made_by_us:
         raise AccessDenied(f"not removing {str(path)!r}: not a file or socket orbitive makes")
+
+
+def _unlink(path: Path) -> bool:
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -241,14 +267,33 @@ def unlink_object(name: str) -> bool:
     return True
 
 
+def _remove_router_folder(path: Path, info: os.stat_result) -> bool:
+    """Remove a router's folder of ours with the listening sockets a killed router left."""
+    _check_removable(path, info, stat.S_IMODE(info.st_mode) == 0o700)
+    with os.scandir(path) as entries:
+        for entry in entries:
+            inner = entry.stat(follow_symlinks=False)
+            socket = stat.S_ISSOCK(inner.st_mode) and _ROUTER_SOCKET.fullmatch(entry.name)
+            _check_removable(Path(entry.path), inner, bool(socket))
+            _unlink(Path(entry.path))
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return False
+    except OSError as error:  # a router of a live process bound a socket meanwhile
+        raise AccessDenied(f"not removing {str(path)!r}: {error.strerror}") from None
+    return True
+
+
 def fleet_entries(fleet: str, kinds: Collection[int], *, members: bool) -> list[str]:
     """The names in ``/dev/shm`` of fleet ``fleet`` (exactly: not those of ``fleet-2``)
     under this user's pattern, whoever owns them, for ``orbit clear``.
 
     They are the fleet's objects of ``kinds``, its membership object when
-    ``members``, the client sockets and readiness sockets of ``kinds`` (a killed
-    watcher's stays until its node binds it again) and the temporary names of
-    creations whose creator is gone; the membership object comes last.
+    ``members``, the client sockets, readiness sockets and router folders of ``kinds``
+    (a killed watcher's or router's stays until its node binds it again) and the
+    temporary names of creations whose creator is gone; the membership object comes
+    last.
     """
     wanted = {str(kind) for kind in kinds}
     found, membership = [], []
@@ -258,22 +303,24 @@ def fleet_entries(fleet: str, kinds: Collection[int], *, members: bool) -> list[
                 found.append(name)
         elif match["members"]:
             membership += [name] if members else []
-        elif (match["kind"] or match["socket"] or match["watch"]) in wanted:
+        elif (match["kind"] or match["socket"] or match["watch"] or match["router"]) in wanted:
             found.append(name)
     return sorted(found) + membership
 
 
 def _fleet_names(fleet: str) -> Iterator[tuple[str, re.Match[str]]]:
     """Every name in ``/dev/shm`` that this user's objects, temporary names, client
-    sockets and readiness sockets of fleet ``fleet`` take (:func:`object_name`,
-    ``_fleet.members_name``, :func:`client_socket_name`, ``_channel.Channel.path``),
-    with its match: ``kind``, ``members``, ``socket`` or ``watch``."""
+    sockets, readiness sockets and router folders of fleet ``fleet`` take
+    (:func:`object_name`, ``_fleet.members_name``, :func:`client_socket_name`,
+    ``_channel.Channel.path``, :func:`router_folder_name`), with its match: ``kind``,
+    ``members``, ``socket``, ``watch`` or ``router``."""
     uid, escaped = euid(), re.escape(fleet)
     pattern = re.compile(
         rf"orbit-{escaped}-(?:(?P<kind>\d{{1,3}})|(?P<members>members))-{uid}"
         rf"(?:{re.escape(CREATING)}\d+-[0-9a-f]+)?"
         rf"|orbit-{escaped}-(?P<socket>\d{{1,3}})-(?:clients|txn)-\d+-[0-9a-f]+-{uid}\.sock"
         rf"|orbit-{escaped}-(?P<watch>\d{{1,3}})-{uid}\.w\d+\.n\d+\.b\d+"
+        rf"|orbit-{escaped}-(?P<router>\d{{1,3}})-pg-\d+-{uid}"
     )
     for entry in os.scandir(SHM_DIR):
         match = pattern.fullmatch(entry.name)

@@ -28,9 +28,8 @@ from typing import Any, Final, final
 import psycopg
 
 from .._core import _fork
-from .._core._access import euid
 from .._core._fleet import Fleet
-from .._core._region import SHM_DIR
+from .._core._region import SHM_DIR, router_folder_name
 from ..pool import Key
 from ._client_pool import ClientPool
 from ._options import SECONDS_MAX, PoolOptions, pool_key, printable_label
@@ -119,7 +118,7 @@ class TransactionRouter:
             label=label or None,
             lends=True,
         )
-        folder = str(SHM_DIR / f"orbit-{fleet.name}-{kind}-pg-{fleet.node}-{euid()}")
+        folder = str(SHM_DIR / router_folder_name(fleet.name, kind, fleet.node))
         try:
             self.router = Router(
                 folder,
