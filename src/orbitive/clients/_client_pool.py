@@ -401,8 +401,22 @@ class ClientPool(Generic[C]):
         returns, unless None, is returned instead of a client (transaction mode's
         router borrows another process's idle client this way, as a loan).
 
+        Args:
+            borrow: called before each claim or wait, in the calling thread; returns
+                what stands in for a client (a loan), or None to go on waiting.
+            timeout: seconds to wait at most (float > 0); None: ``acquire_timeout``.
+
+        Returns:
+            A client of this process (as :meth:`getconn`), or what ``borrow`` returned.
+
         Raises:
-            As :meth:`getconn`, and what ``borrow`` raises.
+            PoolTimeout: neither within the timeout.
+            PoolClosed: the pool is closed.
+            TooManyRequests: ``max_waiting`` callers of this process already wait.
+            ClientCreateError: ``create()`` raised (the claim is returned).
+            InvalidPoolOptions: a bad timeout.
+            BaseException: one from ``borrow``, ``create`` or ``check``, once what
+                was taken is returned or retired.
         """
         self.counters.requests += 1
         if timeout is not None:
