@@ -16,7 +16,10 @@ about 2.2 ms here). Against:
   as psycopg_pool's default), with the default ``handoff_after`` and, as
   ``orbitive/Ns``, with ``handoff_after=N`` (``--handoff-after``, default 0.1):
   how many seconds a client may still serve its process while another process
-  waits at the cap, before it is closed for that waiter (its turn).
+  waits at the cap, before it is closed for that waiter (its turn);
+* the same pool in transaction mode (``orbitive txn``: ``mode="transaction"``): each
+  statement runs on an idle server connection of any worker, carried there by the
+  workers' routers (docs/clients.md).
 
 Every contender runs the same request: one autocommit statement (a pool's
 ``connection()`` block then commits nothing, as a direct connection would not).
@@ -123,8 +126,10 @@ def _contender(
             psycopg_pool.ConnectionPool(url, min_size=1, max_size=CAP, kwargs=kwargs, open=True)
         )
     else:
-        _, _, turn = kind.partition("/")
+        name, _, turn = kind.partition("/")
         options = PoolOptions(max_live=CAP)
+        if name == "orbitive txn":
+            options = dataclasses.replace(options, mode="transaction")
         if turn:
             options = dataclasses.replace(options, handoff_after=float(turn.removesuffix("s")))
         fleet = stack.enter_context(Fleet.join(fleet_name, 16))
@@ -304,7 +309,13 @@ def main() -> None:
         pg = TempPostgres.start(*LOG_SETTINGS)
     except ServerUnavailable as error:
         raise Skip(str(error)) from None
-    kinds = ("pgbouncer", "psycopg_pool", "orbitive", f"orbitive/{args.handoff_after:g}s")
+    kinds = (
+        "pgbouncer",
+        "psycopg_pool",
+        "orbitive",
+        f"orbitive/{args.handoff_after:g}s",
+        "orbitive txn",
+    )
     try:
         for label in args.query or QUERIES:
             query = QUERIES[label]

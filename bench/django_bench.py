@@ -9,6 +9,9 @@ after a warm-up in which every worker answers. Contenders, each with the cap 4:
 * ``orbitive``: ``ENGINE: orbitive.clients.django``, ``max_live`` 4 for the
   whole host, ``CONN_MAX_AGE`` 0 (each request hands its connection back), a
   fleet of 16 nodes (twice the workers, as docs/operations.md sizes it);
+* ``orbitive txn``: the same in transaction mode (``mode: "transaction"``): each
+  worker's connections go to its process's router, which runs every transaction on
+  an idle server connection of any worker (docs/clients.md);
 * ``django pool``: Django's own pool (psycopg_pool), ``max_size`` 4 in every
   worker, so uncapped host-wide (8 x 4), ``CONN_MAX_AGE`` 0;
 * ``pgbouncer``: Django's stock backend connected to PgBouncer in transaction
@@ -81,8 +84,10 @@ def database(kind: str, port: int, fleet: str) -> dict[str, Any]:
     elif kind == "django pool":
         entry["OPTIONS"]["pool"] = {"min_size": 1, "max_size": CAP}
     else:
-        _, _, turn = kind.partition("/")
+        name, _, turn = kind.partition("/")
         pool: dict[str, Any] = {"fleet": fleet, "max_live": CAP, "fleet_capacity": 2 * WORKERS}
+        if name == "orbitive txn":
+            pool["mode"] = "transaction"
         if turn:
             pool["handoff_after"] = float(turn.removesuffix("s"))
         entry["ENGINE"] = "orbitive.clients.django"
@@ -337,7 +342,7 @@ def main() -> None:
     parser.add_argument("--handoff-after", type=float, help="add the engine with this turn")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    kinds = ["pgbouncer", "django pool", "orbitive"]
+    kinds = ["pgbouncer", "django pool", "orbitive", "orbitive txn"]
     if args.handoff_after is not None:
         kinds.append(f"orbitive/{args.handoff_after:g}s")
     rows: list[dict[str, Any]] = []
