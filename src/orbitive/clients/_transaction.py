@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import os
 import threading
+from collections.abc import Mapping
 from typing import Any, Final, final
 
 import psycopg
@@ -33,6 +34,7 @@ from .._core._region import SHM_DIR, router_folder_name
 from ..pool import Key
 from ._client_pool import ClientPool
 from ._options import SECONDS_MAX, PoolOptions, pool_key, printable_label
+from ._psycopg_connections import CLIENT_SIDE
 from ._router import Router
 
 #: The lowest port a router's socket is named by, and how many there are.
@@ -55,6 +57,13 @@ def clients_key(key: Key) -> Key:
     """The key the adapters pool their connections to a router under (not ``key``,
     whose ``max_live`` counts server connections)."""
     return pool_key(f"transaction mode's clients of {key}")
+
+
+def server_conninfo(params: Mapping[str, Any]) -> str:
+    """The libpq conninfo of the server connections from a driver's connection keyword
+    arguments (libpq's names; psycopg's own client-side ones are left out)."""
+    kept = {name: value for name, value in params.items() if name not in CLIENT_SIDE}
+    return psycopg.conninfo.make_conninfo("", **kept)
 
 
 def client_options(options: PoolOptions) -> PoolOptions:
@@ -136,11 +145,15 @@ class TransactionRouter:
     def client_conninfo(self, conninfo: str) -> str:
         """``conninfo`` (the server connections') as a driver's connection to the router
         takes it: the router's socket, no password, no TLS."""
-        params = psycopg.conninfo.conninfo_to_dict(conninfo)
-        for name in _TO_THE_SERVER:
-            params.pop(name, None)
-        params.update(host=self._folder, port=str(self.port), sslmode="disable")
+        params = self.client_params(psycopg.conninfo.conninfo_to_dict(conninfo))
         return psycopg.conninfo.make_conninfo("", **params)
+
+    def client_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Connection parameters (libpq's names, the server connections') as a driver's
+        connection to the router takes them: the router's socket, no password, no TLS."""
+        routed = {name: value for name, value in params.items() if name not in _TO_THE_SERVER}
+        routed.update(host=self._folder, port=str(self.port), sslmode="disable")
+        return routed
 
     def close(self) -> None:
         """Stop the router, then close the server connections; the socket's folder goes

@@ -51,10 +51,12 @@ greenlet); imported only when this module is.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import sys
+import threading
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Final, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, TypeVar, cast
 
 from sqlalchemy import exc
 from sqlalchemy.pool import ConnectionPoolEntry, Pool
@@ -70,7 +72,25 @@ from ._database import database_key, target_label
 from ._home_loop import HomeLoop, LoopGone
 from ._options import PoolOptions, key_label, pool_key
 
+if TYPE_CHECKING:
+    from sqlalchemy.engine.interfaces import Dialect
+
+    from ._transaction import TransactionRouter
+
 __all__ = ["AsyncFleetPool", "FleetPool"]
+
+_T = TypeVar("_T")
+
+
+class _Blocking(Protocol):
+    """Runs a blocking call where it may block: this thread, or one off the loop."""
+
+    def __call__(self, call: Callable[[], _T], /) -> _T: ...
+
+
+def _in_this_thread(call: Callable[[], _T]) -> _T:
+    return call()
+
 
 #: Seconds the home loop may take to close a connection for another thread.
 CLOSE_WAIT_S: Final = 4.0
@@ -126,6 +146,16 @@ def _target(creator: object, dialect: object) -> Mapping[str, Any]:
     Raises:
         InvalidPoolOptions: not a PostgreSQL dialect, or a creator of your own.
     """
+    return _connect_args(creator, dialect)[1]
+
+
+def _connect_args(creator: object, dialect: object) -> tuple[tuple[Any, ...], Mapping[str, Any]]:
+    """The positional and keyword arguments the dialect made from the URL (``cargs``,
+    ``cparams``), which ``create_engine``'s connect function holds.
+
+    Raises:
+        InvalidPoolOptions: not a PostgreSQL dialect, or a creator of your own.
+    """
     try:
         held = inspect.getclosurevars(cast(Callable[..., Any], creator)).nonlocals
     except TypeError:  # not a function: a creator of the user's own
@@ -137,7 +167,25 @@ def _target(creator: object, dialect: object) -> Mapping[str, Any]:
             "another database or a creator= of your own, pass fleet_key=",
             key="fleet_key",
         )
-    return params
+    return tuple(held.get("cargs_tup", ())), params
+
+
+def _check_transaction_mode(dialect: object, budget: Budget | None) -> None:
+    """Refuse what transaction mode does not take in SQLAlchemy yet.
+
+    Raises:
+        InvalidPoolOptions: another driver than psycopg (3), or a budget.
+    """
+    if getattr(dialect, "driver", None) != "psycopg":
+        raise InvalidPoolOptions(
+            "mode='transaction' takes the postgresql+psycopg dialect so far; with another "
+            "driver use mode='session'",
+            key="mode",
+        )
+    if budget is not None:
+        raise InvalidPoolOptions(
+            "mode='transaction' takes no budget yet: use one without it", key="budget"
+        )
 
 
 def _psycopg_socket(record: ConnectionPoolEntry) -> int:
@@ -198,7 +246,12 @@ class FleetPool(Pool):
         fleet_key: what shares the budget: a Key, or text or bytes that is
             digested; None: the key of the PostgreSQL database in the engine's URL
             (server, database, role), the one every API of this package derives.
-        fleet_options: host-wide sizes and timeouts (:class:`PoolOptions`).
+        fleet_options: host-wide sizes and timeouts (:class:`PoolOptions`). With
+            ``mode="transaction"`` (the ``postgresql+psycopg`` dialect) the engine's
+            connections go to the process's router of the key, which runs each
+            transaction on an idle server connection of any process of the fleet
+            (``max_live`` counts those); ``do_connect`` event hooks then shape only
+            the connections to the router, not the server connections.
         fleet_kind: the pool table's SHM kind number.
         fleet_budget: a :class:`~orbitive.clients.Budget` shared with other hosts
             (the key is then the budget's). A psycopg connection in use when the
@@ -208,8 +261,9 @@ class FleetPool(Pool):
 
     Raises:
         InvalidPoolOptions: no fleet, a bad key or options, no key to read from the
-            URL (see ``fleet_key``), or an asyncio engine (it takes
-            :class:`AsyncFleetPool`); as :class:`~orbitive.clients.ClientPool`. A
+            URL (see ``fleet_key``), an asyncio engine (it takes
+            :class:`AsyncFleetPool`), transaction mode with another driver than
+            psycopg or with a budget; as :class:`~orbitive.clients.ClientPool`. A
             checkout raises SQLAlchemy's errors (see the module).
         InvalidBudget, BudgetMismatch, BudgetUnavailable, UnsafeCoordinator: as
             :class:`~orbitive.clients.ClientPool` (an :class:`AsyncFleetPool`'s at its
@@ -255,29 +309,66 @@ class FleetPool(Pool):
         self._clients: ClientPool[ConnectionPoolEntry] | None = None
         self._disposed = False
         self._home = HomeLoop()  # the asyncio pool's: the loop its connections live on
-        if not self.for_asyncio:
-            self._open(self._new_record, self._close, self._ours)
+        self._server_creator = creator  # create_engine's; in transaction mode, not _creator
+        self._router: TransactionRouter | None = None
+        self._opening = threading.Lock()  # held only while no await can happen
+        transaction = fleet_options is not None and fleet_options.mode == "transaction"
+        if transaction:
+            _check_transaction_mode(dialect, fleet_budget)
+        elif not self.for_asyncio:
+            self._open(self._new_record, self._close, self._ours)  # no router to start yet
 
     def _open(
         self,
         create: Callable[[], Any],
         close: Callable[[ConnectionPoolEntry], Any],
         check: Callable[[ConnectionPoolEntry], Any],
+        blocking: _Blocking = _in_this_thread,
     ) -> ClientPool[ConnectionPoolEntry]:
-        if self._clients is None:
-            args = self._fleet_args
+        """The ClientPool of the engine's connections, made on first use: to the server
+        (session mode), or to the process's router of the key (transaction mode), which
+        ``blocking(call)`` starts (the asyncio pool's runs it off the loop)."""
+        if self._clients is not None:
+            return self._clients
+        args = self._fleet_args
+        options: PoolOptions | None = args["fleet_options"]
+        if options is None or options.mode == "session":
             self._clients = ClientPool(
-                args["fleet"],
-                self._key,
-                create,
-                close,
-                check=check,
-                options=args["fleet_options"],
-                kind=args["fleet_kind"],
-                label=self._label,
-                budget=args["fleet_budget"],
+                args["fleet"], self._key, create, close, check=check, options=options,
+                kind=args["fleet_kind"], label=self._label, budget=args["fleet_budget"],
                 sever=_sever_record,
+            )  # fmt: skip
+            return self._clients
+        from . import _transaction  # noqa: PLC0415 - psycopg, for transaction mode only
+
+        cargs, params = _connect_args(self._server_creator, self._dialect)
+        conninfo = _transaction.server_conninfo(params)
+        router = blocking(
+            lambda: _transaction.attach(
+                args["fleet"], conninfo, self._key, options, args["fleet_kind"], self._label or ""
             )
+        )
+        # Several first checkouts (threads, or tasks while one awaited the router) may get
+        # here; one opens the pool, the others give back the router they attached.
+        kept = False
+        try:
+            with self._opening:
+                if self._clients is None:
+                    self._creator = functools.partial(
+                        cast("Dialect", self._dialect).connect,
+                        *cargs,
+                        **router.client_params(dict(params)),
+                    )
+                    self._clients = ClientPool(
+                        args["fleet"], _transaction.clients_key(self._key), create, close,
+                        check=check, options=_transaction.client_options(options),
+                        kind=args["fleet_kind"],
+                        label=_transaction.clients_label(self._label or ""),
+                    )  # fmt: skip
+                    self._router, kept = router, True
+        finally:
+            if not kept:
+                blocking(lambda: _transaction.detach(router))
         return self._clients
 
     @property
@@ -285,7 +376,8 @@ class FleetPool(Pool):
         """The underlying :class:`~orbitive.clients.ClientPool`.
 
         Raises:
-            PoolClosed: an :class:`AsyncFleetPool` that no checkout opened yet.
+            PoolClosed: a pool that no checkout opened yet (an :class:`AsyncFleetPool`, or
+                one in transaction mode).
         """
         if self._clients is None:
             raise PoolClosed(f"{type(self).__name__} opens at its first checkout", key=self._key)
@@ -306,21 +398,34 @@ class FleetPool(Pool):
         _close_record(record)
 
     def _do_get(self) -> ConnectionPoolEntry:
-        return _checked_out(self.clients.getconn)
+        # In transaction mode the pool opens here: engine.dispose() makes a new pool at
+        # once, which must not start a router it may never use.
+        return _checked_out(self._open(self._new_record, self._close, self._ours).getconn)
 
     def _do_return_conn(self, record: ConnectionPoolEntry) -> None:
         self.clients.putconn(record)
 
     def dispose(self) -> None:
-        """Close this process's idle connections; checked-out ones close when returned."""
+        """Close this process's idle connections; checked-out ones close when returned
+        (in transaction mode the process's router of the key stops with the last pool
+        that uses it)."""
         self._disposed = True
         if self._clients is not None:
             self._clients.close()
+        self._detach(_in_this_thread)
+
+    def _detach(self, blocking: _Blocking) -> None:
+        """Give the router back (transaction mode), with ``blocking`` as in :meth:`_open`."""
+        router, self._router = self._router, None
+        if router is not None:
+            from . import _transaction  # noqa: PLC0415 - psycopg, for transaction mode only
+
+            blocking(lambda: _transaction.detach(router))
 
     def recreate(self) -> FleetPool:
         """A new pool with the same arguments (``engine.dispose()`` uses it)."""
         return self.__class__(
-            self._creator,
+            self._server_creator,
             recycle=self._recycle,
             echo=self.echo,
             logging_name=self._orig_logging_name,
@@ -359,7 +464,9 @@ class AsyncFleetPool(FleetPool):
 
     def _do_get(self) -> ConnectionPoolEntry:  # in SQLAlchemy's greenlet, on the loop
         self._home.bind()
-        clients = self._open(self._new_record_async, self._close_async, self._ours_async)
+        clients = self._open(
+            self._new_record_async, self._close_async, self._ours_async, _off_the_loop
+        )
 
         def get() -> ConnectionPoolEntry:  # queued in arrival order (the ClientPool's gate)
             record: ConnectionPoolEntry = await_only(clients.getconn_async())
@@ -406,3 +513,11 @@ class AsyncFleetPool(FleetPool):
             await_only(self._clients.close_async())
         elif self._clients is not None:
             self._clients.close()
+        self._detach(_off_the_loop if in_greenlet() else _in_this_thread)
+
+
+def _off_the_loop(call: Callable[[], _T]) -> _T:
+    """``call()`` in a thread, awaited from SQLAlchemy's greenlet: a router starts and
+    stops (threads joined, server connections closed) without blocking the loop."""
+    result: _T = await_only(asyncio.to_thread(call))
+    return result
