@@ -1,0 +1,10 @@
+"""The mix site's WSGI entry, for gunicorn."""
+
+from __future__ import annotations
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.clients.django.mix_site.settings")
+application = get_wsgi_application()
