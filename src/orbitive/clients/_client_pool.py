@@ -174,9 +174,9 @@ class ClientPool(Generic[C]):
             raise _bad_options(options)
         if options.mode != "session":
             raise InvalidPoolOptions(
-                "mode='transaction' is for PostgreSQL pools (so far orbitive.clients.psycopg's,"
-                " Django's and SQLAlchemy's on psycopg): a ClientPool keeps each client in its"
-                " process",
+                "mode='transaction' is for PostgreSQL pools (orbitive.clients.psycopg's,"
+                " asyncpg's, Django's and SQLAlchemy's on psycopg): a ClientPool keeps each"
+                " client in its process",
                 key="mode",
             )
         self.key = pool_key(key)

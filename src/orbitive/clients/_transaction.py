@@ -29,6 +29,7 @@ from typing import Any, Final, final
 import psycopg
 
 from .._core import _fork
+from .._core._errors import InvalidPoolOptions
 from .._core._fleet import Fleet
 from .._core._region import SHM_DIR, router_folder_name
 from ..pool import Key
@@ -46,6 +47,12 @@ CLIENTS_MAX: Final = 4096
 
 
 #: Connection parameters that reach the server, not the router.
+#: ``asyncpg.connect``'s arguments that reach the server: the router's server
+#: connections take them (``ssl`` and ``direct_tls`` are asyncpg's: a DSN's libpq
+#: ``sslmode`` says it for them), the connections to the router none.
+_ASYNCPG_TO_THE_SERVER: Final = (
+    "host", "port", "user", "password", "passfile", "database", "ssl", "direct_tls",
+)  # fmt: skip
 _TO_THE_SERVER: Final = (
     "host", "hostaddr", "port", "password", "passfile", "sslmode", "gssencmode",
     "sslrootcert", "sslcert", "sslkey", "sslpassword", "target_session_attrs",
@@ -64,6 +71,35 @@ def server_conninfo(params: Mapping[str, Any]) -> str:
     arguments (libpq's names; psycopg's own client-side ones are left out)."""
     kept = {name: value for name, value in params.items() if name not in CLIENT_SIDE}
     return psycopg.conninfo.make_conninfo("", **kept)
+
+
+def asyncpg_arguments(
+    dsn: str | None, kwargs: Mapping[str, Any], target: Mapping[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """For an asyncpg pool: the libpq conninfo of the server connections, and
+    ``asyncpg.connect``'s keyword arguments for a connection to the router before
+    :meth:`TransactionRouter.client_params` points them at its socket (``target``'s
+    user and database named; what reaches the server left out).
+
+    Raises:
+        InvalidPoolOptions: libpq refuses the DSN (asyncpg's own query parameters,
+            ``ssl=`` say, would reach the server connections: write libpq's).
+    """
+    server = {name: kwargs[name] for name in _ASYNCPG_TO_THE_SERVER if kwargs.get(name) is not None}
+    if "database" in server:
+        server["dbname"] = server.pop("database")
+    server.pop("ssl", None)
+    server.pop("direct_tls", None)
+    try:
+        conninfo = psycopg.conninfo.make_conninfo(dsn or "", **server)
+    except psycopg.ProgrammingError as error:
+        raise InvalidPoolOptions(
+            f"mode='transaction' reads the DSN with libpq, which refuses it: {error}",
+            key="dsn",
+        ) from None
+    routed = {name: value for name, value in kwargs.items() if name not in _ASYNCPG_TO_THE_SERVER}
+    routed.update(user=target.get("user"), database=target.get("database"))
+    return conninfo, {name: value for name, value in routed.items() if value is not None}
 
 
 def client_options(options: PoolOptions) -> PoolOptions:
@@ -140,7 +176,8 @@ class TransactionRouter:
             self.servers.close()
             raise
         self.port = port
-        self._folder = folder
+        #: The folder of the router's socket, ``.s.PGSQL.{port}`` (a driver's host).
+        self.folder = folder
 
     def client_conninfo(self, conninfo: str) -> str:
         """``conninfo`` (the server connections') as a driver's connection to the router
@@ -152,7 +189,7 @@ class TransactionRouter:
         """Connection parameters (libpq's names, the server connections') as a driver's
         connection to the router takes them: the router's socket, no password, no TLS."""
         routed = {name: value for name, value in params.items() if name not in _TO_THE_SERVER}
-        routed.update(host=self._folder, port=str(self.port), sslmode="disable")
+        routed.update(host=self.folder, port=str(self.port), sslmode="disable")
         return routed
 
     def close(self) -> None:

@@ -50,7 +50,7 @@ import inspect
 import socket
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 import asyncpg
 from asyncpg import exceptions
@@ -68,8 +68,11 @@ from ._budget import Budget
 from ._client_pool import ClientPool
 from ._database import database_key, dsn_target, target_label
 from ._home_loop import HomeLoop, LoopGone
-from ._options import PoolOptions, key_label
+from ._options import PoolOptions, key_label, pool_key
 from ._statistics import ClientPoolStatistics
+
+if TYPE_CHECKING:
+    from ._transaction import TransactionRouter
 
 __all__ = ["Pool", "PoolAcquireContext", "create_pool"]
 
@@ -115,7 +118,12 @@ def create_pool(
         dsn: a ``postgresql://`` URL, or None (the target from ``connect_kwargs``
             and the ``PG*`` environment).
         fleet: this process's joined fleet.
-        options: host-wide sizes and timeouts (:class:`PoolOptions`).
+        options: host-wide sizes and timeouts (:class:`PoolOptions`). With
+            ``mode="transaction"`` the connections go to the process's router of the
+            key, which runs each transaction on an idle server connection of any
+            process of the fleet (``max_live`` counts those): the DSN and the
+            arguments that reach the server (host, port, user, password, passfile,
+            database) make its server connections, psycopg's, as libpq reads them.
         max_queries: queries a connection runs before it is closed (int >= 1).
         connect: a coroutine used instead of ``asyncpg.connect``, called as
             asyncpg's pool calls it.
@@ -144,7 +152,9 @@ def create_pool(
         InvalidPoolOptions: ``min_size``, ``max_size``, ``init_size`` or
             ``max_inactive_connection_lifetime`` (named with the host-wide
             equivalent), ``loop``, a hook that is not callable, a bad class, DSN,
-            ``max_queries`` or options; as :class:`~orbitive.clients.ClientPool`.
+            ``max_queries`` or options, transaction mode with a ``connect`` callback
+            or a budget (or, when awaited, a DSN libpq refuses); as
+            :class:`~orbitive.clients.ClientPool`.
         InvalidBudget, BudgetMismatch, BudgetUnavailable, UnsafeCoordinator: as
             :class:`~orbitive.clients.ClientPool`, when the pool is awaited.
     """
@@ -211,6 +221,8 @@ class Pool:
             raise InvalidPoolOptions(
                 f"options must be a PoolOptions, got {shown(options)}", key="options"
             )
+        if options is not None and options.mode == "transaction":
+            _check_transaction_mode(connect, budget)
         target = _target(dsn, connect_kwargs)
         self._key = database_key(**target) if key is None else key
         #: The key's label: the target's user@host:port/database (or a str key's own).
@@ -232,6 +244,8 @@ class Pool:
         self._generation = 0
         self._closing = self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._router: TransactionRouter | None = None  # transaction mode's, once open
+        self._opening = asyncio.Lock()
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -245,24 +259,51 @@ class Pool:
         await self.close()
 
     async def _open(self) -> Pool:
-        """Bind to the running loop and join the fleet's pool table (once)."""
+        """Bind to the running loop and join the fleet's pool table (once); in transaction
+        mode, first start (or share) the process's router of the key, off the loop."""
         if self._closed:
             raise PoolClosed("the asyncpg pool is closed", key=self._key)
-        if self._clients is None:
+        async with self._opening:
+            if self._clients is not None:
+                return self
             self._home.bind()
-            self._clients = ClientPool(
-                self._fleet,
-                self._key,
-                self._new_connection,
-                self._close_connection,
-                check=self._usable,
-                options=self._options,
-                kind=self._kind,
-                label=self._label,
-                budget=self._budget,
-                sever=_drop,
-            )
+            options, key, label = self._options, self._key, self._label
+            if options is not None and options.mode == "transaction":
+                from . import _transaction  # noqa: PLC0415 - psycopg, for this mode only
+
+                await self._attach_router(options)
+                options = _transaction.client_options(options)
+                key = _transaction.clients_key(pool_key(self._key))
+                label = _transaction.clients_label(self._label or "")
+            try:
+                self._clients = ClientPool(
+                    self._fleet, key, self._new_connection, self._close_connection,
+                    check=self._usable, options=options, kind=self._kind, label=label,
+                    budget=self._budget, sever=_drop,
+                )  # fmt: skip
+            except BaseException:
+                await self._detach_router()
+                raise
         return self
+
+    async def _attach_router(self, options: PoolOptions) -> None:
+        """Start (or share) the router; the connections go to its socket from now on."""
+        from . import _transaction  # noqa: PLC0415 - psycopg, for transaction mode only
+
+        target = _target(self._dsn, self._connect_kwargs)
+        server, routed = _transaction.asyncpg_arguments(self._dsn, self._connect_kwargs, target)
+        router = await asyncio.to_thread(
+            _transaction.attach, self._fleet, server, pool_key(self._key), options,
+            self._kind, self._label or "",
+        )  # fmt: skip
+        self._router = router
+        self._dsn = None
+        self._connect_kwargs = {**routed, "host": router.folder, "port": router.port}
+
+    async def _detach_router(self) -> None:
+        router, self._router = self._router, None
+        if router is not None:
+            await asyncio.to_thread(_detach, router)  # it joins the router
 
     @property
     def clients(self) -> ClientPool[Any]:
@@ -554,6 +595,7 @@ class Pool:
             while self._out:
                 await self._released.wait()
             await self._clients.close_async()
+            await self._detach_router()
         except BaseException:
             self.terminate()
             raise
@@ -574,25 +616,58 @@ class Pool:
         out = [conn for conn, _ in self._out.values()]
         self._out.clear()
         self._released.set()
+        router, self._router = self._router, None
         if self._home.here():
-            task = asyncio.get_running_loop().create_task(_retire_all(clients, out))
+            task = asyncio.get_running_loop().create_task(_retire_all(clients, out, router))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         else:
             for conn in out:
                 clients.discard(conn)
             clients.close()
+            if router is not None:
+                _detach(router)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "closing" if self._closing else "open"
         return f"<orbitive.clients.asyncpg.Pool key={self._key} {state}>"
 
 
-async def _retire_all(clients: ClientPool[Any], out: list[Any]) -> None:
-    """Hand every terminated connection's unit back: acquired ones and idle ones."""
+async def _retire_all(
+    clients: ClientPool[Any], out: list[Any], router: TransactionRouter | None
+) -> None:
+    """Hand every terminated connection's unit back: acquired ones and idle ones; then
+    give the router back (transaction mode), off the loop."""
     for conn in out:
         await clients.discard_async(conn)
     await clients.close_async()
+    if router is not None:
+        await asyncio.to_thread(_detach, router)
+
+
+def _detach(router: TransactionRouter) -> None:
+    from . import _transaction  # noqa: PLC0415 - psycopg, for transaction mode only
+
+    _transaction.detach(router)
+
+
+def _check_transaction_mode(connect: object, budget: Budget | None) -> None:
+    """Refuse what transaction mode does not take yet.
+
+    Raises:
+        InvalidPoolOptions: a ``connect`` callback (the pool must connect to its router
+            itself), or a budget.
+    """
+    if connect is not None:
+        raise InvalidPoolOptions(
+            "mode='transaction' connects to the process's router itself: it takes no "
+            "connect callback (use init or setup)",
+            key="connect",
+        )
+    if budget is not None:
+        raise InvalidPoolOptions(
+            "mode='transaction' takes no budget yet: use one without it", key="budget"
+        )
 
 
 @final

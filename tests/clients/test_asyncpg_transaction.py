@@ -1,0 +1,133 @@
+"""``options=PoolOptions(mode="transaction")`` in the asyncpg pool: the user's code is
+unchanged, its connections go to the process's router, and ``max_live`` counts the
+server connections its transactions share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import decimal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import asyncpg
+import psycopg
+import pytest
+
+from orbitive import Fleet
+from orbitive.clients import Budget, InvalidPoolOptions, PoolOptions
+from orbitive.clients.asyncpg import create_pool
+
+from .._servers import TempPostgres
+from ._router_pool import sessions
+
+ROUNDS = 15
+TASKS = 6
+
+
+@pytest.fixture
+def table(postgres_server: TempPostgres, tag: str) -> Iterator[str]:
+    """A table of the test's own (``worker``, ``n``), dropped after."""
+    with psycopg.connect(postgres_server.url, autocommit=True) as admin:
+        admin.execute(f'CREATE TABLE "{tag}" (worker int, n int)')
+        yield tag
+        admin.execute(f'DROP TABLE "{tag}"')
+
+
+def _tagged(server: TempPostgres, tag: str) -> str:
+    """The server's URL whose sessions carry ``tag`` (the router's server connections)."""
+    return f"{server.url}?application_name={tag}"
+
+
+def test_tasks_share_max_live_and_every_transaction_lands(
+    fleet: Fleet, postgres_server: TempPostgres, table: str
+) -> None:
+    options = PoolOptions(max_live=2, mode="transaction")
+
+    async def body() -> list[tuple[int, int]]:
+        async with create_pool(
+            _tagged(postgres_server, table), fleet=fleet, options=options
+        ) as pool:
+
+            async def work(worker: int) -> None:
+                for n in range(ROUNDS):
+                    async with pool.acquire() as conn, conn.transaction():
+                        await conn.execute(f'INSERT INTO "{table}" VALUES ($1, $2)', worker, n)
+                        assert await conn.fetchval("SELECT $1::int + 1", n) == n + 1
+
+            await asyncio.gather(*(work(worker) for worker in range(TASKS)))
+            rows = await pool.fetch(f'SELECT DISTINCT worker, n FROM "{table}"')
+        return [(row["worker"], row["n"]) for row in rows]
+
+    done = threading.Event()
+    peaks: list[int] = []
+
+    def sample() -> None:
+        while not done.is_set():
+            peaks.append(sessions(postgres_server, table))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        rows = asyncio.run(asyncio.wait_for(body(), 60))
+    finally:
+        done.set()
+        sampler.join()
+    assert sorted(rows) == [(w, n) for w in range(TASKS) for n in range(ROUNDS)]
+    assert 1 <= max(peaks) <= 2
+    until = time.monotonic() + 10
+    while sessions(postgres_server, table) and time.monotonic() < until:
+        time.sleep(0.02)
+    assert sessions(postgres_server, table) == 0  # closing the pool closed its router's
+
+
+def test_types_round_trip_through_the_router(
+    fleet: Fleet, postgres_server: TempPostgres, tag: str
+) -> None:
+    values = (
+        datetime.datetime(2026, 12, 7, 11, 53, 16, 123456, tzinfo=datetime.timezone.utc),
+        decimal.Decimal("12345.678900"),
+        uuid.UUID("12345678-1234-5678-1234-567812345678"),
+        '{"a": [1, 2, null]}',
+        [1, 2, 3],
+        b"\x00\xffbytes",
+        None,
+    )
+    query = (
+        "SELECT $1::timestamptz, $2::numeric, $3::uuid, $4::jsonb, $5::int[], $6::bytea, $7::text"
+    )
+
+    async def body() -> tuple[tuple[object, ...], tuple[object, ...]]:
+        options = PoolOptions(max_live=1, mode="transaction")
+        async with create_pool(_tagged(postgres_server, tag), fleet=fleet, options=options) as pool:
+            routed = await pool.fetchrow(query, *values)
+        direct = await asyncpg.connect(postgres_server.url)
+        try:
+            own = await direct.fetchrow(query, *values)
+        finally:
+            await direct.close()
+        assert routed is not None and own is not None
+        return tuple(routed), tuple(own)
+
+    routed, own = asyncio.run(asyncio.wait_for(body(), 60))
+    assert routed == own
+    assert routed[:3] == values[:3] and routed[4:] == values[4:]
+
+
+def test_transaction_mode_refuses_a_connect_callback_and_a_budget(
+    fleet: Fleet, postgres_server: TempPostgres
+) -> None:
+    options = PoolOptions(mode="transaction")
+
+    async def connect(*args: object, **kwargs: object) -> asyncpg.Connection:
+        raise AssertionError("never called")
+
+    with pytest.raises(InvalidPoolOptions, match="connect"):
+        create_pool(postgres_server.url, fleet=fleet, options=options, connect=connect)
+    budget = Budget(postgres_server.url, "asyncpg-transaction-mode", total=2)
+    with pytest.raises(InvalidPoolOptions, match="budget"):
+        create_pool(postgres_server.url, fleet=fleet, options=options, budget=budget)
