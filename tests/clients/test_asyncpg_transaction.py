@@ -131,3 +131,36 @@ def test_transaction_mode_refuses_a_connect_callback_and_a_budget(
     budget = Budget(postgres_server.url, "asyncpg-transaction-mode", total=2)
     with pytest.raises(InvalidPoolOptions, match="budget"):
         create_pool(postgres_server.url, fleet=fleet, options=options, budget=budget)
+
+
+def test_session_state_pins_the_connection_or_is_refused_by_name(
+    fleet: Fleet, postgres_server: TempPostgres, tag: str
+) -> None:
+    url = _tagged(postgres_server, tag)
+    pinning = PoolOptions(max_live=2, mode="transaction")
+    refusing = PoolOptions(max_live=2, mode="transaction", on_session_state="refuse")
+
+    async def pins() -> None:
+        pool = await create_pool(url, fleet=fleet, options=pinning)
+        async with pool, pool.acquire() as pinned:
+            await pinned.execute("SET search_path TO pinned_path")  # outlives a transaction
+            pid = await pinned.fetchval("SELECT pg_backend_pid()")
+            for _ in range(3):  # other transactions run on the other server connection
+                async with pool.acquire() as other:
+                    row = await other.fetchrow(
+                        "SELECT pg_backend_pid(), current_setting('search_path')"
+                    )
+                    assert row is not None and row[0] != pid and row[1] != "pinned_path"
+            assert await pinned.fetchval("SELECT pg_backend_pid()") == pid
+            assert await pinned.fetchval("SHOW search_path") == "pinned_path"
+
+    async def refuses() -> None:
+        pool = await create_pool(url, fleet=fleet, options=refusing)
+        async with pool, pool.acquire() as conn:
+            with pytest.raises(asyncpg.FeatureNotSupportedError, match="LISTEN") as refused:
+                await conn.execute("LISTEN news")
+            assert refused.value.sqlstate == "0A000"
+            assert await conn.fetchval("SELECT count(*) FROM pg_listening_channels()") == 0
+
+    asyncio.run(asyncio.wait_for(pins(), 60))
+    asyncio.run(asyncio.wait_for(refuses(), 60))
