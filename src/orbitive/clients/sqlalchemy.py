@@ -170,6 +170,12 @@ def _connect_args(creator: object, dialect: object) -> tuple[tuple[Any, ...], Ma
     return tuple(held.get("cargs_tup", ())), params
 
 
+def _transaction_mode(options: object) -> bool:
+    """Whether ``fleet_options`` asks for transaction mode (bad options: ClientPool's to
+    refuse by name)."""
+    return type(options) is PoolOptions and options.mode == "transaction"
+
+
 def _check_transaction_mode(dialect: object, budget: Budget | None) -> None:
     """Refuse what transaction mode does not take in SQLAlchemy yet.
 
@@ -312,8 +318,7 @@ class FleetPool(Pool):
         self._server_creator = creator  # create_engine's; in transaction mode, not _creator
         self._router: TransactionRouter | None = None
         self._opening = threading.Lock()  # held only while no await can happen
-        transaction = fleet_options is not None and fleet_options.mode == "transaction"
-        if transaction:
+        if _transaction_mode(fleet_options):
             _check_transaction_mode(dialect, fleet_budget)
         elif not self.for_asyncio:
             self._open(self._new_record, self._close, self._ours)  # no router to start yet
@@ -331,8 +336,8 @@ class FleetPool(Pool):
         if self._clients is not None:
             return self._clients
         args = self._fleet_args
-        options: PoolOptions | None = args["fleet_options"]
-        if options is None or options.mode == "session":
+        options = args["fleet_options"]
+        if not _transaction_mode(options):  # ClientPool checks the options
             self._clients = ClientPool(
                 args["fleet"], self._key, create, close, check=check, options=options,
                 kind=args["fleet_kind"], label=self._label, budget=args["fleet_budget"],
