@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -159,3 +160,46 @@ def borrowing_process(
             assert row is not None
             channel.send((row[0], pool.statistics().borrowed_count))
             channel.recv(None)
+
+
+#: Rows each transaction of :func:`run_transactions` inserts, all with its number.
+ROWS_PER_TRANSACTION: Final = 5
+
+
+def run_transactions(
+    conninfo: str, table: str, committed: list[int], stop: threading.Event | None = None
+) -> None:
+    """Run transactions on ``conninfo`` until ``stop`` is set or the connection fails:
+    each inserts :data:`ROWS_PER_TRANSACTION` rows numbered by it, then commits; the
+    number of each whose commit returned goes to ``committed``. A failure of the
+    connection ends it (what a kill in the middle of a transaction causes); any other
+    error is raised."""
+    with contextlib.suppress(psycopg.OperationalError), psycopg.connect(conninfo) as conn:
+        for number in itertools.count():
+            if stop is not None and stop.is_set():
+                return
+            for _ in range(ROWS_PER_TRANSACTION):
+                conn.execute(f"INSERT INTO {table} VALUES (%s)", (number,))
+            conn.commit()
+            committed.append(number)
+
+
+def streaming_borrower(
+    channel: Channel, fleet_name: str, server_url: str, tag: str, folder: str, table: str
+) -> None:
+    """As :func:`borrowing_process`, but once told to go its client runs
+    :func:`run_transactions` on the loan until the process is killed."""
+    with _routing(fleet_name, server_url, tag, folder, 1) as (router, _):
+        channel.send("ready")
+        channel.recv()
+        run_transactions(conninfo_of(router), table, [])
+
+
+def transactions_whole(postgres_server: TempPostgres, table: str) -> dict[int, int]:
+    """The rows of ``table`` per transaction number, each checked whole: either all
+    :data:`ROWS_PER_TRANSACTION` rows of a transaction are there, or none."""
+    with psycopg.connect(postgres_server.url) as conn:
+        rows = conn.execute(f"SELECT n, count(*) FROM {table} GROUP BY n").fetchall()
+    counts = {int(n): int(count) for n, count in rows}
+    assert set(counts.values()) <= {ROWS_PER_TRANSACTION}, counts  # nothing half-committed
+    return counts

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import secrets
 import socket
+import threading
+import time
 from collections.abc import Iterator
+from typing import Final
 
 import asyncpg
 import psycopg
@@ -20,6 +24,8 @@ import pytest
 from orbitive import Fleet
 from orbitive.clients import ClientPool, _loans
 from orbitive.clients._router import Router
+from orbitive.clients._upkeep import LOAN_DELIVERY_GRACE_S
+from orbitive.pool import NotReservedError
 
 from .._processes import Child, Processes
 from .._servers import TempPostgres
@@ -28,8 +34,11 @@ from ._router_pool import (
     borrowing_process,
     conninfo_of,
     owning_process,
+    run_transactions,
     server_pool,
     sessions,
+    streaming_borrower,
+    transactions_whole,
     until,
 )
 
@@ -177,6 +186,76 @@ def test_the_borrower_killed_mid_loan_leaves_the_owners_connection_rolled_back(
                 router.close()
 
 
+#: Kills at random moments per test run: the soak (scripts/soak) runs them 50 times over.
+RANDOM_KILLS: Final = 5
+
+
+@pytest.mark.parametrize("seed", range(RANDOM_KILLS))
+def test_the_owner_killed_at_a_random_moment_of_a_loan_stream_commits_only_whole_transactions(
+    borrower: Router,
+    owner: Child,
+    pool: ClientPool[psycopg.Connection],
+    postgres_server: TempPostgres,
+    tag: str,
+    table: str,
+    seed: int,
+) -> None:
+    committed: list[int] = []
+    stop = threading.Event()
+    client = threading.Thread(
+        target=run_transactions, args=(conninfo_of(borrower), table, committed, stop)
+    )
+    client.start()
+    try:
+        until(lambda: len(committed) >= 1)  # the loan runs
+        time.sleep(random.Random(seed).uniform(0.0, 0.2))
+        owner.kill()
+        # A kill inside a transaction fails it (OperationalError ends the client); one
+        # between two leaves the client unaware: its next runs on a connection anew.
+        running = len(committed)
+        until(lambda: not client.is_alive() or len(committed) > running + 2)
+    finally:
+        stop.set()
+        client.join(60)
+    assert not client.is_alive()  # never left hanging
+    counts = transactions_whole(postgres_server, table)
+    assert set(committed) <= set(counts)  # every commit that returned is there
+    assert len(set(counts) - set(committed)) <= 1  # at most the one whose answer was lost
+    assert sessions(postgres_server, tag) <= 1  # the cap held
+    with psycopg.connect(conninfo_of(borrower), autocommit=True) as after:
+        assert after.execute("SELECT 1").fetchone() == (1,)  # the router serves on
+    assert sessions(postgres_server, tag) == 1
+
+
+@pytest.mark.parametrize("seed", range(RANDOM_KILLS))
+def test_the_borrower_killed_at_a_random_moment_of_a_loan_stream_leaves_whole_transactions(
+    fleet: Fleet,
+    fleet_name: str,
+    postgres_server: TempPostgres,
+    tag: str,
+    table: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    seed: int,
+) -> None:
+    folder = str(tmp_path_factory.mktemp("borrower"))
+    with Processes("fork") as procs:
+        child = procs.start(streaming_borrower, fleet_name, postgres_server.url, tag, folder, table)
+        assert child.recv() == "ready"  # it opened the only connection
+        with server_pool(fleet, postgres_server.url, tag, 1) as pool:
+            router = Router(str(tmp_path_factory.mktemp("owner")), PORT, pool)  # takes it over
+            try:
+                child.send("go")
+                until(lambda: bool(transactions_whole(postgres_server, table)))  # it streams
+                time.sleep(random.Random(seed).uniform(0.0, 0.2))
+                child.kill()
+                with psycopg.connect(conninfo_of(router), autocommit=True) as after:
+                    assert after.execute("SELECT 1").fetchone() == (1,)  # clean, or anew
+                transactions_whole(postgres_server, table)
+                assert sessions(postgres_server, tag) == 1  # the cap held
+            finally:
+                router.close()
+
+
 @pytest.mark.parametrize(
     "sent",
     [
@@ -198,3 +277,22 @@ def test_a_loan_socket_refuses_what_no_router_sends_and_serves_on(
         assert hostile.recv(65536)[:1] != bytes([_loans.ACCEPTED])  # refused, or an error
     with psycopg.connect(conninfo_of(borrower), autocommit=True) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_reservation_no_borrower_delivers_ages_out_and_the_connection_serves(
+    pool: ClientPool[psycopg.Connection],
+) -> None:
+    """A borrower killed between its reservation of the owner's idle connection and the
+    delivery of its lease: the owner's upkeep ages the reservation out (after
+    LOAN_DELIVERY_GRACE_S), the connection serves again, the late lease is refused."""
+    conn = pool.getconn()
+    pool.putconn(conn)  # the key's only connection, idle here
+    (entry,) = pool._family.idle
+    lease = pool.pool.reserve(entry.rid)  # as the borrower did before it was killed
+    started = time.monotonic()
+    again = pool.getconn(timeout=30)  # no reservation ages out: PoolTimeout
+    assert again is conn
+    assert time.monotonic() - started >= LOAN_DELIVERY_GRACE_S  # the reservation held
+    pool.putconn(again)
+    with pytest.raises(NotReservedError):
+        pool.pool.accept(lease)  # delivered late: refused

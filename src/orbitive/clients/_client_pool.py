@@ -256,7 +256,7 @@ class ClientPool(Generic[C]):
                 raise
         upkeep = Upkeep(
             self.key, self.options, self._fleet, self._pool, ledger, checkout, retiring,
-            self.counters, self._create, UPKEEP_INTERVAL_S,
+            self.counters, self._create, UPKEEP_INTERVAL_S, family if self._lends else None,
         )  # fmt: skip
         self._ledger, self._family, self._retiring = ledger, family, retiring
         self._checkout = checkout
@@ -429,22 +429,34 @@ class ClientPool(Generic[C]):
         self.counters.borrowed += 1
         return got
 
-    def lend(self, rid: ResourceId) -> C | None:
-        """The idle client whose unit a borrower's accepted lease names, out of the idle
-        ones until :meth:`lent_back`; None when it is gone (retired meanwhile)."""
-        entry = self._ledger.lend(rid, self._family)
-        if entry is None:
-            return None
-        self._lent[id(entry.client)] = entry
-        return entry.client
+    def lend(self, rid: ResourceId, accept: Callable[[], R]) -> tuple[R, C] | None:
+        """Accept a borrower's lease (``accept()``, the table step) and lend the idle
+        client its unit names, out of the idle ones until :meth:`lent_back`, in one
+        step: the upkeep's aging of undelivered reservations never meets it half done.
 
-    def lent_back(self, client: C, *, keep: bool) -> None:
+        Returns:
+            What ``accept()`` returned and the client; None, with nothing accepted,
+            when the client is gone (retired meanwhile).
+
+        Raises:
+            What ``accept`` raises (a stale, replayed or aged-out lease).
+        """
+        lent = self._ledger.accept_loan(rid, self._family, accept)
+        if lent is None:
+            return None
+        accepted, entry = lent
+        self._lent[id(entry.client)] = entry
+        return accepted, entry.client
+
+    def lent_back(self, client: C, *, keep: bool, complete: Callable[[], object]) -> None:
         """A client :meth:`lend` gave out is idle again, or (not ``keep``: broken, or in a
-        session no one may inherit) closed. Its unit is the lease's: the caller
-        completes it after this."""
+        session no one may inherit) closed; ``complete()`` gives the lease's unit back
+        (with the client made idle in one step, or once it is handed over to close)."""
         entry = self._lent.pop(id(client))
-        if not keep or not self._ledger.lent_back(entry):
-            self._retiring.retire(entry)
+        if keep and self._ledger.lent_back(entry, complete):
+            return
+        self._retiring.retire(entry)
+        complete()
 
     def loan_socket(self, node: int) -> str:
         """Where the routers of node ``node`` take loans of this pool's clients."""

@@ -95,6 +95,7 @@ from ._budget import Budget
 from ._options import PoolOptions
 
 C = TypeVar("C")
+_E = TypeVar("_E")
 
 #: The cap of a key no budget limits (above any max_live, a u32).
 NO_CAP: Final = 1 << 32
@@ -423,13 +424,49 @@ class Ledger(Generic[C]):
                     return entry
         return None
 
-    def lent_back(self, entry: Entry[C]) -> bool:
-        """A :meth:`lend` entry idle again (the oldest end: its unit completes just
-        after); False once its family has no pool left, and the caller retires it."""
+    def accept_loan(
+        self, rid: ResourceId, family: Family[C], accept: Callable[[], _E]
+    ) -> tuple[_E, Entry[C]] | None:
+        """:meth:`lend`, with the lease accepted (``accept()``, the table step) in the
+        same hold of the ledger's lock: :meth:`age_reservations` never finds the entry
+        idle with its unit accepted. None (nothing accepted) when the entry is gone.
+
+        Raises:
+            What ``accept`` raises (the entry stays idle).
+        """
+        with self._lock:
+            entry = next((entry for entry in family.idle if entry.rid == rid), None)
+            if entry is None:
+                return None
+            accepted = accept()
+            family.idle.remove(entry)
+        return accepted, entry
+
+    def age_reservations(self, family: Family[C], grace: float) -> int:
+        """Age out the reservations of ``family``'s idle units that no borrower delivered
+        within ``grace`` seconds (it died or stalled between its reservation and its
+        lease), so the unit serves again; a lease delivered later is refused. Returns
+        how many were aged out."""
+        grace_ms = math.ceil(grace * 1000.0)
+        aged = 0
+        with self._lock:  # idle here means accepted by no one (see accept_loan)
+            for entry in family.idle:
+                with contextlib.suppress(OrbitError):  # closed or reset meanwhile
+                    aged += self._table().reconcile(entry.rid, 0, grace_ms)
+        return aged
+
+    def lent_back(self, entry: Entry[C], complete: Callable[[], object] | None = None) -> bool:
+        """A :meth:`lend` entry idle again (the oldest end); False once its family has no
+        pool left, and the caller retires it. ``complete()`` (the lease's unit given
+        back) runs in the same hold of the lock, before: :meth:`age_reservations`
+        never finds the entry idle with its unit accepted. Without it, the caller
+        completes the unit just after."""
         family = entry.family
         with self._lock:
             if not family.pools:
                 return False
+            if complete is not None:
+                complete()
             entry.idle_since = time.monotonic()
             family.idle.insert(0, entry)
         return True

@@ -124,11 +124,13 @@ class ServerSupply(Protocol):
     def getconn_or_borrow(self, borrow: Callable[[], Any], timeout: float | None = None) -> Any:
         """:meth:`getconn`, or what ``borrow()`` gave (a loan), tried before each wait."""
 
-    def lend(self, rid: Any) -> Any | None:
-        """The idle connection an accepted lease names, lent until :meth:`lent_back`."""
+    def lend(self, rid: Any, accept: Callable[[], Any]) -> tuple[Any, Any] | None:
+        """Accept a lease (``accept()``) and lend the idle connection it names, until
+        :meth:`lent_back`: (what ``accept`` gave, the connection), or None."""
 
-    def lent_back(self, client: Any, *, keep: bool) -> None:
-        """A lent connection idle again, or (not ``keep``) closed."""
+    def lent_back(self, client: Any, *, keep: bool, complete: Callable[[], object]) -> None:
+        """A lent connection idle again, or (not ``keep``) closed; ``complete()`` gives
+        the lease's unit back."""
 
     def loan_socket(self, node: int) -> str:
         """Where the routers of node ``node`` take loans."""
@@ -461,21 +463,20 @@ class Router:
         if decoded is None:
             return
         header, size = decoded
+        lease = decode_frame(client.first[:FRAME_SIZE])
         try:
-            execution = self._supply.pool.accept(decode_frame(client.first[:FRAME_SIZE]))
-        except OrbitError:  # stale, replayed, another node's: nothing was accepted
+            lent = self._supply.lend(lease.id, functools.partial(self._supply.pool.accept, lease))
+        except OrbitError:  # stale, replayed, aged out, another node's: nothing accepted
             self._client_gone(client)
             return
-        conn = self._supply.lend(execution.id)
-        if conn is None:  # retired since the reservation
-            execution.complete()
+        if lent is None:  # retired since the reservation: nothing accepted
             self._client_gone(client)
             return
+        execution, conn = lent
         rest, client.first = client.first[FRAME_SIZE + size :], b""
 
         def back(keep: bool) -> None:
-            self._supply.lent_back(conn, keep=keep)
-            execution.complete()
+            self._supply.lent_back(conn, keep=keep, complete=execution.complete)
 
         client.state = ClientState(refuse=self._refuse, reported=dict(header.settings))
         client.framer = Framer(_wire.FRONTEND | {_loans.STATEMENT})

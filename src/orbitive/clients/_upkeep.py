@@ -15,7 +15,9 @@ One daemon thread per ClientPool per process. Each round:
 5. with a budget, keeps this process within the host's share of it
    (:meth:`~._allowance.Allowance.tend`): retires idle clients above the cap,
    severs clients in use when the host's units may lapse, and becomes the
-   host's steward when there is none.
+   host's steward when there is none;
+6. for a pool that lends its idle clients, ages out the reservations of them no
+   borrower delivered within :data:`LOAN_DELIVERY_GRACE_S`.
 
 While the process holds idle clients the thread sleeps on the key's version
 word, so a waiter elsewhere (which bumps the key when it starts waiting) is
@@ -45,7 +47,7 @@ from ..pool._availability import FOR_IDLE_TIMEOUT, FOR_LIFETIME, FOR_WAITER
 from ._allowance import Allowance
 from ._callbacks import run_anywhere
 from ._checkout import Checkout
-from ._ledger import Entry, Ledger
+from ._ledger import Entry, Family, Ledger
 from ._options import HANDOFF_GRACE_S, PoolOptions
 from ._retiring import Retiring
 from ._statistics import Counters
@@ -62,6 +64,11 @@ C = TypeVar("C")
 
 #: Shortest time between two rounds (a woken thread with nothing to do rests).
 MIN_ROUND_S: Final = 0.01
+#: Seconds a borrower may take from reserving an idle client of a lending pool to
+#: delivering its lease (milliseconds when it runs): one that has not by then died or
+#: stalled, and the upkeep ages its reservation out, so the client serves again (a
+#: lease delivered later is refused, and its borrower tries another way).
+LOAN_DELIVERY_GRACE_S: Final = 2.0
 
 
 @final
@@ -79,6 +86,8 @@ class Upkeep(Generic[C]):
         counters: the pool's counters.
         create: the pool's ``create`` (an awaitable result runs on a loop of its own).
         interval: seconds between rounds when nothing wakes the thread.
+        lending: the pool's family when it lends its idle clients (transaction mode's
+            server connections): their reservations no borrower delivered age out.
     """
 
     def __init__(
@@ -93,8 +102,10 @@ class Upkeep(Generic[C]):
         counters: Counters,
         create: Callable[[], Any],
         interval: float,
+        lending: Family[C] | None = None,
     ) -> None:
         self.interval = interval
+        self._lending = lending
         self.failures = 0
         self._key, self._options, self._handle, self._ledger = key, options, handle, ledger
         self._fleet = fleet
@@ -133,6 +144,8 @@ class Upkeep(Generic[C]):
             self._last_reap = now
             self._handle.reap_dead()
         options = self._options
+        if self._lending is not None and self._lending.idle:
+            self._ledger.age_reservations(self._lending, LOAN_DELIVERY_GRACE_S)
         if self._ledger.holds_idle():
             turn, uses = options.handoff_after, options.handoff_uses or 1 << 64
             self._retire_idle(
