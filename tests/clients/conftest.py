@@ -60,6 +60,16 @@ def router(
 
 
 @pytest.fixture
+def writes(postgres_server: TempPostgres, tag: str) -> Iterator[str]:
+    """A table named as the test's tag (``worker``, ``n``, ``kept``: true unless said),
+    for transactions to write their rows to; dropped after."""
+    with psycopg.connect(postgres_server.url, autocommit=True) as admin:
+        admin.execute(f'CREATE TABLE "{tag}" (worker int, n int, kept bool NOT NULL DEFAULT true)')
+        yield tag
+        admin.execute(f'DROP TABLE "{tag}"')
+
+
+@pytest.fixture
 def tag() -> str:
     """An application_name unique to this test."""
     return f"orbit-test-{secrets.token_hex(4)}"

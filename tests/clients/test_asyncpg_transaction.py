@@ -8,13 +8,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import decimal
-import threading
-import time
 import uuid
-from collections.abc import Iterator
 
 import asyncpg
-import psycopg
 import pytest
 
 from orbitive import Fleet
@@ -22,19 +18,11 @@ from orbitive.clients import Budget, InvalidPoolOptions, PoolOptions
 from orbitive.clients.asyncpg import create_pool
 
 from .._servers import TempPostgres
-from ._router_pool import sessions
+from ._router_pool import sessions, until
+from ._sampling import ServerConnections
 
 ROUNDS = 15
 TASKS = 6
-
-
-@pytest.fixture
-def table(postgres_server: TempPostgres, tag: str) -> Iterator[str]:
-    """A table of the test's own (``worker``, ``n``), dropped after."""
-    with psycopg.connect(postgres_server.url, autocommit=True) as admin:
-        admin.execute(f'CREATE TABLE "{tag}" (worker int, n int)')
-        yield tag
-        admin.execute(f'DROP TABLE "{tag}"')
 
 
 def _tagged(server: TempPostgres, tag: str) -> str:
@@ -43,46 +31,31 @@ def _tagged(server: TempPostgres, tag: str) -> str:
 
 
 def test_tasks_share_max_live_and_every_transaction_lands(
-    fleet: Fleet, postgres_server: TempPostgres, table: str
+    fleet: Fleet, postgres_server: TempPostgres, writes: str
 ) -> None:
     options = PoolOptions(max_live=2, mode="transaction")
 
     async def body() -> list[tuple[int, int]]:
         async with create_pool(
-            _tagged(postgres_server, table), fleet=fleet, options=options
+            _tagged(postgres_server, writes), fleet=fleet, options=options
         ) as pool:
 
             async def work(worker: int) -> None:
                 for n in range(ROUNDS):
                     async with pool.acquire() as conn, conn.transaction():
-                        await conn.execute(f'INSERT INTO "{table}" VALUES ($1, $2)', worker, n)
+                        insert = f'INSERT INTO "{writes}" (worker, n) VALUES ($1, $2)'
+                        await conn.execute(insert, worker, n)
                         assert await conn.fetchval("SELECT $1::int + 1", n) == n + 1
 
             await asyncio.gather(*(work(worker) for worker in range(TASKS)))
-            rows = await pool.fetch(f'SELECT DISTINCT worker, n FROM "{table}"')
+            rows = await pool.fetch(f'SELECT DISTINCT worker, n FROM "{writes}"')
         return [(row["worker"], row["n"]) for row in rows]
 
-    done = threading.Event()
-    peaks: list[int] = []
-
-    def sample() -> None:
-        while not done.is_set():
-            peaks.append(sessions(postgres_server, table))
-            time.sleep(0.02)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
+    with ServerConnections(postgres_server.url, writes) as server:
         rows = asyncio.run(asyncio.wait_for(body(), 60))
-    finally:
-        done.set()
-        sampler.join()
     assert sorted(rows) == [(w, n) for w in range(TASKS) for n in range(ROUNDS)]
-    assert 1 <= max(peaks) <= 2
-    until = time.monotonic() + 10
-    while sessions(postgres_server, table) and time.monotonic() < until:
-        time.sleep(0.02)
-    assert sessions(postgres_server, table) == 0  # closing the pool closed its router's
+    assert 1 <= server.highest <= 2
+    until(lambda: sessions(postgres_server, writes) == 0)  # the pool closed its router's
 
 
 def test_types_round_trip_through_the_router(

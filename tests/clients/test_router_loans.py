@@ -8,13 +8,15 @@ and the borrower killed mid-loan leaves the owner's connection rolled back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import secrets
 import socket
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 import asyncpg
@@ -86,6 +88,34 @@ def owner(
         child = procs.start(owning_process, fleet_name, postgres_server.url, tag, folder)
         assert child.recv() == "ready"
         yield child
+
+
+@contextlib.contextmanager
+def _lending_to(
+    borrowing: Callable[..., None],
+    fleet: Fleet,
+    fleet_name: str,
+    postgres_server: TempPostgres,
+    tag: str,
+    table: str,
+) -> Iterator[tuple[Child, Router, ClientPool[psycopg.Connection]]]:
+    """A child of the fleet running ``borrowing`` (:func:`borrowing_process` or
+    :func:`streaming_borrower`), which opened the key's only connection, and this
+    process's router, which took it over and lends it to the child once it is told
+    to go."""
+    with (
+        tempfile.TemporaryDirectory() as borrower,
+        tempfile.TemporaryDirectory() as owner,
+        Processes("fork") as procs,
+    ):
+        child = procs.start(borrowing, fleet_name, postgres_server.url, tag, borrower, table)
+        assert child.recv() == "ready"  # it opened the only connection
+        with server_pool(fleet, postgres_server.url, tag, 1) as pool:
+            router = Router(owner, PORT, pool)  # takes it over
+            try:
+                yield child, router, pool
+            finally:
+                router.close()
 
 
 def test_prepared_statements_of_psycopg_and_asyncpg_run_on_a_loan(
@@ -165,25 +195,20 @@ def test_the_borrower_killed_mid_loan_leaves_the_owners_connection_rolled_back(
     postgres_server: TempPostgres,
     tag: str,
     table: str,
-    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    folder = str(tmp_path_factory.mktemp("borrower"))
-    with Processes("fork") as procs:
-        child = procs.start(borrowing_process, fleet_name, postgres_server.url, tag, folder, table)
-        assert child.recv() == "ready"  # it opened the only connection
-        with server_pool(fleet, postgres_server.url, tag, 1) as pool:
-            router = Router(str(tmp_path_factory.mktemp("owner")), PORT, pool)  # takes it over
-            try:
-                child.send("go")
-                _, borrowed = child.recv()
-                assert borrowed == 1  # its transaction runs on our connection
-                child.kill()
-                until(lambda: pool.statistics().closed_count == 1)  # closed: rolled back
-                with psycopg.connect(conninfo_of(router), autocommit=True) as after:
-                    assert after.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
-                assert sessions(postgres_server, tag) == 1
-            finally:
-                router.close()
+    with _lending_to(borrowing_process, fleet, fleet_name, postgres_server, tag, table) as (
+        child,
+        router,
+        pool,
+    ):
+        child.send("go")
+        _, borrowed = child.recv()
+        assert borrowed == 1  # its transaction runs on our connection
+        child.kill()
+        until(lambda: pool.statistics().closed_count == 1)  # closed: rolled back
+        with psycopg.connect(conninfo_of(router), autocommit=True) as after:
+            assert after.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
+        assert sessions(postgres_server, tag) == 1
 
 
 #: Kills at random moments per test run: the soak (scripts/soak) runs them 50 times over.
@@ -234,26 +259,21 @@ def test_the_borrower_killed_at_a_random_moment_of_a_loan_stream_leaves_whole_tr
     postgres_server: TempPostgres,
     tag: str,
     table: str,
-    tmp_path_factory: pytest.TempPathFactory,
     seed: int,
 ) -> None:
-    folder = str(tmp_path_factory.mktemp("borrower"))
-    with Processes("fork") as procs:
-        child = procs.start(streaming_borrower, fleet_name, postgres_server.url, tag, folder, table)
-        assert child.recv() == "ready"  # it opened the only connection
-        with server_pool(fleet, postgres_server.url, tag, 1) as pool:
-            router = Router(str(tmp_path_factory.mktemp("owner")), PORT, pool)  # takes it over
-            try:
-                child.send("go")
-                until(lambda: bool(transactions_whole(postgres_server, table)))  # it streams
-                time.sleep(random.Random(seed).uniform(0.0, 0.2))
-                child.kill()
-                with psycopg.connect(conninfo_of(router), autocommit=True) as after:
-                    assert after.execute("SELECT 1").fetchone() == (1,)  # clean, or anew
-                transactions_whole(postgres_server, table)
-                assert sessions(postgres_server, tag) == 1  # the cap held
-            finally:
-                router.close()
+    with _lending_to(streaming_borrower, fleet, fleet_name, postgres_server, tag, table) as (
+        child,
+        router,
+        _,
+    ):
+        child.send("go")
+        until(lambda: bool(transactions_whole(postgres_server, table)))  # it streams
+        time.sleep(random.Random(seed).uniform(0.0, 0.2))
+        child.kill()
+        with psycopg.connect(conninfo_of(router), autocommit=True) as after:
+            assert after.execute("SELECT 1").fetchone() == (1,)  # clean, or anew
+        transactions_whole(postgres_server, table)
+        assert sessions(postgres_server, tag) == 1  # the cap held
 
 
 @pytest.mark.parametrize(
