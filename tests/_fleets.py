@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import shutil
 from pathlib import Path
 
 from orbitive import Fleet
@@ -37,9 +38,11 @@ def users_objects() -> frozenset[str]:
 
 
 def remove_fleet_files(name: str) -> None:
-    """Unlink every SHM object of fleet ``name``."""
+    """Unlink every SHM object of fleet ``name`` (a router's folder with what it holds)."""
     for path in fleet_files(name):
-        with contextlib.suppress(FileNotFoundError):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
             path.unlink()
 
 

@@ -6,6 +6,7 @@ the server connections its transactions share (``postgresql+psycopg``, sync and 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
 import psycopg
@@ -17,6 +18,7 @@ from orbitive import Fleet
 from orbitive.clients import Budget, InvalidPoolOptions, PoolOptions
 from orbitive.clients.sqlalchemy import AsyncFleetPool, FleetPool
 
+from .._processes import Channel, Processes
 from .._servers import TempPostgres
 from ._router_pool import sessions, until
 from ._sampling import ServerConnections
@@ -114,6 +116,38 @@ def test_tasks_of_an_async_engine_share_max_live(
     assert _rows(postgres_server, writes) == (WORKERS * ROUNDS, 0)
     assert 1 <= server.highest <= 2
     until(lambda: sessions(postgres_server, writes) == 0)
+
+
+def _transact_when_told(channel: Channel, engine: sqlalchemy.Engine, writes: str) -> None:
+    """In a forked child: once told, write one row through the parent's engine."""
+    channel.recv()
+    with engine.begin() as conn:
+        conn.execute(_insert(writes), {"worker": os.getpid(), "n": 0, "kept": True})
+    channel.send("written")
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")  # 3.12+: fork with threads
+def test_a_forked_child_opens_its_own_router(
+    fleet: Fleet, fleet_name: str, postgres_server: TempPostgres, writes: str
+) -> None:
+    """A pool used before a fork (gunicorn's --preload): the child's connections go to a
+    router of its own, not to the parent's, which may be gone."""
+    del fleet  # the parent's member: the child's pool joins as its own node
+    engine = sqlalchemy.create_engine(
+        _url(postgres_server),
+        connect_args={"application_name": writes},
+        poolclass=FleetPool,
+        fleet=Fleet.join(fleet_name, 16),
+        fleet_options=PoolOptions(max_live=2, mode="transaction"),
+    )
+    with engine.begin() as conn:  # the parent's router starts
+        conn.execute(_insert(writes), {"worker": 0, "n": 0, "kept": True})
+    with Processes("fork") as processes:
+        child = processes.start(_transact_when_told, engine, writes)
+        engine.dispose()  # the parent's router and its socket are gone
+        child.send("go")
+        assert child.recv(60) == "written"
+    assert _rows(postgres_server, writes) == (2, 0)
 
 
 def test_transaction_mode_refuses_another_driver_and_a_budget(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from orbitive import Fleet
 from orbitive.clients import Budget, ClientPool, InvalidPoolOptions, PoolOptions
 from orbitive.clients.psycopg import AsyncConnectionPool, ConnectionPool
 
-from .._processes import Processes
+from .._processes import Channel, Processes
 from .._servers import TempPostgres
 from ._router_pool import sessions
 from ._sampling import ServerConnections
@@ -153,3 +154,28 @@ def test_transaction_mode_refuses_what_it_does_not_take_yet(
             PoolOptions(mode=bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidPoolOptions, match="on_session_state"):
         PoolOptions(on_session_state="ignore")
+
+
+def _transact_when_told(channel: Channel, pool: ConnectionPool, tag: str) -> None:
+    """In a forked child: once told, write one row through the parent's pool."""
+    channel.recv()
+    with pool.connection() as conn:
+        conn.execute(f'INSERT INTO "{tag}" VALUES (%s, 0)', (os.getpid(),))
+    channel.send("written")
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")  # 3.12+: fork with threads
+def test_a_forked_child_opens_its_own_router(fleet_name: str, url: str, tag: str) -> None:
+    """A pool used before a fork (gunicorn's --preload): the child's connections go to a
+    router of its own, not to the parent's, which may be gone."""
+    options = PoolOptions(max_live=2, mode="transaction")
+    pool = ConnectionPool(url, fleet=Fleet.join(fleet_name, 16), options=options)
+    with pool.connection() as conn:  # the parent's router starts
+        conn.execute(f'INSERT INTO "{tag}" VALUES (0, 0)')
+    with Processes("fork") as processes:
+        child = processes.start(_transact_when_told, pool, tag)
+        pool.close()  # the parent's router and its socket are gone
+        child.send("go")
+        assert child.recv(60) == "written"
+    with psycopg.connect(url) as conn:
+        assert conn.execute(f'SELECT count(*) FROM "{tag}"').fetchone() == (2,)

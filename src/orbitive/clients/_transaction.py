@@ -178,6 +178,13 @@ class TransactionRouter:
         self.port = port
         #: The folder of the router's socket, ``.s.PGSQL.{port}`` (a driver's host).
         self.folder = folder
+        self._generation = _fork.generation
+
+    @property
+    def inherited(self) -> bool:
+        """True in a forked child: the parent's router, which serves the parent; an
+        adapter's pool opens anew there (:func:`attach` starts the child's own)."""
+        return self._generation != _fork.generation
 
     def client_conninfo(self, conninfo: str) -> str:
         """``conninfo`` (the server connections') as a driver's connection to the router

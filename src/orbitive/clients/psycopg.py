@@ -136,6 +136,7 @@ class _Base:
         #: the process's router's socket and the client-side kwargs.
         self._target, self._target_kwargs = self.conninfo, self.kwargs
         self._router: _transaction.TransactionRouter | None = None
+        self._reopening = threading.Lock()  # a forked child's first use (transaction mode)
         return derived
 
     def _client_pool(
@@ -223,6 +224,11 @@ class _Base:
         if clients is None or clients._closed:
             state = "already closed" if self._opened else "not open yet"
             raise PoolClosed(f"the pool {self.name!r} is {state}")
+        if self._router is not None and self._router.inherited:  # a forked child's
+            with self._reopening:  # the parent's router and connections to it: open anew
+                if self._router is not None and self._router.inherited:
+                    self._router = None
+                    self._clients = clients = self._build()
         return clients
 
     def _start(self) -> None:

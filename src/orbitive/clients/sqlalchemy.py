@@ -332,7 +332,11 @@ class FleetPool(Pool):
     ) -> ClientPool[ConnectionPoolEntry]:
         """The ClientPool of the engine's connections, made on first use: to the server
         (session mode), or to the process's router of the key (transaction mode), which
-        ``blocking(call)`` starts (the asyncio pool's runs it off the loop)."""
+        ``blocking(call)`` starts (the asyncio pool's runs it off the loop). In a forked
+        child a pool opened in transaction mode opens anew: its router, and the
+        connections to it, are the parent's."""
+        if self._router is not None and self._router.inherited:
+            self._clients, self._router, self._creator = None, None, self._server_creator
         if self._clients is not None:
             return self._clients
         args = self._fleet_args
