@@ -439,7 +439,8 @@ class ClientPool(Generic[C]):
             when the client is gone (retired meanwhile).
 
         Raises:
-            What ``accept`` raises (a stale, replayed or aged-out lease).
+            OrbitError: from ``accept``: a stale, replayed or aged-out lease (the
+                client stays idle).
         """
         lent = self._ledger.accept_loan(rid, self._family, accept)
         if lent is None:

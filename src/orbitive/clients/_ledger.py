@@ -432,7 +432,7 @@ class Ledger(Generic[C]):
         idle with its unit accepted. None (nothing accepted) when the entry is gone.
 
         Raises:
-            What ``accept`` raises (the entry stays idle).
+            OrbitError: from ``accept`` (the entry stays idle).
         """
         with self._lock:
             entry = next((entry for entry in family.idle if entry.rid == rid), None)
