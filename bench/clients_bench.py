@@ -33,11 +33,12 @@ percentiles alone hide it). Then the cost of a checkout/return of an idle local
 client beside a bare ``LockTable`` pair.
 
 Run: ``.venv/bin/python -m bench.clients_bench [--seconds S] [--handoff-after S]
-[--repeat N] [--query LABEL ...] [--json PATH]``; ``--repeat`` runs every row N
-times, interleaved, then prints each contender's mean and its ratio to
-PgBouncer's round by round; ``--query`` runs only the queries named (their labels);
-PostgreSQL and PgBouncer are started and stopped here (a missing binary skips
-that contender with the reason).
+[--repeat N] [--query LABEL ...] [--cap N] [--json PATH]``; ``--cap`` sets every
+contender's cap (default 4; at 8 each worker may keep a connection of its own);
+``--repeat`` runs every row N times, interleaved, then prints each contender's mean
+and its ratio to PgBouncer's round by round; ``--query`` runs only the queries named
+(their labels); PostgreSQL and PgBouncer are started and stopped here (a missing
+binary skips that contender with the reason).
 """
 
 from __future__ import annotations
@@ -90,12 +91,14 @@ def _loop(use: Callable[[], None], until: float) -> list[float]:
     return latencies
 
 
-def worker(conn: Connection, kind: str, url: str, fleet_name: str, query: str) -> None:
+def worker(
+    conn: Connection, kind: str, url: str, fleet_name: str, query: str, cap: int = CAP
+) -> None:
     """One worker process: warm up, wait for the start time, run queries until the common
     end time (a worker that starts late must not run a window of its own), report."""
     kwargs: dict[str, Any] = {"application_name": TAG, "autocommit": True}
     with contextlib.ExitStack() as stack:
-        use = _contender(stack, kind, url, fleet_name, query, kwargs)
+        use = _contender(stack, kind, url, fleet_name, query, kwargs, cap)
         use()  # warm: connect before the clock starts
         conn.send("warm")
         start, end = conn.recv()
@@ -110,6 +113,7 @@ def _contender(
     fleet_name: str,
     query: str,
     kwargs: dict[str, Any],
+    cap: int,
 ) -> Callable[[], None]:
     if kind == "pgbouncer":
         client = stack.enter_context(psycopg.connect(url, prepare_threshold=None, **kwargs))
@@ -123,11 +127,11 @@ def _contender(
         import psycopg_pool  # noqa: PLC0415 - only this contender needs it
 
         pool = stack.enter_context(
-            psycopg_pool.ConnectionPool(url, min_size=1, max_size=CAP, kwargs=kwargs, open=True)
+            psycopg_pool.ConnectionPool(url, min_size=1, max_size=cap, kwargs=kwargs, open=True)
         )
     else:
         name, _, turn = kind.partition("/")
-        options = PoolOptions(max_live=CAP)
+        options = PoolOptions(max_live=cap)
         if name == "orbitive txn":
             options = dataclasses.replace(options, mode="transaction")
         if turn:
@@ -178,14 +182,14 @@ class ConnectionLog:
 
 
 def run_contender(
-    kind: str, url: str, pg: TempPostgres, query: str, seconds: float
+    kind: str, url: str, pg: TempPostgres, query: str, seconds: float, cap: int = CAP
 ) -> dict[str, Any]:
     """8 workers of one contender on one query; throughput, p50, p99, peak connections."""
     fleet_name = f"bench-clients-{os.getpid()}"
     pipes, procs = [], []
     for _ in range(WORKERS):
         parent, child = CONTEXT.Pipe()
-        proc = CONTEXT.Process(target=worker, args=(child, kind, url, fleet_name, query))
+        proc = CONTEXT.Process(target=worker, args=(child, kind, url, fleet_name, query, cap))
         proc.start()
         pipes.append(parent)
         procs.append(proc)
@@ -275,18 +279,20 @@ def drained(url: str, timeout: float = 20.0) -> None:
     await_gone(gone)  # the server logs the end of a session before it closes its socket
 
 
-def run_row(kind: str, pg: TempPostgres, query: str, seconds: float) -> dict[str, Any] | None:
+def run_row(
+    kind: str, pg: TempPostgres, query: str, seconds: float, cap: int = CAP
+) -> dict[str, Any] | None:
     """One contender on one query, PgBouncer started for its row only (None: skipped)."""
     drained(pg.url)
     if kind != "pgbouncer":
-        return run_contender(kind, pg.url, pg, query, seconds)
+        return run_contender(kind, pg.url, pg, query, seconds, cap)
     try:
-        bouncer = TempPgBouncer.start(pg, CAP)  # transaction mode, CAP server connections
+        bouncer = TempPgBouncer.start(pg, cap)  # transaction mode, cap server connections
     except ServerUnavailable as why:
         print(f"PgBouncer skipped: {why}")
         return None
     try:
-        return run_contender(kind, bouncer.url, pg, query, seconds)
+        return run_contender(kind, bouncer.url, pg, query, seconds, cap)
     finally:
         bouncer.stop()
 
@@ -301,6 +307,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--query", choices=QUERIES, action="append", help="only these queries (repeatable)"
+    )
+    parser.add_argument(
+        "--cap", type=int, default=CAP, help=f"server connections host-wide (default {CAP})"
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -321,7 +330,7 @@ def main() -> None:
             query = QUERIES[label]
             for _ in range(args.repeat):
                 for kind in kinds:
-                    row = run_row(kind, pg, query, args.seconds)
+                    row = run_row(kind, pg, query, args.seconds, args.cap)
                     if row is not None:
                         row["query"] = label
                         rows.append(row)
