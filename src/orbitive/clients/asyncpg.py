@@ -39,6 +39,11 @@ is replaced on checkout. A connection is closed gracefully (the server has
 ended the session before its unit of ``max_live`` returns), on the loop that
 opened it whatever thread retires it.
 
+``options=PoolOptions(mode="transaction")`` sends the connections to the process's
+router of the key, which runs each transaction on an idle server connection of any
+process of the fleet (docs/clients.md, "Transaction mode"); its server connections
+are psycopg's, so that mode needs psycopg too.
+
 Needs the ``asyncpg`` extra; imported only when this module is.
 """
 
