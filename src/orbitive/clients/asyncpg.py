@@ -42,7 +42,7 @@ opened it whatever thread retires it.
 ``options=PoolOptions(mode="transaction")`` sends the connections to the process's
 router of the key, which runs each transaction on an idle server connection of any
 process of the fleet (docs/clients.md, "Transaction mode"); its server connections
-are psycopg's, so that mode needs psycopg too.
+are psycopg's, so that mode needs psycopg too (the ``postgres`` extra).
 
 Needs the ``asyncpg`` extra; imported only when this module is.
 """
@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import inspect
 import socket
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
@@ -661,7 +662,7 @@ def _check_transaction_mode(connect: object, budget: Budget | None) -> None:
 
     Raises:
         InvalidPoolOptions: a ``connect`` callback (the pool must connect to its router
-            itself), or a budget.
+            itself), a budget, or no psycopg installed.
     """
     if connect is not None:
         raise InvalidPoolOptions(
@@ -672,6 +673,12 @@ def _check_transaction_mode(connect: object, budget: Budget | None) -> None:
     if budget is not None:
         raise InvalidPoolOptions(
             "mode='transaction' takes no budget yet: use one without it", key="budget"
+        )
+    if importlib.util.find_spec("psycopg") is None:
+        raise InvalidPoolOptions(
+            "mode='transaction' needs psycopg for the router's server connections: "
+            "pip install 'orbitive[postgres]'",
+            key="mode",
         )
 
 
