@@ -106,6 +106,7 @@ class Upkeep(Generic[C]):
     ) -> None:
         self.interval = interval
         self._lending = lending
+        self._last_aging = 0.0  # time.monotonic() of the last aging of reservations
         self.failures = 0
         self._key, self._options, self._handle, self._ledger = key, options, handle, ledger
         self._fleet = fleet
@@ -144,7 +145,10 @@ class Upkeep(Generic[C]):
             self._last_reap = now
             self._handle.reap_dead()
         options = self._options
-        if self._lending is not None and self._lending.idle:
+        # At most twice a grace: no reservation younger than it can age out, and a round
+        # may come every MIN_ROUND_S while the key is busy (a table step per idle client).
+        if self._lending is not None and now - self._last_aging >= LOAN_DELIVERY_GRACE_S / 2:
+            self._last_aging = now
             self._ledger.age_reservations(self._lending, LOAN_DELIVERY_GRACE_S)
         if self._ledger.holds_idle():
             turn, uses = options.handoff_after, options.handoff_uses or 1 << 64
