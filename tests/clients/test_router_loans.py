@@ -24,8 +24,9 @@ import psycopg
 import pytest
 
 from orbitive import Fleet
-from orbitive.clients import ClientPool, _loans
+from orbitive.clients import ClientPool, _loans, _wire
 from orbitive.clients._router import Router
+from orbitive.clients._router_ends import Borrower, Endpoint
 from orbitive.clients._upkeep import LOAN_DELIVERY_GRACE_S
 from orbitive.pool import NotReservedError
 
@@ -33,6 +34,7 @@ from .._processes import Child, Processes
 from .._servers import TempPostgres
 from ._router_pool import (
     PORT,
+    ROWS_PER_TRANSACTION,
     borrowing_process,
     conninfo_of,
     owning_process,
@@ -274,6 +276,54 @@ def test_the_borrower_killed_at_a_random_moment_of_a_loan_stream_leaves_whole_tr
             assert after.execute("SELECT 1").fetchone() == (1,)  # clean, or anew
         transactions_whole(postgres_server, table)
         assert sessions(postgres_server, tag) == 1  # the cap held
+
+
+def test_an_answer_goes_to_the_borrower_in_one_write_with_its_ready_for_query(
+    fleet: Fleet,
+    fleet_name: str,
+    postgres_server: TempPostgres,
+    tag: str,
+    table: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the server sent at once goes on in one write: an owner killed between two
+    writes would leave the borrower a command's completion without its ReadyForQuery,
+    and then the loan's loss, which psycopg reads as a second result ("received 2
+    results from command 'BEGIN'", an InternalError) instead of a lost connection."""
+    streams: dict[Endpoint, tuple[bytearray, list[int]]] = {}  # what went, where writes ended
+    flush = Router._flush
+
+    def recording(router: Router, endpoint: Endpoint) -> None:
+        before = bytes(endpoint.out)
+        flush(router, endpoint)
+        if isinstance(endpoint, Borrower) and before:
+            stream, ends = streams.setdefault(endpoint, (bytearray(), []))
+            stream += before[: len(before) - len(endpoint.out)]
+            ends.append(len(stream))
+
+    monkeypatch.setattr(Router, "_flush", recording)
+    with _lending_to(streaming_borrower, fleet, fleet_name, postgres_server, tag, table) as (
+        child,
+        _,
+        _,
+    ):
+        child.send("go")
+        until(lambda: len(transactions_whole(postgres_server, table)) >= 5)
+        child.kill()
+    completions = 0
+    for stream, ends in streams.values():
+        completed = None  # where the last CommandComplete ended, until its ReadyForQuery
+        at = 0
+        while at + 5 <= len(stream):
+            kind, end = stream[at], at + 1 + int.from_bytes(stream[at + 1 : at + 5], "big")
+            if kind == _wire.COMMAND_COMPLETE:
+                completions += 1
+                completed = end
+            elif kind == _wire.READY_FOR_QUERY and completed is not None:
+                assert not [e for e in ends if completed <= e < end]  # no write between
+                completed = None
+            at = end
+    assert completions >= 5 * (ROWS_PER_TRANSACTION + 2)  # BEGIN, the inserts, COMMIT
 
 
 @pytest.mark.parametrize(

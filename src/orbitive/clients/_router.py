@@ -14,6 +14,11 @@ transaction ends and what pins (:mod:`._client_state`), gives each client its
 tracked settings on every connection, and runs the checks, refusals and clean-ups
 on the server connection itself, their answers swallowed.
 
+What one read from a server connection gives goes on to its clients in one write
+each, as the server wrote it (a statement's answer with the ``ReadyForQuery`` after
+it): a router killed between two writes would leave its client an answer without its
+end, and the connection's loss after it, which libpq counts as a second result
+(psycopg: "received 2 results from command 'BEGIN'") instead of a lost connection.
 Every socket is non-blocking, with a buffer of what is still to be written: a
 client that does not read its answers holds up only its own server connection
 (whose reading stops while that client's buffer holds more than
@@ -199,6 +204,8 @@ class Router:
         self._taking = 0  # getconn calls running for waiting clients
         self._takers: set[threading.Thread] = set()
         self._by_secret: dict[int, Client] = {}
+        #: While a server's read is passed on: the clients written to, flushed at its end.
+        self._held: list[Client] | None = None
         self._posted: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._post_lock = threading.Lock()
         self._shut_down = False  # posted work then runs its orphan instead
@@ -387,10 +394,15 @@ class Router:
     # -- writing, with backpressure --------------------------------------------------------
 
     def _write(self, endpoint: Endpoint, messages: Sequence[Message]) -> None:
-        """Queue ``messages`` for ``endpoint`` and write what the socket takes now."""
+        """Queue ``messages`` for ``endpoint`` and write what the socket takes now, or,
+        to a client while a server's read is passed on, once all of it is."""
         if endpoint.gone or not messages:
             return
         endpoint.out += b"".join(message.frame() for message in messages)
+        if self._held is not None and isinstance(endpoint, Client):
+            if endpoint not in self._held:
+                self._held.append(endpoint)
+            return
         self._flush(endpoint)
 
     def _flush(self, endpoint: Endpoint) -> None:
@@ -775,10 +787,17 @@ class Router:
         except MalformedError:
             self._server_gone(server)
             return
-        for message in messages:
-            if server.gone:
-                return
-            self._server_message(server, message)
+        self._held = []
+        try:
+            for message in messages:
+                if server.gone:
+                    break
+                self._server_message(server, message)
+        finally:
+            held, self._held = self._held or [], None
+            for client in held:
+                if not client.gone:
+                    self._flush(client)
 
     def _server_message(self, server: ServerConnection | Loan, message: Message) -> None:
         if isinstance(server, Loan) and message.kind == _loans.DONE:
