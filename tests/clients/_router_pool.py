@@ -4,18 +4,20 @@ the server's own count of them, and a process that routes its own clients."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final
 
 import psycopg
+import pytest
 
 from orbitive import Fleet
-from orbitive.clients import ClientPool, PoolOptions
+from orbitive.clients import ClientPool, PoolOptions, _transaction
 from orbitive.clients._router import Router
 
 from .._processes import Channel
@@ -131,6 +133,19 @@ def until(condition: Callable[[], bool], seconds: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "the condition never held"
         time.sleep(0.01)
+
+
+async def cancel_while_a_router_starts(opening: Awaitable[object]) -> None:
+    """Run ``opening`` (a pool's first open or checkout in transaction mode) and cancel
+    it while the thread that starts the process's router runs (held up meanwhile:
+    this holds the lock of the process's routers): it raises CancelledError."""
+    with _transaction._ROUTERS.lock:
+        task = asyncio.ensure_future(opening)
+        await asyncio.sleep(0.1)  # the task awaits the thread, the thread the lock
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
 
 
 def owning_process(

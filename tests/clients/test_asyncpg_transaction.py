@@ -18,7 +18,7 @@ from orbitive.clients import Budget, InvalidPoolOptions, PoolOptions
 from orbitive.clients.asyncpg import create_pool
 
 from .._servers import TempPostgres
-from ._router_pool import sessions, until
+from ._router_pool import cancel_while_a_router_starts, sessions, until
 from ._sampling import ServerConnections
 
 ROUNDS = 15
@@ -56,6 +56,24 @@ def test_tasks_share_max_live_and_every_transaction_lands(
     assert sorted(rows) == [(w, n) for w in range(TASKS) for n in range(ROUNDS)]
     assert 1 <= server.highest <= 2
     until(lambda: sessions(postgres_server, writes) == 0)  # the pool closed its router's
+
+
+def test_an_open_cancelled_while_the_router_starts_gives_it_back(
+    fleet: Fleet, postgres_server: TempPostgres, tag: str
+) -> None:
+    """The router a cancelled first open started stops (its server connection closes);
+    the pool opens anew at the next await and serves."""
+    options = PoolOptions(max_live=1, mode="transaction")
+
+    async def body() -> int:
+        pool = create_pool(_tagged(postgres_server, tag), fleet=fleet, options=options)
+        await cancel_while_a_router_starts(pool)
+        await asyncio.to_thread(until, lambda: sessions(postgres_server, tag) == 0)
+        async with pool:
+            return int(await pool.fetchval("SELECT 1"))
+
+    assert asyncio.run(asyncio.wait_for(body(), 60)) == 1
+    until(lambda: sessions(postgres_server, tag) == 0)
 
 
 def test_types_round_trip_through_the_router(

@@ -20,7 +20,7 @@ from orbitive.clients.sqlalchemy import AsyncFleetPool, FleetPool
 
 from .._processes import Channel, Processes
 from .._servers import TempPostgres
-from ._router_pool import sessions, until
+from ._router_pool import cancel_while_a_router_starts, sessions, until
 from ._sampling import ServerConnections
 
 ROUNDS = 15
@@ -116,6 +116,32 @@ def test_tasks_of_an_async_engine_share_max_live(
     assert _rows(postgres_server, writes) == (WORKERS * ROUNDS, 0)
     assert 1 <= server.highest <= 2
     until(lambda: sessions(postgres_server, writes) == 0)
+
+
+def test_a_first_checkout_cancelled_while_the_router_starts_gives_it_back(
+    fleet: Fleet, postgres_server: TempPostgres, tag: str
+) -> None:
+    """The router a cancelled first checkout of an async engine started stops (its server
+    connection closes); the next checkout opens the pool anew and serves."""
+
+    async def body() -> int:
+        engine = create_async_engine(
+            _url(postgres_server),
+            connect_args={"application_name": tag},
+            poolclass=AsyncFleetPool,
+            fleet=fleet,
+            fleet_options=PoolOptions(max_live=1, mode="transaction"),
+        )
+        try:
+            await cancel_while_a_router_starts(engine.connect().start())
+            await asyncio.to_thread(until, lambda: sessions(postgres_server, tag) == 0)
+            async with engine.connect() as conn:
+                return int((await conn.execute(sqlalchemy.text("SELECT 1"))).scalar_one())
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(asyncio.wait_for(body(), 60)) == 1
+    until(lambda: sessions(postgres_server, tag) == 0)
 
 
 def _transact_when_told(channel: Channel, engine: sqlalchemy.Engine, writes: str) -> None:

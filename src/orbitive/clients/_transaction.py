@@ -18,13 +18,15 @@ own (the parent's sockets stay the parent's).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
 import os
 import threading
-from collections.abc import Mapping
-from typing import Any, Final, final
+from collections.abc import Callable, Mapping
+from typing import Any, Final, TypeVar, final
 
 import psycopg
 
@@ -37,6 +39,8 @@ from ._client_pool import ClientPool
 from ._options import SECONDS_MAX, PoolOptions, pool_key, printable_label
 from ._psycopg_connections import CLIENT_SIDE
 from ._router import Router
+
+_T = TypeVar("_T")
 
 #: The lowest port a router's socket is named by, and how many there are.
 PORT_BASE: Final = 20000
@@ -261,3 +265,37 @@ def detach(router: TransactionRouter) -> None:
         else:
             return
     router.close()
+
+
+async def in_a_thread(call: Callable[[], _T], undo: Callable[[_T], object] | None = None) -> _T:
+    """``call()`` in a thread of its own, awaited: a router starts (or stops) without
+    blocking the loop. Cancelled or interrupted while the thread runs, the awaiting
+    ends at once and ``undo`` gets what ``call`` returns, once it does (a router
+    attached is given back); the thread is left to finish, never abandoned half-way.
+
+    Raises:
+        Exception: what ``call`` raised.
+        asyncio.CancelledError: the awaiting task was cancelled (``undo`` then runs).
+    """
+    done: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            done.set_result(call())
+        except BaseException as error:  # handed to the awaiting task
+            done.set_exception(error)
+
+    threading.Thread(target=run, name="orbitive-router-start").start()
+    try:
+        return await asyncio.shield(asyncio.wrap_future(done))
+    except BaseException:
+        if undo is not None:
+            done.add_done_callback(functools.partial(_undo_once_done, undo))
+        raise
+
+
+def _undo_once_done(undo: Callable[[Any], object], done: concurrent.futures.Future[Any]) -> None:
+    """Give back what a thread of :func:`in_a_thread` made for a task that no longer
+    waits, in a thread of its own (this may run on the loop)."""
+    if not done.cancelled() and done.exception() is None:
+        threading.Thread(target=undo, args=(done.result(),), name="orbitive-router-undo").start()

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import inspect
 import socket
@@ -298,10 +299,11 @@ class Pool:
 
         target = _target(self._dsn, self._connect_kwargs)
         server, routed = _transaction.asyncpg_arguments(self._dsn, self._connect_kwargs, target)
-        router = await asyncio.to_thread(
+        attach = functools.partial(
             _transaction.attach, self._fleet, server, pool_key(self._key), options,
             self._kind, self._label or "",
         )  # fmt: skip
+        router = await _transaction.in_a_thread(attach, undo=_transaction.detach)
         self._router = router
         self._dsn = None
         self._connect_kwargs = {**routed, "host": router.folder, "port": router.port}

@@ -83,12 +83,16 @@ _T = TypeVar("_T")
 
 
 class _Blocking(Protocol):
-    """Runs a blocking call where it may block: this thread, or one off the loop."""
+    """Runs a blocking call where it may block: this thread, or one off the loop (where
+    ``undo`` gets what the call returns if the caller is cancelled meanwhile)."""
 
-    def __call__(self, call: Callable[[], _T], /) -> _T: ...
+    def __call__(
+        self, call: Callable[[], _T], /, undo: Callable[[_T], object] | None = None
+    ) -> _T: ...
 
 
-def _in_this_thread(call: Callable[[], _T]) -> _T:
+def _in_this_thread(call: Callable[[], _T], undo: Callable[[_T], object] | None = None) -> _T:
+    del undo  # nothing runs between the call's return and its caller's
     return call()
 
 
@@ -355,7 +359,8 @@ class FleetPool(Pool):
         router = blocking(
             lambda: _transaction.attach(
                 args["fleet"], conninfo, self._key, options, args["fleet_kind"], self._label or ""
-            )
+            ),
+            undo=_transaction.detach,
         )
         # Several first checkouts (threads, or tasks while one awaited the router) may get
         # here; one opens the pool, the others give back the router they attached.
@@ -525,8 +530,11 @@ class AsyncFleetPool(FleetPool):
         self._detach(_off_the_loop if in_greenlet() else _in_this_thread)
 
 
-def _off_the_loop(call: Callable[[], _T]) -> _T:
+def _off_the_loop(call: Callable[[], _T], undo: Callable[[_T], object] | None = None) -> _T:
     """``call()`` in a thread, awaited from SQLAlchemy's greenlet: a router starts and
-    stops (threads joined, server connections closed) without blocking the loop."""
-    result: _T = await_only(asyncio.to_thread(call))
+    stops (threads joined, server connections closed) without blocking the loop; a
+    cancelled checkout leaves ``undo`` to give back what it started."""
+    from . import _transaction  # noqa: PLC0415 - psycopg, for transaction mode only
+
+    result: _T = await_only(_transaction.in_a_thread(call, undo))
     return result
