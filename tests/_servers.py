@@ -4,7 +4,9 @@ Each ``start`` finds the binary, starts the server on a free port in a fresh
 temporary directory, waits until it answers, and raises :class:`ServerUnavailable`
 with the reason when the binary is missing or the server will not start. Each
 server leads its own session (process group), so :meth:`stop` ends every process
-it started, and removes its directory. As root, PostgreSQL and PgBouncer run as
+it started, and removes its directory. A tether beside each server does the same
+once the process that started it is gone, however it ended (a SIGTERM or SIGKILL of
+the suite runs no teardown). As root, PostgreSQL and PgBouncer run as
 the ``postgres`` (or ``nobody``) user: both refuse to run as root.
 """
 
@@ -19,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +44,26 @@ POSTGRES_SETTINGS: Final = (
     "max_connections=100",
     "shared_buffers=32MB",
 )
+
+
+#: The tether's program: it reads its pipe until the end; told nothing (the process that
+#: started the server is gone), it ends the server's process group (SIGINT, SIGTERM,
+#: then SIGKILL, each given a few seconds) and removes the server's directory.
+_TETHER: Final = """
+import os, shutil, signal, sys, time
+if sys.stdin.buffer.read():
+    sys.exit()
+group, root = int(sys.argv[1]), sys.argv[2]
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+    try:
+        os.killpg(group, sig)
+        for _ in range(50):
+            time.sleep(0.1)
+            os.killpg(group, 0)
+    except ProcessLookupError:
+        break
+shutil.rmtree(root, ignore_errors=True)
+"""
 
 
 class ServerUnavailable(Exception):
@@ -84,6 +107,8 @@ class TempServer:
         self.command = command
         self.port = port
         self.process: subprocess.Popen[bytes] | None = None
+        #: The tether and the write end of its pipe, while the server runs.
+        self._tether: tuple[subprocess.Popen[bytes], int] | None = None
 
     def _run(self, ready: Callable[[], bool]) -> None:
         """Start the command and wait until ``ready()`` (a failed start stops it).
@@ -99,6 +124,7 @@ class TempServer:
                 cwd=self.root,
                 start_new_session=True,
             )
+        self._tie(self.process.pid)
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not ready():
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -106,6 +132,35 @@ class TempServer:
                 self.stop()
                 raise ServerUnavailable(f"{self.name} did not start: {tail}")
             time.sleep(0.05)
+
+    def _tie(self, group: int) -> None:
+        """Start the tether of the server's process group (see :data:`_TETHER`): its pipe
+        stays open while this process (or a child forked since) lives."""
+        read, write = os.pipe()
+        try:
+            tether = subprocess.Popen(
+                [sys.executable, "-c", _TETHER, str(group), str(self.root)],
+                stdin=read,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(write)
+            raise
+        finally:
+            os.close(read)
+        self._tether = (tether, write)
+
+    def _untie(self) -> None:
+        """Tell the tether the server was stopped here: it exits, touching nothing."""
+        tied, self._tether = self._tether, None
+        if tied is not None:
+            tether, write = tied
+            with contextlib.suppress(OSError):
+                os.write(write, b"stopped")
+            os.close(write)
+            tether.wait()
 
     def log_tail(self) -> str:
         """The last lines of the server log."""
@@ -117,6 +172,7 @@ class TempServer:
     def halt(self) -> None:
         """End the server's process group (SIGINT, a fast shutdown for PostgreSQL, then
         SIGTERM; SIGKILL after a bound); the directory stays."""
+        self._untie()
         process = self.process
         if process is None or process.poll() is not None:
             return
