@@ -177,6 +177,28 @@ def borrowing_process(
             channel.recv(None)
 
 
+def overstaying_borrower(
+    channel: Channel, fleet_name: str, server_url: str, tag: str, folder: str, table: str
+) -> None:
+    """As :func:`borrowing_process`, but once inside its transaction it says so, waits
+    until told, then runs one more statement there and reports how it failed:
+    (whether an ``OperationalError``, its SQLSTATE), or None if it did not."""
+    with _routing(fleet_name, server_url, tag, folder, 1) as (router, _):
+        channel.send("ready")
+        channel.recv()
+        with psycopg.connect(conninfo_of(router)) as conn:
+            conn.execute(f"INSERT INTO {table} VALUES (1)")
+            channel.send("inside")
+            channel.recv()
+            try:
+                conn.execute("SELECT 1")
+            except psycopg.Error as error:
+                channel.send((isinstance(error, psycopg.OperationalError), error.sqlstate))
+            else:
+                channel.send(None)
+        channel.recv(None)
+
+
 #: Rows each transaction of :func:`run_transactions` inserts, all with its number.
 ROWS_PER_TRANSACTION: Final = 5
 

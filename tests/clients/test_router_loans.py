@@ -37,6 +37,7 @@ from ._router_pool import (
     ROWS_PER_TRANSACTION,
     borrowing_process,
     conninfo_of,
+    overstaying_borrower,
     owning_process,
     run_transactions,
     server_pool,
@@ -276,6 +277,36 @@ def test_the_borrower_killed_at_a_random_moment_of_a_loan_stream_leaves_whole_tr
             assert after.execute("SELECT 1").fetchone() == (1,)  # clean, or anew
         transactions_whole(postgres_server, table)
         assert sessions(postgres_server, tag) == 1  # the cap held
+
+
+def test_a_loan_past_its_lease_is_ended_and_its_transaction_rolled_back(
+    fleet: Fleet,
+    fleet_name: str,
+    postgres_server: TempPostgres,
+    tag: str,
+    table: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A borrower that stays inside its transaction past the loan's lease (its header's
+    lease_ms) loses it as a vanished borrower would: the owner closes the connection
+    (the server rolls back), the borrower's client gets an OperationalError, and the
+    owner serves on."""
+    monkeypatch.setattr(_loans, "LEASE_MS", 1000)  # what the forked borrower asks for
+    with _lending_to(overstaying_borrower, fleet, fleet_name, postgres_server, tag, table) as (
+        child,
+        router,
+        _,
+    ):
+        child.send("go")
+        assert child.recv() == "inside"
+        inside = time.monotonic()
+        until(lambda: sessions(postgres_server, tag) == 0)  # closed: rolled back
+        assert time.monotonic() - inside >= 0.9  # not before the lease ended
+        child.send("try")
+        assert child.recv() == (True, "57014")  # an OperationalError: query_canceled
+        with psycopg.connect(conninfo_of(router), autocommit=True) as after:
+            assert after.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
+        assert sessions(postgres_server, tag) == 1
 
 
 def test_an_answer_goes_to_the_borrower_in_one_write_with_its_ready_for_query(

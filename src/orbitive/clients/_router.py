@@ -40,8 +40,12 @@ transactions. A connection that broke is discarded, and the pool opens another f
 the next waiting client; one the pool cannot give within its timeout ends the
 oldest waiting client's connection with ``FATAL`` 53300.
 
+A client of another process's router borrows a connection this router holds idle
+(:mod:`._loans`): it is served as a client of this process is, until its
+transaction ends or the loan's lease does.
+
 This is the reference, not the fast path: the thread takes the GIL for every
-message. Loans to other processes are not here yet.
+message.
 """
 
 from __future__ import annotations
@@ -267,6 +271,7 @@ class Router:
                         break
                 for key, mask in self._selector.select(self._select_timeout()):
                     self._dispatch(key, mask)
+                self._end_overdue_loans()
         finally:
             self._shut()
 
@@ -289,17 +294,32 @@ class Router:
         return any(isinstance(server.client, Borrower) for server in self._servers)
 
     def _select_timeout(self) -> float | None:
+        """Seconds until the loop has something to do besides its sockets: accept again,
+        end a loan past its lease; None: nothing."""
         if self._stopping:
             return _CLOSING_TICK_S
-        if not self._accept_again:
-            return None
-        left = self._accept_again - time.monotonic()
-        if left <= 0:
+        now = time.monotonic()
+        if self._accept_again and self._accept_again <= now:
             self._accept_again = 0.0
             for listener in (self._listener, self._loan_listener):
                 self._selector.register(listener, selectors.EVENT_READ, None)
             return 0.0
-        return left
+        due = [s.client.lease_ends for s in self._servers if isinstance(s.client, Borrower)]
+        if self._accept_again:
+            due.append(self._accept_again)
+        return max(0.0, min(due) - now) if due else None
+
+    def _end_overdue_loans(self) -> None:
+        """End each loan whose lease has ended as a vanished borrower's (its transaction
+        rolled back with its server connection closed, a pin cleaned), its borrower
+        told with ``FATAL`` 57014."""
+        now = time.monotonic()
+        for server in list(self._servers):
+            client = server.client
+            if isinstance(client, Borrower) and client.lease_ends <= now:
+                why = "the loan of this server connection outlived its lease"
+                self._write(client, [_wire.error_response("FATAL", "57014", why)])
+                self._client_gone(client)
 
     def _dispatch(self, key: selectors.SelectorKey, mask: int) -> None:
         endpoint = key.data
@@ -464,8 +484,9 @@ class Router:
     def _loan_taken(self, client: Borrower, data: bytes) -> None:
         """The start of a loan: once the lease frame and the loan header are whole, the
         lease is accepted and the connection it names lent to the borrower's client
-        (told :data:`~._loans.ACCEPTED`); a lease refused, or a connection gone, ends
-        the loan, and the borrower tries another way.
+        (told :data:`~._loans.ACCEPTED`) until the header's ``lease_ms`` has passed
+        (:meth:`_end_overdue_loans`); a lease refused, or a connection gone, ends the
+        loan, and the borrower tries another way.
 
         Raises:
             MalformedError: a malformed lease frame or loan header.
@@ -491,6 +512,7 @@ class Router:
             self._supply.lent_back(conn, keep=keep, complete=execution.complete)
 
         client.state = ClientState(refuse=self._refuse, reported=dict(header.settings))
+        client.lease_ends = time.monotonic() + header.lease_ms / 1000
         client.framer = Framer(_wire.FRONTEND | {_loans.STATEMENT})
         self._write(client, [Message(_loans.ACCEPTED, b"\0")])
         self._bind(client, conn, functools.partial(back, True), functools.partial(back, False))

@@ -131,6 +131,9 @@ class Borrower(Client):
     def __init__(self, sock: socket.socket) -> None:
         super().__init__(sock)
         self.names = _loans.LentStatements()
+        #: ``time.monotonic()`` seconds at which the loan's lease ends (its header's
+        #: ``lease_ms`` after the accept), once accepted.
+        self.lease_ends = float("inf")
 
 
 def receive(endpoint: Endpoint) -> bytes | None:
