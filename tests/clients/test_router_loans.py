@@ -155,6 +155,20 @@ def test_prepared_statements_of_psycopg_and_asyncpg_run_on_a_loan(
     assert stats.created_count == 1 and stats.borrowed_count > 10  # all on the owner's
 
 
+def test_one_taker_thread_is_kept_for_checkouts_one_after_the_other(
+    borrower: Router, owner: Child, pool: ClientPool[psycopg.Connection]
+) -> None:
+    """Each transaction of a client without a connection of its process is a checkout
+    run off the router's thread; one after the other, they reuse one taker thread."""
+    del owner
+    with psycopg.connect(conninfo_of(borrower), autocommit=True) as conn:
+        for n in range(20):
+            assert conn.execute("SELECT %s::int", (n,)).fetchone() == (n,)
+    assert pool.statistics().borrowed_count >= 20  # each one a checkout, and a loan
+    takers = [t for t in threading.enumerate() if t.name == "orbitive-router-take"]
+    assert len(takers) == 1  # kept, not one started (and ended) per checkout
+
+
 def test_a_pin_keeps_the_loan_and_ends_clean(
     borrower: Router, owner: Child, pool: ClientPool[psycopg.Connection]
 ) -> None:

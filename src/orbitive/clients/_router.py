@@ -32,13 +32,13 @@ gets it. A cancel request holds the server connection until it has reached the
 server, so it never cancels the statement of a client served after.
 
 The router's thread never blocks: it asks the pool for an idle connection with
-:meth:`ServerSupply.take_idle`, and a client that finds none waits while a thread of
-its own runs :meth:`ServerSupply.getconn` (which may open a connection under
-``max_live``, or wait for one). What the router knows of a connection's session (the
-statements prepared on it, its reported settings) stays with the connection between
-transactions. A connection that broke is discarded, and the pool opens another for
-the next waiting client; one the pool cannot give within its timeout ends the
-oldest waiting client's connection with ``FATAL`` 53300.
+:meth:`ServerSupply.take_idle`, and a client that finds none waits while a taker
+thread (kept from one checkout to the next) runs :meth:`ServerSupply.getconn` (which
+may open a connection under ``max_live``, or wait for one). What the router knows of
+a connection's session (the statements prepared on it, its reported settings) stays
+with the connection between transactions. A connection that broke is discarded, and
+the pool opens another for the next waiting client; one the pool cannot give within
+its timeout ends the oldest waiting client's connection with ``FATAL`` 53300.
 
 A client of another process's router borrows a connection this router holds idle
 (:mod:`._loans`): it is served as a client of this process is, until its
@@ -205,8 +205,14 @@ class Router:
         self._sessions: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
         self._settings_check = settings_check(TRACKED, self._user.encode())
         self._waiting: collections.deque[Client] = collections.deque()
-        self._taking = 0  # getconn calls running for waiting clients
-        self._takers: set[threading.Thread] = set()
+        self._taking = 0  # getconn calls running, or asked for, for waiting clients
+        #: The checkouts asked for (a client's settings; None: a taker's end), the
+        #: threads that run them (kept between checkouts), and how many of those wait
+        #: for the next, unclaimed.
+        self._asks: queue.SimpleQueue[dict[bytes, bytes] | None] = queue.SimpleQueue()
+        self._takers: list[threading.Thread] = []
+        self._idle_takers = 0
+        self._takers_lock = threading.Lock()
         self._by_secret: dict[int, Client] = {}
         #: While a server's read is passed on: the clients written to, flushed at its end.
         self._held: list[Client] | None = None
@@ -244,7 +250,9 @@ class Router:
         self._thread.join()
         self._wake_w.close()
         self._supply.close()  # a getconn still waiting raises now
-        for taker in list(self._takers):
+        for _ in self._takers:
+            self._asks.put(None)
+        for taker in self._takers:
             taker.join()
 
     @property
@@ -629,31 +637,43 @@ class Router:
         return server
 
     def _ask_pool(self) -> None:
-        """As many checkouts running, each in a thread, as clients waiting: each may
-        borrow another process's idle connection for the settings of the client it
-        was started for."""
+        """As many checkouts running as clients waiting, each in a taker thread (an idle
+        one, else a new one): each may borrow another process's idle connection for
+        the settings of the client it was asked for."""
         while self._taking < len(self._waiting):
-            settings = dict(self._waiting[self._taking].state.settings)
+            self._asks.put(dict(self._waiting[self._taking].state.settings))
             self._taking += 1
-            taker = threading.Thread(
-                target=self._getconn, args=(settings,), name="orbitive-router-take", daemon=True
-            )
-            self._takers.add(taker)
+            with self._takers_lock:
+                if self._idle_takers:
+                    self._idle_takers -= 1  # that one takes this ask
+                    continue
+            taker = threading.Thread(target=self._taker, name="orbitive-router-take", daemon=True)
+            self._takers.append(taker)
             taker.start()
 
-    def _getconn(self, settings: dict[bytes, bytes]) -> None:
+    def _taker(self) -> None:
+        """A taker thread: run the checkouts asked for, one after the other, until the
+        router closes. It counts itself idle before the router learns the outcome, so
+        that the client's next checkout finds it."""
+        while (settings := self._asks.get()) is not None:
+            work, orphan = self._checkout(settings)
+            with self._takers_lock:
+                self._idle_takers += 1
+            self._post(work, orphan)
+
+    def _checkout(
+        self, settings: dict[bytes, bytes]
+    ) -> tuple[Callable[[], None], Callable[[], None]]:
+        """Check out a connection, or borrow one for ``settings``: what the router's
+        thread then does with it, and what is done with it once the router stopped."""
         borrow = functools.partial(_loans.borrow, self._supply, settings)
         try:
             got = self._supply.getconn_or_borrow(borrow, self._wait_timeout)
         except Exception as error:
-            self._post(functools.partial(self._not_given, error), lambda: None)
-        else:
-            if isinstance(got, socket.socket):
-                self._post(functools.partial(self._lent, got, settings), got.close)
-            else:
-                self._post(functools.partial(self._given, got), lambda: self._supply.putconn(got))
-        finally:
-            self._takers.discard(threading.current_thread())
+            return functools.partial(self._not_given, error), lambda: None
+        if isinstance(got, socket.socket):
+            return functools.partial(self._lent, got, settings), got.close
+        return functools.partial(self._given, got), lambda: self._supply.putconn(got)
 
     def _given(self, conn: Any) -> None:
         """A connection the pool handed over: the oldest waiting client's."""
