@@ -159,6 +159,18 @@ def owning_process(
         channel.recv(None)
 
 
+def restarting_owner(
+    channel: Channel, fleet_name: str, server_url: str, tag: str, folder: str
+) -> None:
+    """As :func:`owning_process`, but each time it is told, its router closes (with its
+    pool: the connection closes) and starts again, on the same loan socket."""
+    with Fleet.join(fleet_name, 16) as fleet:
+        while True:
+            with routed(fleet, server_url, tag, folder, 1):
+                channel.send("ready")
+                channel.recv(None)
+
+
 def borrowing_process(
     channel: Channel, fleet_name: str, server_url: str, tag: str, folder: str, table: str
 ) -> None:

@@ -25,6 +25,7 @@ import pytest
 
 from orbitive import Fleet
 from orbitive.clients import ClientPool, _loans, _wire
+from orbitive.clients._kept_loans import KeptLoans
 from orbitive.clients._router import Router
 from orbitive.clients._router_ends import Borrower, Endpoint
 from orbitive.clients._upkeep import LOAN_DELIVERY_GRACE_S
@@ -39,6 +40,7 @@ from ._router_pool import (
     conninfo_of,
     overstaying_borrower,
     owning_process,
+    restarting_owner,
     run_transactions,
     server_pool,
     sessions,
@@ -167,6 +169,44 @@ def test_one_taker_thread_is_kept_for_checkouts_one_after_the_other(
     assert pool.statistics().borrowed_count >= 20  # each one a checkout, and a loan
     takers = [t for t in threading.enumerate() if t.name == "orbitive-router-take"]
     assert len(takers) == 1  # kept, not one started (and ended) per checkout
+
+
+def test_loans_one_after_the_other_go_on_one_socket_and_a_closed_one_is_replaced(
+    borrower: Router,
+    fleet_name: str,
+    postgres_server: TempPostgres,
+    tag: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A loan that ended released leaves its socket to the owner open, and the next loan
+    to that owner goes on it; one its owner closed meanwhile (its router restarted) is
+    found out when the lease goes on it, and the lease goes on a new one."""
+    kept: list[bool] = []  # per loan: whether a kept socket was there to take
+    take = KeptLoans.take
+
+    def noting(self: KeptLoans, owner: str) -> socket.socket | None:
+        sock = take(self, owner)
+        kept.append(sock is not None)
+        return sock
+
+    monkeypatch.setattr(KeptLoans, "take", noting)
+    folder = str(tmp_path_factory.mktemp("owner"))
+    with (
+        Processes("fork") as procs,
+        psycopg.connect(conninfo_of(borrower), autocommit=True, prepare_threshold=None) as conn,
+    ):  # every statement one loan (a statement psycopg prepares is two)
+        child = procs.start(restarting_owner, fleet_name, postgres_server.url, tag, folder)
+        assert child.recv() == "ready"  # it took the only connection over
+        for n in range(10):
+            assert conn.execute("SELECT %s::int", (n,)).fetchone() == (n,)
+        assert kept == [False] + [True] * 9  # one socket carried every loan
+        child.send("restart")
+        assert child.recv() == "ready"
+        for n in range(2):
+            assert conn.execute("SELECT %s::int", (n,)).fetchone() == (n,)
+        assert kept == [False] + [True] * 11  # the closed one (replaced), then the new one
+        child.kill()
 
 
 def test_a_pin_keeps_the_loan_and_ends_clean(

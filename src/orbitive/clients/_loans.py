@@ -19,9 +19,10 @@ protocol does not use (it uses ASCII letters), never reach a driver:
   The design's pull (the owner asking for what it misses) is left for the C router;
   the reference pushes, which costs the statement's text on the loan each time.
 * :data:`DONE` (owner to borrower): the transaction ended, and how (:func:`done`):
-  the connection went back to its pool (the borrower ends the loan), or the client
-  is pinned to it (its next transactions go over the same loan); and what the
-  checks found, so both routers keep the same :class:`~._client_state.ClientState`.
+  the connection went back to its pool (the loan ends, and the socket waits for the
+  borrower's next loan to this owner: :mod:`._kept_loans`), or the client is pinned
+  to it (its next transactions go over the same loan); and what the checks found,
+  so both routers keep the same :class:`~._client_state.ClientState`.
 
 Only the same user's processes connect: the socket is 0600, a borrower checks it is
 ours before it connects, and the owner compares the peer's ``SO_PEERCRED`` uid.
@@ -39,6 +40,7 @@ from .._core._errors import BusyError, DrainingError, MalformedError, OrbitError
 from ..pool import Lease
 from ..pool.session import encode_frame
 from . import _wire
+from ._kept_loans import KeptLoans
 from ._loan_header import LoanHeader
 from ._remote import ours
 from ._statement_names import Op, Statement, statement_of
@@ -91,13 +93,16 @@ def peer_is_us(sock: socket.socket) -> bool:
     return bool(uid == euid())
 
 
-def borrow(pool: Any, settings: dict[bytes, bytes]) -> socket.socket | None:
+def borrow(
+    pool: Any, settings: dict[bytes, bytes], kept: KeptLoans
+) -> tuple[socket.socket, str] | None:
     """A loan of another process's idle server connection of ``pool`` (a
     :class:`~._client_pool.ClientPool`), for a client with these tracked
-    ``settings``: the socket to its owner's router, accepted; None when no other
-    process has one idle, or its owner could not take the loan (it went away, or
-    the connection did). Blocks (connects, waits for the answer): run it in a
-    thread of its own.
+    ``settings``: the socket to its owner's router, accepted, and the path of the
+    owner's loan socket (where to keep it between loans); None when no other process
+    has one idle, or its owner could not take the loan (it went away, or the
+    connection did). The lease goes on a socket ``kept`` for that owner, else on a
+    new one. Blocks (connects, waits for the answer): run it in a thread of its own.
 
     Raises:
         BaseException: one that interrupted it (KeyboardInterrupt), once the
@@ -106,25 +111,45 @@ def borrow(pool: Any, settings: dict[bytes, bytes]) -> socket.socket | None:
     lease = _reserve(pool)
     if lease is None:
         return None
-    header = LoanHeader(0, 0, LEASE_MS, tuple(settings.items()))
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    opening = encode_frame(lease) + LoanHeader(0, 0, LEASE_MS, tuple(settings.items())).encode()
+    path = pool.loan_socket(lease.id.node)
     try:
-        path = pool.loan_socket(lease.id.node)
+        sock = kept.take(path)
+        if sock is not None:
+            try:
+                return _accepted(sock, opening), path
+            except OSError:
+                sock.close()  # its owner closed it since: the lease goes on a new one
         if not ours(path):
             raise ConnectionRefusedError(path)
-        sock.settimeout(ACCEPT_TIMEOUT_S)
-        sock.connect(path)
-        sock.sendall(encode_frame(lease) + header.encode())
-        answer = sock.recv(_wire.HEADER.size + 1, socket.MSG_WAITALL)
-        if answer != _wire.frame(ACCEPTED, b"\0"):
-            raise ConnectionResetError("the owner did not take the loan")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(ACCEPT_TIMEOUT_S)
+            sock.connect(path)
+            return _accepted(sock, opening), path
+        except BaseException:
+            sock.close()
+            raise
     except BaseException as error:
-        sock.close()
         with contextlib.suppress(OrbitError):  # refused harmlessly once the owner took it
             pool.pool.cancel_reservation(lease)
         if isinstance(error, OSError):
             return None
         raise
+
+
+def _accepted(sock: socket.socket, opening: bytes) -> socket.socket:
+    """Send a loan's lease frame and header on ``sock`` and wait for the owner's
+    :data:`ACCEPTED`: the socket, non-blocking from now on.
+
+    Raises:
+        OSError: the socket broke, or the owner answered anything else.
+    """
+    sock.settimeout(ACCEPT_TIMEOUT_S)
+    sock.sendall(opening)
+    answer = sock.recv(_wire.HEADER.size + 1, socket.MSG_WAITALL)
+    if answer != _wire.frame(ACCEPTED, b"\0"):
+        raise ConnectionResetError("the owner did not take the loan")
     sock.setblocking(False)
     return sock
 

@@ -78,6 +78,7 @@ from ._client_state import (
     restore_query,
     settings_check,
 )
+from ._kept_loans import KeptLoans
 from ._remote import ours
 from ._router_ends import (
     SERVER_SIDE,
@@ -213,6 +214,8 @@ class Router:
         self._takers: list[threading.Thread] = []
         self._idle_takers = 0
         self._takers_lock = threading.Lock()
+        #: Loan sockets to other processes' routers, idle between loans.
+        self._kept = KeptLoans()
         self._by_secret: dict[int, Client] = {}
         #: While a server's read is passed on: the clients written to, flushed at its end.
         self._held: list[Client] | None = None
@@ -254,6 +257,7 @@ class Router:
             self._asks.put(None)
         for taker in self._takers:
             taker.join()
+        self._kept.close()
 
     @property
     def server_connections(self) -> int:
@@ -666,13 +670,14 @@ class Router:
     ) -> tuple[Callable[[], None], Callable[[], None]]:
         """Check out a connection, or borrow one for ``settings``: what the router's
         thread then does with it, and what is done with it once the router stopped."""
-        borrow = functools.partial(_loans.borrow, self._supply, settings)
+        borrow = functools.partial(_loans.borrow, self._supply, settings, self._kept)
         try:
             got = self._supply.getconn_or_borrow(borrow, self._wait_timeout)
         except Exception as error:
             return functools.partial(self._not_given, error), lambda: None
-        if isinstance(got, socket.socket):
-            return functools.partial(self._lent, got, settings), got.close
+        if isinstance(got, tuple):
+            sock, owner = got
+            return functools.partial(self._lent, sock, owner, settings), sock.close
         return functools.partial(self._given, got), lambda: self._supply.putconn(got)
 
     def _given(self, conn: Any) -> None:
@@ -685,7 +690,7 @@ class Router:
         self._bind(client, conn)
         self._pump(client)
 
-    def _lent(self, sock: socket.socket, settings: dict[bytes, bytes]) -> None:
+    def _lent(self, sock: socket.socket, owner: str, settings: dict[bytes, bytes]) -> None:
         """A loan of another process's connection: the oldest waiting client's, if the
         owner was told its settings (else the loan ends unused, and a checkout starts
         again for the client)."""
@@ -696,7 +701,7 @@ class Router:
                 self._ask_pool()
             return
         client = self._waiting.popleft()
-        loan = Loan(sock, settings)
+        loan = Loan(sock, settings, owner)
         self._servers.append(loan)
         loan.client, client.server = client, loan
         self._watch(loan)
@@ -721,6 +726,8 @@ class Router:
         if client is not None:
             client.server = None
         server.client = None
+        if isinstance(client, Borrower) and not client.gone and not client.between_loans():
+            self._client_gone(client)
         if server.gone:
             return
         if server.cancelling:
@@ -734,15 +741,21 @@ class Router:
 
     def _release(self, server: ServerConnection | Loan) -> None:
         """Give the server connection back to where it came from; the router's socket
-        on it closes (on a loan, that ends the loan)."""
+        on it closes (on a loan, that ends the loan), or, a loan that ended released,
+        is kept for the next loan to the same owner."""
+        if isinstance(server, Loan) and server.reusable:
+            self._forget(server, close=False)
+            self._kept.keep(server.owner, server.sock)
+            return
         self._forget(server)
         server.release()
 
-    def _forget(self, server: ServerConnection | Loan) -> None:
+    def _forget(self, server: ServerConnection | Loan, *, close: bool = True) -> None:
         server.gone = True
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(server.sock)
-        server.sock.close()
+        if close:
+            server.sock.close()
         self._servers.remove(server)
 
     def _client_gone(self, client: Client) -> None:
@@ -932,6 +945,7 @@ class Router:
         if client is not None and due is Outcome.CHECK:
             client.state.checked(state=state, settings=settings)
         if released:
+            loan.released = True
             self._give_back(loan)
         elif client is not None:
             self._pump(client)

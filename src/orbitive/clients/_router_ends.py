@@ -83,8 +83,9 @@ class Loan(Endpoint):
     its owner's router, which keeps what is prepared on the connection (the
     statements here only pass the client's on, :class:`~._loans.LoanStatements`)."""
 
-    def __init__(self, sock: socket.socket, reported: dict[bytes, bytes]) -> None:
+    def __init__(self, sock: socket.socket, reported: dict[bytes, bytes], owner: str) -> None:
         super().__init__(sock)
+        self.owner = owner  # the path of the owner's loan socket
         self.framer = Framer(_wire.BACKEND | {_loans.DONE}, _wire.BACKEND_MESSAGE_MAX)
         self.statements = _loans.LoanStatements()
         self.reported = reported
@@ -96,6 +97,13 @@ class Loan(Endpoint):
         self.held = False
         #: The transaction ended here; the owner's DONE (released or pinned) is due.
         self.done_due: Outcome | None = None
+        self.released = False  # the owner's DONE said released: the loan ended
+
+    @property
+    def reusable(self) -> bool:
+        """Whether the socket may carry the borrower's next loan to the same owner: the
+        loan ended released, with nothing of it left to write or read."""
+        return self.released and not self.out and not self.framer.pending
 
     def release(self) -> None:
         """Nothing: the owner gives its connection back (closing the socket ends the loan)."""
@@ -134,6 +142,18 @@ class Borrower(Client):
         #: ``time.monotonic()`` seconds at which the loan's lease ends (its header's
         #: ``lease_ms`` after the accept), once accepted.
         self.lease_ends = float("inf")
+
+    def between_loans(self) -> bool:
+        """Wait for the borrower's next loan on this socket (its next lease frame), its
+        loan having ended released; False when the borrower sent more on the loan
+        than it may (it waits for the owner's DONE before anything else)."""
+        if self.queued or self.framer is None or self.framer.pending:
+            return False
+        self.first, self.framer, self.state = b"", None, ClientState()
+        self.names = _loans.LentStatements()
+        self.sent = self.awaiting = self.in_block = False
+        self.lease_ends = float("inf")
+        return True
 
 
 def receive(endpoint: Endpoint) -> bytes | None:

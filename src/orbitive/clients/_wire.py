@@ -156,6 +156,11 @@ class Framer:
         del self._buffer[:start]
         return messages
 
+    @property
+    def pending(self) -> int:
+        """Bytes of an unfinished message, buffered."""
+        return len(self._buffer)
+
     def end(self) -> None:
         """The stream ended here.
 
