@@ -12,7 +12,7 @@ import threading
 import psycopg
 import pytest
 import sqlalchemy
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from orbitive import Fleet
 from orbitive.clients import Budget, InvalidPoolOptions, PoolOptions
@@ -31,6 +31,17 @@ SAVEPOINT_EVERY = 3
 
 def _url(server: TempPostgres, driver: str = "psycopg") -> str:
     return server.url.replace("postgresql://", f"postgresql+{driver}://")
+
+
+def _async_engine(fleet: Fleet, server: TempPostgres, tag: str, max_live: int) -> AsyncEngine:
+    """An async engine in transaction mode, its server connections tagged ``tag``."""
+    return create_async_engine(
+        _url(server),
+        connect_args={"application_name": tag},
+        poolclass=AsyncFleetPool,
+        fleet=fleet,
+        fleet_options=PoolOptions(max_live=max_live, mode="transaction"),
+    )
 
 
 def _insert(writes: str) -> sqlalchemy.TextClause:
@@ -92,13 +103,7 @@ def test_tasks_of_an_async_engine_share_max_live(
     fleet: Fleet, postgres_server: TempPostgres, writes: str
 ) -> None:
     async def body() -> None:
-        engine = create_async_engine(
-            _url(postgres_server),
-            connect_args={"application_name": writes},
-            poolclass=AsyncFleetPool,
-            fleet=fleet,
-            fleet_options=PoolOptions(max_live=2, mode="transaction"),
-        )
+        engine = _async_engine(fleet, postgres_server, writes, 2)
 
         async def work(worker: int) -> None:
             for n in range(ROUNDS):
@@ -125,13 +130,7 @@ def test_a_first_checkout_cancelled_while_the_router_starts_gives_it_back(
     connection closes); the next checkout opens the pool anew and serves."""
 
     async def body() -> int:
-        engine = create_async_engine(
-            _url(postgres_server),
-            connect_args={"application_name": tag},
-            poolclass=AsyncFleetPool,
-            fleet=fleet,
-            fleet_options=PoolOptions(max_live=1, mode="transaction"),
-        )
+        engine = _async_engine(fleet, postgres_server, tag, 1)
         try:
             await cancel_while_a_router_starts(engine.connect().start())
             await asyncio.to_thread(until, lambda: sessions(postgres_server, tag) == 0)
