@@ -211,6 +211,24 @@ def overstaying_borrower(
         channel.recv(None)
 
 
+def pinned_borrower(
+    channel: Channel, fleet_name: str, server_url: str, tag: str, folder: str, table: str
+) -> None:
+    """As :func:`borrowing_process`, but once told to go its client creates a temporary
+    table ``pinned`` (which pins the loan), reports the table's schema, and stays,
+    idle, until killed."""
+    del table
+    with _routing(fleet_name, server_url, tag, folder, 1) as (router, _):
+        channel.send("ready")
+        channel.recv()
+        with psycopg.connect(conninfo_of(router), autocommit=True) as conn:
+            conn.execute("CREATE TEMP TABLE pinned (n int)")
+            row = conn.execute("SELECT pg_my_temp_schema()::regnamespace::text").fetchone()
+            assert row is not None
+            channel.send(row[0])
+            channel.recv(None)
+
+
 #: Rows each transaction of :func:`run_transactions` inserts, all with its number.
 ROWS_PER_TRANSACTION: Final = 5
 

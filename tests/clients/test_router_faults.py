@@ -10,17 +10,18 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 
 import psycopg
 import pytest
 
 from orbitive import Fleet
-from orbitive.clients import ClientPool, _wire
+from orbitive.clients import ClientPool, PoolOptions, _wire
 from orbitive.clients._router import Router
 from orbitive.clients._wire import Framer, Message
 
 from .._servers import TempPostgres
-from ._router_pool import conninfo_of, routed, sessions, until
+from ._router_pool import PORT, conninfo_of, routed, sessions, until
 
 
 class _Raw:
@@ -255,3 +256,48 @@ def test_a_client_the_pool_has_no_connection_for_in_time_is_told_not_left_waitin
             waiter.execute("SELECT 1")
         assert waiter.closed or waiter.broken
         assert holder.execute("SELECT 3").fetchone() == (3,)  # the holder goes on
+
+
+def test_every_waiting_client_has_a_checkout_of_its_own(
+    fleet: Fleet,
+    postgres_server: TempPostgres,
+    tag: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A client that waits behind another waiting client gets a checkout too: with room
+    under ``max_live``, three clients hold three transactions at once, although each
+    connection takes a while to open (the third arrives while the second's opens)."""
+    url = f"{postgres_server.url}?application_name={tag}"
+
+    def slowly() -> psycopg.Connection:
+        time.sleep(0.3)
+        return psycopg.connect(url, autocommit=True)
+
+    options = PoolOptions(max_live=3, max_idle=3)
+    folder = str(tmp_path_factory.mktemp("router"))
+    together = threading.Barrier(3, timeout=15)
+    failed: list[BaseException] = []
+
+    def client(router: Router) -> None:
+        try:
+            with psycopg.connect(conninfo_of(router)) as conn:
+                conn.execute("SELECT 1")  # inside a transaction: it holds a connection
+                together.wait()  # all three inside at once
+        except BaseException as error:  # reported below
+            failed.append(error)
+
+    pool: ClientPool[psycopg.Connection] = ClientPool(
+        fleet, url, create=slowly, close=psycopg.Connection.close, options=options, lends=True
+    )
+    with pool:
+        router = Router(folder, PORT, pool, wait_timeout=20)  # opens one
+        try:
+            clients = [threading.Thread(target=client, args=(router,)) for _ in range(3)]
+            for thread in clients:
+                thread.start()
+            for thread in clients:
+                thread.join()
+            assert failed == []
+            assert pool.statistics().created_count == 3
+        finally:
+            router.close()

@@ -40,6 +40,7 @@ from ._router_pool import (
     conninfo_of,
     overstaying_borrower,
     owning_process,
+    pinned_borrower,
     restarting_owner,
     run_transactions,
     server_pool,
@@ -361,6 +362,41 @@ def test_a_loan_past_its_lease_is_ended_and_its_transaction_rolled_back(
         with psycopg.connect(conninfo_of(router), autocommit=True) as after:
             assert after.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
         assert sessions(postgres_server, tag) == 1
+
+
+def test_the_owner_waits_idle_while_it_cleans_a_pinned_loan_past_its_lease(
+    fleet: Fleet,
+    fleet_name: str,
+    postgres_server: TempPostgres,
+    tag: str,
+    table: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pinned loan past its lease is ended and its connection cleaned (``DISCARD
+    ALL``); while the clean-up waits (here for a lock on the borrower's temporary
+    table), the owner's router waits for it without spinning, then serves on."""
+    monkeypatch.setattr(_loans, "LEASE_MS", 500)  # what the forked borrower asks for
+    with (
+        _lending_to(pinned_borrower, fleet, fleet_name, postgres_server, tag, table) as (
+            child,
+            router,
+            _,
+        ),
+        psycopg.connect(postgres_server.url) as locker,
+    ):
+        child.send("go")
+        schema = child.recv()
+        locker.execute(f"LOCK TABLE {schema}.pinned IN ACCESS SHARE MODE")  # DISCARD waits
+        time.sleep(1.0)  # the lease ended: the clean-up waits for the lock
+        cpu, wall = time.process_time(), time.monotonic()
+        time.sleep(1.0)
+        busy = (time.process_time() - cpu) / (time.monotonic() - wall)
+        assert busy < 0.25, f"the router spun: {busy:.0%} of a core while waiting"
+        locker.rollback()  # the clean-up goes on
+        with psycopg.connect(conninfo_of(router), autocommit=True) as after:
+            assert after.execute(
+                "SELECT count(*) FROM pg_tables WHERE tablename = 'pinned'"
+            ).fetchone() == (0,)
 
 
 def test_an_answer_goes_to_the_borrower_in_one_write_with_its_ready_for_query(

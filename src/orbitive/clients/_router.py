@@ -316,7 +316,7 @@ class Router:
             for listener in (self._listener, self._loan_listener):
                 self._selector.register(listener, selectors.EVENT_READ, None)
             return 0.0
-        due = [s.client.lease_ends for s in self._servers if isinstance(s.client, Borrower)]
+        due = [borrower.lease_ends for borrower in self._borrowers()]
         if self._accept_again:
             due.append(self._accept_again)
         return max(0.0, min(due) - now) if due else None
@@ -326,12 +326,17 @@ class Router:
         rolled back with its server connection closed, a pin cleaned), its borrower
         told with ``FATAL`` 57014."""
         now = time.monotonic()
-        for server in list(self._servers):
-            client = server.client
-            if isinstance(client, Borrower) and client.lease_ends <= now:
+        for borrower in self._borrowers():
+            if borrower.lease_ends <= now:
                 why = "the loan of this server connection outlived its lease"
-                self._write(client, [_wire.error_response("FATAL", "57014", why)])
-                self._client_gone(client)
+                self._write(borrower, [_wire.error_response("FATAL", "57014", why)])
+                self._client_gone(borrower)
+
+    def _borrowers(self) -> list[Borrower]:
+        """Other processes' clients holding a server connection here now (one that left
+        holds none: its connection is being cleaned, or closed)."""
+        clients = [server.client for server in self._servers]
+        return [c for c in clients if isinstance(c, Borrower) and not c.gone]
 
     def _dispatch(self, key: selectors.SelectorKey, mask: int) -> None:
         endpoint = key.data
@@ -602,6 +607,7 @@ class Router:
         if self._waiting and self._waiting[0] is not client:
             if client not in self._waiting:
                 self._waiting.append(client)
+                self._ask_pool()  # a checkout of its own, as every waiting client has
             return None
         conn = self._supply.take_idle()
         if conn is None:
