@@ -210,6 +210,41 @@ def test_loans_one_after_the_other_go_on_one_socket_and_a_closed_one_is_replaced
         child.kill()
 
 
+def test_clients_of_other_settings_share_a_loaned_connection_and_keep_theirs(
+    borrower: Router, owner: Child, postgres_server: TempPostgres, tag: str
+) -> None:
+    """Clients with different settings, all waiting for loans of the owner's only
+    connection: each loan goes to a client with the settings the owner was told (no
+    accepted loan ends unused, which would cost the owner its connection), and each
+    client sees its own settings."""
+    del owner
+    pids: set[int] = set()
+    failed: list[BaseException] = []
+
+    def client(zone: str) -> None:
+        try:
+            with psycopg.connect(conninfo_of(borrower), autocommit=True) as conn:
+                conn.execute(f"SET TimeZone TO '{zone}'")  # tracked: restored on each
+                for _ in range(15):
+                    row = conn.execute(
+                        "SELECT pg_backend_pid(), current_setting('TimeZone')"
+                    ).fetchone()
+                    assert row is not None and row[1] == zone
+                    pids.add(row[0])
+        except BaseException as error:  # reported below
+            failed.append(error)
+
+    zones = ["Asia/Tokyo", "America/New_York"] * 2
+    clients = [threading.Thread(target=client, args=(zone,)) for zone in zones]
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join()
+    assert failed == []
+    assert len(pids) == 1  # the owner's one connection throughout, never closed
+    assert sessions(postgres_server, tag) == 1
+
+
 def test_a_pin_keeps_the_loan_and_ends_clean(
     borrower: Router, owner: Child, pool: ClientPool[psycopg.Connection]
 ) -> None:

@@ -697,16 +697,19 @@ class Router:
         self._pump(client)
 
     def _lent(self, sock: socket.socket, owner: str, settings: dict[bytes, bytes]) -> None:
-        """A loan of another process's connection: the oldest waiting client's, if the
-        owner was told its settings (else the loan ends unused, and a checkout starts
-        again for the client)."""
+        """A loan of another process's connection, asked for a client with these
+        settings (the owner gave the connection those): the oldest waiting client's
+        with the same settings, which may wait behind clients with others (each has a
+        checkout of its own running); with none, the loan ends unused and a checkout
+        starts again."""
         self._taking -= 1
-        if self._stopping or not self._waiting or self._waiting[0].state.settings != settings:
+        client = next((c for c in self._waiting if c.state.settings == settings), None)
+        if self._stopping or client is None:
             sock.close()
             if not self._stopping:
                 self._ask_pool()
             return
-        client = self._waiting.popleft()
+        self._waiting.remove(client)
         loan = Loan(sock, settings, owner)
         self._servers.append(loan)
         loan.client, client.server = client, loan
