@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import logging
 import os
 import threading
 import time
@@ -16,7 +18,7 @@ import psycopg
 import pytest
 
 from orbitive import Fleet
-from orbitive.clients import Budget, ClientPool, InvalidPoolOptions, PoolOptions
+from orbitive.clients import Budget, ClientPool, InvalidPoolOptions, PoolOptions, _transaction
 from orbitive.clients.psycopg import AsyncConnectionPool, ConnectionPool
 
 from .._processes import Channel, Processes
@@ -179,3 +181,38 @@ def test_a_forked_child_opens_its_own_router(fleet_name: str, url: str, tag: str
         assert child.recv(60) == "written"
     with psycopg.connect(url) as conn:
         assert conn.execute(f'SELECT count(*) FROM "{tag}"').fetchone() == (2,)
+
+
+@pytest.mark.parametrize("outcome", ["returns", "raises"])
+def test_a_router_start_cancelled_midway_is_given_back_once_and_never_logged(
+    outcome: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``in_a_thread``, cancelled while its call runs: the call finishes in its thread;
+    what it returns goes to ``undo`` once, and an error it raises is nobody's (asyncio
+    logs no "exception was never retrieved")."""
+    go_on = threading.Event()
+    undone: list[str] = []
+
+    def call() -> str:
+        go_on.wait(10)
+        if outcome == "raises":
+            raise ValueError("the router did not start")
+        return "router"
+
+    async def body() -> None:
+        task = asyncio.ensure_future(_transaction.in_a_thread(call, undo=undone.append))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        go_on.set()
+        await asyncio.sleep(0.2)  # the call ended; its outcome reached the loop
+        gc.collect()
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(body())
+    deadline = time.monotonic() + 10
+    while outcome == "returns" and not undone and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert undone == (["router"] if outcome == "returns" else [])
+    assert "never retrieved" not in caplog.text

@@ -112,8 +112,8 @@ def borrow(
     if lease is None:
         return None
     opening = encode_frame(lease) + LoanHeader(0, 0, LEASE_MS, tuple(settings.items())).encode()
-    path = pool.loan_socket(lease.id.node)
     try:
+        path = pool.loan_socket(lease.id.node)
         sock = kept.take(path)
         if sock is not None:
             try:

@@ -286,12 +286,21 @@ async def in_a_thread(call: Callable[[], _T], undo: Callable[[_T], object] | Non
             done.set_exception(error)
 
     threading.Thread(target=run, name="orbitive-router-start").start()
+    waiting = asyncio.wrap_future(done)
     try:
-        return await asyncio.shield(asyncio.wrap_future(done))
+        return await asyncio.shield(waiting)
     except BaseException:
+        waiting.add_done_callback(_retrieved)  # an error it ends with is nobody's now
         if undo is not None:
             done.add_done_callback(functools.partial(_undo_once_done, undo))
         raise
+
+
+def _retrieved(waiting: asyncio.Future[Any]) -> None:
+    """Mark the outcome of a call no task awaits any more as seen (asyncio would log
+    an exception it ended with as never retrieved)."""
+    if not waiting.cancelled():
+        waiting.exception()
 
 
 def _undo_once_done(undo: Callable[[Any], object], done: concurrent.futures.Future[Any]) -> None:
