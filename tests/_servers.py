@@ -46,12 +46,13 @@ POSTGRES_SETTINGS: Final = (
 )
 
 
-#: The tether's program: it reads its pipe until the end; told nothing (the process that
-#: started the server is gone), it ends the server's process group (SIGINT, SIGTERM,
-#: then SIGKILL, each given a few seconds) and removes the server's directory.
+#: The tether's program: it waits for a byte on its pipe; told (the server was stopped)
+#: it exits, and at the pipe's end with nothing said (the process that started the
+#: server is gone, and every child forked since) it ends the server's process group
+#: (SIGINT, SIGTERM, then SIGKILL, each given a few seconds) and removes its directory.
 _TETHER: Final = """
 import os, shutil, signal, sys, time
-if sys.stdin.buffer.read():
+if sys.stdin.buffer.read(1):
     sys.exit()
 group, root = int(sys.argv[1]), sys.argv[2]
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
@@ -160,7 +161,11 @@ class TempServer:
             with contextlib.suppress(OSError):
                 os.write(write, b"stopped")
             os.close(write)
-            tether.wait()
+            try:
+                tether.wait(_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                tether.kill()
+                tether.wait()
 
     def log_tail(self) -> str:
         """The last lines of the server log."""
