@@ -281,9 +281,9 @@ class Router:
                         self._stop_accepting()
                     if not self._lending() or time.monotonic() >= closing_until:
                         break
-                for key, mask in self._selector.select(self._select_timeout()):
+                lease_ends = self._end_overdue_loans()
+                for key, mask in self._selector.select(self._select_timeout(lease_ends)):
                     self._dispatch(key, mask)
-                self._end_overdue_loans()
         finally:
             self._shut()
 
@@ -305,9 +305,9 @@ class Router:
         """Whether another process's client still runs a transaction here."""
         return any(isinstance(server.client, Borrower) for server in self._servers)
 
-    def _select_timeout(self) -> float | None:
+    def _select_timeout(self, lease_ends: float | None) -> float | None:
         """Seconds until the loop has something to do besides its sockets: accept again,
-        end a loan past its lease; None: nothing."""
+        or end a loan at ``lease_ends`` (the first lease to end); None: nothing."""
         if self._stopping:
             return _CLOSING_TICK_S
         now = time.monotonic()
@@ -316,27 +316,26 @@ class Router:
             for listener in (self._listener, self._loan_listener):
                 self._selector.register(listener, selectors.EVENT_READ, None)
             return 0.0
-        due = [borrower.lease_ends for borrower in self._borrowers()]
-        if self._accept_again:
-            due.append(self._accept_again)
+        due = [when for when in (lease_ends, self._accept_again or None) if when is not None]
         return max(0.0, min(due) - now) if due else None
 
-    def _end_overdue_loans(self) -> None:
+    def _end_overdue_loans(self) -> float | None:
         """End each loan whose lease has ended as a vanished borrower's (its transaction
         rolled back with its server connection closed, a pin cleaned), its borrower
-        told with ``FATAL`` 57014."""
-        now = time.monotonic()
-        for borrower in self._borrowers():
+        told with ``FATAL`` 57014; return when the first of the other leases ends
+        (None: no other process's client holds a connection here)."""
+        now, first = time.monotonic(), None
+        for server in list(self._servers):
+            borrower = server.client
+            if not isinstance(borrower, Borrower) or borrower.gone:
+                continue  # one that left holds nothing: its connection is being cleaned
             if borrower.lease_ends <= now:
                 why = "the loan of this server connection outlived its lease"
                 self._write(borrower, [_wire.error_response("FATAL", "57014", why)])
                 self._client_gone(borrower)
-
-    def _borrowers(self) -> list[Borrower]:
-        """Other processes' clients holding a server connection here now (one that left
-        holds none: its connection is being cleaned, or closed)."""
-        clients = [server.client for server in self._servers]
-        return [c for c in clients if isinstance(c, Borrower) and not c.gone]
+            elif first is None or borrower.lease_ends < first:
+                first = borrower.lease_ends
+        return first
 
     def _dispatch(self, key: selectors.SelectorKey, mask: int) -> None:
         endpoint = key.data

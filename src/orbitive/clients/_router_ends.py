@@ -138,7 +138,13 @@ class Borrower(Client):
 
     def __init__(self, sock: socket.socket) -> None:
         super().__init__(sock)
+        self._await_loan()
+
+    def _await_loan(self) -> None:
+        """What a loan starts from: no lease frame read, nothing of a client's."""
+        self.first, self.framer, self.state = b"", None, ClientState()
         self.names = _loans.LentStatements()
+        self.sent = self.awaiting = self.in_block = False
         #: ``time.monotonic()`` seconds at which the loan's lease ends (its header's
         #: ``lease_ms`` after the accept), once accepted.
         self.lease_ends = float("inf")
@@ -149,10 +155,7 @@ class Borrower(Client):
         than it may (it waits for the owner's DONE before anything else)."""
         if self.queued or self.framer is None or self.framer.pending:
             return False
-        self.first, self.framer, self.state = b"", None, ClientState()
-        self.names = _loans.LentStatements()
-        self.sent = self.awaiting = self.in_block = False
-        self.lease_ends = float("inf")
+        self._await_loan()
         return True
 
 
